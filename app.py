@@ -1,0 +1,195 @@
+"""Text-to-image demo: a Gradio Blocks UI that admits many users and runs one inference at a time.
+
+    python app.py [--model HUB_ID_OR_PATH] [--host 0.0.0.0] [--port 7860] [--share] ...
+
+This is the only module that knows Gradio's error type. The work itself lives in ``pipeline/``:
+the Blocks queue admits and bounds requests, ``LocalAdapter`` gates only the diffusion inference,
+and the ``gpu-worker`` thread owns the model.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Gradio's analytics would phone home from every event; this machine (and many Spaces) can't reach
+# it, and it costs a thread per event. Set before gradio is imported, unless the user chose.
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import logging  # noqa: E402
+import sys  # noqa: E402
+from typing import Any, AsyncIterator, Sequence  # noqa: E402
+
+import gradio as gr  # noqa: E402
+
+from pipeline.adapter import Done, LocalAdapter, Step, Waiting  # noqa: E402
+from pipeline.config import Settings, load_settings  # noqa: E402
+from pipeline.errors import Cancelled, InvalidRequest, RetryLater, ServingError  # noqa: E402
+from pipeline.request import MAX_SEED, Limits, new_request_id  # noqa: E402
+from pipeline.worker import GpuWorker  # noqa: E402
+
+log = logging.getLogger("app")
+
+LOG_FORMAT = "%(asctime)s %(levelname)s [%(threadName)s] %(name)s: %(message)s"
+
+
+def make_generate(adapter: LocalAdapter):  # noqa: ANN201 - the handler's signature is the API
+    """The ``/generate`` handler. Its parameter names are the API's parameter names.
+
+    It is an async generator, so Gradio can stop it at a yield when the client goes away, and a
+    Stop/cancel reaches the adapter (which tells the model thread).
+    """
+
+    async def generate(
+        prompt: str,
+        negative_prompt: str,
+        seed: float,
+        randomize_seed: bool,
+        width: float,
+        height: float,
+        num_inference_steps: float,
+        guidance_scale: float,
+        num_images: float,
+        progress: gr.Progress = gr.Progress(),
+    ) -> AsyncIterator[tuple[list[str], dict[str, Any]]]:
+        raw = {
+            "prompt": prompt,
+            "negative_prompt": negative_prompt,
+            "seed": seed,
+            "randomize_seed": randomize_seed,
+            "width": width,
+            "height": height,
+            "num_inference_steps": num_inference_steps,
+            "guidance_scale": guidance_scale,
+            "num_images": num_images,
+        }
+        request_id = new_request_id()
+        try:
+            async for event in adapter.run(raw, request_id=request_id):
+                if isinstance(event, Waiting):
+                    progress(0.0, desc=f"waiting for the GPU: {event.ahead} ahead")
+                elif isinstance(event, Step):
+                    progress((event.step, event.total), desc=f"step {event.step}/{event.total}", unit="steps")
+                elif isinstance(event, Done):
+                    for warning in event.info["warnings"]:
+                        gr.Warning(warning)
+                    yield [str(p) for p in event.paths], event.info
+        except InvalidRequest as exc:
+            raise gr.Error(str(exc), title="Invalid input", print_exception=False) from None
+        except RetryLater as exc:
+            raise gr.Error(str(exc), title="Please retry", print_exception=False) from None
+        except Cancelled:
+            log.info("request %s cancelled", request_id)
+            return
+        except ServingError as exc:
+            raise gr.Error(str(exc), print_exception=False) from None
+        except Exception:
+            log.exception("request %s failed", request_id)
+            raise gr.Error(
+                f"Internal error (request id {request_id}). Please try again.", print_exception=False
+            ) from None
+
+    return generate
+
+
+def build_demo(adapter: LocalAdapter, settings: Settings) -> gr.Blocks:
+    p, lim = adapter.profile, adapter.limits
+    with gr.Blocks(title="Text to image") as demo:
+        gr.Markdown(
+            f"## Text to image\nModel: `{p.name}` on {p.device} ({p.dtype}). "
+            "Many people can queue; the GPU draws one job at a time."
+        )
+        with gr.Row():
+            with gr.Column(scale=2):
+                prompt = gr.Textbox(
+                    label="Prompt",
+                    placeholder="a red circle on a blue background",
+                    lines=2,
+                    max_length=lim.max_prompt_chars,
+                    elem_id="prompt",
+                )
+                negative_prompt = gr.Textbox(
+                    label="Negative prompt",
+                    value="",
+                    max_length=lim.max_prompt_chars,
+                    visible=p.supports_negative_prompt,
+                    elem_id="negative-prompt",
+                )
+                generate_button = gr.Button("Generate", variant="primary", elem_id="generate")
+                with gr.Row():
+                    seed = gr.Number(label="Seed", value=0, precision=0, minimum=0, maximum=MAX_SEED)
+                    randomize_seed = gr.Checkbox(label="Randomize seed", value=True)
+                with gr.Row():
+                    width = gr.Slider(lim.min_size, lim.max_size, value=p.default_width, step=lim.size_multiple, label="Width")
+                    height = gr.Slider(lim.min_size, lim.max_size, value=p.default_height, step=lim.size_multiple, label="Height")
+                with gr.Row():
+                    num_inference_steps = gr.Slider(lim.min_steps, lim.max_steps, value=p.default_steps, step=1, label="Steps")
+                    guidance_scale = gr.Slider(
+                        lim.min_guidance, lim.max_guidance, value=p.default_guidance, step=0.1, label="Guidance scale"
+                    )
+                num_images = gr.Slider(1, lim.max_images, value=1, step=1, label="Number of images")
+            with gr.Column(scale=3):
+                gallery = gr.Gallery(label="Images", format="png", columns=2, height="auto", elem_id="gallery")
+                info = gr.JSON(label="Info: seed, parameters and timings", elem_id="info")
+        gr.on(
+            triggers=[generate_button.click, prompt.submit],
+            fn=make_generate(adapter),
+            inputs=[prompt, negative_prompt, seed, randomize_seed, width, height, num_inference_steps, guidance_scale, num_images],
+            outputs=[gallery, info],
+            api_name="generate",
+            # Requests in flight inside the handler (preparing, waiting for the gate, inferring,
+            # finalizing). Finite, so queue(max_size) really bounds the rest.
+            concurrency_limit=settings.concurrency,
+        )
+    demo.queue(max_size=settings.queue_size, api_open=False, default_concurrency_limit=1)
+    return demo
+
+
+def limits_for(settings: Settings, adapter_profile: Any) -> Limits:
+    return Limits.for_model(
+        adapter_profile,
+        max_images=settings.max_images,
+        max_prompt_chars=settings.max_prompt_chars,
+        max_size=settings.max_size,
+        max_steps=settings.max_steps,
+    )
+
+
+def create_app(settings: Settings, load: Any = None) -> tuple[gr.Blocks, LocalAdapter]:
+    """Start the model thread (waits for the model to load) and build the UI around it.
+
+    ``load`` replaces the real loader (tests inject a fake model through it).
+    """
+    if load is None:
+        from pipeline.model import load_model
+
+        def load() -> Any:
+            return load_model(settings)
+
+    worker = GpuWorker(load)
+    profile = worker.start()
+    adapter = LocalAdapter(worker, limits_for(settings, profile), settings.output_dir)
+    return build_demo(adapter, settings), adapter
+
+
+def launch(demo: gr.Blocks, settings: Settings, *, block: bool = True) -> None:
+    demo.launch(
+        server_name=settings.host,
+        server_port=settings.port,
+        share=settings.share,
+        ssr_mode=False,
+        show_error=False,
+        max_file_size="1mb",
+        prevent_thread_lock=not block,
+        quiet=False,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
+    settings = load_settings(argv)
+    demo, _adapter = create_app(settings)
+    launch(demo, settings)
+
+
+if __name__ == "__main__":
+    main()

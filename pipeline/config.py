@@ -1,0 +1,120 @@
+"""Settings from the command line and the environment. The only module that reads ``os.environ``.
+
+Every flag has an environment variable; a flag given on the command line wins over the variable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+
+@dataclass(frozen=True)
+class Settings:
+    model: str | None = None  # hub id or local path; None: the embedded default model
+    host: str = "127.0.0.1"
+    port: int = 7860
+    share: bool = False
+    device: str = "auto"  # auto | cuda | mps | cpu
+    dtype: str = "auto"  # auto | float32 | float16 | bfloat16
+    cpu_offload: bool = False
+    attention_slicing: bool = False
+    vae_tiling: bool = False
+    torch_threads: int | None = None  # None: one fewer than the machine's cores (at least 1)
+    concurrency: int = 8  # requests in flight inside the generate handler
+    queue_size: int = 32  # requests admitted beyond those, waiting in Gradio's queue
+    max_images: int = 4
+    max_size: int | None = None  # None: follows the model
+    max_steps: int | None = None  # None: follows the model
+    max_prompt_chars: int = 2000
+    output_dir: Path = Path(tempfile.gettempdir()) / "t2i-outputs"
+
+    def resolved_torch_threads(self) -> int:
+        return self.torch_threads or max(1, (os.cpu_count() or 2) - 1)
+
+
+# (flag, env var, type, help). Booleans are store_true flags; their variables take 1/true/yes.
+_OPTIONS: tuple[tuple[str, str, type, str], ...] = (
+    ("model", "T2I_MODEL", str, "hub id or local path of a diffusers text-to-image pipeline"),
+    ("host", "GRADIO_SERVER_NAME", str, "address to listen on (default 127.0.0.1)"),
+    ("port", "GRADIO_SERVER_PORT", int, "port to listen on (default 7860)"),
+    ("share", "T2I_SHARE", bool, "create a public share link (use --auth with it)"),
+    ("device", "T2I_DEVICE", str, "auto, cuda, mps or cpu (default auto: cuda, then mps, then cpu)"),
+    ("dtype", "T2I_DTYPE", str, "auto, float32, float16 or bfloat16 (auto: fp16/bf16 on a GPU, fp32 on the CPU)"),
+    ("cpu_offload", "T2I_CPU_OFFLOAD", bool, "model CPU offload (saves GPU memory, slower)"),
+    ("attention_slicing", "T2I_ATTENTION_SLICING", bool, "attention slicing (saves memory, slower)"),
+    ("vae_tiling", "T2I_VAE_TILING", bool, "VAE tiling for large images"),
+    ("torch_threads", "T2I_TORCH_THREADS", int, "torch CPU threads (default: cores - 1, at least 1)"),
+    ("concurrency", "T2I_CONCURRENCY", int, "requests in flight in the handler (default 8)"),
+    ("queue_size", "T2I_QUEUE_SIZE", int, "requests waiting beyond those (default 32)"),
+    ("max_images", "T2I_MAX_IMAGES", int, "most images per request (default 4)"),
+    ("max_size", "T2I_MAX_SIZE", int, "largest width/height in pixels (default: follows the model)"),
+    ("max_steps", "T2I_MAX_STEPS", int, "most denoising steps (default: follows the model)"),
+    ("max_prompt_chars", "T2I_MAX_PROMPT_CHARS", int, "longest prompt in characters (default 2000)"),
+    ("output_dir", "T2I_OUTPUT_DIR", Path, "folder for generated PNGs (default: $TMPDIR/t2i-outputs)"),
+)
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _env_value(name: str, kind: type, raw: str) -> object:
+    if kind is bool:
+        low = raw.strip().lower()
+        if low not in _TRUE | _FALSE:
+            raise SystemExit(f"{name} must be one of 1/0, true/false, yes/no; got {raw!r}")
+        return low in _TRUE
+    try:
+        return kind(raw)
+    except ValueError:
+        raise SystemExit(f"{name} must be a {kind.__name__}; got {raw!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description="Text-to-image demo: one GPU, many users.",
+        epilog="Every flag also reads the environment variable named in its help.",
+    )
+    for dest, env, kind, text in _OPTIONS:
+        flag = "--" + dest.replace("_", "-")
+        if kind is bool:
+            parser.add_argument(flag, dest=dest, action="store_true", default=None, help=f"{text} [{env}]")
+        else:
+            parser.add_argument(flag, dest=dest, type=kind, default=None, help=f"{text} [{env}]")
+    return parser
+
+
+def load_settings(
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+) -> Settings:
+    """Flags win over environment variables, which win over the defaults."""
+    environ = os.environ if environ is None else environ
+    args = build_parser().parse_args(argv)
+    values: dict[str, object] = {}
+    for dest, env, kind, _ in _OPTIONS:
+        flag_value = getattr(args, dest)
+        if flag_value is not None:
+            values[dest] = flag_value
+        elif environ.get(env) not in (None, ""):
+            values[dest] = _env_value(env, kind, environ[env])
+    settings = Settings(**values)  # type: ignore[arg-type]
+    _check(settings)
+    return settings
+
+
+def _check(s: Settings) -> None:
+    if s.device not in {"auto", "cuda", "mps", "cpu"}:
+        raise SystemExit(f"--device must be auto, cuda, mps or cpu; got {s.device!r}")
+    if s.dtype not in {"auto", "float32", "float16", "bfloat16"}:
+        raise SystemExit(f"--dtype must be auto, float32, float16 or bfloat16; got {s.dtype!r}")
+    if not 0 < s.port < 65536:
+        raise SystemExit(f"--port must be between 1 and 65535; got {s.port}")
+    for name in ("concurrency", "queue_size", "max_images", "max_prompt_chars"):
+        if getattr(s, name) < 1:
+            raise SystemExit(f"--{name.replace('_', '-')} must be at least 1; got {getattr(s, name)}")
+    if s.concurrency < 2:
+        raise SystemExit("--concurrency must be at least 2, or the whole handler is serialized")

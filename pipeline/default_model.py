@@ -1,0 +1,207 @@
+"""The embedded default model: a tiny Stable-Diffusion-family pipeline built deterministically.
+
+The model hub is not reachable from every machine this app runs on, so the default model is built
+by the repo itself: a small UNet, a VAE with four blocks (it downsamples by 8, as real SD does), a
+tiny CLIP text encoder with a byte-level BPE tokenizer learned here from a fixed word list, and the
+stateful Euler scheduler. Weights are random but seeded, so the same torch version always builds
+the same files. The result is written with ``save_pretrained`` and loaded back through the same
+``DiffusionPipeline.from_pretrained(path)`` code any real model uses.
+
+    python -m pipeline.default_model [--out assets/default-model] [--force]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import logging
+import shutil
+import tempfile
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "assets" / "default-model"
+BUILD_SEED = 20261130
+# Bump when the architecture or the tokenizer changes, so stale builds are rebuilt.
+BUILD_VERSION = 1
+_STAMP = "default_model_build.json"
+
+# Words the tokenizer learns merges from: what people type into a text-to-image demo.
+_CORPUS = """
+a an the of on in at with and or by from to for under over above below behind near beside
+red orange yellow green blue purple pink brown black white gray grey gold silver cyan magenta
+circle square triangle star heart hexagon diamond cross ring line dot shape shapes
+small large big tiny huge top bottom left right center middle corner background foreground
+photo photograph painting drawing sketch illustration render portrait landscape closeup
+cat dog bird horse fish tree flower forest mountain river lake sea ocean beach sky cloud sun
+moon night day city street house castle car boat robot astronaut dragon person woman man
+beautiful detailed realistic cinematic lighting sharp focus high quality style art digital
+watercolor oil pencil anime cartoon fantasy futuristic vintage colorful dark bright soft
+blurry ugly deformed low resolution noisy text watermark
+""".split()
+_NUM_MERGES = 400
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2/CLIP's reversible map from bytes to printable unicode characters."""
+    bs = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, (chr(c) for c in cs)))
+
+
+def learn_bpe(words: list[str], num_merges: int) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """Learn CLIP-style BPE merges from ``words``; deterministic (ties break lexicographically)."""
+    byte_chars = list(bytes_to_unicode().values())
+    vocab_list = byte_chars + [c + "</w>" for c in byte_chars]
+    words_split = {w: tuple(w[:-1]) + (w[-1] + "</w>",) for w in sorted(set(words))}
+    merges: list[tuple[str, str]] = []
+    for _ in range(num_merges):
+        pairs: collections.Counter[tuple[str, str]] = collections.Counter()
+        for symbols in words_split.values():
+            pairs.update(zip(symbols, symbols[1:]))
+        if not pairs:
+            break
+        best = min(pairs, key=lambda p: (-pairs[p], p))
+        merges.append(best)
+        vocab_list.append(best[0] + best[1])
+        for w, symbols in words_split.items():
+            out: list[str] = []
+            i = 0
+            while i < len(symbols):
+                if i + 1 < len(symbols) and (symbols[i], symbols[i + 1]) == best:
+                    out.append(best[0] + best[1])
+                    i += 2
+                else:
+                    out.append(symbols[i])
+                    i += 1
+            words_split[w] = tuple(out)
+    vocab_list += ["<|startoftext|>", "<|endoftext|>"]
+    return {tok: i for i, tok in enumerate(vocab_list)}, merges
+
+
+def build_pipeline(seed: int = BUILD_SEED):  # -> StableDiffusionPipeline
+    """Build the tiny pipeline in memory with seeded random weights."""
+    import torch
+    from diffusers import (
+        AutoencoderKL,
+        EulerDiscreteScheduler,
+        StableDiffusionPipeline,
+        UNet2DConditionModel,
+    )
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+
+    vocab, merges = learn_bpe(_CORPUS, _NUM_MERGES)
+    tokenizer = CLIPTokenizer(vocab=vocab, merges=merges)
+    tokenizer.model_max_length = 77
+
+    torch.manual_seed(seed)
+    text_encoder = CLIPTextModel(
+        CLIPTextConfig(
+            vocab_size=len(vocab),
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=77,
+            bos_token_id=vocab["<|startoftext|>"],
+            eos_token_id=vocab["<|endoftext|>"],
+            pad_token_id=vocab["<|endoftext|>"],
+            projection_dim=64,
+        )
+    )
+    unet = UNet2DConditionModel(
+        sample_size=16,
+        in_channels=4,
+        out_channels=4,
+        block_out_channels=(32, 64),
+        layers_per_block=1,
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        cross_attention_dim=64,
+        attention_head_dim=8,
+        norm_num_groups=8,
+    )
+    vae = AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4,
+        block_out_channels=(16, 32, 32, 32),
+        layers_per_block=1,
+        latent_channels=4,
+        norm_num_groups=8,
+        sample_size=128,
+    )
+    scheduler = EulerDiscreteScheduler(
+        beta_start=0.00085,
+        beta_end=0.012,
+        beta_schedule="scaled_linear",
+        num_train_timesteps=1000,
+        timestep_spacing="trailing",
+        steps_offset=1,
+    )
+    return StableDiffusionPipeline(
+        unet=unet,
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        scheduler=scheduler,
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
+
+
+def _is_current(path: Path) -> bool:
+    try:
+        stamp = json.loads((path / _STAMP).read_text())
+    except (OSError, ValueError):
+        return False
+    return stamp.get("version") == BUILD_VERSION and (path / "model_index.json").exists()
+
+
+def ensure_default_model(path: Path = DEFAULT_MODEL_DIR, force: bool = False) -> Path:
+    """Build the default model into ``path`` unless a current build is already there.
+
+    Written to a temporary sibling folder and renamed into place, so a crash mid-build never
+    leaves a half-written model that later loads.
+    """
+    if not force and _is_current(path):
+        return path
+    log.info("building the embedded default model into %s", path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".default-model-", dir=path.parent))
+    try:
+        build_pipeline().save_pretrained(tmp, safe_serialization=True)
+        (tmp / _STAMP).write_text(json.dumps({"version": BUILD_VERSION, "seed": BUILD_SEED}))
+        if path.exists():
+            shutil.rmtree(path)
+        tmp.rename(path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=DEFAULT_MODEL_DIR)
+    parser.add_argument("--force", action="store_true", help="rebuild even if a current build exists")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO)
+    print(ensure_default_model(args.out, force=args.force))
+
+
+if __name__ == "__main__":
+    main()

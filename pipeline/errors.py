@@ -1,0 +1,71 @@
+"""The error taxonomy. Classified by audience, so the UI layer knows what it may show.
+
+- ``InvalidRequest``: the user's mistake; the message is shown verbatim (it names the field).
+- ``RetryLater``: the server's state, not the user's fault: queue full, shutting down.
+- ``Cancelled``: the caller asked to stop; not an error to report to anyone else.
+- ``GenerationFailed``: an internal fault in one job; the user sees a generic message with the id.
+- ``OutOfMemory``: a recoverable GPU/CPU memory fault; the user is told to shrink the request.
+- ``EngineDead``: the model thread is gone; every waiting job fails at once.
+"""
+
+from __future__ import annotations
+
+
+class ServingError(Exception):
+    """Base class: every error this package raises to its callers."""
+
+    #: Whether ``str(error)`` is safe and useful to show to the end user as is.
+    user_visible = True
+
+
+class InvalidRequest(ServingError):
+    """A field failed validation. The message names the field and the allowed range."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class RetryLater(ServingError):
+    """The request was fine but the server cannot take it now (queue full, shutting down)."""
+
+
+class QueueFull(RetryLater):
+    pass
+
+
+class ShuttingDown(RetryLater):
+    pass
+
+
+class Cancelled(ServingError):
+    """The job was cancelled by its caller. ``steps_done`` counts the denoising steps it ran."""
+
+    def __init__(self, message: str = "cancelled", steps_done: int = 0) -> None:
+        super().__init__(message)
+        self.steps_done = steps_done
+
+
+class GenerationFailed(ServingError):
+    """An internal fault during one job. The message is generic and carries the request id."""
+
+    def __init__(self, request_id: str, message: str | None = None) -> None:
+        super().__init__(
+            message
+            or f"Generation failed because of an internal error (request id {request_id}). "
+            "Please try again; if it keeps failing, report the request id."
+        )
+        self.request_id = request_id
+
+
+class OutOfMemory(GenerationFailed):
+    def __init__(self, request_id: str) -> None:
+        super().__init__(
+            request_id,
+            f"Out of memory while generating (request id {request_id}). "
+            "Try a smaller width and height, or fewer images.",
+        )
+
+
+class EngineDead(ServingError):
+    """The model thread has stopped; nothing more can run until the app restarts."""

@@ -1,0 +1,237 @@
+"""Raw API values -> a validated, frozen ``GenerateRequest``.
+
+Gradio components do not validate API input (sliders pass NaN, inf and off-step values, and
+``Textbox(max_length)`` is not checked on the server), so every field is checked here, before any
+GPU work. Each error names the field and the allowed range. Nothing is silently fixed: the one
+adjustment, a prompt longer than the text encoder's window, is reported in ``warnings``.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import secrets
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from .errors import InvalidRequest
+from .protocol import InferenceJob, ModelProfile
+
+MAX_SEED = 2**32 - 1
+FIELDS = (
+    "prompt",
+    "negative_prompt",
+    "seed",
+    "randomize_seed",
+    "width",
+    "height",
+    "num_inference_steps",
+    "guidance_scale",
+    "num_images",
+)
+
+
+@dataclass(frozen=True)
+class Limits:
+    min_size: int
+    max_size: int
+    size_multiple: int
+    max_pixels: int
+    min_steps: int
+    max_steps: int
+    min_guidance: float
+    max_guidance: float
+    max_images: int
+    max_prompt_chars: int
+    max_prompt_tokens: int
+
+    @classmethod
+    def for_model(
+        cls,
+        profile: ModelProfile,
+        *,
+        max_images: int = 4,
+        max_prompt_chars: int = 2000,
+        max_size: int | None = None,
+        max_steps: int | None = None,
+    ) -> Limits:
+        top = max_size or profile.max_size
+        return cls(
+            min_size=profile.min_size,
+            max_size=top,
+            size_multiple=profile.size_multiple,
+            max_pixels=top * top,
+            min_steps=profile.min_steps,
+            max_steps=max_steps or profile.max_steps,
+            min_guidance=profile.min_guidance,
+            max_guidance=profile.max_guidance,
+            max_images=max_images,
+            max_prompt_chars=max_prompt_chars,
+            max_prompt_tokens=profile.max_prompt_tokens,
+        )
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    request_id: str
+    prompt: str
+    negative_prompt: str
+    seed: int
+    width: int
+    height: int
+    num_inference_steps: int
+    guidance_scale: float
+    num_images: int
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def seeds(self) -> tuple[int, ...]:
+        """One seed per image: image i uses ``seed + i``, so it can be reproduced on its own."""
+        return tuple((self.seed + i) % (MAX_SEED + 1) for i in range(self.num_images))
+
+    def to_job(self) -> InferenceJob:
+        return InferenceJob(
+            request_id=self.request_id,
+            prompts=(self.prompt,) * self.num_images,
+            negative_prompts=(self.negative_prompt,) * self.num_images,
+            seeds=self.seeds,
+            width=self.width,
+            height=self.height,
+            num_inference_steps=self.num_inference_steps,
+            guidance_scale=self.guidance_scale,
+        )
+
+    def parameters(self) -> dict[str, Any]:
+        """The parameters actually used, under the API's own names."""
+        return {
+            "prompt": self.prompt,
+            "negative_prompt": self.negative_prompt,
+            "seed": self.seed,
+            "seeds": list(self.seeds),
+            "width": self.width,
+            "height": self.height,
+            "num_inference_steps": self.num_inference_steps,
+            "guidance_scale": self.guidance_scale,
+            "num_images": self.num_images,
+        }
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def _show(value: Any) -> str:
+    """A short, HTML-escaped rendering of a bad value (Gradio renders error text as HTML)."""
+    text = repr(value)
+    if len(text) > 40:
+        text = text[:37] + "..."
+    return html.escape(text)
+
+
+def _whole_number(field: str, value: Any, lo: int, hi: int, what: str | None = None) -> int:
+    """An int in [lo, hi]. Integral floats (7.0, as JSON sliders send) are accepted; 7.5 is not."""
+    desc = what or f"a whole number between {lo} and {hi}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidRequest(field, f"{field} must be {desc}; got {_show(value)}")
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        raise InvalidRequest(field, f"{field} must be {desc}; got {_show(value)}")
+    number = int(value)
+    if not lo <= number <= hi:
+        raise InvalidRequest(field, f"{field} must be {desc}; got {_show(value)}")
+    return number
+
+
+def _real_number(field: str, value: Any, lo: float, hi: float) -> float:
+    desc = f"a number between {lo:g} and {hi:g}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidRequest(field, f"{field} must be {desc}; got {_show(value)}")
+    number = float(value)
+    if not (math.isfinite(number) and lo <= number <= hi):
+        raise InvalidRequest(field, f"{field} must be {desc}; got {_show(value)}")
+    return number
+
+
+def _text(field: str, value: Any, max_chars: int) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise InvalidRequest(field, f"{field} must be text of at most {max_chars} characters; got {_show(value)}")
+    if len(value) > max_chars:
+        raise InvalidRequest(
+            field, f"{field} must be text of at most {max_chars} characters; got {len(value)} characters"
+        )
+    if "\x00" in value:
+        raise InvalidRequest(field, f"{field} must not contain NUL characters")
+    return value
+
+
+def _size(field: str, value: Any, limits: Limits) -> int:
+    m, lo, hi = limits.size_multiple, limits.min_size, limits.max_size
+    number = _whole_number(field, value, lo, hi, f"a multiple of {m} between {lo} and {hi}")
+    if number % m:
+        raise InvalidRequest(field, f"{field} must be a multiple of {m} between {lo} and {hi}; got {_show(value)}")
+    return number
+
+
+def validate(
+    raw: Mapping[str, Any],
+    limits: Limits,
+    count_tokens: Callable[[str], int] | None = None,
+    *,
+    request_id: str | None = None,
+) -> GenerateRequest:
+    """Check every field of ``raw`` (the API's parameter names); raise ``InvalidRequest`` on the first bad one.
+
+    ``count_tokens`` measures prompts in text-encoder tokens; a prompt over the encoder's window is
+    accepted and the note that it was truncated goes into ``warnings``.
+    """
+    unknown = set(raw) - set(FIELDS)
+    if unknown:
+        name = sorted(unknown)[0]
+        raise InvalidRequest(name, f"unknown field {_show(name)}; the fields are {', '.join(FIELDS)}")
+    prompt = _text("prompt", raw.get("prompt"), limits.max_prompt_chars)
+    if not prompt.strip():
+        raise InvalidRequest("prompt", "prompt must not be empty")
+    negative_prompt = _text("negative_prompt", raw.get("negative_prompt"), limits.max_prompt_chars)
+    randomize = raw.get("randomize_seed", False)
+    if not isinstance(randomize, bool):
+        raise InvalidRequest("randomize_seed", f"randomize_seed must be true or false; got {_show(randomize)}")
+    seed_value = raw.get("seed", 0)
+    if randomize:
+        seed = secrets.randbelow(MAX_SEED + 1)
+        if seed_value is not None:  # still reject nonsense, so a client bug does not hide
+            _whole_number("seed", seed_value, 0, MAX_SEED)
+    else:
+        seed = _whole_number("seed", seed_value, 0, MAX_SEED)
+    width = _size("width", raw.get("width"), limits)
+    height = _size("height", raw.get("height"), limits)
+    if width * height > limits.max_pixels:
+        raise InvalidRequest(
+            "width",
+            f"width × height must be at most {limits.max_pixels} pixels; got {width}×{height} = {width * height}",
+        )
+    steps = _whole_number("num_inference_steps", raw.get("num_inference_steps"), limits.min_steps, limits.max_steps)
+    guidance = _real_number("guidance_scale", raw.get("guidance_scale"), limits.min_guidance, limits.max_guidance)
+    num_images = _whole_number("num_images", raw.get("num_images", 1), 1, limits.max_images)
+
+    warnings: list[str] = []
+    if count_tokens is not None:
+        for field, text in (("prompt", prompt), ("negative_prompt", negative_prompt)):
+            if text and (n := count_tokens(text)) > limits.max_prompt_tokens:
+                warnings.append(
+                    f"{field} is {n} tokens; the text encoder reads the first {limits.max_prompt_tokens}, "
+                    "so the rest was ignored"
+                )
+    return GenerateRequest(
+        request_id=request_id or new_request_id(),
+        prompt=prompt,
+        negative_prompt=negative_prompt,
+        seed=seed,
+        width=width,
+        height=height,
+        num_inference_steps=steps,
+        guidance_scale=guidance,
+        num_images=num_images,
+        warnings=tuple(warnings),
+    )

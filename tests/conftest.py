@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+import asyncio
+import socket
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from pipeline.adapter import LocalAdapter
+from pipeline.request import Limits
+from pipeline.worker import GpuWorker
+from tests.fakes import FakeModel
+
+
+@pytest.fixture(autouse=True)
+def _isolated_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gradio's cache and the app's output folder live in this test's tmp_path."""
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "gradio"))
+    monkeypatch.setenv("T2I_OUTPUT_DIR", str(tmp_path / "outputs"))
+    monkeypatch.setenv("GRADIO_ANALYTICS_ENABLED", "False")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def raw_request(**overrides: Any) -> dict[str, Any]:
+    raw: dict[str, Any] = {
+        "prompt": "a red circle",
+        "negative_prompt": "",
+        "seed": 1,
+        "randomize_seed": False,
+        "width": 64,
+        "height": 64,
+        "num_inference_steps": 4,
+        "guidance_scale": 7.5,
+        "num_images": 1,
+    }
+    raw.update(overrides)
+    return raw
+
+
+@pytest.fixture
+def make_adapter(tmp_path: Path) -> Any:
+    """Build a LocalAdapter around a FakeModel on a real GpuWorker thread; cleaned up afterwards."""
+    made: list[tuple[GpuWorker, LocalAdapter]] = []
+
+    def make(model: FakeModel | None = None, **kwargs: Any) -> tuple[LocalAdapter, FakeModel]:
+        model = model or FakeModel()
+        worker = GpuWorker(lambda: model)
+        profile = worker.start(timeout=10)
+        adapter = LocalAdapter(worker, Limits.for_model(profile), tmp_path / "outputs", **kwargs)
+        made.append((worker, adapter))
+        return adapter, model
+
+    yield make
+    for worker, adapter in made:
+        worker.shutdown(timeout=10)
+        adapter.close()
+
+
+async def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    """Poll a condition the code under test reaches on its own (no sleep decides the order)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting until {what}")
+        await asyncio.sleep(0.002)
+
+
+async def collect(adapter: LocalAdapter, raw: dict[str, Any], **kwargs: Any) -> list[Any]:
+    return [event async for event in adapter.run(raw, **kwargs)]

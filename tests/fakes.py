@@ -1,0 +1,86 @@
+"""A fake model with the same small protocol as the real one: scriptable, gated, counted.
+
+Ordering in tests comes from these gates (``threading.Event``/``Semaphore``), never from sleeps.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+from PIL import Image
+
+from pipeline.errors import Cancelled
+from pipeline.protocol import InferenceJob, InferenceResult, ModelProfile, StepCallback
+
+FAKE_PROFILE = ModelProfile(
+    name="fake-model",
+    pipeline_class="FakePipeline",
+    scheduler="EulerDiscreteScheduler",
+    device="cpu",
+    dtype="float32",
+    default_width=64,
+    default_height=64,
+    default_steps=4,
+    default_guidance=7.5,
+    max_steps=50,
+    max_size=512,
+    max_prompt_tokens=75,
+)
+
+WAIT = 30.0  # generous bound on any gate wait: a deadlock fails instead of hanging
+
+
+@dataclass
+class FakeModel:
+    profile: ModelProfile = FAKE_PROFILE
+    hold: bool = False  # each generate call blocks until ``release`` gives it a permit
+    step_gate: threading.Semaphore | None = None  # when set, each step waits for a permit
+    outcome: Callable[[InferenceJob], None] | None = None  # may raise to script a failure
+    prepare_hook: Callable[[str], None] | None = None  # runs inside count_tokens (prepare)
+    calls: list[InferenceJob] = field(default_factory=list)
+    steps_run: dict[str, int] = field(default_factory=dict)
+    active: int = 0
+    max_active: int = 0
+    release: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
+    entered: threading.Event = field(default_factory=threading.Event)
+    returned: list[str] = field(default_factory=list)  # request ids, in the order calls returned
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def count_tokens(self, text: str) -> int:
+        if self.prepare_hook is not None:
+            self.prepare_hook(text)
+        return len(text.split())
+
+    def generate(self, job: InferenceJob, stop: threading.Event, on_step: StepCallback) -> InferenceResult:
+        import time
+
+        with self._lock:
+            self.active += 1
+            self.max_active = max(self.max_active, self.active)
+            self.calls.append(job)
+        self.entered.set()
+        started = time.time()
+        steps = 0
+        try:
+            for i in range(job.num_inference_steps):
+                if self.step_gate is not None:
+                    assert self.step_gate.acquire(timeout=WAIT), "step permit never came"
+                steps = i + 1
+                self.steps_run[job.request_id] = steps
+                on_step(steps, job.num_inference_steps, None)
+                if stop.is_set():
+                    raise Cancelled(steps_done=steps)
+            if self.hold:
+                assert self.release.acquire(timeout=WAIT), "release never came"
+            if self.outcome is not None:
+                self.outcome(job)
+            images = tuple(
+                Image.new("RGB", (job.width, job.height), (seed % 256, (seed >> 8) % 256, 7)) for seed in job.seeds
+            )
+            return InferenceResult(images, steps, started, time.time())
+        finally:
+            with self._lock:
+                self.active -= 1
+                self.returned.append(job.request_id)
