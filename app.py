@@ -14,6 +14,11 @@ import os
 # Gradio's analytics would phone home from every event; this machine (and many Spaces) can't reach
 # it, and it costs a thread per event. Set before gradio is imported, unless the user chose.
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+# After every event Gradio's queue rebuilds a pandas summary of up to 10,000 past events on a
+# worker thread, only for its /monitoring page (off here; /metrics replaces it). That is GIL time
+# taken from the event loop and the model thread on every request: keep one record, never recompute.
+os.environ.setdefault("GRADIO_ANALYTICS_CACHE_FREQUENCY", str(10**12))
+os.environ.setdefault("GRADIO_ANALYTICS_MAX_EVENTS", "1")
 
 import logging  # noqa: E402
 import sys  # noqa: E402
@@ -103,7 +108,8 @@ def build_demo(adapter: LocalAdapter, settings: Settings) -> gr.Blocks:
                 prompt = gr.Textbox(
                     label="Prompt",
                     placeholder="a red circle on a blue background",
-                    lines=2,
+                    lines=1,  # one line, so Enter submits (Gradio inserts a newline when lines > 1)
+                    max_lines=4,
                     max_length=lim.max_prompt_chars,
                     elem_id="prompt",
                 )
@@ -139,6 +145,9 @@ def build_demo(adapter: LocalAdapter, settings: Settings) -> gr.Blocks:
             # Requests in flight inside the handler (preparing, waiting for the gate, inferring,
             # finalizing). Finite, so queue(max_size) really bounds the rest.
             concurrency_limit=settings.concurrency,
+            # Raw values reach our own validator, which names the field and the allowed range;
+            # the components' preprocess would answer some bad values with an anonymous message.
+            preprocess=False,
         )
     demo.queue(max_size=settings.queue_size, api_open=False, default_concurrency_limit=1)
     return demo

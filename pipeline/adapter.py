@@ -217,7 +217,8 @@ class LocalAdapter:
                 "api_name": "/generate",
                 "params": {**{k: v for k, v in params.items() if k != "seeds"}, "randomize_seed": False},
                 "note": "The same parameters and seed give the same pixels on the same machine. "
-                "Image i alone: seed = seeds[i], num_images = 1.",
+                "Image i alone: seed = seeds[i], num_images = 1 (the same noise; batch "
+                "arithmetic may differ by under 1/255 on average).",
             },
         }
 

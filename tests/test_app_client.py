@@ -1,0 +1,124 @@
+"""The real app (embedded tiny model on the CPU), launched on a free port, answered by gradio_client."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.conftest import free_port
+
+INFO_KEYS = {
+    "request_id", "model", "prompt", "negative_prompt", "seed", "seeds", "width", "height",
+    "num_inference_steps", "guidance_scale", "num_images", "batch_size", "timings", "reproduce",
+}
+TIMING_ORDER = ["received", "prepare_start", "prepare_end", "gpu_wait_start", "infer_start", "infer_end",
+                "finalize_start", "finalize_end"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    import app
+    from pipeline.config import load_settings
+
+    tmp = tmp_path_factory.mktemp("server")
+    saved = dict(os.environ)
+    os.environ.update(GRADIO_TEMP_DIR=str(tmp / "gradio"), HF_HUB_OFFLINE="1")
+    port = free_port()
+    settings = load_settings(["--port", str(port), "--output-dir", str(tmp / "outputs")], environ={})
+    demo, adapter = app.create_app(settings)
+    app.launch(demo, settings, block=False)
+    try:
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        demo.close()
+        adapter.worker.shutdown(timeout=10)
+        adapter.close()
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@pytest.fixture(scope="module")
+def client(server: str) -> Any:
+    from gradio_client import Client
+
+    return Client(server, verbose=False, download_files=str(Path(os.environ.get("TMPDIR", "/tmp")) / "t2i-client"))
+
+
+def _generate(client: Any, **params: Any) -> tuple[list[Path], dict[str, Any]]:
+    gallery, info = client.predict(api_name="/generate", **params)
+    return [Path(item["image"]) for item in gallery], info
+
+
+def test_generates_images_of_the_requested_size_with_a_complete_info_record(client: Any) -> None:
+    paths, info = _generate(
+        client, prompt="a red circle", seed=7, randomize_seed=False, width=64, height=96,
+        num_inference_steps=4, guidance_scale=5.0, num_images=2,
+    )
+    assert len(paths) == 2
+    for path in paths:
+        with Image.open(path) as image:
+            assert image.size == (64, 96)
+            params = image.text["parameters"]
+            assert params.startswith("a red circle\n") and "Steps: 4" in params and "Size: 64x96" in params
+            assert json.loads(image.text["generation"])["prompt"] == "a red circle"
+    assert INFO_KEYS <= set(info)
+    assert info["seed"] == 7 and info["seeds"] == [7, 8]
+    assert (info["width"], info["height"], info["num_inference_steps"], info["num_images"]) == (64, 96, 4, 2)
+    assert info["guidance_scale"] == 5.0 and info["batch_size"] == 1
+    assert [info["timings"][k] for k in TIMING_ORDER] == sorted(info["timings"][k] for k in TIMING_ORDER)
+    assert info["reproduce"]["params"]["randomize_seed"] is False
+
+
+def test_same_seed_same_pixels_and_other_seed_other_pixels(client: Any) -> None:
+    params = dict(prompt="a blue square", seed=1234, randomize_seed=False, width=64, height=64,
+                  num_inference_steps=3, guidance_scale=7.5, num_images=1)
+    (a,), _ = _generate(client, **params)
+    (b,), _ = _generate(client, **params)
+    (c,), _ = _generate(client, **{**params, "seed": 1235})
+    pixels = [np.asarray(Image.open(p).convert("RGB")) for p in (a, b, c)]
+    assert np.array_equal(pixels[0], pixels[1])
+    assert not np.array_equal(pixels[0], pixels[2])
+
+
+def test_per_image_seed_reproduces_one_image_of_a_set(client: Any) -> None:
+    common = dict(prompt="a cat", randomize_seed=False, width=64, height=64, num_inference_steps=3, guidance_scale=7.5)
+    paths, info = _generate(client, seed=50, num_images=2, **common)
+    (alone,), _ = _generate(client, seed=info["seeds"][1], num_images=1, **common)
+    # Same noise; the batch's arithmetic may round differently, so within 1/255 on average.
+    a, b = (np.asarray(Image.open(p).convert("RGB"), dtype=np.float64) for p in (paths[1], alone))
+    assert np.abs(a - b).mean() <= 1.0
+    (other,), _ = _generate(client, seed=info["seeds"][0], num_images=1, **common)
+    assert np.abs(a - np.asarray(Image.open(other).convert("RGB"), dtype=np.float64)).mean() > 5.0
+
+
+def test_randomized_seed_is_reported(client: Any) -> None:
+    _, info = _generate(client, prompt="a dog", randomize_seed=True, width=64, height=64, num_inference_steps=2)
+    assert isinstance(info["seed"], int) and 0 <= info["seed"] < 2**32
+    assert info["reproduce"]["params"]["seed"] == info["seed"]
+
+
+def test_only_generate_is_in_the_api_and_the_rest_shortcut_is_closed(client: Any, server: str) -> None:
+    api = client.view_api(print_info=False, return_format="dict")
+    assert set(api["named_endpoints"]) == {"/generate"}
+    names = [p["parameter_name"] for p in api["named_endpoints"]["/generate"]["parameters"]]
+    assert names == ["prompt", "negative_prompt", "seed", "randomize_seed", "width", "height",
+                     "num_inference_steps", "guidance_scale", "num_images"]
+    body = {"data": ["x", "", 1, False, 64, 64, 2, 7.5, 1]}
+    response = httpx.post(server + "gradio_api/run/generate", json=body, timeout=30)
+    assert response.status_code >= 400, response.text
+
+
+def test_invalid_input_gets_a_clear_error_naming_the_field(client: Any) -> None:
+    from gradio_client.exceptions import AppError
+
+    with pytest.raises(AppError, match=r"width must be a multiple of 8 between 64 and \d+; got 100"):
+        _generate(client, prompt="x", width=100, height=64)
+    with pytest.raises(AppError, match="num_inference_steps must be a whole number between 1 and"):
+        _generate(client, prompt="x", num_inference_steps=0)

@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import load_settings
+
+
+def test_defaults() -> None:
+    s = load_settings([], environ={})
+    assert (s.host, s.port, s.share, s.model, s.device) == ("127.0.0.1", 7860, False, None, "auto")
+    assert s.concurrency > 1 and s.queue_size > 0
+
+
+def test_environment_then_flags() -> None:
+    env = {"GRADIO_SERVER_NAME": "0.0.0.0", "GRADIO_SERVER_PORT": "9000", "T2I_MODEL": "stabilityai/sd-turbo",
+           "T2I_CPU_OFFLOAD": "1", "T2I_OUTPUT_DIR": "/tmp/x"}
+    s = load_settings([], environ=env)
+    assert (s.host, s.port, s.model, s.cpu_offload, s.output_dir) == (
+        "0.0.0.0", 9000, "stabilityai/sd-turbo", True, Path("/tmp/x"))
+    s = load_settings(["--port", "9100", "--model", "./local", "--share", "--vae-tiling"], environ=env)
+    assert (s.port, s.model, s.share, s.vae_tiling) == (9100, "./local", True, True)
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["--device", "tpu"], {}, "--device must be"),
+        (["--port", "0"], {}, "--port must be"),
+        (["--concurrency", "1"], {}, "--concurrency must be at least 2"),
+        ([], {"T2I_CPU_OFFLOAD": "maybe"}, "T2I_CPU_OFFLOAD must be one of"),
+        ([], {"GRADIO_SERVER_PORT": "http"}, "GRADIO_SERVER_PORT must be a int"),
+    ],
+)
+def test_bad_settings_exit_with_a_message(argv: list[str], env: dict[str, str], message: str) -> None:
+    with pytest.raises(SystemExit, match=message):
+        load_settings(argv, environ=env)

@@ -1,0 +1,181 @@
+"""The real tiny diffusers pipeline on the CPU: offline loading, the scheduler race, profiles."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline.adapter import Done, LocalAdapter
+from pipeline.config import Settings
+from pipeline.default_model import DEFAULT_MODEL_DIR, ensure_default_model
+from pipeline.request import Limits
+from pipeline.worker import GpuWorker
+from tests.conftest import collect, raw_request
+
+ROOT = Path(__file__).resolve().parent.parent
+RACE_ATTEMPTS = 30
+
+
+@pytest.fixture(scope="module")
+def model() -> Any:
+    from pipeline.model import load_model
+
+    return load_model(Settings(), warmup=False)
+
+
+def test_embedded_model_loads_from_disk_through_from_pretrained_offline() -> None:
+    path = ensure_default_model()
+    index = json.loads((path / "model_index.json").read_text())
+    assert index["_class_name"] == "StableDiffusionPipeline"
+    assert index["scheduler"][1] == "EulerDiscreteScheduler"
+    code = (
+        "import sys, torch; from diffusers import DiffusionPipeline; "
+        "import huggingface_hub.constants as c; assert c.HF_HUB_OFFLINE; "
+        f"p = DiffusionPipeline.from_pretrained({str(path)!r}); p.set_progress_bar_config(disable=True); "
+        "im = p('a red circle', num_inference_steps=2, width=64, height=64, generator=torch.Generator().manual_seed(0)).images[0]; "
+        "print(type(p).__name__, p.vae_scale_factor, im.size)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(ROOT)},
+        capture_output=True, text=True, timeout=180, cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["StableDiffusionPipeline", "8", "(64,", "64)"]
+
+
+def test_default_model_build_is_deterministic(tmp_path: Path) -> None:
+    ensure_default_model(tmp_path / "a", force=True)
+    ensure_default_model(tmp_path / "b", force=True)
+    files = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*") if p.is_file())
+    assert any(str(f).endswith(".safetensors") for f in files)
+    for f in files:
+        assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes(), f
+
+
+def test_default_model_profile_and_speed_settings(model: Any) -> None:
+    p = model.profile
+    assert (p.pipeline_class, p.scheduler, p.device, p.dtype) == (
+        "StableDiffusionPipeline", "EulerDiscreteScheduler", "cpu", "float32")
+    assert (p.default_width, p.default_height, p.default_steps, p.size_multiple) == (128, 128, 20, 8)
+    assert p.max_prompt_tokens == 75 and p.supports_negative_prompt
+    assert model.count_tokens("a red circle on a blue background") == 7
+
+
+def test_unguarded_threads_race_the_euler_scheduler(model: Any) -> None:
+    """Two threads in one Euler pipeline share its step index: IndexError in ``step``."""
+    import torch
+
+    pipe = model.pipe
+    errors: list[BaseException] = []
+
+    def call(barrier: threading.Barrier, seed: int) -> None:
+        barrier.wait()
+        try:
+            with torch.inference_mode():
+                pipe("a cat", num_inference_steps=20, width=64, height=64,
+                     generator=torch.Generator().manual_seed(seed))
+        except BaseException as exc:  # noqa: BLE001 - recorded for the assertion
+            errors.append(exc)
+
+    for _attempt in range(RACE_ATTEMPTS):
+        barrier = threading.Barrier(2)
+        threads = [threading.Thread(target=call, args=(barrier, s)) for s in (1, 2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        if errors:
+            break
+    assert errors, f"no race in {RACE_ATTEMPTS} attempts"
+    assert any(isinstance(e, IndexError) for e in errors), errors
+    pipe.scheduler.set_timesteps(1)  # leave the shared pipeline in a sane state
+
+
+def test_the_same_load_through_the_adapter_never_races(model: Any, tmp_path: Path) -> None:
+    worker = GpuWorker(lambda: model)
+    worker.start(timeout=30)
+    adapter = LocalAdapter(worker, Limits.for_model(model.profile), tmp_path)
+
+    async def main() -> list[list[Any]]:
+        runs = []
+        for attempt in range(RACE_ATTEMPTS // 3):
+            runs += await asyncio.gather(*(
+                collect(adapter, raw_request(prompt="a cat", seed=attempt * 2 + s, num_inference_steps=20))
+                for s in (1, 2)
+            ))
+        return runs
+
+    try:
+        runs = asyncio.run(main())
+    finally:
+        worker.shutdown(timeout=30)
+        adapter.close()
+    assert len(runs) == 2 * (RACE_ATTEMPTS // 3)
+    assert all(isinstance(r[-1], Done) and r[-1].info["steps_done"] == 20 for r in runs)
+
+
+def test_cancel_stops_at_the_next_step_without_decoding(model: Any) -> None:
+    from pipeline.errors import Cancelled
+    from pipeline.protocol import InferenceJob
+
+    stop = threading.Event()
+    seen: list[int] = []
+    decodes: list[int] = []
+    vae = model.pipe.vae
+    original = vae.decode
+    vae.decode = lambda *a, **k: decodes.append(1) or original(*a, **k)
+
+    def on_step(step: int, total: int, latents: Any) -> None:
+        seen.append(step)
+        if step == 3:
+            stop.set()
+
+    job = InferenceJob("c", ("a cat",), ("",), (1,), 64, 64, 10, 7.5)
+    try:
+        with pytest.raises(Cancelled) as info:
+            model.generate(job, stop, on_step)
+    finally:
+        vae.decode = original
+    assert info.value.steps_done == 3 and seen == [1, 2, 3] and decodes == []
+    done = model.generate(job, threading.Event(), lambda *_: None)  # the pipeline still works
+    assert done.steps_done == 10 and done.images[0].size == (64, 64)
+
+
+@pytest.mark.parametrize(
+    ("name", "steps", "guidance"),
+    [("stabilityai/sd-turbo", 1, 0.0), ("black-forest-labs/FLUX.1-schnell", 4, 0.0), ("runwayml/stable-diffusion-v1-5", 25, 7.5)],
+)
+def test_defaults_follow_the_model(model: Any, name: str, steps: int, guidance: float) -> None:
+    from pipeline.model import build_profile
+
+    class Unet:
+        config = type("C", (), {"sample_size": 64})
+
+    pipe = type("StableDiffusionPipeline", (), {
+        "vae_scale_factor": 8, "unet": Unet(), "scheduler": model.pipe.scheduler,
+        "tokenizer": model.pipe.tokenizer, "__call__": lambda self, prompt, negative_prompt=None: None,
+    })()
+    p = build_profile(pipe, name, "cuda", __import__("torch").float16)
+    assert (p.default_steps, p.default_guidance) == (steps, guidance)
+    assert p.default_width == 512 and p.dtype == "float16"
+
+
+def test_device_and_dtype_choice() -> None:
+    import torch
+
+    from pipeline.model import pick_device, pick_dtype
+
+    assert pick_device("cpu") == "cpu"
+    assert pick_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert pick_dtype("auto", "cpu", "StableDiffusionPipeline") == torch.float32
+    assert pick_dtype("auto", "cuda", "StableDiffusionXLPipeline") == torch.float16
+    assert pick_dtype("auto", "cuda", "FluxPipeline") == torch.bfloat16
+    assert pick_dtype("bfloat16", "cpu", "x") == torch.bfloat16
+    assert DEFAULT_MODEL_DIR.parent.name == "assets"

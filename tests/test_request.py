@@ -1,0 +1,82 @@
+"""Validation: every field, before any GPU work, with an error naming the field and the range."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from pipeline.errors import InvalidRequest
+from pipeline.request import Limits, validate
+from tests.conftest import raw_request
+from tests.fakes import FAKE_PROFILE
+
+LIMITS = Limits.for_model(FAKE_PROFILE, max_images=4, max_prompt_chars=100)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("width", 1000.5, "width must be a multiple of 8 between 64 and 512; got 1000.5"),
+        ("width", 100, "width must be a multiple of 8 between 64 and 512; got 100"),
+        ("height", math.nan, "height must be a multiple of 8 between 64 and 512; got nan"),
+        ("height", "64", "height must be a multiple of 8 between 64 and 512; got &#x27;64&#x27;"),
+        ("num_inference_steps", 0, "num_inference_steps must be a whole number between 1 and 50; got 0"),
+        ("num_inference_steps", -3, "num_inference_steps must be a whole number between 1 and 50; got -3"),
+        ("num_inference_steps", 2.5, "num_inference_steps must be a whole number between 1 and 50; got 2.5"),
+        ("num_inference_steps", True, "num_inference_steps must be a whole number between 1 and 50; got True"),
+        ("guidance_scale", math.inf, "guidance_scale must be a number between 0 and 20; got inf"),
+        ("guidance_scale", None, "guidance_scale must be a number between 0 and 20; got None"),
+        ("num_images", 5, "num_images must be a whole number between 1 and 4; got 5"),
+        ("seed", -1, "seed must be a whole number between 0 and 4294967295; got -1"),
+        ("seed", [1], "seed must be a whole number between 0 and 4294967295; got [1]"),
+        ("randomize_seed", "yes", "randomize_seed must be true or false; got &#x27;yes&#x27;"),
+        ("prompt", "", "prompt must not be empty"),
+        ("prompt", 42, "prompt must be text of at most 100 characters; got 42"),
+        ("prompt", "x" * 101, "prompt must be text of at most 100 characters; got 101 characters"),
+        ("negative_prompt", ["a"], "negative_prompt must be text of at most 100 characters; got [&#x27;a&#x27;]"),
+    ],
+)
+def test_bad_values_name_the_field_and_the_range(field: str, value: object, message: str) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        validate(raw_request(**{field: value}), LIMITS)
+    assert str(info.value) == message
+    assert info.value.field == field
+
+
+def test_user_text_in_errors_is_escaped() -> None:
+    with pytest.raises(InvalidRequest) as info:
+        validate(raw_request(width="<img src=x onerror=alert(1)>"), LIMITS)
+    assert "<img" not in str(info.value) and "&lt;img" in str(info.value)
+
+
+def test_unknown_fields_are_rejected() -> None:
+    with pytest.raises(InvalidRequest, match="unknown field"):
+        validate({**raw_request(), "strength": 1}, LIMITS)
+
+
+def test_pixel_budget() -> None:
+    tight = Limits.for_model(FAKE_PROFILE, max_size=512)
+    tight = Limits(**{**tight.__dict__, "max_pixels": 256 * 256})
+    with pytest.raises(InvalidRequest, match="width × height must be at most 65536 pixels; got 512×256"):
+        validate(raw_request(width=512, height=256), tight)
+
+
+def test_valid_request_keeps_values_and_derives_seeds() -> None:
+    r = validate(raw_request(seed=4294967295, num_images=3, width=64.0, guidance_scale=3), LIMITS)
+    assert (r.width, r.seed, r.guidance_scale, r.num_images) == (64, 4294967295, 3.0, 3)
+    assert r.seeds == (4294967295, 0, 1)
+    job = r.to_job()
+    assert job.prompts == ("a red circle",) * 3 and job.seeds == r.seeds
+
+
+def test_randomize_seed_picks_a_fresh_seed() -> None:
+    seeds = {validate(raw_request(randomize_seed=True), LIMITS).seed for _ in range(5)}
+    assert len(seeds) > 1
+
+
+def test_long_prompt_is_accepted_with_a_visible_note() -> None:
+    roomy = Limits.for_model(FAKE_PROFILE, max_prompt_chars=2000)
+    r = validate(raw_request(prompt="word " * 80), roomy, lambda text: len(text.split()))
+    assert r.warnings == ("prompt is 80 tokens; the text encoder reads the first 75, so the rest was ignored",)
+    assert validate(raw_request(), LIMITS, lambda text: len(text.split())).warnings == ()

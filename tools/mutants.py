@@ -1,0 +1,92 @@
+"""Break the concurrency code on purpose and check that the tests guarding it fail.
+
+    python -m tools.mutants [NAME ...]
+
+Each mutant edits one file in a scratch copy of the repo (the working tree is never touched) and
+runs the tests that must catch it. A mutant that survives (its tests pass) is a test that cannot
+fail; the script exits non-zero then. Not part of the CI suite: it takes a few minutes.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+GATE = "            async with self._gate:\n"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    file: str
+    old: str
+    new: str
+    tests: str  # pytest -k expression / node ids
+
+
+MUTANTS = [
+    Mutant("no-gate", "pipeline/adapter.py", GATE, "            if True:  # MUTANT\n",
+           "tests/test_gate.py::test_eight_concurrent_requests_never_overlap_in_inference"),
+    Mutant(
+        "gate-wraps-whole-request", "pipeline/adapter.py",
+        '        loop = asyncio.get_running_loop()\n        t: dict[str, float] = {"received": self._clock()}\n',
+        '        async with self._whole:\n            async for e in self._inner(raw, request_id=request_id):\n'
+        '                yield e\n\n    async def _inner(self, raw, *, request_id=None):\n'
+        '        loop = asyncio.get_running_loop()\n        t: dict[str, float] = {"received": self._clock()}\n',
+        "tests/test_gate.py::test_preparation_overlaps_another_inference "
+        "tests/test_gate.py::test_finalize_overlaps_the_next_inference",
+    ),
+    Mutant(
+        "no-gate-and-a-thread-per-job", "pipeline/worker.py",
+        "            self._tasks.put(_Task(job, stop, on_step, future))\n",
+        "            threading.Thread(target=self._run, args=(_Task(job, stop, on_step, future),)).start()\n",
+        "tests/test_model.py::test_the_same_load_through_the_adapter_never_races",
+    ),
+]
+# The whole-request mutant needs a second semaphore to wrap with.
+_EXTRA = {
+    "gate-wraps-whole-request": ("pipeline/adapter.py", "        self._gate = asyncio.Semaphore(1)\n",
+                                 "        self._gate = asyncio.Semaphore(1)\n        self._whole = asyncio.Semaphore(1)\n"),
+    "no-gate-and-a-thread-per-job": ("pipeline/adapter.py", GATE, "            if True:  # MUTANT\n"),
+}
+
+
+def _apply(root: Path, file: str, old: str, new: str) -> None:
+    path = root / file
+    text = path.read_text()
+    if old not in text:
+        raise SystemExit(f"mutant no longer applies: {old!r} not in {file}")
+    path.write_text(text.replace(old, new, 1))
+
+
+def run(mutant: Mutant) -> bool:
+    """True if the tests caught the mutant (failed)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        scratch = Path(tmp) / "repo"
+        shutil.copytree(ROOT, scratch, ignore=shutil.ignore_patterns(".git", "__pycache__", "default-model"))
+        model = ROOT / "assets" / "default-model"
+        if model.exists():
+            (scratch / "assets" / "default-model").symlink_to(model)
+        _apply(scratch, mutant.file, mutant.old, mutant.new)
+        if mutant.name in _EXTRA:
+            _apply(scratch, *_EXTRA[mutant.name])
+        cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *mutant.tests.split()]
+        result = subprocess.run(cmd, cwd=scratch, capture_output=True, text=True)
+    caught = result.returncode != 0
+    last = (result.stdout.strip().splitlines() or ["(no output)"])[-1]
+    print(f"{'caught  ' if caught else 'SURVIVED'} {mutant.name}: {last}")
+    return caught
+
+
+def main(names: list[str]) -> int:
+    chosen = [m for m in MUTANTS if not names or m.name in names]
+    return 0 if all([run(m) for m in chosen]) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
