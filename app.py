@@ -20,11 +20,18 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("GRADIO_ANALYTICS_CACHE_FREQUENCY", str(10**12))
 os.environ.setdefault("GRADIO_ANALYTICS_MAX_EVENTS", "1")
 
+import contextlib  # noqa: E402
 import logging  # noqa: E402
+import signal  # noqa: E402
 import sys  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
 from typing import Any, AsyncIterator, Sequence  # noqa: E402
 
 import gradio as gr  # noqa: E402
+from fastapi.responses import JSONResponse, Response  # noqa: E402
+from fastapi.routing import APIRoute  # noqa: E402
+from prometheus_client import CONTENT_TYPE_LATEST  # noqa: E402
 
 from pipeline.adapter import Done, LocalAdapter, Step, Waiting  # noqa: E402
 from pipeline.config import Settings, load_settings  # noqa: E402
@@ -40,8 +47,10 @@ LOG_FORMAT = "%(asctime)s %(levelname)s [%(threadName)s] %(name)s: %(message)s"
 def make_generate(adapter: LocalAdapter):  # noqa: ANN201 - the handler's signature is the API
     """The ``/generate`` handler. Its parameter names are the API's parameter names.
 
-    It is an async generator, so Gradio can stop it at a yield when the client goes away, and a
-    Stop/cancel reaches the adapter (which tells the model thread).
+    It is an async generator that yields at every step, so Gradio reaches it at once when the
+    client cancels or goes away; closing it closes ``adapter.run``, which stops the model thread.
+    Intermediate outputs are progress records (``status`` waiting/running) and, with
+    ``live_preview``, a rough preview image; the last output has ``status`` done.
     """
 
     async def generate(
@@ -54,8 +63,9 @@ def make_generate(adapter: LocalAdapter):  # noqa: ANN201 - the handler's signat
         num_inference_steps: float,
         guidance_scale: float,
         num_images: float,
+        live_preview: bool,
         progress: gr.Progress = gr.Progress(),
-    ) -> AsyncIterator[tuple[list[str], dict[str, Any]]]:
+    ) -> AsyncIterator[tuple[Any, dict[str, Any]]]:
         raw = {
             "prompt": prompt,
             "negative_prompt": negative_prompt,
@@ -66,18 +76,25 @@ def make_generate(adapter: LocalAdapter):  # noqa: ANN201 - the handler's signat
             "num_inference_steps": num_inference_steps,
             "guidance_scale": guidance_scale,
             "num_images": num_images,
+            "live_preview": live_preview,
         }
         request_id = new_request_id()
         try:
-            async for event in adapter.run(raw, request_id=request_id):
-                if isinstance(event, Waiting):
-                    progress(0.0, desc=f"waiting for the GPU: {event.ahead} ahead")
-                elif isinstance(event, Step):
-                    progress((event.step, event.total), desc=f"step {event.step}/{event.total}", unit="steps")
-                elif isinstance(event, Done):
-                    for warning in event.info["warnings"]:
-                        gr.Warning(warning)
-                    yield [str(p) for p in event.paths], event.info
+            async with contextlib.aclosing(adapter.run(raw, request_id=request_id)) as events:
+                async for event in events:
+                    if isinstance(event, Waiting):
+                        text = f"waiting for the GPU: {event.ahead} ahead" if event.ahead else "starting"
+                        progress(0.0, desc=text)
+                        yield gr.skip(), {"status": "waiting", "ahead": event.ahead, "request_id": request_id}
+                    elif isinstance(event, Step):
+                        progress((event.step, event.total), desc=f"step {event.step}/{event.total}", unit="steps")
+                        preview = [event.preview] if event.preview is not None else gr.skip()
+                        yield preview, {"status": "running", "step": event.step, "total": event.total,
+                                        "request_id": request_id}
+                    elif isinstance(event, Done):
+                        for warning in event.info["warnings"]:
+                            gr.Warning(warning)
+                        yield [str(p) for p in event.paths], {"status": "done", **event.info}
         except InvalidRequest as exc:
             raise gr.Error(str(exc), title="Invalid input", print_exception=False) from None
         except RetryLater as exc:
@@ -120,7 +137,9 @@ def build_demo(adapter: LocalAdapter, settings: Settings) -> gr.Blocks:
                     visible=p.supports_negative_prompt,
                     elem_id="negative-prompt",
                 )
-                generate_button = gr.Button("Generate", variant="primary", elem_id="generate")
+                with gr.Row():
+                    generate_button = gr.Button("Generate", variant="primary", elem_id="generate", scale=3)
+                    stop_button = gr.Button("Stop", variant="stop", elem_id="stop", scale=1)
                 with gr.Row():
                     seed = gr.Number(label="Seed", value=0, precision=0, minimum=0, maximum=MAX_SEED)
                     randomize_seed = gr.Checkbox(label="Randomize seed", value=True)
@@ -128,18 +147,24 @@ def build_demo(adapter: LocalAdapter, settings: Settings) -> gr.Blocks:
                     width = gr.Slider(lim.min_size, lim.max_size, value=p.default_width, step=lim.size_multiple, label="Width")
                     height = gr.Slider(lim.min_size, lim.max_size, value=p.default_height, step=lim.size_multiple, label="Height")
                 with gr.Row():
-                    num_inference_steps = gr.Slider(lim.min_steps, lim.max_steps, value=p.default_steps, step=1, label="Steps")
+                    num_inference_steps = gr.Slider(
+                        lim.min_steps, lim.max_steps, value=p.default_steps, step=1, label="Steps", elem_id="steps"
+                    )
                     guidance_scale = gr.Slider(
                         lim.min_guidance, lim.max_guidance, value=p.default_guidance, step=0.1, label="Guidance scale"
                     )
-                num_images = gr.Slider(1, lim.max_images, value=1, step=1, label="Number of images")
+                with gr.Row():
+                    num_images = gr.Slider(1, lim.max_images, value=1, step=1, label="Number of images")
+                    # Off for API callers (the component's default); the page turns it on on load.
+                    live_preview = gr.Checkbox(label="Live preview", value=False, elem_id="live-preview")
             with gr.Column(scale=3):
                 gallery = gr.Gallery(label="Images", format="png", columns=2, height="auto", elem_id="gallery")
                 info = gr.JSON(label="Info: seed, parameters and timings", elem_id="info")
-        gr.on(
+        generate_event = gr.on(
             triggers=[generate_button.click, prompt.submit],
             fn=make_generate(adapter),
-            inputs=[prompt, negative_prompt, seed, randomize_seed, width, height, num_inference_steps, guidance_scale, num_images],
+            inputs=[prompt, negative_prompt, seed, randomize_seed, width, height, num_inference_steps,
+                    guidance_scale, num_images, live_preview],
             outputs=[gallery, info],
             api_name="generate",
             # Requests in flight inside the handler (preparing, waiting for the gate, inferring,
@@ -149,6 +174,9 @@ def build_demo(adapter: LocalAdapter, settings: Settings) -> gr.Blocks:
             # the components' preprocess would answer some bad values with an anonymous message.
             preprocess=False,
         )
+        # Stop cancels this browser session's own job only; Gradio scopes cancels to the session.
+        stop_button.click(fn=None, cancels=[generate_event], api_visibility="private")
+        demo.load(fn=None, outputs=[live_preview], js="() => true", api_visibility="private")
     demo.queue(max_size=settings.queue_size, api_open=False, default_concurrency_limit=1)
     return demo
 
@@ -180,7 +208,26 @@ def create_app(settings: Settings, load: Any = None) -> tuple[gr.Blocks, LocalAd
     return build_demo(adapter, settings), adapter
 
 
-def launch(demo: gr.Blocks, settings: Settings, *, block: bool = True) -> None:
+def service_routes(demo: gr.Blocks, adapter: LocalAdapter) -> list[APIRoute]:
+    """``/health`` (JSON) and ``/metrics`` (Prometheus text), served by the app's own server."""
+
+    async def health() -> JSONResponse:
+        body = adapter.health()
+        waiting_in_gradio = len(demo._queue) if demo._queue is not None else 0  # noqa: SLF001
+        body["queue_depth"] = body["gpu_queue_depth"] + waiting_in_gradio
+        return JSONResponse(body, status_code=503 if body["status"] == "dead" else 200)
+
+    async def metrics() -> Response:
+        return Response(adapter.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return [
+        APIRoute("/health", health, methods=["GET"], include_in_schema=False),
+        APIRoute("/metrics", metrics, methods=["GET"], include_in_schema=False),
+    ]
+
+
+def launch(demo: gr.Blocks, adapter: LocalAdapter, settings: Settings) -> None:
+    """Start serving in the background (the server runs on its own thread and event loop)."""
     demo.launch(
         server_name=settings.host,
         server_port=settings.port,
@@ -188,16 +235,47 @@ def launch(demo: gr.Blocks, settings: Settings, *, block: bool = True) -> None:
         ssr_mode=False,
         show_error=False,
         max_file_size="1mb",
-        prevent_thread_lock=not block,
-        quiet=False,
+        prevent_thread_lock=True,
+        app_kwargs={"routes": service_routes(demo, adapter)},
     )
+
+
+def shutdown(demo: gr.Blocks, adapter: LocalAdapter, deadline: float = 8.0) -> None:
+    """Stop admitting, answer the queued, stop the running job at its next step, then close.
+
+    A plain ``demo.close()`` mid-job gives clients ``KeyError('unexpected_error')``; here every
+    queued or running request is answered with "the server is shutting down, please retry" first.
+    """
+    end = time.monotonic() + deadline
+    adapter.begin_shutdown()
+    while time.monotonic() < end:
+        queued = len(demo._queue) if demo._queue is not None else 0  # noqa: SLF001
+        if queued == 0 and adapter.in_flight == 0:
+            break
+        time.sleep(0.05)
+    time.sleep(min(0.5, max(0.0, end - time.monotonic())))  # let the last error messages go out
+    demo.close()
+    adapter.worker.shutdown(timeout=max(0.5, end - time.monotonic()))
+    adapter.close()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
     settings = load_settings(argv)
-    demo, _adapter = create_app(settings)
-    launch(demo, settings)
+    demo, adapter = create_app(settings)
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        log.info("received %s: shutting down", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    launch(demo, adapter, settings)
+    while not stop.wait(0.5):
+        pass
+    shutdown(demo, adapter)
+    log.info("stopped")
 
 
 if __name__ == "__main__":

@@ -3,8 +3,9 @@
 ``LocalAdapter.run`` is an async generator that walks one request through four stages:
 
 1. prepare   (concurrent) validate the raw values, resolve the seed, count prompt tokens
-2. gate      ``async with asyncio.Semaphore(1)``: wait for the GPU, reporting how many are ahead
-3. infer     (serial) hand the job to the model thread and stream its steps back
+2. wait      in line for the GPU, reporting "k ahead" whenever k changes
+3. infer     (serial) ``async with asyncio.Semaphore(1)``: hand the job to the model thread and
+             stream its steps back
 4. finalize  (concurrent) encode PNGs with their parameters, build the info record
 
 Only stage 3 is inside the gate. Stages 1 and 4 run in the adapter's own small thread pool, so the
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import itertools
 import logging
 import threading
@@ -25,13 +27,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Mapping
 
-from .errors import GenerationFailed, ServingError
+from PIL import Image
+
+from .errors import Cancelled, GenerationFailed, InvalidRequest, RetryLater, ServingError, ShuttingDown
+from .metrics import Metrics
 from .postprocess import encode_pngs, sampler_name
 from .protocol import InferenceResult, ModelProfile
 from .request import GenerateRequest, Limits, validate
 from .worker import GpuWorker
 
 log = logging.getLogger(__name__)
+
+DEGRADED_AFTER = 3  # consecutive failed jobs
+SHUTDOWN_MESSAGE = "The server is shutting down; please retry in a moment."
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,7 @@ class Waiting:
 class Step:
     step: int
     total: int
+    preview: Image.Image | None = None
 
 
 @dataclass(frozen=True)
@@ -58,10 +67,11 @@ Event = Waiting | Step | Done
 
 @dataclass
 class _Line:
-    """Who is waiting for the gate, in arrival order (asyncio.Semaphore wakes waiters FIFO)."""
+    """Who waits for the gate, in arrival order, with a wake-up whenever the line or the gate moves."""
 
     tickets: dict[int, None] = field(default_factory=dict)
     counter: itertools.count = field(default_factory=itertools.count)
+    moved: asyncio.Event = field(default_factory=asyncio.Event)
 
     def join(self) -> int:
         ticket = next(self.counter)
@@ -69,10 +79,15 @@ class _Line:
         return ticket
 
     def leave(self, ticket: int) -> None:
-        self.tickets.pop(ticket, None)
+        if self.tickets.pop(ticket, 0) is None:
+            self.notify()
 
     def before(self, ticket: int) -> int:
         return sum(1 for t in self.tickets if t < ticket)
+
+    def notify(self) -> None:
+        self.moved.set()
+        self.moved = asyncio.Event()
 
 
 class LocalAdapter:
@@ -95,6 +110,12 @@ class LocalAdapter:
         self._encode_pngs = encode
         self._gate = asyncio.Semaphore(1)
         self._line = _Line()
+        self._running: dict[str, threading.Event] = {}  # request id -> its stop event
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.closing = False
+        self.consecutive_failures = 0
+        self.in_flight = 0
+        self.metrics = Metrics(lambda: self.gpu_queue_depth, lambda: int(self.inference_in_progress))
         # Short CPU work (validation, token counting, PNG encoding) off the event loop, on threads
         # this adapter names and owns.
         self._pool = concurrent.futures.ThreadPoolExecutor(pool_threads, thread_name_prefix="prep-finalize")
@@ -112,28 +133,105 @@ class LocalAdapter:
     def inference_in_progress(self) -> bool:
         return self._gate.locked()
 
+    def health(self) -> dict[str, Any]:
+        """ok, busy, degraded (shutting down, or 3+ failures in a row) or dead (no model thread)."""
+        if not self.worker.alive:
+            status = "dead"
+        elif self.closing or self.consecutive_failures >= DEGRADED_AFTER:
+            status = "degraded"
+        elif self.inference_in_progress or self.in_flight:
+            status = "busy"
+        else:
+            status = "ok"
+        model = self.worker.model.profile.name if self.worker.alive else None
+        return {
+            "status": status,
+            "model": model,
+            "gpu_queue_depth": self.gpu_queue_depth,
+            "inference_in_progress": self.inference_in_progress,
+            "requests_in_flight": self.in_flight,
+            "consecutive_failures": self.consecutive_failures,
+            "shutting_down": self.closing,
+        }
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def begin_shutdown(self) -> None:
+        """Stop admitting, answer everyone waiting, stop the running job at its next step.
+
+        Safe to call from any thread (a signal handler's, say).
+        """
+        self.closing = True
+        for stop in list(self._running.values()):
+            stop.set()
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._line.notify)
+
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    # -- the orchestrator --------------------------------------------------------------------
+    # -- the request -------------------------------------------------------------------------
     async def run(self, raw: Mapping[str, Any], *, request_id: str | None = None) -> AsyncIterator[Event]:
+        """Yield ``Waiting``/``Step`` progress, then one ``Done``; or raise a ``ServingError``."""
+        self._loop = asyncio.get_running_loop()
+        self.in_flight += 1
+        self.metrics.in_flight.inc()
+        outcome = "failed"
+        try:
+            async with contextlib.aclosing(self._stages(raw, request_id)) as stages:
+                async for event in stages:
+                    yield event
+            outcome = "completed"
+        except (InvalidRequest, RetryLater):
+            outcome = "rejected"
+            raise
+        except (Cancelled, asyncio.CancelledError, GeneratorExit):
+            outcome = "cancelled"
+            raise
+        finally:
+            self.in_flight -= 1
+            self.metrics.in_flight.dec()
+            self.metrics.jobs.labels(outcome).inc()
+            if outcome == "failed":
+                self.consecutive_failures += 1
+            elif outcome == "completed":
+                self.consecutive_failures = 0
+
+    async def _stages(self, raw: Mapping[str, Any], request_id: str | None) -> AsyncIterator[Event]:
         loop = asyncio.get_running_loop()
         t: dict[str, float] = {"received": self._clock()}
+        if self.closing:
+            raise ShuttingDown(SHUTDOWN_MESSAGE)
 
         # 1. Prepare: concurrent, off the loop. A bad field fails here, before any GPU work.
         t["prepare_start"] = self._clock()
         request = await loop.run_in_executor(self._pool, self._prepare, raw, request_id)
         t["prepare_end"] = self._clock()
 
-        # 2. Wait for the GPU.
+        # 2. Wait in line for the GPU, telling the caller how many are ahead as that changes.
         t["gpu_wait_start"] = self._clock()
         ticket = self._line.join()
         try:
-            yield Waiting(self._line.before(ticket) + int(self._gate.locked()))
+            reported = -1
+            while True:
+                moved = self._line.moved  # taken before the check, so no wake-up is missed
+                ahead = self._line.before(ticket) + int(self._gate.locked())
+                if not ahead or self.closing:
+                    break
+                if ahead != reported:
+                    reported = ahead
+                    yield Waiting(ahead)
+                await moved.wait()
+            if self.closing:
+                raise ShuttingDown(SHUTDOWN_MESSAGE)
+            if reported != 0:
+                yield Waiting(0)
+            # First in line and the gate is free; nothing awaits between that check and this
+            # acquire, so nobody can overtake.
             async with self._gate:
                 self._line.leave(ticket)
                 # 3. Infer: serial, on the model thread.
                 stop = threading.Event()
+                self._running[request.request_id] = stop
                 events, future = self._submit(request, stop, loop)
                 try:
                     while (event := await events.get()) is not None:
@@ -144,23 +242,20 @@ class LocalAdapter:
                     stop.set()
                     await _until_done(future)
                     raise
+                finally:
+                    self._running.pop(request.request_id, None)
                 result = self._outcome(request, future)
         finally:
             self._line.leave(ticket)
+            self._line.notify()  # the gate may have opened: wake the line
         t["infer_start"], t["infer_end"] = result.started, result.ended
 
         # 4. Finalize: concurrent, off the loop.
         t["finalize_start"] = self._clock()
         paths = await loop.run_in_executor(self._pool, self._encode, request, result)
+        t["finalize_end"] = self._clock()
         info = self._info(request, result, t)
-        t["finalize_end"] = info["timings"]["finalize_end"] = self._clock()
-        info["durations_ms"] = _durations(t)
-        log.info(
-            "request %s done: %d image(s) %dx%d, %d steps, wait %.0f ms, infer %.0f ms, total %.0f ms",
-            request.request_id, request.num_images, request.width, request.height,
-            request.num_inference_steps, info["durations_ms"]["gpu_wait"],
-            info["durations_ms"]["inference"], info["durations_ms"]["total"],
-        )
+        self._observe(info, len(paths))
         yield Done(paths, info)
 
     # -- stages ------------------------------------------------------------------------------
@@ -179,7 +274,11 @@ class LocalAdapter:
             except RuntimeError:  # the loop is closed: nobody is listening any more
                 stop.set()
 
-        future = self.worker.submit(request.to_job(), stop, lambda s, n, _latents: post(Step(s, n)))
+        def on_step(step: int, total: int, preview: Image.Image | None) -> None:
+            self.metrics.denoise_steps.inc()
+            post(Step(step, total, preview))
+
+        future = self.worker.submit(request.to_job(), stop, on_step)
         future.add_done_callback(lambda _f: post(None))
         return events, future
 
@@ -188,6 +287,10 @@ class LocalAdapter:
     ) -> InferenceResult:
         try:
             return future.result()
+        except Cancelled:
+            if self.closing:
+                raise ShuttingDown(SHUTDOWN_MESSAGE + " Your job was stopped.") from None
+            raise
         except ServingError:
             raise
         except Exception:
@@ -196,7 +299,9 @@ class LocalAdapter:
 
     def _encode(self, request: GenerateRequest, result: InferenceResult) -> list[Path]:
         p = self.profile
-        return self._encode_pngs(result.images, self.output_dir, request.request_id, request.parameters(), p.name, p.scheduler)
+        return self._encode_pngs(
+            result.images, self.output_dir, request.request_id, request.parameters(), p.name, p.scheduler
+        )
 
     def _info(self, request: GenerateRequest, result: InferenceResult, t: dict[str, float]) -> dict[str, Any]:
         p = self.profile
@@ -213,6 +318,7 @@ class LocalAdapter:
             "peak_memory_bytes": result.peak_memory_bytes,
             "warnings": list(request.warnings),
             "timings": dict(t),
+            "durations_ms": _durations(t),
             "reproduce": {
                 "api_name": "/generate",
                 "params": {**{k: v for k, v in params.items() if k != "seeds"}, "randomize_seed": False},
@@ -221,6 +327,18 @@ class LocalAdapter:
                 "arithmetic may differ by under 1/255 on average).",
             },
         }
+
+    def _observe(self, info: dict[str, Any], images: int) -> None:
+        d = info["durations_ms"]
+        self.metrics.gate_wait.observe(d["gpu_wait"] / 1000)
+        self.metrics.inference.observe(d["inference"] / 1000)
+        self.metrics.finalize.observe(d["finalize"] / 1000)
+        self.metrics.images.inc(images)
+        log.info(
+            "request %s done: %d image(s) %dx%d, %d steps, wait %.0f ms, infer %.0f ms, total %.0f ms",
+            info["request_id"], images, info["width"], info["height"], info["num_inference_steps"],
+            d["gpu_wait"], d["inference"], d["total"],
+        )
 
 
 async def _until_done(future: concurrent.futures.Future[Any]) -> None:
@@ -238,7 +356,9 @@ async def _until_done(future: concurrent.futures.Future[Any]) -> None:
 
 
 def _durations(t: dict[str, float]) -> dict[str, float]:
-    ms = lambda a, b: round((t[b] - t[a]) * 1000, 3)  # noqa: E731
+    def ms(a: str, b: str) -> float:
+        return round((t[b] - t[a]) * 1000, 3)
+
     return {
         "prepare": ms("prepare_start", "prepare_end"),
         "gpu_wait": ms("gpu_wait_start", "infer_start"),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Callable, Protocol
 
 from PIL import Image
 
@@ -49,6 +49,7 @@ class InferenceJob:
     height: int
     num_inference_steps: int
     guidance_scale: float
+    preview_every: int = 0  # 0: no previews; k: a cheap latent preview every k steps
 
     @property
     def num_images(self) -> int:
@@ -64,9 +65,10 @@ class InferenceResult:
     peak_memory_bytes: int | None = None
 
 
-# on_step(step, total, latents): called on the model thread after every denoising step.
-# ``latents`` is the model's tensor (or None); handlers must not keep it past the call.
-StepCallback = Callable[[int, int, Any], None]
+# on_step(step, total, preview): called on the model thread after every denoising step. ``preview``
+# is a small RGB image approximated from the latents (no VAE decode) on the job's preview steps,
+# else None.
+StepCallback = Callable[[int, int, "Image.Image | None"], None]
 
 
 class Model(Protocol):

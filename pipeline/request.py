@@ -29,6 +29,7 @@ FIELDS = (
     "num_inference_steps",
     "guidance_scale",
     "num_images",
+    "live_preview",
 )
 
 
@@ -84,6 +85,7 @@ class GenerateRequest:
     guidance_scale: float
     num_images: int
     warnings: tuple[str, ...] = ()
+    live_preview: bool = False
 
     @property
     def seeds(self) -> tuple[int, ...]:
@@ -100,6 +102,7 @@ class GenerateRequest:
             height=self.height,
             num_inference_steps=self.num_inference_steps,
             guidance_scale=self.guidance_scale,
+            preview_every=max(1, self.num_inference_steps // 8) if self.live_preview else 0,
         )
 
     def parameters(self) -> dict[str, Any]:
@@ -214,6 +217,9 @@ def validate(
     steps = _whole_number("num_inference_steps", raw.get("num_inference_steps"), limits.min_steps, limits.max_steps)
     guidance = _real_number("guidance_scale", raw.get("guidance_scale"), limits.min_guidance, limits.max_guidance)
     num_images = _whole_number("num_images", raw.get("num_images", 1), 1, limits.max_images)
+    live_preview = raw.get("live_preview", False)
+    if not isinstance(live_preview, bool):
+        raise InvalidRequest("live_preview", f"live_preview must be true or false; got {_show(live_preview)}")
 
     warnings: list[str] = []
     if count_tokens is not None:
@@ -234,4 +240,5 @@ def validate(
         guidance_scale=guidance,
         num_images=num_images,
         warnings=tuple(warnings),
+        live_preview=live_preview,
     )

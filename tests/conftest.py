@@ -1,9 +1,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import socket
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -13,13 +15,24 @@ from pipeline.worker import GpuWorker
 from tests.fakes import FakeModel
 
 
-@pytest.fixture(autouse=True)
-def _isolated_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Gradio's cache and the app's output folder live in this test's tmp_path."""
-    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "gradio"))
-    monkeypatch.setenv("T2I_OUTPUT_DIR", str(tmp_path / "outputs"))
-    monkeypatch.setenv("GRADIO_ANALYTICS_ENABLED", "False")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+@pytest.fixture(autouse=True, scope="session")
+def _isolated_dirs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Gradio's cache and the app's output folder live in this run's tmp dir, never in /tmp/gradio.
+
+    Session-wide, because a launched server serves files only from the cache folder it started
+    with: a per-test folder would make a module-scoped server's files unreachable.
+    """
+    tmp = tmp_path_factory.mktemp("isolated")
+    saved = dict(os.environ)
+    os.environ.update(
+        GRADIO_TEMP_DIR=str(tmp / "gradio"),
+        T2I_OUTPUT_DIR=str(tmp / "outputs"),
+        GRADIO_ANALYTICS_ENABLED="False",
+        HF_HUB_OFFLINE="1",
+    )
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 def free_port() -> int:
@@ -75,3 +88,21 @@ async def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 
 
 async def collect(adapter: LocalAdapter, raw: dict[str, Any], **kwargs: Any) -> list[Any]:
     return [event async for event in adapter.run(raw, **kwargs)]
+
+
+@contextlib.contextmanager
+def running_app(tmp: Path, *args: str, load: Callable[[], Any] | None = None) -> Iterator[tuple[str, Any, LocalAdapter]]:
+    """The real app launched on a free port (real model unless ``load`` injects one); closed after."""
+    import app
+    from pipeline.config import load_settings
+
+    port = free_port()
+    settings = load_settings(["--port", str(port), "--output-dir", str(tmp / "outputs"), *args], environ={})
+    demo, adapter = app.create_app(settings, load=load)
+    app.launch(demo, adapter, settings)
+    try:
+        yield f"http://127.0.0.1:{port}/", demo, adapter
+    finally:
+        demo.close()
+        adapter.worker.shutdown(timeout=10)
+        adapter.close()

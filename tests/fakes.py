@@ -46,6 +46,8 @@ class FakeModel:
     release: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
     entered: threading.Event = field(default_factory=threading.Event)
     returned: list[str] = field(default_factory=list)  # request ids, in the order calls returned
+    log: list[tuple[str, str]] = field(default_factory=list)  # ("enter"|"return", request id)
+    decodes: int = 0  # images "decoded" (a cancelled job must not get here)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def count_tokens(self, text: str) -> int:
@@ -60,6 +62,7 @@ class FakeModel:
             self.active += 1
             self.max_active = max(self.max_active, self.active)
             self.calls.append(job)
+            self.log.append(("enter", job.request_id))
         self.entered.set()
         started = time.time()
         steps = 0
@@ -76,6 +79,7 @@ class FakeModel:
                 assert self.release.acquire(timeout=WAIT), "release never came"
             if self.outcome is not None:
                 self.outcome(job)
+            self.decodes += 1
             images = tuple(
                 Image.new("RGB", (job.width, job.height), (seed % 256, (seed >> 8) % 256, 7)) for seed in job.seeds
             )
@@ -84,3 +88,4 @@ class FakeModel:
             with self._lock:
                 self.active -= 1
                 self.returned.append(job.request_id)
+                self.log.append(("return", job.request_id))

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.conftest import free_port
+from tests.conftest import running_app
 
 INFO_KEYS = {
     "request_id", "model", "prompt", "negative_prompt", "seed", "seeds", "width", "height",
@@ -24,24 +24,8 @@ TIMING_ORDER = ["received", "prepare_start", "prepare_end", "gpu_wait_start", "i
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    import app
-    from pipeline.config import load_settings
-
-    tmp = tmp_path_factory.mktemp("server")
-    saved = dict(os.environ)
-    os.environ.update(GRADIO_TEMP_DIR=str(tmp / "gradio"), HF_HUB_OFFLINE="1")
-    port = free_port()
-    settings = load_settings(["--port", str(port), "--output-dir", str(tmp / "outputs")], environ={})
-    demo, adapter = app.create_app(settings)
-    app.launch(demo, settings, block=False)
-    try:
-        yield f"http://127.0.0.1:{port}/"
-    finally:
-        demo.close()
-        adapter.worker.shutdown(timeout=10)
-        adapter.close()
-        os.environ.clear()
-        os.environ.update(saved)
+    with running_app(tmp_path_factory.mktemp("server")) as (url, _demo, _adapter):
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -109,8 +93,10 @@ def test_only_generate_is_in_the_api_and_the_rest_shortcut_is_closed(client: Any
     assert set(api["named_endpoints"]) == {"/generate"}
     names = [p["parameter_name"] for p in api["named_endpoints"]["/generate"]["parameters"]]
     assert names == ["prompt", "negative_prompt", "seed", "randomize_seed", "width", "height",
-                     "num_inference_steps", "guidance_scale", "num_images"]
-    body = {"data": ["x", "", 1, False, 64, 64, 2, 7.5, 1]}
+                     "num_inference_steps", "guidance_scale", "num_images", "live_preview"]
+    live = api["named_endpoints"]["/generate"]["parameters"][-1]
+    assert live["parameter_has_default"] and live["parameter_default"] is False  # off for API callers
+    body = {"data": ["x", "", 1, False, 64, 64, 2, 7.5, 1, False]}
     response = httpx.post(server + "gradio_api/run/generate", json=body, timeout=30)
     assert response.status_code >= 400, response.text
 

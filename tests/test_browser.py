@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-import os
+import re
 import shutil
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
+import httpx
 import pytest
 
-from tests.conftest import free_port
+from tests.conftest import running_app
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 pytestmark = [
@@ -22,24 +24,8 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
 
 @pytest.fixture(scope="module")
 def app_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    import app
-    from pipeline.config import load_settings
-
-    tmp = tmp_path_factory.mktemp("browser")
-    saved = dict(os.environ)
-    os.environ.update(GRADIO_TEMP_DIR=str(tmp / "gradio"), HF_HUB_OFFLINE="1")
-    port = free_port()
-    settings = load_settings(["--port", str(port), "--output-dir", str(tmp / "outputs")], environ={})
-    demo, adapter = app.create_app(settings)
-    app.launch(demo, settings, block=False)
-    try:
-        yield f"http://127.0.0.1:{port}/"
-    finally:
-        demo.close()
-        adapter.worker.shutdown(timeout=10)
-        adapter.close()
-        os.environ.clear()
-        os.environ.update(saved)
+    with running_app(tmp_path_factory.mktemp("browser")) as (url, _demo, _adapter):
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -58,12 +44,34 @@ def test_prompt_enter_generates_an_image_and_shows_the_info(page: Any, tmp_path:
     prompt = page.locator("#prompt textarea")
     prompt.fill("a red circle on a blue background")
     prompt.press("Enter")
-    image = page.locator("#gallery img").first
-    image.wait_for(state="visible", timeout=60_000)
-    page.locator("#info").get_by_text("request_id").wait_for(timeout=30_000)
+    page.get_by_text(re.compile(r"step \d+/20")).first.wait_for(timeout=60_000)  # per-step progress
+    page.locator("#info").get_by_text("finalize_end").wait_for(timeout=60_000)
+    assert page.locator("#gallery img").first.is_visible()
     info_text = page.locator("#info").inner_text()
     assert "a red circle on a blue background" in info_text and "seed" in info_text
     page.screenshot(path=str(tmp_path / "ui.png"))
+
+
+def test_stop_cancels_the_running_job(page: Any, app_url: str) -> None:
+    def cancelled() -> float:
+        text = httpx.get(app_url + "metrics", timeout=10).text
+        return float(re.search(r'jobs_total\{outcome="cancelled"\} (\S+)', text).group(1))
+
+    before = cancelled()
+    steps = page.locator("#steps input[type=number]")
+    steps.fill("100")
+    steps.press("Enter")
+    page.locator("#prompt textarea").fill("a long job")
+    page.locator("#generate").click()
+    page.get_by_text(re.compile(r"step \d+/100")).first.wait_for(timeout=60_000)
+    page.locator("#stop").click()
+    deadline = time.monotonic() + 30
+    while cancelled() == before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert cancelled() == before + 1
+    assert httpx.get(app_url + "health", timeout=10).json()["inference_in_progress"] is False
+    steps.fill("20")
+    steps.press("Enter")
 
 
 def test_generate_button_works_and_validation_errors_are_shown(page: Any) -> None:

@@ -23,37 +23,43 @@ GATE = "            async with self._gate:\n"
 @dataclass(frozen=True)
 class Mutant:
     name: str
-    file: str
-    old: str
-    new: str
-    tests: str  # pytest -k expression / node ids
+    edits: tuple[tuple[str, str, str], ...]  # (file, old, new)
+    tests: str  # pytest node ids, space-separated
 
 
+NO_GATE = ("pipeline/adapter.py", GATE, "            if True:  # MUTANT\n")
+THREAD_PER_JOB = (
+    "pipeline/worker.py",
+    "            self._tasks.put(_Task(job, stop, on_step, future))\n",
+    "            threading.Thread(target=self._run, args=(_Task(job, stop, on_step, future),)).start()\n",
+)
 MUTANTS = [
-    Mutant("no-gate", "pipeline/adapter.py", GATE, "            if True:  # MUTANT\n",
-           "tests/test_gate.py::test_eight_concurrent_requests_never_overlap_in_inference"),
+    Mutant("no-gate", (NO_GATE,), "tests/test_gate.py::test_eight_concurrent_requests_never_overlap_in_inference"),
     Mutant(
-        "gate-wraps-whole-request", "pipeline/adapter.py",
-        '        loop = asyncio.get_running_loop()\n        t: dict[str, float] = {"received": self._clock()}\n',
-        '        async with self._whole:\n            async for e in self._inner(raw, request_id=request_id):\n'
-        '                yield e\n\n    async def _inner(self, raw, *, request_id=None):\n'
-        '        loop = asyncio.get_running_loop()\n        t: dict[str, float] = {"received": self._clock()}\n',
+        "gate-wraps-whole-request",
+        (
+            ("pipeline/adapter.py", "        self._gate = asyncio.Semaphore(1)\n",
+             "        self._gate = asyncio.Semaphore(1)\n        self._whole = asyncio.Semaphore(1)\n"),
+            ("pipeline/adapter.py",
+             "        loop = asyncio.get_running_loop()\n        t: dict[str, float] = {\"received\": self._clock()}\n",
+             "        async with self._whole:\n            async for e in self._inner(raw, request_id):\n"
+             "                yield e\n\n    async def _inner(self, raw, request_id):\n"
+             "        loop = asyncio.get_running_loop()\n        t: dict[str, float] = {\"received\": self._clock()}\n"),
+        ),
         "tests/test_gate.py::test_preparation_overlaps_another_inference "
         "tests/test_gate.py::test_finalize_overlaps_the_next_inference",
     ),
+    Mutant("no-gate-and-a-thread-per-job", (NO_GATE, THREAD_PER_JOB),
+           "tests/test_model.py::test_the_same_load_through_the_adapter_never_races"),
+    # The plain `async with sem: await asyncio.to_thread(infer)`: a fresh thread per job, and the
+    # gate released as soon as the waiting coroutine is cancelled.
     Mutant(
-        "no-gate-and-a-thread-per-job", "pipeline/worker.py",
-        "            self._tasks.put(_Task(job, stop, on_step, future))\n",
-        "            threading.Thread(target=self._run, args=(_Task(job, stop, on_step, future),)).start()\n",
-        "tests/test_model.py::test_the_same_load_through_the_adapter_never_races",
+        "to-thread-releases-the-gate-on-cancel",
+        (THREAD_PER_JOB, ("pipeline/adapter.py", "                    await _until_done(future)\n",
+                          "                    pass  # MUTANT\n")),
+        "tests/test_cancel.py::test_cancel_mid_inference_stops_within_one_step_and_holds_the_gate",
     ),
 ]
-# The whole-request mutant needs a second semaphore to wrap with.
-_EXTRA = {
-    "gate-wraps-whole-request": ("pipeline/adapter.py", "        self._gate = asyncio.Semaphore(1)\n",
-                                 "        self._gate = asyncio.Semaphore(1)\n        self._whole = asyncio.Semaphore(1)\n"),
-    "no-gate-and-a-thread-per-job": ("pipeline/adapter.py", GATE, "            if True:  # MUTANT\n"),
-}
 
 
 def _apply(root: Path, file: str, old: str, new: str) -> None:
@@ -72,9 +78,8 @@ def run(mutant: Mutant) -> bool:
         model = ROOT / "assets" / "default-model"
         if model.exists():
             (scratch / "assets" / "default-model").symlink_to(model)
-        _apply(scratch, mutant.file, mutant.old, mutant.new)
-        if mutant.name in _EXTRA:
-            _apply(scratch, *_EXTRA[mutant.name])
+        for edit in mutant.edits:
+            _apply(scratch, *edit)
         cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *mutant.tests.split()]
         result = subprocess.run(cmd, cwd=scratch, capture_output=True, text=True)
     caught = result.returncode != 0

@@ -1,0 +1,30 @@
+"""Prometheus metrics for one adapter, in its own registry (so tests and apps never collide)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+OUTCOMES = ("completed", "cancelled", "failed", "rejected")
+_TIME_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class Metrics:
+    def __init__(self, gpu_queue_depth: Callable[[], float], inference_in_progress: Callable[[], float]) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.denoise_steps = Counter("denoise_steps", "Denoising steps run on the model thread", registry=r)
+        self.jobs = Counter("jobs", "Finished generate requests by outcome", ["outcome"], registry=r)
+        for outcome in OUTCOMES:
+            self.jobs.labels(outcome)  # export every outcome from the start, at 0
+        self.images = Counter("images_generated", "Images returned to users", registry=r)
+        Gauge("inference_in_progress", "1 while the model runs a job", registry=r).set_function(inference_in_progress)
+        Gauge("gpu_queue_depth", "Prepared requests waiting for the GPU gate", registry=r).set_function(gpu_queue_depth)
+        self.in_flight = Gauge("requests_in_flight", "Requests inside the generate handler", registry=r)
+        self.gate_wait = Histogram("gate_wait_seconds", "Time waiting for the GPU gate", buckets=_TIME_BUCKETS, registry=r)
+        self.inference = Histogram("inference_seconds", "Time in the model", buckets=_TIME_BUCKETS, registry=r)
+        self.finalize = Histogram("finalize_seconds", "PNG encoding and info record", buckets=_TIME_BUCKETS, registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
