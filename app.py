@@ -26,7 +26,7 @@ import signal  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
-from typing import Any, AsyncIterator, Sequence  # noqa: E402
+from typing import Any, AsyncIterator, Callable, Sequence  # noqa: E402
 
 import gradio as gr  # noqa: E402
 from fastapi.responses import JSONResponse, Response  # noqa: E402
@@ -44,7 +44,28 @@ log = logging.getLogger("app")
 LOG_FORMAT = "%(asctime)s %(levelname)s [%(threadName)s] %(name)s: %(message)s"
 
 
-def make_generate(adapter: LocalAdapter):  # noqa: ANN201 - the handler's signature is the API
+def caller_alive(demo: gr.Blocks) -> Callable[[], bool] | None:
+    """Whether the caller of the current event is still connected, read from Gradio's queue.
+
+    Gradio marks an event dead the moment its client's stream closes, but the handler only hears
+    of it at its next yield, one denoising step later. Polling the flag lets the model stop at the
+    end of the step in progress. Best effort: if the event cannot be found, it counts as alive.
+    """
+    from gradio.context import LocalContext
+
+    event_id = LocalContext.event_id.get(None)
+    queue = demo._queue  # noqa: SLF001
+    if event_id is None or queue is None:
+        return None
+
+    def alive() -> bool:
+        event = queue.event_ids_to_events.get(event_id)
+        return event is None or bool(event.alive)
+
+    return alive
+
+
+def make_generate(adapter: LocalAdapter, demo: gr.Blocks):  # noqa: ANN201 - the signature is the API
     """The ``/generate`` handler. Its parameter names are the API's parameter names.
 
     It is an async generator that yields at every step, so Gradio reaches it at once when the
@@ -80,7 +101,8 @@ def make_generate(adapter: LocalAdapter):  # noqa: ANN201 - the handler's signat
         }
         request_id = new_request_id()
         try:
-            async with contextlib.aclosing(adapter.run(raw, request_id=request_id)) as events:
+            alive = caller_alive(demo)
+            async with contextlib.aclosing(adapter.run(raw, request_id=request_id, alive=alive)) as events:
                 async for event in events:
                     if isinstance(event, Waiting):
                         text = f"waiting for the GPU: {event.ahead} ahead" if event.ahead else "starting"
@@ -162,7 +184,7 @@ def build_demo(adapter: LocalAdapter, settings: Settings) -> gr.Blocks:
                 info = gr.JSON(label="Info: seed, parameters and timings", elem_id="info")
         generate_event = gr.on(
             triggers=[generate_button.click, prompt.submit],
-            fn=make_generate(adapter),
+            fn=make_generate(adapter, demo),
             inputs=[prompt, negative_prompt, seed, randomize_seed, width, height, num_inference_steps,
                     guidance_scale, num_images, live_preview],
             outputs=[gallery, info],

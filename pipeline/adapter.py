@@ -39,6 +39,7 @@ from .worker import GpuWorker
 log = logging.getLogger(__name__)
 
 DEGRADED_AFTER = 3  # consecutive failed jobs
+ALIVE_POLL_SECONDS = 0.02  # how often a request checks that its caller is still there
 SHUTDOWN_MESSAGE = "The server is shutting down; please retry in a moment."
 
 
@@ -170,14 +171,25 @@ class LocalAdapter:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     # -- the request -------------------------------------------------------------------------
-    async def run(self, raw: Mapping[str, Any], *, request_id: str | None = None) -> AsyncIterator[Event]:
-        """Yield ``Waiting``/``Step`` progress, then one ``Done``; or raise a ``ServingError``."""
+    async def run(
+        self,
+        raw: Mapping[str, Any],
+        *,
+        request_id: str | None = None,
+        alive: Callable[[], bool] | None = None,
+    ) -> AsyncIterator[Event]:
+        """Yield ``Waiting``/``Step`` progress, then one ``Done``; or raise a ``ServingError``.
+
+        ``alive`` (optional) says whether the caller is still there; it is polled while the request
+        waits or infers, so a caller that vanished without a cancel leaves the line, or stops the
+        model at the next step, without waiting for the next yield to find out.
+        """
         self._loop = asyncio.get_running_loop()
         self.in_flight += 1
         self.metrics.in_flight.inc()
         outcome = "failed"
         try:
-            async with contextlib.aclosing(self._stages(raw, request_id)) as stages:
+            async with contextlib.aclosing(self._stages(raw, request_id, alive)) as stages:
                 async for event in stages:
                     yield event
             outcome = "completed"
@@ -196,12 +208,40 @@ class LocalAdapter:
             elif outcome == "completed":
                 self.consecutive_failures = 0
 
-    async def _stages(self, raw: Mapping[str, Any], request_id: str | None) -> AsyncIterator[Event]:
+    async def _stages(
+        self, raw: Mapping[str, Any], request_id: str | None, alive: Callable[[], bool] | None
+    ) -> AsyncIterator[Event]:
         loop = asyncio.get_running_loop()
         t: dict[str, float] = {"received": self._clock()}
         if self.closing:
             raise ShuttingDown(SHUTDOWN_MESSAGE)
+        stop = threading.Event()  # set: the model thread stops this job at its next step
+        watcher = asyncio.create_task(self._watch(alive, stop)) if alive is not None else None
+        try:
+            async with contextlib.aclosing(self._gated(loop, t, raw, request_id, stop)) as gated:
+                async for event in gated:
+                    yield event
+        finally:
+            if watcher is not None:
+                watcher.cancel()
 
+    async def _watch(self, alive: Callable[[], bool], stop: threading.Event) -> None:
+        while not stop.is_set():
+            if not alive():
+                log.info("the caller went away: stopping its request")
+                stop.set()
+                self._line.notify()
+                return
+            await asyncio.sleep(ALIVE_POLL_SECONDS)
+
+    async def _gated(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        t: dict[str, float],
+        raw: Mapping[str, Any],
+        request_id: str | None,
+        stop: threading.Event,
+    ) -> AsyncIterator[Event]:
         # 1. Prepare: concurrent, off the loop. A bad field fails here, before any GPU work.
         t["prepare_start"] = self._clock()
         request = await loop.run_in_executor(self._pool, self._prepare, raw, request_id)
@@ -215,7 +255,7 @@ class LocalAdapter:
             while True:
                 moved = self._line.moved  # taken before the check, so no wake-up is missed
                 ahead = self._line.before(ticket) + int(self._gate.locked())
-                if not ahead or self.closing:
+                if not ahead or self.closing or stop.is_set():
                     break
                 if ahead != reported:
                     reported = ahead
@@ -223,6 +263,8 @@ class LocalAdapter:
                 await moved.wait()
             if self.closing:
                 raise ShuttingDown(SHUTDOWN_MESSAGE)
+            if stop.is_set():
+                raise Cancelled("the caller went away while waiting")
             if reported != 0:
                 yield Waiting(0)
             # First in line and the gate is free; nothing awaits between that check and this
@@ -230,7 +272,6 @@ class LocalAdapter:
             async with self._gate:
                 self._line.leave(ticket)
                 # 3. Infer: serial, on the model thread.
-                stop = threading.Event()
                 self._running[request.request_id] = stop
                 events, future = self._submit(request, stop, loop)
                 try:

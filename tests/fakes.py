@@ -48,6 +48,8 @@ class FakeModel:
     returned: list[str] = field(default_factory=list)  # request ids, in the order calls returned
     log: list[tuple[str, str]] = field(default_factory=list)  # ("enter"|"return", request id)
     decodes: int = 0  # images "decoded" (a cancelled job must not get here)
+    decodes_by_id: dict[str, int] = field(default_factory=dict)
+    stops: dict[str, threading.Event] = field(default_factory=dict)  # each job's stop event
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def count_tokens(self, text: str) -> int:
@@ -63,6 +65,7 @@ class FakeModel:
             self.max_active = max(self.max_active, self.active)
             self.calls.append(job)
             self.log.append(("enter", job.request_id))
+            self.stops[job.request_id] = stop
         self.entered.set()
         started = time.time()
         steps = 0
@@ -80,6 +83,7 @@ class FakeModel:
             if self.outcome is not None:
                 self.outcome(job)
             self.decodes += 1
+            self.decodes_by_id[job.request_id] = self.decodes_by_id.get(job.request_id, 0) + 1
             images = tuple(
                 Image.new("RGB", (job.width, job.height), (seed % 256, (seed >> 8) % 256, 7)) for seed in job.seeds
             )

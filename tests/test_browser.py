@@ -36,15 +36,28 @@ def page(app_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         page = browser.new_page()
         page.goto(app_url)
+        # Ready: the page's load event ran (it switches live preview on for browser users).
+        page.locator("#live-preview input").wait_for(timeout=60_000)
+        deadline = time.monotonic() + 60
+        while not page.locator("#live-preview input").is_checked() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert page.locator("#live-preview input").is_checked()
         yield page
         browser.close()
 
 
+def set_steps(page: Any, n: int) -> None:
+    steps = page.locator("#steps input[type=number]")
+    steps.fill(str(n))
+    steps.press("Enter")
+
+
 def test_prompt_enter_generates_an_image_and_shows_the_info(page: Any, tmp_path: Path) -> None:
+    set_steps(page, 100)  # a job long enough (seconds) for the progress text to be seen
     prompt = page.locator("#prompt textarea")
     prompt.fill("a red circle on a blue background")
     prompt.press("Enter")
-    page.get_by_text(re.compile(r"step \d+/20")).first.wait_for(timeout=60_000)  # per-step progress
+    page.get_by_text(re.compile(r"step \d+/100")).first.wait_for(timeout=60_000)  # per-step progress
     page.locator("#info").get_by_text("finalize_end").wait_for(timeout=60_000)
     assert page.locator("#gallery img").first.is_visible()
     info_text = page.locator("#info").inner_text()
@@ -58,9 +71,7 @@ def test_stop_cancels_the_running_job(page: Any, app_url: str) -> None:
         return float(re.search(r'jobs_total\{outcome="cancelled"\} (\S+)', text).group(1))
 
     before = cancelled()
-    steps = page.locator("#steps input[type=number]")
-    steps.fill("100")
-    steps.press("Enter")
+    set_steps(page, 100)
     page.locator("#prompt textarea").fill("a long job")
     page.locator("#generate").click()
     page.get_by_text(re.compile(r"step \d+/100")).first.wait_for(timeout=60_000)
@@ -70,8 +81,7 @@ def test_stop_cancels_the_running_job(page: Any, app_url: str) -> None:
         time.sleep(0.1)
     assert cancelled() == before + 1
     assert httpx.get(app_url + "health", timeout=10).json()["inference_in_progress"] is False
-    steps.fill("20")
-    steps.press("Enter")
+    set_steps(page, 20)
 
 
 def test_generate_button_works_and_validation_errors_are_shown(page: Any) -> None:

@@ -59,6 +59,9 @@ MUTANTS = [
                           "                    pass  # MUTANT\n")),
         "tests/test_cancel.py::test_cancel_mid_inference_stops_within_one_step_and_holds_the_gate",
     ),
+    # Rely on Gradio alone to notice a vanished client (it tells the handler at its next yield).
+    Mutant("no-disconnect-watch", (("app.py", "            alive = caller_alive(demo)\n", "            alive = None\n"),),
+           "tests/test_lifecycle.py::test_a_dropped_connection_stops_the_job"),
 ]
 
 

@@ -1,0 +1,171 @@
+"""Progress, cancel, disconnect, health and metrics through the launched app (fake model inside)."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+import uuid
+from typing import Any, Iterator
+
+import httpx
+import pytest
+
+from tests.conftest import raw_request, running_app
+from tests.fakes import WAIT, FakeModel
+
+PARAMS = ["prompt", "negative_prompt", "seed", "randomize_seed", "width", "height", "num_inference_steps",
+          "guidance_scale", "num_images", "live_preview"]
+
+
+@pytest.fixture(scope="module")
+def fake() -> FakeModel:
+    return FakeModel()
+
+
+@pytest.fixture(scope="module")
+def served(fake: FakeModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any, Any]]:
+    with running_app(tmp_path_factory.mktemp("lifecycle"), load=lambda: fake) as app:
+        yield app
+
+
+@pytest.fixture
+def url(served: tuple[str, Any, Any], fake: FakeModel) -> Iterator[str]:
+    fake.step_gate = None
+    yield served[0]
+    fake.step_gate = None
+
+
+@pytest.fixture(scope="module")
+def client(served: tuple[str, Any, Any]) -> Any:
+    from gradio_client import Client
+
+    return Client(served[0], verbose=False)
+
+
+def metric(url: str, name: str, labels: str = "") -> float:
+    text = httpx.get(url + "metrics", timeout=10).text
+    match = re.search(rf"^{re.escape(name + labels)} (\S+)$", text, re.M)
+    assert match, f"{name}{labels} not in /metrics"
+    return float(match.group(1))
+
+
+def wait_for(predicate: Any, what: str, timeout: float = WAIT) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.005)
+
+
+def test_client_follows_progress_in_order_to_n_of_n(client: Any) -> None:
+    job = client.submit(**raw_request(num_inference_steps=6), api_name="/generate")
+    gallery, info = job.result(timeout=WAIT)
+    records = [out[1] for out in job.outputs()]
+    running = [(r["step"], r["total"]) for r in records if r.get("status") == "running"]
+    assert running == [(i, 6) for i in range(1, 7)]
+    assert records[0]["status"] == "waiting" and records[-1]["status"] == "done"
+    assert info["status"] == "done" and len(gallery) == 1
+    assert job.status().progress_data is None or all(p.index <= 6 for p in job.status().progress_data)
+
+
+def test_health_reports_idle_then_busy(url: str, fake: FakeModel, client: Any) -> None:
+    body = httpx.get(url + "health", timeout=10).json()
+    assert body["status"] == "ok" and body["model"] == "fake-model"
+    assert body["queue_depth"] == 0 and body["inference_in_progress"] is False
+    fake.step_gate = threading.Semaphore(0)
+    job = client.submit(**raw_request(num_inference_steps=3, seed=11), api_name="/generate")
+    wait_for(lambda: httpx.get(url + "health").json()["inference_in_progress"], "inference shows in /health")
+    assert httpx.get(url + "health").json()["status"] == "busy"
+    fake.step_gate.release(3)
+    job.result(timeout=WAIT)
+
+
+def test_metrics_count_completed_cancelled_and_rejected(url: str, fake: FakeModel, client: Any) -> None:
+    from gradio_client.exceptions import AppError
+
+    before = {o: metric(url, "jobs_total", f'{{outcome="{o}"}}') for o in ("completed", "cancelled", "rejected", "failed")}
+    steps_before = metric(url, "denoise_steps_total")
+
+    client.predict(**raw_request(num_inference_steps=4, seed=21), api_name="/generate")  # completed: 4 steps
+
+    with pytest.raises(AppError, match="width must be"):  # rejected
+        client.predict(**raw_request(width=65), api_name="/generate")
+
+    fake.step_gate = threading.Semaphore(0)  # cancelled, via gradio_client's job.cancel()
+    job = client.submit(**raw_request(num_inference_steps=50, seed=22), api_name="/generate")
+    fake.step_gate.release(2)
+    wait_for(lambda: fake.steps_run.get(_last_id(fake)) == 2 and fake.calls[-1].seeds == (22,), "two steps ran")
+    victim = _last_id(fake)
+    # The /cancel request returns once the job has really stopped, so it is sent from a thread.
+    canceller = threading.Thread(target=job.cancel)
+    canceller.start()
+    wait_for(lambda: fake.stops[victim].is_set(), "the cancel reached the model thread")
+    fake.step_gate.release(50)
+    canceller.join(WAIT)
+    wait_for(lambda: metric(url, "jobs_total", '{outcome="cancelled"}') > before["cancelled"], "cancel counted")
+    wait_for(lambda: not httpx.get(url + "health").json()["inference_in_progress"], "the gate is free")
+
+    after = {o: metric(url, "jobs_total", f'{{outcome="{o}"}}') for o in before}
+    assert {o: after[o] - before[o] for o in before} == {"completed": 1, "cancelled": 1, "rejected": 1, "failed": 0}
+    ran = fake.steps_run[_last_id(fake)]
+    assert ran <= 3, f"{ran} steps ran; the cancel came after step 2"
+    assert metric(url, "denoise_steps_total") - steps_before == 4 + ran
+    assert metric(url, "inference_seconds_count") >= 1 and metric(url, "gate_wait_seconds_count") >= 1
+    assert metric(url, "gpu_queue_depth") == 0 and metric(url, "inference_in_progress") == 0
+
+
+def test_cancel_while_waiting_leaves_without_touching_the_model(url: str, fake: FakeModel, client: Any) -> None:
+    from gradio_client import Client
+
+    # Gradio cancels by (session, endpoint): the waiting job comes from a second caller, so that
+    # cancelling it cannot touch the first caller's running job.
+    other = Client(url, verbose=False)
+    fake.step_gate = threading.Semaphore(0)
+    first = client.submit(**raw_request(num_inference_steps=2, seed=31), api_name="/generate")
+    wait_for(lambda: fake.calls and fake.calls[-1].seeds == (31,) and fake.active == 1, "the first job runs")
+    second = other.submit(**raw_request(num_inference_steps=2, seed=32), api_name="/generate")
+    wait_for(lambda: httpx.get(url + "health").json()["gpu_queue_depth"] == 1, "the second waits for the GPU")
+    calls = len(fake.calls)
+    second.cancel()
+    wait_for(lambda: httpx.get(url + "health").json()["gpu_queue_depth"] == 0, "the second left the line")
+    fake.step_gate.release(2)
+    assert first.result(timeout=WAIT)[1]["status"] == "done"  # the other caller's job was untouched
+    assert len(fake.calls) == calls and all(c.seeds != (32,) for c in fake.calls)
+
+
+def test_a_dropped_connection_stops_the_job(url: str, fake: FakeModel, served: tuple[str, Any, Any]) -> None:
+    """A raw HTTP client joins the queue, reads progress, then drops the connection mid-job."""
+    config = httpx.get(url + "config", timeout=10).json()
+    fn_index = next(d["id"] for d in config["dependencies"] if d.get("api_name") == "generate")
+    session = uuid.uuid4().hex[:10]
+    data = [raw_request(num_inference_steps=40, seed=41, live_preview=False)[p] for p in PARAMS]
+    fake.step_gate = threading.Semaphore(0)
+    joined = httpx.post(url + "gradio_api/queue/join", timeout=10,
+                        json={"data": data, "fn_index": fn_index, "session_hash": session})
+    assert joined.status_code == 200, joined.text
+    with httpx.stream("GET", url + f"gradio_api/queue/data?session_hash={session}", timeout=WAIT) as stream:
+        fake.step_gate.release(3)
+        seen = []
+        for line in stream.iter_lines():
+            message = json.loads(line[5:]) if line.startswith("data:") else {}
+            if message.get("msg") == "progress":  # gr.Progress: {"index": step, "length": total, ...}
+                seen.append(message["progress_data"][0]["index"])
+                if seen[-1] == 3:
+                    break
+    assert seen[-1:] == [3], f"never saw step 3: {message}"
+    # The connection closed after step 3, while the model thread waits to run step 4 (in a real
+    # pipeline: while step 4 computes). The server must notice with no further step running.
+    victim = _last_id(fake)
+    assert fake.calls[-1].seeds == (41,)
+    wait_for(lambda: fake.stops[victim].is_set(), "the disconnect reached the model thread", timeout=10)
+    assert fake.steps_run[victim] == 3
+    fake.step_gate.release(40)
+    wait_for(lambda: victim in fake.returned, "the model thread returned")
+    assert fake.steps_run[victim] <= 4, f"{fake.steps_run[victim] - 3} steps ran after the disconnect"
+    assert fake.decodes_by_id.get(victim) is None
+    wait_for(lambda: not httpx.get(url + "health").json()["inference_in_progress"], "the gate is free")
+
+
+def _last_id(fake: FakeModel) -> str:
+    return fake.calls[-1].request_id
