@@ -21,6 +21,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_CACHE_FREQUENCY", str(10**12))
 os.environ.setdefault("GRADIO_ANALYTICS_MAX_EVENTS", "1")
 
 import contextlib  # noqa: E402
+import html  # noqa: E402
 import logging  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
@@ -65,14 +66,22 @@ def caller_alive(demo: gr.Blocks) -> Callable[[], bool] | None:
     return alive
 
 
-def make_generate(adapter: LocalAdapter, demo: gr.Blocks):  # noqa: ANN201 - the signature is the API
-    """The ``/generate`` handler. Its parameter names are the API's parameter names.
+def status_html(text: str, step: int | None = None, total: int | None = None) -> str:
+    """The UI's own progress line: Gradio hides its progress bar once a handler streams outputs."""
+    bar = f'<progress max="{total}" value="{step}" style="width:100%"></progress>' if total else ""
+    return f'<div class="t2i-status">{bar}<span>{html.escape(text)}</span></div>'
+
+
+def make_generate(adapter: LocalAdapter, demo: gr.Blocks, *, ui: bool = False):  # noqa: ANN201
+    """The generate handler. Its parameter names are the API's parameter names.
 
     It is an async generator that yields at every step, so Gradio reaches it at once when the
     client cancels or goes away; closing it closes ``adapter.run``, which stops the model thread.
     Intermediate outputs are progress records (``status`` waiting/running) and, with
-    ``live_preview``, a rough preview image; the last output has ``status`` done.
+    ``live_preview``, a rough preview image; the last output has ``status`` done. The UI's
+    variant (``ui=True``) adds a third output: a progress bar with "step k/N".
     """
+    width_of_output = 3 if ui else 2
 
     async def generate(
         prompt: str,
@@ -86,7 +95,7 @@ def make_generate(adapter: LocalAdapter, demo: gr.Blocks):  # noqa: ANN201 - the
         num_images: float,
         live_preview: bool,
         progress: gr.Progress = gr.Progress(),
-    ) -> AsyncIterator[tuple[Any, dict[str, Any]]]:
+    ) -> AsyncIterator[tuple[Any, ...]]:
         raw = {
             "prompt": prompt,
             "negative_prompt": negative_prompt,
@@ -107,16 +116,22 @@ def make_generate(adapter: LocalAdapter, demo: gr.Blocks):  # noqa: ANN201 - the
                     if isinstance(event, Waiting):
                         text = f"waiting for the GPU: {event.ahead} ahead" if event.ahead else "starting"
                         progress(0.0, desc=text)
-                        yield gr.skip(), {"status": "waiting", "ahead": event.ahead, "request_id": request_id}
+                        record = {"status": "waiting", "ahead": event.ahead, "request_id": request_id}
+                        out: tuple[Any, ...] = (gr.skip(), record, status_html(text))
                     elif isinstance(event, Step):
-                        progress((event.step, event.total), desc=f"step {event.step}/{event.total}", unit="steps")
+                        text = f"step {event.step}/{event.total}"
+                        progress((event.step, event.total), desc=text, unit="steps")
                         preview = [event.preview] if event.preview is not None else gr.skip()
-                        yield preview, {"status": "running", "step": event.step, "total": event.total,
-                                        "request_id": request_id}
-                    elif isinstance(event, Done):
+                        record = {"status": "running", "step": event.step, "total": event.total,
+                                  "request_id": request_id}
+                        out = (preview, record, status_html(text, event.step, event.total))
+                    else:
                         for warning in event.info["warnings"]:
                             gr.Warning(warning)
-                        yield [str(p) for p in event.paths], {"status": "done", **event.info}
+                        took = event.info["durations_ms"]["total"] / 1000
+                        out = ([str(p) for p in event.paths], {"status": "done", **event.info},
+                               status_html(f"done in {took:.2f} s"))
+                    yield out[:width_of_output]
         except InvalidRequest as exc:
             raise gr.Error(str(exc), title="Invalid input", print_exception=False) from None
         except RetryLater as exc:
@@ -180,21 +195,30 @@ def build_demo(adapter: LocalAdapter, settings: Settings) -> gr.Blocks:
                     # Off for API callers (the component's default); the page turns it on on load.
                     live_preview = gr.Checkbox(label="Live preview", value=False, elem_id="live-preview")
             with gr.Column(scale=3):
+                status = gr.HTML(status_html("ready"), elem_id="status")
                 gallery = gr.Gallery(label="Images", format="png", columns=2, height="auto", elem_id="gallery")
                 info = gr.JSON(label="Info: seed, parameters and timings", elem_id="info")
+        inputs = [prompt, negative_prompt, seed, randomize_seed, width, height, num_inference_steps,
+                  guidance_scale, num_images, live_preview]
+        # Two events, one handler, one shared concurrency limit: the page's (with a progress bar
+        # as a third output) and the API's `/generate` (images + info, as documented). Their
+        # `concurrency_limit` counts requests in flight in the handler (preparing, waiting for the
+        # gate, inferring, finalizing); finite, so queue(max_size) really bounds the rest.
+        # preprocess=False: raw values reach our own validator, which names the field and the
+        # range (the components' preprocess answers some bad values anonymously).
+        shared = dict(concurrency_limit=settings.concurrency, concurrency_id="generate", preprocess=False)
         generate_event = gr.on(
             triggers=[generate_button.click, prompt.submit],
-            fn=make_generate(adapter, demo),
-            inputs=[prompt, negative_prompt, seed, randomize_seed, width, height, num_inference_steps,
-                    guidance_scale, num_images, live_preview],
-            outputs=[gallery, info],
-            api_name="generate",
-            # Requests in flight inside the handler (preparing, waiting for the gate, inferring,
-            # finalizing). Finite, so queue(max_size) really bounds the rest.
-            concurrency_limit=settings.concurrency,
-            # Raw values reach our own validator, which names the field and the allowed range;
-            # the components' preprocess would answer some bad values with an anonymous message.
-            preprocess=False,
+            fn=make_generate(adapter, demo, ui=True),
+            inputs=inputs,
+            outputs=[gallery, info, status],
+            api_name="generate_ui",
+            api_visibility="private",
+            **shared,
+        )
+        api_button = gr.Button(visible=False)  # the API-only trigger: never shown, never clicked
+        api_button.click(
+            fn=make_generate(adapter, demo), inputs=inputs, outputs=[gallery, info], api_name="generate", **shared
         )
         # Stop cancels this browser session's own job only; Gradio scopes cancels to the session.
         stop_button.click(fn=None, cancels=[generate_event], api_visibility="private")

@@ -35,15 +35,19 @@ def page(app_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         page = browser.new_page()
-        page.goto(app_url)
-        # Ready: the page's load event ran (it switches live preview on for browser users).
-        page.locator("#live-preview input").wait_for(timeout=60_000)
-        deadline = time.monotonic() + 60
-        while not page.locator("#live-preview input").is_checked() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert page.locator("#live-preview input").is_checked()
+        open_ready(page, app_url)
         yield page
         browser.close()
+
+
+def open_ready(page: Any, url: str) -> None:
+    """Load the app and wait until its load event ran (it switches live preview on in browsers)."""
+    page.goto(url)
+    page.locator("#live-preview input").wait_for(timeout=60_000)
+    deadline = time.monotonic() + 60
+    while not page.locator("#live-preview input").is_checked() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert page.locator("#live-preview input").is_checked()
 
 
 def set_steps(page: Any, n: int) -> None:
@@ -67,8 +71,7 @@ def test_prompt_enter_generates_an_image_and_shows_the_info(page: Any, tmp_path:
 
 def test_stop_cancels_the_running_job(page: Any, app_url: str) -> None:
     def cancelled() -> float:
-        text = httpx.get(app_url + "metrics", timeout=10).text
-        return float(re.search(r'jobs_total\{outcome="cancelled"\} (\S+)', text).group(1))
+        return _cancelled(app_url)
 
     before = cancelled()
     set_steps(page, 100)
@@ -82,6 +85,27 @@ def test_stop_cancels_the_running_job(page: Any, app_url: str) -> None:
     assert cancelled() == before + 1
     assert httpx.get(app_url + "health", timeout=10).json()["inference_in_progress"] is False
     set_steps(page, 20)
+
+
+def test_closing_the_tab_cancels_its_job(page: Any, app_url: str) -> None:
+    other = page.context.browser.new_page()
+    open_ready(other, app_url)
+    before = _cancelled(app_url)
+    set_steps(other, 100)
+    other.locator("#prompt textarea").fill("a job nobody waits for")
+    other.locator("#generate").click()
+    other.get_by_text(re.compile(r"step \d+/100")).first.wait_for(timeout=60_000)
+    other.close()
+    deadline = time.monotonic() + 30
+    while _cancelled(app_url) == before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _cancelled(app_url) == before + 1
+    assert httpx.get(app_url + "health", timeout=10).json()["inference_in_progress"] is False
+
+
+def _cancelled(app_url: str) -> float:
+    text = httpx.get(app_url + "metrics", timeout=10).text
+    return float(re.search(r'jobs_total\{outcome="cancelled"\} (\S+)', text).group(1))
 
 
 def test_generate_button_works_and_validation_errors_are_shown(page: Any) -> None:

@@ -62,6 +62,9 @@ MUTANTS = [
     # Rely on Gradio alone to notice a vanished client (it tells the handler at its next yield).
     Mutant("no-disconnect-watch", (("app.py", "            alive = caller_alive(demo)\n", "            alive = None\n"),),
            "tests/test_lifecycle.py::test_a_dropped_connection_stops_the_job"),
+    # The plain demo.close() on a signal.
+    Mutant("plain-close-on-signal", (("app.py", "    shutdown(demo, adapter)\n", "    demo.close()\n"),),
+           "tests/test_shutdown.py"),
 ]
 
 

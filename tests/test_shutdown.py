@@ -1,0 +1,69 @@
+"""SIGTERM with one job running and others queued: every client gets a clear error, exit within 10 s."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import free_port, raw_request
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _wait_for(predicate: Any, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if predicate():
+                return
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_answers_every_job_and_exits_within_ten_seconds(tmp_path: Path, sig: signal.Signals) -> None:
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError
+
+    port = free_port()
+    env = {**os.environ, "GRADIO_TEMP_DIR": str(tmp_path / "gradio"), "T2I_OUTPUT_DIR": str(tmp_path / "out"),
+           "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    log = (tmp_path / "server.log").open("w")
+    proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--concurrency", "2"],
+                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        _wait_for(lambda: httpx.get(url + "health", timeout=2).json()["status"] == "ok", "the server is up")
+        client = Client(url, verbose=False)
+        # Long jobs: one runs, one waits for the GPU, two wait in Gradio's queue (concurrency 2).
+        jobs = [client.submit(**raw_request(num_inference_steps=100, width=256, height=256, seed=i), api_name="/generate") for i in range(4)]
+        _wait_for(lambda: httpx.get(url + "health", timeout=2).json()["queue_depth"] >= 3
+                  and httpx.get(url + "health", timeout=2).json()["inference_in_progress"], "1 runs and 3 wait")
+        sent = time.monotonic()
+        proc.send_signal(sig)
+        messages = []
+        for job in jobs:
+            with pytest.raises(AppError) as info:
+                job.result(timeout=15)
+            messages.append(str(info.value))
+        code = proc.wait(timeout=15)
+        elapsed = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+    output = (tmp_path / "server.log").read_text()
+    assert elapsed < 10, f"took {elapsed:.1f}s to exit"
+    assert code == 0, output[-3000:]
+    assert all("shutting down" in m and "retry" in m for m in messages), messages
+    assert "unexpected_error" not in output and "Traceback" not in output, output[-3000:]
