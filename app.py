@@ -27,9 +27,11 @@ import signal  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
+from pathlib import Path  # noqa: E402
 from typing import Any, AsyncIterator, Callable, Sequence  # noqa: E402
 
 import gradio as gr  # noqa: E402
+from gradio.utils import get_upload_folder  # noqa: E402
 from fastapi.responses import JSONResponse, Response  # noqa: E402
 from fastapi.routing import APIRoute  # noqa: E402
 from prometheus_client import CONTENT_TYPE_LATEST  # noqa: E402
@@ -38,6 +40,7 @@ from pipeline.adapter import Done, LocalAdapter, Step, Waiting  # noqa: E402
 from pipeline.config import Settings, load_settings  # noqa: E402
 from pipeline.errors import Cancelled, InvalidRequest, RetryLater, ServingError  # noqa: E402
 from pipeline.request import MAX_SEED, Limits, new_request_id  # noqa: E402
+from pipeline.sweeper import Sweeper  # noqa: E402
 from pipeline.worker import GpuWorker  # noqa: E402
 
 log = logging.getLogger("app")
@@ -234,6 +237,7 @@ def limits_for(settings: Settings, adapter_profile: Any) -> Limits:
         max_prompt_chars=settings.max_prompt_chars,
         max_size=settings.max_size,
         max_steps=settings.max_steps,
+        max_pixels=settings.max_pixels,
     )
 
 
@@ -250,7 +254,18 @@ def create_app(settings: Settings, load: Any = None) -> tuple[gr.Blocks, LocalAd
 
     worker = GpuWorker(load)
     profile = worker.start()
-    adapter = LocalAdapter(worker, limits_for(settings, profile), settings.output_dir)
+    adapter = LocalAdapter(worker, limits_for(settings, profile), settings.output_dir, job_timeout=settings.job_timeout)
+    # The app's own sweeper keeps its outputs and Gradio's copies of them within budget.
+    sweeper = Sweeper(
+        [settings.output_dir, Path(get_upload_folder())],
+        max_bytes=settings.output_max_mb * 2**20,
+        max_age=settings.output_max_age_minutes * 60,
+        interval=settings.sweep_interval,
+        min_age=min(10.0, settings.sweep_interval),
+    )
+    adapter.on_close(sweeper.stop)
+    sweeper.start()
+    adapter.metrics.watch_disk(lambda: sweeper.last)
     return build_demo(adapter, settings), adapter
 
 
@@ -283,6 +298,7 @@ def launch(demo: gr.Blocks, adapter: LocalAdapter, settings: Settings) -> None:
         max_file_size="1mb",
         prevent_thread_lock=True,
         app_kwargs={"routes": service_routes(demo, adapter)},
+        auth=settings.auth_pair(),
     )
 
 

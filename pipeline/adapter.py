@@ -29,7 +29,16 @@ from typing import Any, AsyncIterator, Callable, Mapping
 
 from PIL import Image
 
-from .errors import Cancelled, GenerationFailed, InvalidRequest, RetryLater, ServingError, ShuttingDown
+from .errors import (
+    Cancelled,
+    GenerationFailed,
+    InvalidRequest,
+    JobTimedOut,
+    OutOfMemory,
+    RetryLater,
+    ServingError,
+    ShuttingDown,
+)
 from .metrics import Metrics
 from .postprocess import encode_pngs, sampler_name
 from .protocol import InferenceResult, ModelProfile
@@ -39,6 +48,7 @@ from .worker import GpuWorker
 log = logging.getLogger(__name__)
 
 DEGRADED_AFTER = 3  # consecutive failed jobs
+TIMEOUT_GRACE_SECONDS = 2.0  # after a time limit, how long to wait for the thread to stop
 ALIVE_POLL_SECONDS = 0.02  # how often a request checks that its caller is still there
 SHUTDOWN_MESSAGE = "The server is shutting down; please retry in a moment."
 
@@ -103,12 +113,16 @@ class LocalAdapter:
         pool_threads: int = 2,
         clock: Callable[[], float] = time.time,
         encode: Callable[..., list[Path]] = encode_pngs,
+        job_timeout: float | None = None,
     ) -> None:
         self.worker = worker
         self.limits = limits
         self.output_dir = output_dir
         self._clock = clock
         self._encode_pngs = encode
+        self.job_timeout = job_timeout
+        self.model_hung = False  # a job ran past its limit and its thread has not returned yet
+        self._on_close: list[Callable[[], None]] = []
         self._gate = asyncio.Semaphore(1)
         self._line = _Line()
         self._running: dict[str, threading.Event] = {}  # request id -> its stop event
@@ -138,7 +152,7 @@ class LocalAdapter:
         """ok, busy, degraded (shutting down, or 3+ failures in a row) or dead (no model thread)."""
         if not self.worker.alive:
             status = "dead"
-        elif self.closing or self.consecutive_failures >= DEGRADED_AFTER:
+        elif self.closing or self.model_hung or self.consecutive_failures >= DEGRADED_AFTER:
             status = "degraded"
         elif self.inference_in_progress or self.in_flight:
             status = "busy"
@@ -152,6 +166,7 @@ class LocalAdapter:
             "inference_in_progress": self.inference_in_progress,
             "requests_in_flight": self.in_flight,
             "consecutive_failures": self.consecutive_failures,
+            "model_hung": self.model_hung,
             "shutting_down": self.closing,
         }
 
@@ -167,7 +182,13 @@ class LocalAdapter:
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._line.notify)
 
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` when the adapter closes (the app hangs its helpers' shutdown here)."""
+        self._on_close.append(callback)
+
     def close(self) -> None:
+        for callback in self._on_close:
+            callback()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     # -- the request -------------------------------------------------------------------------
@@ -274,9 +295,19 @@ class LocalAdapter:
                 # 3. Infer: serial, on the model thread.
                 self._running[request.request_id] = stop
                 events, future = self._submit(request, stop, loop)
+                deadline = None if self.job_timeout is None else loop.time() + self.job_timeout
                 try:
-                    while (event := await events.get()) is not None:
+                    while (event := await _next(events, deadline, loop)) is not None:
                         yield event
+                except asyncio.TimeoutError:
+                    # Past the limit: stop at the next step. A thread stuck inside one step cannot
+                    # be interrupted; the caller is answered anyway, and the single model thread
+                    # still keeps the next job from running beside the stuck one.
+                    stop.set()
+                    assert self.job_timeout is not None
+                    if not await _until_done(future, timeout=TIMEOUT_GRACE_SECONDS):
+                        self._mark_hung(future)
+                    raise JobTimedOut(request.request_id, self.job_timeout) from None
                 except BaseException:
                     # Cancelled, disconnected or closed: stop at the next step boundary, and keep
                     # the gate until the model thread has really returned.
@@ -323,6 +354,16 @@ class LocalAdapter:
         future.add_done_callback(lambda _f: post(None))
         return events, future
 
+    def _mark_hung(self, future: concurrent.futures.Future[InferenceResult]) -> None:
+        log.error("the model thread is stuck in a job past its time limit")
+        self.model_hung = True
+
+        def recovered(_f: object) -> None:
+            self.model_hung = False
+            log.warning("the stuck job has returned; the model thread is free again")
+
+        future.add_done_callback(recovered)
+
     def _outcome(
         self, request: GenerateRequest, future: concurrent.futures.Future[InferenceResult]
     ) -> InferenceResult:
@@ -334,6 +375,9 @@ class LocalAdapter:
             raise
         except ServingError:
             raise
+        except MemoryError:
+            log.exception("request %s ran out of memory", request.request_id)
+            raise OutOfMemory(request.request_id) from None
         except Exception:
             log.exception("request %s failed in the pipeline", request.request_id)
             raise GenerationFailed(request.request_id) from None
@@ -382,18 +426,35 @@ class LocalAdapter:
         )
 
 
-async def _until_done(future: concurrent.futures.Future[Any]) -> None:
-    """Wait for the model thread to finish ``future``, even if this task is cancelled again."""
+async def _next(
+    events: asyncio.Queue[Step | None], deadline: float | None, loop: asyncio.AbstractEventLoop
+) -> Step | None:
+    if deadline is None:
+        return await events.get()
+    return await asyncio.wait_for(events.get(), max(0.0, deadline - loop.time()))
+
+
+async def _until_done(future: concurrent.futures.Future[Any], timeout: float | None = None) -> bool:
+    """Wait for the model thread to finish ``future``, even if this task is cancelled again.
+
+    Returns whether it finished (False only when ``timeout`` ran out).
+    """
     waiter = asyncio.wrap_future(future)
+    loop = asyncio.get_running_loop()
+    end = None if timeout is None else loop.time() + timeout
     while not waiter.done():
         try:
-            await asyncio.shield(waiter)
+            remaining = None if end is None else max(0.0, end - loop.time())
+            await asyncio.wait_for(asyncio.shield(waiter), remaining)
+        except asyncio.TimeoutError:
+            return False
         except asyncio.CancelledError:
             continue
         except BaseException:
             break
     if not waiter.cancelled():
         waiter.exception()  # mark it retrieved; the outcome was a cancel the caller asked for
+    return True
 
 
 def _durations(t: dict[str, float]) -> dict[str, float]:

@@ -31,7 +31,19 @@ class Settings:
     max_size: int | None = None  # None: follows the model
     max_steps: int | None = None  # None: follows the model
     max_prompt_chars: int = 2000
+    max_pixels: int | None = None  # None: max_size squared
+    job_timeout: float | None = None  # seconds a job may run on the model; None: no limit
+    auth: str | None = None  # "user:password"
+    output_max_mb: int = 1024
+    output_max_age_minutes: int = 60
+    sweep_interval: float = 30.0
     output_dir: Path = Path(tempfile.gettempdir()) / "t2i-outputs"
+
+    def auth_pair(self) -> tuple[str, str] | None:
+        if self.auth is None:
+            return None
+        user, _, password = self.auth.partition(":")
+        return user, password
 
     def resolved_torch_threads(self) -> int:
         return self.torch_threads or max(1, (os.cpu_count() or 2) - 1)
@@ -55,6 +67,12 @@ _OPTIONS: tuple[tuple[str, str, type, str], ...] = (
     ("max_size", "T2I_MAX_SIZE", int, "largest width/height in pixels (default: follows the model)"),
     ("max_steps", "T2I_MAX_STEPS", int, "most denoising steps (default: follows the model)"),
     ("max_prompt_chars", "T2I_MAX_PROMPT_CHARS", int, "longest prompt in characters (default 2000)"),
+    ("max_pixels", "T2I_MAX_PIXELS", int, "most width × height pixels (default: max size squared)"),
+    ("job_timeout", "T2I_JOB_TIMEOUT", float, "seconds a job may run on the model before it is stopped (default: no limit)"),
+    ("auth", "T2I_AUTH", str, "user:password required to use the app (recommended with --share)"),
+    ("output_max_mb", "T2I_OUTPUT_MAX_MB", int, "disk budget for generated images, in MiB (default 1024)"),
+    ("output_max_age_minutes", "T2I_OUTPUT_MAX_AGE_MINUTES", int, "generated images older than this are deleted (default 60)"),
+    ("sweep_interval", "T2I_SWEEP_INTERVAL", float, "seconds between sweeps of the output folders (default 30)"),
     ("output_dir", "T2I_OUTPUT_DIR", Path, "folder for generated PNGs (default: $TMPDIR/t2i-outputs)"),
 )
 
@@ -116,5 +134,14 @@ def _check(s: Settings) -> None:
     for name in ("concurrency", "queue_size", "max_images", "max_prompt_chars"):
         if getattr(s, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be at least 1; got {getattr(s, name)}")
+    if s.auth is not None and (":" not in s.auth or s.auth.startswith(":") or s.auth.endswith(":")):
+        raise SystemExit("--auth must be user:password")
+    if s.job_timeout is not None and not s.job_timeout > 0:
+        raise SystemExit(f"--job-timeout must be a positive number of seconds; got {s.job_timeout}")
+    for name in ("output_max_mb", "output_max_age_minutes"):
+        if getattr(s, name) < 1:
+            raise SystemExit(f"--{name.replace('_', '-')} must be at least 1; got {getattr(s, name)}")
+    if not s.sweep_interval > 0:
+        raise SystemExit(f"--sweep-interval must be a positive number of seconds; got {s.sweep_interval}")
     if s.concurrency < 2:
         raise SystemExit("--concurrency must be at least 2, or the whole handler is serialized")

@@ -67,5 +67,14 @@ class OutOfMemory(GenerationFailed):
         )
 
 
+class JobTimedOut(GenerationFailed):
+    def __init__(self, request_id: str, limit: float) -> None:
+        super().__init__(
+            request_id,
+            f"The job ran past the {limit:g} s time limit and was stopped (request id {request_id}). "
+            "Try fewer steps, a smaller size or fewer images.",
+        )
+
+
 class EngineDead(ServingError):
     """The model thread has stopped; nothing more can run until the app restarts."""

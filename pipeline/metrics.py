@@ -26,5 +26,12 @@ class Metrics:
         self.inference = Histogram("inference_seconds", "Time in the model", buckets=_TIME_BUCKETS, registry=r)
         self.finalize = Histogram("finalize_seconds", "PNG encoding and info record", buckets=_TIME_BUCKETS, registry=r)
 
+    def watch_disk(self, stats: Callable[[], object]) -> None:
+        """Export the sweeper's last count of kept output files and bytes."""
+        Gauge("output_files", "Generated files kept on disk", registry=self.registry).set_function(
+            lambda: float(getattr(stats(), "files", 0)))
+        Gauge("output_bytes", "Bytes of generated files kept on disk", registry=self.registry).set_function(
+            lambda: float(getattr(stats(), "bytes", 0)))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

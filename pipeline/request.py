@@ -56,13 +56,14 @@ class Limits:
         max_prompt_chars: int = 2000,
         max_size: int | None = None,
         max_steps: int | None = None,
+        max_pixels: int | None = None,
     ) -> Limits:
         top = max_size or profile.max_size
         return cls(
             min_size=profile.min_size,
             max_size=top,
             size_multiple=profile.size_multiple,
-            max_pixels=top * top,
+            max_pixels=max_pixels or top * top,
             min_steps=profile.min_steps,
             max_steps=max_steps or profile.max_steps,
             min_guidance=profile.min_guidance,

@@ -106,3 +106,35 @@ def running_app(tmp: Path, *args: str, load: Callable[[], Any] | None = None) ->
         demo.close()
         adapter.worker.shutdown(timeout=10)
         adapter.close()
+
+
+def queue_call(url: str, fn_index: int, data: list[Any], timeout: float = 60.0) -> dict[str, Any]:
+    """One request through Gradio's queue over raw HTTP (which, unlike gradio_client, can send NaN).
+
+    Returns the ``process_completed`` message: ``success`` plus ``output`` (data or error).
+    """
+    import json
+    import uuid
+
+    import httpx
+
+    session = uuid.uuid4().hex[:12]
+    body = json.dumps({"data": data, "fn_index": fn_index, "session_hash": session}, allow_nan=True)
+    with httpx.Client(base_url=url, timeout=timeout) as http:
+        joined = http.post("gradio_api/queue/join", content=body, headers={"content-type": "application/json"})
+        if joined.status_code != 200:
+            return {"success": False, "status_code": joined.status_code, "output": {"error": joined.text}}
+        with http.stream("GET", f"gradio_api/queue/data?session_hash={session}") as stream:
+            for line in stream.iter_lines():
+                if line.startswith("data:"):
+                    message = json.loads(line[5:])
+                    if message.get("msg") == "process_completed":
+                        return message
+    raise AssertionError("the stream closed without process_completed")
+
+
+def api_fn_index(url: str, api_name: str = "generate") -> int:
+    import httpx
+
+    config = httpx.get(url + "config", timeout=10).json()
+    return next(d["id"] for d in config["dependencies"] if d.get("api_name") == api_name)

@@ -62,6 +62,14 @@ MUTANTS = [
     # Rely on Gradio alone to notice a vanished client (it tells the handler at its next yield).
     Mutant("no-disconnect-watch", (("app.py", "            alive = caller_alive(demo)\n", "            alive = None\n"),),
            "tests/test_lifecycle.py::test_a_dropped_connection_stops_the_job"),
+    # Trust the slider: no server-side check of num_inference_steps.
+    Mutant("no-steps-validation", (("pipeline/request.py",
+            '    steps = _whole_number("num_inference_steps", raw.get("num_inference_steps"), limits.min_steps, limits.max_steps)\n',
+            '    steps = raw.get("num_inference_steps")  # MUTANT\n'),),
+           "tests/test_fuzz.py::test_raw_http_fuzz"),
+    # Rely on nothing to bound the disk.
+    Mutant("no-sweeper", (("app.py", "    sweeper.start()\n", "    pass  # MUTANT\n"),),
+           "tests/test_load.py::test_soak_memory_and_files_level_off"),
     # The plain demo.close() on a signal.
     Mutant("plain-close-on-signal", (("app.py", "    shutdown(demo, adapter)\n", "    demo.close()\n"),),
            "tests/test_shutdown.py"),
