@@ -281,9 +281,15 @@ def service_routes(demo: gr.Blocks, adapter: LocalAdapter) -> list[APIRoute]:
     async def metrics() -> Response:
         return Response(adapter.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    async def no_uploads() -> JSONResponse:
+        # A text-only app takes no files; Gradio's upload route would store anyone's file and
+        # echo its absolute server path. Listed before Gradio's own routes, so it wins.
+        return JSONResponse({"detail": "This app accepts no uploads."}, status_code=403)
+
     return [
         APIRoute("/health", health, methods=["GET"], include_in_schema=False),
         APIRoute("/metrics", metrics, methods=["GET"], include_in_schema=False),
+        APIRoute("/gradio_api/upload", no_uploads, methods=["POST"], include_in_schema=False),
     ]
 
 

@@ -108,3 +108,13 @@ def test_invalid_input_gets_a_clear_error_naming_the_field(client: Any) -> None:
         _generate(client, prompt="x", width=100, height=64)
     with pytest.raises(AppError, match="num_inference_steps must be a whole number between 1 and"):
         _generate(client, prompt="x", num_inference_steps=0)
+
+
+def test_public_link_settings_no_uploads_no_ssr_no_tracebacks(server: str) -> None:
+    upload = httpx.post(server + "gradio_api/upload", files={"files": ("x.bin", b"x" * 5 * 2**20)}, timeout=30)
+    assert upload.status_code == 403 and "/tmp" not in upload.text
+    small = httpx.post(server + "gradio_api/upload", files={"files": ("x.txt", b"hi")}, timeout=30)
+    assert small.status_code == 403
+    config = httpx.get(server + "config", timeout=10).json()
+    assert config.get("show_error") is False
+    assert not config.get("is_ssr", False)

@@ -179,3 +179,29 @@ def test_device_and_dtype_choice() -> None:
     assert pick_dtype("auto", "cuda", "FluxPipeline") == torch.bfloat16
     assert pick_dtype("bfloat16", "cpu", "x") == torch.bfloat16
     assert DEFAULT_MODEL_DIR.parent.name == "assets"
+
+
+def test_out_of_memory_frees_memory_and_says_what_to_do(model: Any) -> None:
+    import torch
+
+    from pipeline.errors import OutOfMemory
+    from pipeline.protocol import InferenceJob
+
+    freed: list[int] = []
+    pipe = model.pipe
+    original_call, original_free = type(pipe).__call__, model.free_memory
+
+    def oom(self: Any, **kwargs: Any) -> Any:
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    type(pipe).__call__ = oom
+    model.free_memory = lambda: freed.append(1)
+    try:
+        with pytest.raises(OutOfMemory, match="smaller width and height, or fewer images") as info:
+            model.generate(InferenceJob("oom", ("x",), ("",), (1,), 64, 64, 2, 7.5), threading.Event(), lambda *_: None)
+    finally:
+        type(pipe).__call__ = original_call
+        model.free_memory = original_free
+    assert freed == [1] and info.value.__context__ is None  # freed outside the except block
+    assert model.generate(InferenceJob("after", ("x",), ("",), (1,), 64, 64, 2, 7.5), threading.Event(),
+                          lambda *_: None).steps_done == 2
