@@ -45,6 +45,7 @@ from pipeline.worker import GpuWorker  # noqa: E402
 
 log = logging.getLogger("app")
 
+PROGRESS_INTERVAL = 0.1  # seconds between streamed progress outputs of one request
 LOG_FORMAT = "%(asctime)s %(levelname)s [%(threadName)s] %(name)s: %(message)s"
 
 
@@ -112,6 +113,7 @@ def make_generate(adapter: LocalAdapter, demo: gr.Blocks, *, ui: bool = False): 
             "live_preview": live_preview,
         }
         request_id = new_request_id()
+        last_yield = 0.0
         try:
             alive = caller_alive(demo)
             async with contextlib.aclosing(adapter.run(raw, request_id=request_id, alive=alive)) as events:
@@ -124,6 +126,13 @@ def make_generate(adapter: LocalAdapter, demo: gr.Blocks, *, ui: bool = False): 
                     elif isinstance(event, Step):
                         text = f"step {event.step}/{event.total}"
                         progress((event.step, event.total), desc=text, unit="steps")
+                        # Every yield costs Gradio a diff and a message on the event loop, taking the
+                        # GIL from the model thread: stream at most one progress output per
+                        # PROGRESS_INTERVAL, always the last step and every preview.
+                        now = time.monotonic()
+                        if event.step < event.total and event.preview is None and now - last_yield < PROGRESS_INTERVAL:
+                            continue
+                        last_yield = now
                         preview = [event.preview] if event.preview is not None else gr.skip()
                         record = {"status": "running", "step": event.step, "total": event.total,
                                   "request_id": request_id}

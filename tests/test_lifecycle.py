@@ -63,7 +63,9 @@ def test_client_follows_progress_in_order_to_n_of_n(client: Any) -> None:
     gallery, info = job.result(timeout=WAIT)
     records = [out[1] for out in job.outputs()]
     running = [(r["step"], r["total"]) for r in records if r.get("status") == "running"]
-    assert running == [(i, 6) for i in range(1, 7)]
+    # In order, ending at N/N (intermediate steps are streamed at most every 0.1 s).
+    assert running and running[-1] == (6, 6) and all(t == 6 for _, t in running)
+    assert [s for s, _ in running] == sorted(set(s for s, _ in running))
     assert records[0]["status"] == "waiting" and records[-1]["status"] == "done"
     assert info["status"] == "done" and len(gallery) == 1
     assert job.status().progress_data is None or all(p.index <= 6 for p in job.status().progress_data)

@@ -1,0 +1,96 @@
+"""Load and probes: gradio_client threads for generation, raw HTTP for the light probes."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import statistics
+import threading
+import time
+import uuid
+from typing import Any
+
+import httpx
+
+
+def predict_many(url: str, n: int, clients: int, *, size: int, steps: int,
+                 stop: threading.Event | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+    """``n`` requests from ``clients`` concurrent gradio_client Clients; returns (info records, errors)."""
+    from gradio_client import Client
+
+    infos: list[dict[str, Any]] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+    counter = itertools.count()
+
+    def worker() -> None:
+        client = Client(url, verbose=False, download_files=False)
+        while stop is None or not stop.is_set():
+            with lock:
+                k = next(counter)
+            if k >= n:
+                return
+            try:
+                _, info = client.predict(prompt=f"a red circle {k}", negative_prompt="", seed=k, randomize_seed=False,
+                                         width=size, height=size, num_inference_steps=steps, guidance_scale=7.5,
+                                         num_images=1, live_preview=False, api_name="/generate")
+                with lock:
+                    infos.append(info)
+            except Exception as exc:  # noqa: BLE001 - counted and reported
+                with lock:
+                    errors.append(repr(exc)[:300])
+
+    threads = [threading.Thread(target=worker, name=f"bench-client-{i}") for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return infos, errors
+
+
+def sample_health(url: str, seconds: float, every: float = 0.02) -> list[float]:
+    """Latency (ms) of GET /health, one request every ``every`` seconds."""
+    out = []
+    end = time.monotonic() + seconds
+    with httpx.Client(timeout=30) as http:
+        while time.monotonic() < end:
+            t0 = time.perf_counter()
+            try:
+                http.get(url + "health")
+            except httpx.HTTPError:
+                pass  # a timed-out probe counts with the time it took
+            out.append((time.perf_counter() - t0) * 1000)
+            time.sleep(every)
+    return out
+
+
+def raw_http_predict(url: str, fn_index: int, data: list[Any]) -> dict[str, Any]:
+    session = uuid.uuid4().hex[:12]
+    with httpx.Client(base_url=url, timeout=60) as http:
+        http.post("gradio_api/queue/join", json={"data": data, "fn_index": fn_index, "session_hash": session})
+        with http.stream("GET", f"gradio_api/queue/data?session_hash={session}") as stream:
+            for line in stream.iter_lines():
+                if line.startswith("data:"):
+                    message = json.loads(line[5:])
+                    if message.get("msg") == "process_completed":
+                        return message
+    raise RuntimeError("no process_completed")
+
+
+def light_request(url: str, fn_index: int) -> float:
+    """Latency (ms) of a queued request that validation rejects: the lightest full trip through the queue."""
+    t0 = time.perf_counter()
+    try:
+        raw_http_predict(url, fn_index, ["x", "", 0, False, 65, 64, 20, 7.5, 1, False])
+    except (httpx.HTTPError, RuntimeError):
+        pass  # a timed-out probe counts with the time it took
+    return (time.perf_counter() - t0) * 1000
+
+
+def pct(values: list[float]) -> dict[str, float]:
+    s = sorted(values)
+
+    def q(p: float) -> float:
+        return s[min(len(s) - 1, int(round(p * (len(s) - 1))))]
+
+    return {"p50": q(0.50), "p95": q(0.95), "p99": q(0.99), "mean": statistics.mean(s), "n": float(len(s))}
