@@ -36,7 +36,7 @@ from fastapi.responses import JSONResponse, Response  # noqa: E402
 from fastapi.routing import APIRoute  # noqa: E402
 from prometheus_client import CONTENT_TYPE_LATEST  # noqa: E402
 
-from pipeline.adapter import Done, LocalAdapter, Step, Waiting  # noqa: E402
+from pipeline.adapter import LocalAdapter, Step, Waiting  # noqa: E402
 from pipeline.config import Settings, load_settings  # noqa: E402
 from pipeline.errors import Cancelled, InvalidRequest, RetryLater, ServingError  # noqa: E402
 from pipeline.request import MAX_SEED, Limits, new_request_id  # noqa: E402

@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import psutil
 
-from bench.probe import light_request, pct, predict_many, raw_http_predict, sample_health
+from bench.probe import light_request, pct, predict_many, sample_health
 
 ROOT = Path(__file__).resolve().parent.parent
 

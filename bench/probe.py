@@ -64,17 +64,25 @@ def sample_health(url: str, seconds: float, every: float = 0.02) -> list[float]:
     return out
 
 
-def raw_http_predict(url: str, fn_index: int, data: list[Any]) -> dict[str, Any]:
+def raw_http_predict(url: str, fn_index: int, data: list[Any], timeout: float = 60.0) -> dict[str, Any]:
+    """One request through Gradio's queue over raw HTTP (which, unlike gradio_client, can send NaN).
+
+    Returns the ``process_completed`` message: ``success`` plus ``output`` (data or error); a refused
+    join comes back as ``success: False`` with its ``status_code``.
+    """
     session = uuid.uuid4().hex[:12]
-    with httpx.Client(base_url=url, timeout=60) as http:
-        http.post("gradio_api/queue/join", json={"data": data, "fn_index": fn_index, "session_hash": session})
+    body = json.dumps({"data": data, "fn_index": fn_index, "session_hash": session}, allow_nan=True)
+    with httpx.Client(base_url=url, timeout=timeout) as http:
+        joined = http.post("gradio_api/queue/join", content=body, headers={"content-type": "application/json"})
+        if joined.status_code != 200:
+            return {"success": False, "status_code": joined.status_code, "output": {"error": joined.text}}
         with http.stream("GET", f"gradio_api/queue/data?session_hash={session}") as stream:
             for line in stream.iter_lines():
                 if line.startswith("data:"):
                     message = json.loads(line[5:])
                     if message.get("msg") == "process_completed":
                         return message
-    raise RuntimeError("no process_completed")
+    raise RuntimeError("the stream closed without process_completed")
 
 
 def light_request(url: str, fn_index: int) -> float:

@@ -109,28 +109,20 @@ def running_app(tmp: Path, *args: str, load: Callable[[], Any] | None = None) ->
 
 
 def queue_call(url: str, fn_index: int, data: list[Any], timeout: float = 60.0) -> dict[str, Any]:
-    """One request through Gradio's queue over raw HTTP (which, unlike gradio_client, can send NaN).
+    """One request through Gradio's queue over raw HTTP; see ``bench.probe.raw_http_predict``."""
+    from bench.probe import raw_http_predict
 
-    Returns the ``process_completed`` message: ``success`` plus ``output`` (data or error).
-    """
-    import json
-    import uuid
+    return raw_http_predict(url, fn_index, data, timeout)
 
-    import httpx
 
-    session = uuid.uuid4().hex[:12]
-    body = json.dumps({"data": data, "fn_index": fn_index, "session_hash": session}, allow_nan=True)
-    with httpx.Client(base_url=url, timeout=timeout) as http:
-        joined = http.post("gradio_api/queue/join", content=body, headers={"content-type": "application/json"})
-        if joined.status_code != 200:
-            return {"success": False, "status_code": joined.status_code, "output": {"error": joined.text}}
-        with http.stream("GET", f"gradio_api/queue/data?session_hash={session}") as stream:
-            for line in stream.iter_lines():
-                if line.startswith("data:"):
-                    message = json.loads(line[5:])
-                    if message.get("msg") == "process_completed":
-                        return message
-    raise AssertionError("the stream closed without process_completed")
+def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 30.0, every: float = 0.005) -> None:
+    """Poll, from a test thread, a condition the code under test reaches on its own."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(every)
 
 
 def api_fn_index(url: str, api_name: str = "generate") -> int:

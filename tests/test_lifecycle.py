@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 import re
 import threading
-import time
 import uuid
 from typing import Any, Iterator
 
 import httpx
 import pytest
 
-from tests.conftest import raw_request, running_app
+from tests.conftest import raw_request, running_app, wait_for
 from tests.fakes import WAIT, FakeModel
 
 PARAMS = ["prompt", "negative_prompt", "seed", "randomize_seed", "width", "height", "num_inference_steps",
@@ -49,13 +48,6 @@ def metric(url: str, name: str, labels: str = "") -> float:
     match = re.search(rf"^{re.escape(name + labels)} (\S+)$", text, re.M)
     assert match, f"{name}{labels} not in /metrics"
     return float(match.group(1))
-
-
-def wait_for(predicate: Any, what: str, timeout: float = WAIT) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        time.sleep(0.005)
 
 
 def test_client_follows_progress_in_order_to_n_of_n(client: Any) -> None:

@@ -18,18 +18,11 @@ import httpx
 import psutil
 import pytest
 
-from tests.conftest import free_port, raw_request, running_app
+from tests.conftest import free_port, raw_request, running_app, wait_for
 from tests.fakes import WAIT, FakeModel
 
 ROOT = Path(__file__).resolve().parent.parent
 OUTPUT_BUDGET_MB = 1
-
-
-def _wait(predicate: Any, what: str, timeout: float = WAIT) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        time.sleep(0.01)
 
 
 def test_queue_full_rejects_exactly_the_excess_at_once(tmp_path: Path) -> None:
@@ -41,10 +34,10 @@ def test_queue_full_rejects_exactly_the_excess_at_once(tmp_path: Path) -> None:
         admitted = []
         for i in range(2):  # in the handler: one in the model, one waiting for the GPU
             admitted.append(Client(url, verbose=False).submit(**raw_request(seed=i), api_name="/generate"))
-        _wait(lambda: health()["requests_in_flight"] == 2, "two requests are in the handler")
+        wait_for(lambda: health()["requests_in_flight"] == 2, "two requests are in the handler")
         for i in range(2, 4):  # in Gradio's queue
             admitted.append(Client(url, verbose=False).submit(**raw_request(seed=i), api_name="/generate"))
-        _wait(lambda: health()["queue_depth"] == 3, "one waits for the GPU and two in Gradio's queue")
+        wait_for(lambda: health()["queue_depth"] == 3, "one waits for the GPU and two in Gradio's queue")
         rejected = []
         for i in range(4, 7):
             started = time.monotonic()
@@ -72,7 +65,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, psut
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"
     try:
-        _wait(lambda: _healthy(url), "the server is up", timeout=90)
+        wait_for(lambda: _healthy(url), "the server is up", timeout=90)
         yield url, psutil.Process(proc.pid), [tmp / "gradio", tmp / "out"]
     finally:
         proc.terminate()
@@ -147,7 +140,7 @@ def test_soak_memory_and_files_level_off(server: tuple[str, psutil.Process, list
     assert rss_end <= rss_after_warmup * 1.15 + 16 * 2**20, (rss_after_warmup, rss_end)
     # Disk: after one more sweep, the kept output stays within the budget.
     produced = sum(i["num_images"] for i in warmup + infos)
-    _wait(lambda: _disk(folders)[1] <= OUTPUT_BUDGET_MB * 2**20, "the sweeper brings the disk within budget", 15)
+    wait_for(lambda: _disk(folders)[1] <= OUTPUT_BUDGET_MB * 2**20, "the sweeper brings the disk within budget", 15)
     files, _bytes = _disk(folders)
     assert files < produced  # without the sweeper: two copies of every image stay
     metrics = httpx.get(url + "metrics", timeout=10).text
