@@ -42,8 +42,8 @@ MUTANTS = [
              "        self._gate = asyncio.Semaphore(1)\n        self._whole = asyncio.Semaphore(1)\n"),
             ("pipeline/adapter.py",
              "        loop = asyncio.get_running_loop()\n        t: dict[str, float] = {\"received\": self._clock()}\n",
-             "        async with self._whole:\n            async for e in self._inner(raw, request_id):\n"
-             "                yield e\n\n    async def _inner(self, raw, request_id):\n"
+             "        async with self._whole:\n            async for e in self._inner(raw, request_id, alive):\n"
+             "                yield e\n\n    async def _inner(self, raw, request_id, alive):\n"
              "        loop = asyncio.get_running_loop()\n        t: dict[str, float] = {\"received\": self._clock()}\n"),
         ),
         "tests/test_gate.py::test_preparation_overlaps_another_inference "
