@@ -39,6 +39,7 @@ from prometheus_client import CONTENT_TYPE_LATEST  # noqa: E402
 from pipeline.adapter import LocalAdapter, Step, Waiting  # noqa: E402
 from pipeline.config import Settings, load_settings  # noqa: E402
 from pipeline.errors import Cancelled, InvalidRequest, RetryLater, ServingError  # noqa: E402
+from pipeline.protocol import ModelProfile  # noqa: E402
 from pipeline.request import MAX_SEED, Limits, new_request_id  # noqa: E402
 from pipeline.sweeper import Sweeper  # noqa: E402
 from pipeline.worker import GpuWorker  # noqa: E402
@@ -239,9 +240,9 @@ def build_demo(adapter: LocalAdapter, settings: Settings) -> gr.Blocks:
     return demo
 
 
-def limits_for(settings: Settings, adapter_profile: Any) -> Limits:
+def limits_for(settings: Settings, profile: ModelProfile) -> Limits:
     return Limits.for_model(
-        adapter_profile,
+        profile,
         max_images=settings.max_images,
         max_prompt_chars=settings.max_prompt_chars,
         max_size=settings.max_size,

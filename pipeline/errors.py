@@ -1,7 +1,8 @@
 """The error taxonomy. Classified by audience, so the UI layer knows what it may show.
 
 - ``InvalidRequest``: the user's mistake; the message is shown verbatim (it names the field).
-- ``RetryLater``: the server's state, not the user's fault: queue full, shutting down.
+- ``RetryLater``: the server's state, not the user's fault: shutting down. (A full queue is
+  answered by Gradio's queue itself, before our code runs.)
 - ``Cancelled``: the caller asked to stop; not an error to report to anyone else.
 - ``GenerationFailed``: an internal fault in one job; the user sees a generic message with the id.
 - ``OutOfMemory``: a recoverable GPU/CPU memory fault; the user is told to shrink the request.
@@ -28,10 +29,6 @@ class InvalidRequest(ServingError):
 
 class RetryLater(ServingError):
     """The request was fine but the server cannot take it now (queue full, shutting down)."""
-
-
-class QueueFull(RetryLater):
-    pass
 
 
 class ShuttingDown(RetryLater):
