@@ -47,6 +47,7 @@ from pipeline.worker import GpuWorker  # noqa: E402
 log = logging.getLogger("app")
 
 PROGRESS_INTERVAL = 0.1  # seconds between streamed progress outputs of one request
+QUEUE_POLL_SECONDS = float(os.environ.get("T2I_QUEUE_POLL", "0.005"))  # see tune_queue
 LOG_FORMAT = "%(asctime)s %(levelname)s [%(threadName)s] %(name)s: %(message)s"
 
 
@@ -123,18 +124,23 @@ def make_generate(adapter: LocalAdapter, demo: gr.Blocks, *, ui: bool = False): 
                         text = f"waiting for the GPU: {event.ahead} ahead" if event.ahead else "starting"
                         progress(0.0, desc=text)
                         record = {"status": "waiting", "ahead": event.ahead, "request_id": request_id}
-                        out: tuple[Any, ...] = (gr.skip(), record, status_html(text))
+                        # None, never gr.skip(): Gradio answers a skip (a prop update) by rebuilding the
+                        # component and its JSON schema on the event loop, at every yield.
+                        out: tuple[Any, ...] = (None, record, status_html(text))
                     elif isinstance(event, Step):
                         text = f"step {event.step}/{event.total}"
                         progress((event.step, event.total), desc=text, unit="steps")
                         # Every yield costs Gradio a diff and a message on the event loop, taking the
                         # GIL from the model thread: stream at most one progress output per
-                        # PROGRESS_INTERVAL, always the last step and every preview.
+                        # PROGRESS_INTERVAL, always the last step and every preview. With previews
+                        # on, only preview steps yield, so the gallery keeps the latest preview.
                         now = time.monotonic()
-                        if event.step < event.total and event.preview is None and now - last_yield < PROGRESS_INTERVAL:
+                        if event.step < event.total and event.preview is None and (
+                            live_preview is True or now - last_yield < PROGRESS_INTERVAL
+                        ):
                             continue
                         last_yield = now
-                        preview = [event.preview] if event.preview is not None else gr.skip()
+                        preview = [event.preview] if event.preview is not None else None
                         record = {"status": "running", "step": event.step, "total": event.total,
                                   "request_id": request_id}
                         out = (preview, record, status_html(text, event.step, event.total))
@@ -264,7 +270,8 @@ def create_app(settings: Settings, load: Any = None) -> tuple[gr.Blocks, LocalAd
 
     worker = GpuWorker(load)
     profile = worker.start()
-    adapter = LocalAdapter(worker, limits_for(settings, profile), settings.output_dir, job_timeout=settings.job_timeout)
+    adapter = LocalAdapter(worker, limits_for(settings, profile), settings.output_dir, job_timeout=settings.job_timeout,
+                           max_batch_size=settings.max_batch_size)
     # The app's own sweeper keeps its outputs and Gradio's copies of them within budget.
     sweeper = Sweeper(
         [settings.output_dir, Path(get_upload_folder())],
@@ -303,8 +310,23 @@ def service_routes(demo: gr.Blocks, adapter: LocalAdapter) -> list[APIRoute]:
     ]
 
 
+def tune_queue(demo: gr.Blocks) -> None:
+    """Slow Gradio's two polling loops, which on Linux wake the event loop 1,100 times a second.
+
+    Its dispatcher sleeps 1 ms whenever nothing is waiting (``sleep_when_free``) and its progress
+    sender 10 ms; each wake-up takes the GIL from the model thread between two torch ops. At
+    QUEUE_POLL_SECONDS a new event waits at most that long to start, and progress is sent as often
+    as the handler streams it anyway.
+    """
+    queue = demo._queue  # noqa: SLF001
+    if queue is not None:
+        queue.sleep_when_free = max(queue.sleep_when_free, QUEUE_POLL_SECONDS)
+        queue.progress_update_sleep_when_free = max(queue.progress_update_sleep_when_free, PROGRESS_INTERVAL)
+
+
 def launch(demo: gr.Blocks, adapter: LocalAdapter, settings: Settings) -> None:
     """Start serving in the background (the server runs on its own thread and event loop)."""
+    tune_queue(demo)
     demo.launch(
         server_name=settings.host,
         server_port=settings.port,

@@ -88,38 +88,93 @@ class Server:
             self.proc.kill()
 
 
-def raw_images_per_second(size: int, steps: int, n: int, threads: int) -> float:
-    out = subprocess.run(
-        [sys.executable, "-m", "bench.raw", "--size", str(size), "--steps", str(steps), "--n", str(n),
-         "--threads", str(threads)],
-        cwd=ROOT, capture_output=True, text=True, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    return float(json.loads(out.stdout.strip().splitlines()[-1])["images_per_second"])
+class Raw:
+    """The raw pipeline in its own persistent process (``bench.raw``), run on demand between app rounds."""
+
+    def __init__(self, threads: int, device: str, model: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.raw", "--threads", str(threads), "--device", device, "--model", model],
+            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+    def _read(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("the raw pipeline process died")
+        return json.loads(line)
+
+    def wait_ready(self) -> None:
+        self._read()
+
+    def run(self, size: int, steps: int, n: int, first: int = 0, warm: bool = False, batch: int = 1) -> float:
+        """Seconds for ``n`` serial calls of ``batch`` images."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"size": size, "steps": steps, "n": n, "first": first, "warm": warm,
+                                          "batch": batch}) + "\n")
+        self.proc.stdin.flush()
+        return float(self._read()["seconds"])
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
 
 
-def busy_fraction(infos: list[dict[str, Any]]) -> float:
+def busy_fraction(infos: list[dict[str, Any]], clients: int) -> float:
+    """Busy time of the GPU section over the wall time of the stretches where it always had work.
+
+    Rounds start and end with fewer requests than clients in flight, so only the time between the
+    ``clients``-th inference start and the ``clients``-th last inference end of each round counts.
+    """
     spans = sorted((i["timings"]["infer_start"], i["timings"]["infer_end"]) for i in infos)
-    busy = sum(b - a for a, b in spans)
-    return busy / (spans[-1][1] - spans[0][0])
+    rounds, current = [], [spans[0]]
+    for span in spans[1:]:
+        if span[0] - current[-1][1] > 1.0:  # a gap between rounds
+            rounds.append(current)
+            current = []
+        current.append(span)
+    rounds.append(current)
+    busy = wall = 0.0
+    for r in rounds:
+        inner = r[clients - 1:len(r) - clients + 1] if len(r) > 2 * clients else r
+        busy += sum(b - a for a, b in inner)
+        wall += inner[-1][1] - inner[0][0]
+    return busy / wall
 
 
 def mean_inference(infos: list[dict[str, Any]]) -> float:
     return statistics.mean(i["timings"]["infer_end"] - i["timings"]["infer_start"] for i in infos)
 
 
-def overhead(server: Server, sizes: list[int], steps: int, n: int, clients: int, threads: int) -> dict[str, Any]:
+def overhead(server: Server, raw: Raw, sizes: list[int], steps: int, rounds: int, per_round: int,
+             clients: int) -> dict[str, Any]:
+    """App throughput (K clients) over the raw pipeline's, in alternating rounds of ``per_round`` images.
+
+    The machine's speed drifts by tens of percent within a minute, so raw and app rounds alternate
+    (raw, app, one idle app request, ...) and each figure is a ratio of sums over the same rounds.
+    """
     rows = {}
     for size in sizes:
-        raw_before = raw_images_per_second(size, steps, n, threads)
-        idle, _ = predict_many(server.url, 3, 1, size=size, steps=steps)
-        t0 = time.monotonic()
-        infos, errors = predict_many(server.url, n, clients, size=size, steps=steps)
-        app_ips = len(infos) / (time.monotonic() - t0)
-        raw_after = raw_images_per_second(size, steps, n, threads)
-        raw = (raw_before + raw_after) / 2
+        raw.run(size, steps, 1, warm=True)
+        predict_many(server.url, 1, 1, size=size, steps=steps)  # warm this size
+        raw_s = app_s = 0.0
+        loaded: list[dict[str, Any]] = []
+        idle: list[dict[str, Any]] = []
+        errors: list[str] = []
+        for r in range(rounds):
+            raw_s += raw.run(size, steps, per_round, first=r * per_round)
+            t0 = time.monotonic()
+            infos, errs = predict_many(server.url, per_round, clients, size=size, steps=steps)
+            app_s += time.monotonic() - t0
+            loaded += infos
+            errors += errs
+            idle += predict_many(server.url, 1, 1, size=size, steps=steps)[0]
+        raw_ips = rounds * per_round / raw_s
+        app_ips = len(loaded) / app_s
         rows[size] = {
-            "raw_images_per_second": raw, "app_images_per_second": app_ips,
-            "throughput_ratio": app_ips / raw, "gpu_busy_fraction": busy_fraction(infos),
-            "inference_load_over_idle": mean_inference(infos) / mean_inference(idle),
+            "raw_images_per_second": raw_ips, "app_images_per_second": app_ips,
+            "throughput_ratio": app_ips / raw_ips, "gpu_busy_fraction": busy_fraction(loaded, clients),
+            "inference_load_over_idle": mean_inference(loaded) / mean_inference(idle),
             "errors": len(errors),
         }
     return rows
@@ -143,14 +198,20 @@ def responsiveness(server: Server, size: int, steps: int, clients: int, seconds:
 
 
 def memory(server: Server, size: int, steps: int) -> dict[str, Any]:
-    _, one = server.peak_rss(lambda: predict_many(server.url, 1, 1, size=size, steps=steps))
-    _, sixteen = server.peak_rss(lambda: predict_many(server.url, 16, 16, size=size, steps=steps))
-    return {"rss_1_mb": one / 2**20, "rss_16_mb": sixteen / 2**20, "rss_16_over_1": sixteen / one}
+    """Peak RSS (and, on a GPU, peak device memory from the info records) with 1 and 16 requests."""
+    (infos_1, _), one = server.peak_rss(lambda: predict_many(server.url, 1, 1, size=size, steps=steps))
+    (infos_16, _), sixteen = server.peak_rss(lambda: predict_many(server.url, 16, 16, size=size, steps=steps))
+    row = {"rss_1_mb": one / 2**20, "rss_16_mb": sixteen / 2**20, "rss_16_over_1": sixteen / one}
+    device = [max((i.get("peak_memory_bytes") or 0) for i in infos) for infos in (infos_1, infos_16)]
+    if device[0]:
+        row.update(device_peak_1_mb=device[0] / 2**20, device_peak_16_mb=device[1] / 2**20,
+                   device_peak_16_over_1=device[1] / device[0])
+    return row
 
 
-def design_row(server: Server, size: int, steps: int, n: int) -> dict[str, Any]:
+def design_chunk(server: Server, size: int, steps: int, n: int, row: dict[str, Any]) -> None:
+    """``n`` requests from 16 concurrent clients, with /health and light-event probes alongside; adds to ``row``."""
     fn_index = fn_index_of(server.url)
-    predict_many(server.url, 2, 1, size=size, steps=steps)  # warm
     stop = threading.Event()
     health: list[float] = []
     light: list[float] = []
@@ -164,26 +225,30 @@ def design_row(server: Server, size: int, steps: int, n: int) -> dict[str, Any]:
     t0 = time.monotonic()
     prober.start()
     (infos, errors), peak = server.peak_rss(lambda: predict_many(server.url, n, 16, size=size, steps=steps))
-    wall = time.monotonic() - t0
+    row["seconds"] = row.get("seconds", 0.0) + time.monotonic() - t0
     stop.set()
     prober.join()
-    return {"images_per_second": len(infos) / wall, "errors": len(errors), "health_p99_ms": pct(health)["p99"],
-            "light_p99_ms": pct(light)["p99"], "peak_rss_mb": peak / 2**20, "error_sample": errors[:1]}
+    row["images"] = row.get("images", 0) + len(infos)
+    row["errors"] = row.get("errors", 0) + len(errors)
+    row.setdefault("error_sample", []).extend(errors[:1])
+    row.setdefault("_health", []).extend(health)
+    row.setdefault("_light", []).extend(light)
+    row["peak_rss_mb"] = max(row.get("peak_rss_mb", 0.0), peak / 2**20)
 
 
-def naive_designs(tmp: Path, gated_row: dict[str, Any], size: int, steps: int, n: int, threads: int) -> dict[str, Any]:
-    """The designs DESIGN.md warns against, on the same load; the servers start together, run one at a time."""
-    rows = {"gated": gated_row}
-    servers = {d: Server(d, tmp, "--torch-threads", str(threads), "--concurrency", "16", start=False)
-               for d in ("whole_lock", "no_gate", "on_loop")}
+def naive_designs(servers: dict[str, Server], size: int, steps: int, rounds: int, per_round: int) -> dict[str, Any]:
+    """This design and the ones DESIGN.md warns against, on the same load, in alternating rounds."""
+    rows: dict[str, dict[str, Any]] = {d: {} for d in servers}
     for server in servers.values():
-        server.wait_ready()
-    try:
+        predict_many(server.url, 2, 1, size=size, steps=steps)  # warm
+    for _ in range(rounds):
         for design, server in servers.items():
-            rows[design] = design_row(server, size, steps, n)
-    finally:
-        for server in servers.values():
-            server.close()
+            design_chunk(server, size, steps, per_round, rows[design])
+    for row in rows.values():
+        row["images_per_second"] = row["images"] / row["seconds"]
+        row["health_p99_ms"] = pct(row.pop("_health"))["p99"]
+        row["light_p99_ms"] = pct(row.pop("_light"))["p99"]
+        row["error_sample"] = row["error_sample"][:1]
     base = rows["gated"]
     for row in rows.values():
         row["throughput_vs_gated"] = row["images_per_second"] / base["images_per_second"]
@@ -191,34 +256,96 @@ def naive_designs(tmp: Path, gated_row: dict[str, Any], size: int, steps: int, n
     return rows
 
 
+def batching(b1: Server, b4: Server, raw: Raw, sizes: list[int], steps: int, rounds: int, per_round: int,
+             clients: int, batch: int) -> dict[str, Any]:
+    """Dynamic batching: the app with ``--max-batch-size batch`` against 1, and the raw pipeline's own gain.
+
+    Per size and round: the raw pipeline runs ``per_round`` images one at a time and then in
+    batches of ``batch``; the two app servers each serve ``per_round`` requests from ``clients``
+    concurrent clients. Gains are ratios of summed times over the same rounds.
+    """
+    rows: dict[Any, Any] = {}
+    for size in sizes:
+        raw.run(size, steps, 1, warm=True, batch=batch)
+        for server in (b1, b4):
+            predict_many(server.url, 2, 2, size=size, steps=steps)
+        n = max(8, per_round * 64 // size)  # fewer requests per round at larger sizes
+        raw1 = raw_b = app1 = app_b = 0.0
+        sizes_seen: list[int] = []
+        errors = 0
+        for r in range(rounds):
+            raw1 += raw.run(size, steps, n, first=r * n)
+            raw_b += raw.run(size, steps, n // batch, first=r * n, batch=batch)
+            for server in (b4, b1):
+                t0 = time.monotonic()
+                infos, errs = predict_many(server.url, n, clients, size=size, steps=steps)
+                elapsed = time.monotonic() - t0
+                errors += len(errs)
+                if server is b4:
+                    app_b += elapsed
+                    sizes_seen += [i["batch_size"] for i in infos]
+                else:
+                    app1 += elapsed
+        raw_gain, app_gain = raw1 / raw_b, app1 / app_b
+        rows[size] = {"raw_gain": raw_gain, "app_gain": app_gain, "app_gain_over_raw_gain": app_gain / raw_gain,
+                      "mean_batch_size": statistics.mean(sizes_seen), "errors": errors,
+                      "app_batched_images_per_second": rounds * n / app_b,
+                      "app_unbatched_images_per_second": rounds * n / app1}
+    # Low load: one client, one request at a time; batching must cost nothing there.
+    lat: dict[str, list[float]] = {"b1": [], "b4": []}
+    for _ in range(rounds):
+        for name, server in (("b4", b4), ("b1", b1)):
+            infos, _ = predict_many(server.url, 2, 1, size=sizes[0], steps=steps)
+            lat[name] += [i["durations_ms"]["total"] for i in infos]
+    rows["low_load_latency_batched_over_unbatched"] = statistics.median(lat["b4"]) / statistics.median(lat["b1"])
+    rows["max_batch_size"] = batch
+    rows["clients"] = clients
+    _, peak_b4 = b4.peak_rss(lambda: predict_many(b4.url, 16, 16, size=sizes[0], steps=steps))
+    _, one_b4 = b4.peak_rss(lambda: predict_many(b4.url, 1, 1, size=sizes[0], steps=steps))
+    rows["rss_16_over_1_batched"] = peak_b4 / one_b4
+    return rows
+
+
 def cancel_cost(server: Server, size: int) -> dict[str, Any]:
+    """Steps a running job runs after its cancel reaches the server, and how soon the next job starts.
+
+    The server counts the steps itself (``steps_after_stop``: the model thread's step count when the
+    stop event was set against the step it stopped at), so the client's round trip is not counted.
+    """
     from gradio_client import Client
 
-    def steps_total() -> float:
+    def metric(name: str) -> float:
         text = httpx.get(server.url + "metrics", timeout=10).text
-        return float(next(l.split()[1] for l in text.splitlines() if l.startswith("denoise_steps_total ")))
+        return float(next(line.split()[1] for line in text.splitlines() if line.startswith(name + " ")))
 
     a, b = Client(server.url, verbose=False), Client(server.url, verbose=False)
-    start = steps_total()
-    job_a = a.submit(prompt="long", randomize_seed=False, seed=1, width=size, height=size, num_inference_steps=100,
-                     api_name="/generate")
-    while steps_total() - start < 5:
-        time.sleep(0.005)
-    job_b = b.submit(prompt="next", randomize_seed=False, seed=2, width=size, height=size, num_inference_steps=5,
-                     api_name="/generate")
-    while httpx.get(server.url + "health").json()["gpu_queue_depth"] < 1:
-        time.sleep(0.005)
-    at_cancel = steps_total()
-    cancelled_at = time.time()
-    threading.Thread(target=job_a.cancel).start()
-    _, info_b = job_b.result(timeout=120)
-    after = steps_total() - at_cancel - info_b["steps_done"]
-    return {"steps_after_cancel": after, "next_job_start_ms": (info_b["timings"]["infer_start"] - cancelled_at) * 1000}
+    stops = []
+    starts = []
+    for k in range(3):
+        start, count0, sum0 = metric("denoise_steps_total"), metric("steps_after_stop_count"), metric("steps_after_stop_sum")
+        job_a = a.submit(prompt="long", randomize_seed=False, seed=k, width=size, height=size, num_inference_steps=100,
+                         api_name="/generate")
+        while metric("denoise_steps_total") - start < 5:
+            time.sleep(0.005)
+        job_b = b.submit(prompt="next", randomize_seed=False, seed=k, width=size, height=size, num_inference_steps=5,
+                         api_name="/generate")
+        while httpx.get(server.url + "health").json()["gpu_queue_depth"] < 1:
+            time.sleep(0.005)
+        cancelled_at = time.time()
+        threading.Thread(target=job_a.cancel).start()
+        _, info_b = job_b.result(timeout=120)
+        deadline = time.monotonic() + 10
+        while metric("steps_after_stop_count") == count0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stops.append((metric("steps_after_stop_sum") - sum0) / max(1.0, metric("steps_after_stop_count") - count0))
+        starts.append((info_b["timings"]["infer_start"] - cancelled_at) * 1000)
+    return {"steps_after_cancel": max(stops), "steps_after_cancel_mean": statistics.mean(stops),
+            "next_job_start_ms": statistics.median(starts)}
 
 
-def cold_start(server: Server) -> dict[str, Any]:
+def cold_start(server: Server, size: int, steps: int) -> dict[str, Any]:
     """Process start to first image, on the freshly started main server."""
-    predict_many(server.url, 1, 1, size=64, steps=20)
+    predict_many(server.url, 1, 1, size=size, steps=steps)
     return {"process_start_to_ready_s": server.ready_after,
             "process_start_to_first_image_s": time.monotonic() - server.started}
 
@@ -240,31 +367,76 @@ def versions() -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer requests and sizes (under 2 minutes)")
+    parser.add_argument("--quick", action="store_true", help="fewer rounds and sizes (under 2 minutes)")
     parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "latest.json")
     parser.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) - 1), help="torch threads")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                        help="cuda: a full-size SD 1.5 architecture with random weights (bench.sd15)")
+    parser.add_argument("--max-batch-size", type=int, default=4, help="the batching section's batch size")
+    parser.add_argument("--model", default="", help="model path (default: the embedded model; SD 1.5 on cuda)")
     args = parser.parse_args(argv)
-    quick = args.quick
-    sizes = [64] if quick else [64, 128, 256]
-    n = 6 if quick else 24
-    steps = 20
-    results: dict[str, Any] = {"mode": "quick" if quick else "full", "versions": versions(), "steps": steps}
+    quick, gpu = args.quick, args.device == "cuda"
+    model = args.model
+    if gpu and not model:
+        from bench.sd15 import build
+
+        model = str(build(Path(tempfile.gettempdir()) / "sd15-random"))
+    if gpu:
+        sizes, small, steps = ([256, 512] if quick else [256, 512, 768]), 256, 20
+    else:
+        sizes, small, steps = ([64] if quick else [64, 128, 256]), 64, 20
+    rounds = (2 if gpu else 1) if quick else 3  # quick on the CPU: every figure once, for coverage
+    flags = ["--torch-threads", str(args.threads), "--concurrency", "16", "--device", args.device]
+    # The overhead and design sections compare like with like: one request per inference, as the
+    # raw pipeline and the naive designs run. Batching has its own section, on its own server.
+    unbatched = [*flags, "--max-batch-size", "1"]
+    if model:
+        flags += ["--model", model]
+    results: dict[str, Any] = {"mode": ("quick" if quick else "full") + (" gpu" if gpu else ""),
+                               "versions": versions(), "steps": steps}
     started = time.monotonic()
+    stages: dict[str, float] = {}
+
+    def timed(name: str, fn: Any, *a: Any, **k: Any) -> Any:
+        t0 = time.monotonic()
+        try:
+            return fn(*a, **k)
+        finally:
+            stages[name] = round(time.monotonic() - t0, 1)
+
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
-        server = Server("gated", tmp, "--torch-threads", str(args.threads), "--concurrency", "16")
+        # The app starts alone (cold start), then the raw pipeline and the naive designs load together.
+        server = Server("gated", tmp, *unbatched)
+        servers = {"gated": server}
+        extra: list[Server] = []
+        raw = None
         try:
-            results["cold_start"] = cold_start(server)
+            results["cold_start"] = timed("cold_start", cold_start, server, small, steps)
+            raw = Raw(args.threads, args.device, model)
+            for design in ("whole_lock", "no_gate", "on_loop"):
+                servers[design] = Server(design, tmp, *unbatched, start=False)
+            batched = Server("gated", tmp, *flags, "--max-batch-size", str(args.max_batch_size), start=False)
+            extra = [*[servers[d] for d in ("whole_lock", "no_gate", "on_loop")], batched]
+            raw.wait_ready()
+            for s in extra:
+                s.wait_ready()
             fn_index = fn_index_of(server.url)
-            results["overhead"] = overhead(server, sizes, steps, n, clients=4, threads=args.threads)
-            results["responsiveness"] = responsiveness(server, 64, steps, 4, 2.0 if quick else 6.0, fn_index)
-            results["memory"] = memory(server, 64, steps)
-            results["cancel"] = cancel_cost(server, 64)
-            gated_row = design_row(server, 64, steps, 16 if quick else 48)
+            results["overhead"] = timed("overhead", overhead, server, raw, sizes, steps, rounds, 3 if quick else 6, clients=4)
+            results["responsiveness"] = timed("responsiveness", responsiveness, server, small, steps, 4, 1.0 if quick else 5.0, fn_index)
+            results["memory"] = timed("memory", memory, server, small, steps)
+            results["cancel"] = timed("cancel", cancel_cost, server, small)
+            results["designs"] = timed("designs", naive_designs, servers, small, steps, 1 if quick else 2, 4 if quick else 16)
+            results["batching"] = timed("batching", batching, server, batched, raw, [small] if quick else sizes, steps,
+                                        1 if quick else 2, 8 if quick else 32, 8, args.max_batch_size)
         finally:
-            server.close()
-        results["designs"] = naive_designs(tmp, gated_row, 64, steps, 16 if quick else 48, args.threads)
+            if raw is not None:
+                raw.close()
+            for s in [*servers.values(), *extra]:
+                s.close()
+    results["designs_size"] = small
     results["seconds"] = time.monotonic() - started
+    results["stage_seconds"] = stages
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=1))
     print(render(results))
@@ -288,15 +460,29 @@ def render(r: dict[str, Any]) -> str:
         lines.append(f"| {name} | {idle['p50']:.1f} / {idle['p95']:.1f} / {idle['p99']:.1f} | "
                      f"{load['p50']:.1f} / {load['p95']:.1f} / {load['p99']:.1f} |")
     m, c, cs = r["memory"], r["cancel"], r["cold_start"]
+    if "device_peak_16_over_1" in m:
+        lines += ["", f"Peak GPU memory: 1 request {m['device_peak_1_mb']:.0f} MiB, 16 concurrent "
+                  f"{m['device_peak_16_mb']:.0f} MiB, ratio **{m['device_peak_16_over_1']:.3f}**."]
     lines += ["", f"Peak RSS: 1 request {m['rss_1_mb']:.0f} MiB, 16 concurrent {m['rss_16_mb']:.0f} MiB, "
-              f"ratio **{m['rss_16_over_1']:.3f}**. Cancel: **{c['steps_after_cancel']:.0f}** steps after the cancel, "
-              f"next job started {c['next_job_start_ms']:.0f} ms later. Cold start: ready in "
+              f"ratio **{m['rss_16_over_1']:.3f}**. Cancel: at most **{c['steps_after_cancel']:.0f}** step after the cancel reached the server "
+              f"(mean {c['steps_after_cancel_mean']:.2f}), next job started {c['next_job_start_ms']:.0f} ms after the client's cancel. Cold start: ready in "
               f"{cs['process_start_to_ready_s']:.1f} s, first image at {cs['process_start_to_first_image_s']:.1f} s.",
-              "", "| design (16 concurrent, 64 px) | throughput vs gated | /health p99 ms | light p99 ms | peak RSS vs gated | errors |",
+              "", f"| design (16 concurrent, {r['designs_size']} px) | throughput vs gated | /health p99 ms | light p99 ms | peak RSS vs gated | errors |",
               "|---|---|---|---|---|---|"]
     for design, row in r["designs"].items():
         lines.append(f"| {design} | {row['throughput_vs_gated']:.3f} | {row['health_p99_ms']:.1f} | "
                      f"{row['light_p99_ms']:.1f} | {row['rss_vs_gated']:.3f} | {row['errors']} |")
+    b = r["batching"]
+    lines += ["", f"| dynamic batching ({b['clients']} clients, max batch {b['max_batch_size']}) | app gain "
+              "(batched / unbatched) | raw pipeline gain (batch / 1) | app gain / raw gain | mean batch | errors |",
+              "|---|---|---|---|---|---|"]
+    for size, row in b.items():
+        if isinstance(row, dict):
+            lines.append(f"| {size} px | {row['app_gain']:.2f} | {row['raw_gain']:.2f} | "
+                         f"{row['app_gain_over_raw_gain']:.2f} | {row['mean_batch_size']:.2f} | {row['errors']} |")
+    lines += ["", f"Batching at low load (one client): latency batched / unbatched "
+              f"**{b['low_load_latency_batched_over_unbatched']:.3f}**; peak RSS with 16 concurrent / 1 on the "
+              f"batched server **{b['rss_16_over_1_batched']:.3f}**."]
     return "\n".join(lines)
 
 

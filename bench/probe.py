@@ -8,7 +8,7 @@ import statistics
 import threading
 import time
 import uuid
-from typing import Any
+from typing import Any, Iterator
 
 import httpx
 
@@ -77,12 +77,25 @@ def raw_http_predict(url: str, fn_index: int, data: list[Any], timeout: float = 
         if joined.status_code != 200:
             return {"success": False, "status_code": joined.status_code, "output": {"error": joined.text}}
         with http.stream("GET", f"gradio_api/queue/data?session_hash={session}") as stream:
-            for line in stream.iter_lines():
+            for line in _sse_lines(stream.iter_bytes()):
                 if line.startswith("data:"):
                     message = json.loads(line[5:])
                     if message.get("msg") == "process_completed":
                         return message
     raise RuntimeError("the stream closed without process_completed")
+
+
+def _sse_lines(chunks: Iterator[bytes]) -> Iterator[str]:
+    """Lines of an event stream, split on \\n only (``iter_lines`` also splits on U+0085 and U+2028,
+    which JSON leaves unescaped inside a prompt)."""
+    buffer = b""
+    for chunk in chunks:
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            yield line.rstrip(b"\r").decode("utf-8")
+    if buffer:
+        yield buffer.decode("utf-8")
 
 
 def light_request(url: str, fn_index: int) -> float:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import itertools
 import logging
 import threading
@@ -41,7 +42,7 @@ from .errors import (
 )
 from .metrics import Metrics
 from .postprocess import encode_pngs, sampler_name
-from .protocol import InferenceResult, ModelProfile
+from .protocol import InferenceJob, InferenceResult, ModelProfile
 from .request import GenerateRequest, Limits, validate
 from .worker import GpuWorker
 
@@ -76,22 +77,136 @@ class Done:
 Event = Waiting | Step | Done
 
 
+class StopSignal(threading.Event):
+    """A job's stop event that remembers how many steps had run when it was first set.
+
+    The model thread writes ``steps`` after every step; ``set`` (from any thread) notes it, so a
+    cancelled job can report how many steps it ran after being told to stop (at most 1 by design).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps = 0
+        self.steps_at_set: int | None = None
+        self._listeners: list[Callable[[], None]] = []
+
+    def set(self) -> None:
+        if self.steps_at_set is None:
+            self.steps_at_set = self.steps
+        super().set()
+        for listener in list(self._listeners):
+            listener()
+
+    def on_set(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` (on the setting thread) whenever this signal is set."""
+        self._listeners.append(listener)
+
+
+@dataclass(frozen=True)
+class _End:
+    """The last item on a member's queue: its share of the job's images, or the job's error."""
+
+    result: InferenceResult | None = None
+    error: BaseException | None = None
+    batch_size: int = 1  # images in the job this request ran in
+    batch_requests: int = 1  # requests in that job
+
+
+@dataclass(eq=False)
+class _Member:
+    """A prepared request in line for the GPU, and then in a job."""
+
+    request: GenerateRequest
+    stop: StopSignal
+    events: asyncio.Queue[Step | _End] = field(default_factory=asyncio.Queue)
+    ticket: int = -1
+    batch: _Batch | None = None  # set when a job takes this request
+    end: _End | None = None  # set when this request's stream has ended
+
+    def deliver(self, item: Step | _End) -> None:
+        """Put a step or the end on this request's stream (on the event loop's thread)."""
+        self.events.put_nowait(item)
+
+    @property
+    def key(self) -> tuple[int, int, int, float]:
+        """Requests with equal keys can share a job: the same model, size, steps and guidance."""
+        r = self.request
+        return (r.width, r.height, r.num_inference_steps, r.guidance_scale)
+
+
+class _Batch:
+    """Requests that run as one job. Its stop is set when every member has stopped (or by force)."""
+
+    def __init__(self, members: list[_Member]) -> None:
+        self.members = members
+        self.stop = StopSignal()
+        for member in members:
+            member.batch = self
+            member.stop.on_set(self._member_stopped)
+        self._member_stopped()
+
+    def _member_stopped(self) -> None:
+        if all(m.stop.is_set() for m in self.members):
+            self.stop.set()
+
+    @property
+    def images(self) -> int:
+        return sum(m.request.num_images for m in self.members)
+
+    def job(self) -> InferenceJob:
+        jobs = [m.request.to_job() for m in self.members]
+        offsets = list(itertools.accumulate((j.num_images for j in jobs), initial=0))
+        first = jobs[0]
+        return InferenceJob(
+            request_id=",".join(j.request_id for j in jobs),
+            prompts=tuple(p for j in jobs for p in j.prompts),
+            negative_prompts=tuple(p for j in jobs for p in j.negative_prompts),
+            seeds=tuple(seed for j in jobs for seed in j.seeds),
+            width=first.width,
+            height=first.height,
+            num_inference_steps=first.num_inference_steps,
+            guidance_scale=first.guidance_scale,
+            preview_every=max(j.preview_every for j in jobs),
+            preview_images=tuple(offsets[i] for i, j in enumerate(jobs) if j.preview_every),
+        )
+
+
 @dataclass
 class _Line:
     """Who waits for the gate, in arrival order, with a wake-up whenever the line or the gate moves."""
 
-    tickets: dict[int, None] = field(default_factory=dict)
+    tickets: dict[int, _Member] = field(default_factory=dict)
     counter: itertools.count = field(default_factory=itertools.count)
     moved: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def join(self) -> int:
+    def join(self, member: _Member) -> int:
         ticket = next(self.counter)
-        self.tickets[ticket] = None
+        self.tickets[ticket] = member
+        member.ticket = ticket
         return ticket
 
     def leave(self, ticket: int) -> None:
-        if self.tickets.pop(ticket, 0) is None:
+        if self.tickets.pop(ticket, None) is not None:
             self.notify()
+
+    def take_batch(self, head: _Member, max_images: int) -> _Batch:
+        """``head`` and, in arrival order, the waiting requests compatible with it that still fit.
+
+        The head is always first in line, so FIFO holds for it; a request passed over here moves
+        up when this job starts and is never overtaken forever.
+        """
+        members, images = [head], head.request.num_images
+        for ticket, member in list(self.tickets.items()):
+            if member is head or member.stop.is_set() or member.key != head.key:
+                continue
+            if images + member.request.num_images <= max_images:
+                members.append(member)
+                images += member.request.num_images
+                del self.tickets[ticket]
+        self.tickets.pop(head.ticket, None)
+        batch = _Batch(members)
+        self.notify()
+        return batch
 
     def before(self, ticket: int) -> int:
         return sum(1 for t in self.tickets if t < ticket)
@@ -114,8 +229,10 @@ class LocalAdapter:
         clock: Callable[[], float] = time.time,
         encode: Callable[..., list[Path]] = encode_pngs,
         job_timeout: float | None = None,
+        max_batch_size: int = 1,
     ) -> None:
         self.worker = worker
+        self.max_batch_size = max_batch_size
         self.limits = limits
         self.output_dir = output_dir
         self._clock = clock
@@ -125,7 +242,8 @@ class LocalAdapter:
         self._on_close: list[Callable[[], None]] = []
         self._gate = asyncio.Semaphore(1)
         self._line = _Line()
-        self._running: dict[str, threading.Event] = {}  # request id -> its stop event
+        self._jobs: set[asyncio.Task[None]] = set()  # the job holding the gate (at most one)
+        self._running: dict[int, StopSignal] = {}  # id(batch) -> the stop of the job on the model thread
         self._loop: asyncio.AbstractEventLoop | None = None
         self.closing = False
         self.consecutive_failures = 0
@@ -236,7 +354,7 @@ class LocalAdapter:
         t: dict[str, float] = {"received": self._clock()}
         if self.closing:
             raise ShuttingDown(SHUTDOWN_MESSAGE)
-        stop = threading.Event()  # set: the model thread stops this job at its next step
+        stop = StopSignal()  # set: the model thread stops this job at its next step
         watcher = asyncio.create_task(self._watch(alive, stop)) if alive is not None else None
         try:
             async with contextlib.aclosing(self._gated(loop, t, raw, request_id, stop)) as gated:
@@ -261,98 +379,154 @@ class LocalAdapter:
         t: dict[str, float],
         raw: Mapping[str, Any],
         request_id: str | None,
-        stop: threading.Event,
+        stop: StopSignal,
     ) -> AsyncIterator[Event]:
         # 1. Prepare: concurrent, off the loop. A bad field fails here, before any GPU work.
         t["prepare_start"] = self._clock()
         request = await loop.run_in_executor(self._pool, self._prepare, raw, request_id)
         t["prepare_end"] = self._clock()
 
-        # 2. Wait in line for the GPU, telling the caller how many are ahead as that changes.
+        # 2. Wait in line for the GPU, telling the caller how many are ahead as that changes. The
+        #    head of the line may take this request along into its job (dynamic batching).
         t["gpu_wait_start"] = self._clock()
-        ticket = self._line.join()
+        member = _Member(request, stop)
+        self._line.join(member)
         try:
             reported = -1
-            while True:
+            while member.batch is None:
                 moved = self._line.moved  # taken before the check, so no wake-up is missed
-                ahead = self._line.before(ticket) + int(self._gate.locked())
+                ahead = self._line.before(member.ticket) + int(self._gate.locked())
                 if not ahead or self.closing or stop.is_set():
                     break
                 if ahead != reported:
                     reported = ahead
                     yield Waiting(ahead)
                 await moved.wait()
-            if self.closing:
-                raise ShuttingDown(SHUTDOWN_MESSAGE)
-            if stop.is_set():
-                raise Cancelled("the caller went away while waiting")
+            if member.batch is None:
+                if self.closing:
+                    raise ShuttingDown(SHUTDOWN_MESSAGE)
+                if stop.is_set():
+                    raise Cancelled("the caller went away while waiting")
             if reported != 0:
                 yield Waiting(0)
-            # First in line and the gate is free; nothing awaits between that check and this
-            # acquire, so nobody can overtake.
-            async with self._gate:
-                self._line.leave(ticket)
-                # 3. Infer: serial, on the model thread.
-                self._running[request.request_id] = stop
-                events, future = self._submit(request, stop, loop)
-                deadline = None if self.job_timeout is None else loop.time() + self.job_timeout
+            if member.batch is None:
+                # 3. Head of the line and the gate is free: take it now (a free semaphore never
+                #    suspends, so nobody can overtake) and give it to this job's runner task, which
+                #    releases it only when the model thread has returned. The gate belongs to the
+                #    job, not to any one request: each request, this one included, may leave.
+                await self._gate.acquire()
                 try:
-                    while (event := await _next(events, deadline, loop)) is not None:
-                        yield event
-                except asyncio.TimeoutError:
-                    # Past the limit: stop at the next step. A thread stuck inside one step cannot
-                    # be interrupted; the caller is answered anyway, and the single model thread
-                    # still keeps the next job from running beside the stuck one.
-                    stop.set()
-                    assert self.job_timeout is not None
-                    if not await _until_done(future, timeout=TIMEOUT_GRACE_SECONDS):
-                        self._mark_hung(future)
-                    raise JobTimedOut(request.request_id, self.job_timeout) from None
+                    batch = self._line.take_batch(member, self.max_batch_size)
+                    job = asyncio.create_task(self._run_job(batch, loop), name="gpu-job")
+                    self._jobs.add(job)  # a reference, so the task is not garbage-collected
+                    job.add_done_callback(self._jobs.discard)
                 except BaseException:
-                    # Cancelled, disconnected or closed: stop at the next step boundary, and keep
-                    # the gate until the model thread has really returned.
-                    stop.set()
-                    await _until_done(future)
+                    self._gate.release()
                     raise
-                finally:
-                    self._running.pop(request.request_id, None)
-                result = self._outcome(request, future)
+            # Stream this request's steps from the job (its own, or the head's that took it along).
+            try:
+                async for event in _relay(member):
+                    yield event
+            except BaseException:
+                stop.set()  # this request leaves; its job stops if nobody else is left in it
+                raise
         finally:
-            self._line.leave(ticket)
+            self._line.leave(member.ticket)
             self._line.notify()  # the gate may have opened: wake the line
+        end = member.end
+        assert end is not None
+        result = self._outcome(request, end)
         t["infer_start"], t["infer_end"] = result.started, result.ended
 
         # 4. Finalize: concurrent, off the loop.
         t["finalize_start"] = self._clock()
         paths = await loop.run_in_executor(self._pool, self._encode, request, result)
         t["finalize_end"] = self._clock()
-        info = self._info(request, result, t)
+        info = self._info(request, result, t, end)
         self._observe(info, len(paths))
         yield Done(paths, info)
+
+    # -- the job on the model thread -----------------------------------------------------------
+    async def _run_job(self, batch: _Batch, loop: asyncio.AbstractEventLoop) -> None:
+        """The task that owns the gate for one job; the gate opens when the model thread is done."""
+        try:
+            await self._execute(batch, loop)
+        finally:
+            self._gate.release()
+            self._line.notify()  # the gate opened: wake the line
+
+    async def _execute(self, batch: _Batch, loop: asyncio.AbstractEventLoop) -> None:
+        """Run ``batch`` on the model thread and end every member's stream. Never raises.
+
+        An out-of-memory error in a job of several requests is retried once, one request at a time,
+        before anyone gets an error.
+        """
+        error = await self._attempt(batch, loop)
+        if isinstance(error, (OutOfMemory, MemoryError)) and len(batch.members) > 1:
+            log.warning("out of memory in a job of %d requests (%d images); retrying one request at a time",
+                        len(batch.members), batch.images)
+            self.metrics.oom_retries.inc()
+            for member in batch.members:
+                if member.stop.is_set():
+                    member.deliver(_End(error=Cancelled("cancelled before the retry")))
+                elif (alone := await self._attempt(_Batch([member]), loop)) is not None:
+                    member.deliver(_End(error=alone))
+        elif error is not None:
+            for member in batch.members:
+                member.deliver(_End(error=error))
+
+    async def _attempt(self, batch: _Batch, loop: asyncio.AbstractEventLoop) -> BaseException | None:
+        """One job on the model thread. On success every member gets its images; else returns the error."""
+        job = batch.job()
+        members = batch.members
+        stop = batch.stop
+        offsets = list(itertools.accumulate((m.request.num_images for m in members), initial=0))
+
+        def on_step(step: int, total: int, previews: Mapping[int, Image.Image]) -> None:  # model thread
+            stop.steps = step
+            self.metrics.denoise_steps.inc()
+            try:
+                for i, member in enumerate(members):
+                    loop.call_soon_threadsafe(member.deliver, Step(step, total, previews.get(offsets[i])))
+            except RuntimeError:  # the loop is closed: nobody is listening any more
+                stop.set()
+
+        self._running[id(batch)] = stop
+        self.metrics.batch_images.observe(job.num_images)
+        if self.closing:
+            stop.set()
+        future = self.worker.submit(job, stop, on_step)
+        # Steps are posted with call_soon_threadsafe before the future's own callback, so every
+        # step is delivered before the end.
+        try:
+            deadline = None if self.job_timeout is None else self.job_timeout
+            if not await _until_done(future, timeout=deadline):
+                # Past the limit: stop at the next step. A thread stuck inside one step cannot be
+                # interrupted; the callers are answered anyway, and the single model thread still
+                # keeps the next job from running beside the stuck one.
+                stop.set()
+                if not await _until_done(future, timeout=TIMEOUT_GRACE_SECONDS):
+                    self._mark_hung(future)
+                return _TimedOut()
+        finally:
+            self._running.pop(id(batch), None)
+        error = future.exception()
+        if error is None:
+            result = future.result()
+            for i, member in enumerate(members):
+                share = dataclasses.replace(result, images=result.images[offsets[i]:offsets[i + 1]])
+                member.deliver(_End(result=share, batch_size=job.num_images, batch_requests=len(members)))
+            return None
+        if isinstance(error, Cancelled) and stop.steps_at_set is not None:
+            self.metrics.steps_after_stop.observe(error.steps_done - stop.steps_at_set)
+        if not isinstance(error, (ServingError, MemoryError)):
+            log.error("job %s failed in the pipeline", job.request_id, exc_info=error)
+        return error
 
     # -- stages ------------------------------------------------------------------------------
     def _prepare(self, raw: Mapping[str, Any], request_id: str | None) -> GenerateRequest:
         return validate(raw, self.limits, self.worker.model.count_tokens, request_id=request_id)
 
-    def _submit(
-        self, request: GenerateRequest, stop: threading.Event, loop: asyncio.AbstractEventLoop
-    ) -> tuple[asyncio.Queue[Step | None], concurrent.futures.Future[InferenceResult]]:
-        """Hand the job to the model thread; its steps, then ``None``, arrive on the returned queue."""
-        events: asyncio.Queue[Step | None] = asyncio.Queue()
-
-        def post(item: Step | None) -> None:  # called on the model thread
-            try:
-                loop.call_soon_threadsafe(events.put_nowait, item)
-            except RuntimeError:  # the loop is closed: nobody is listening any more
-                stop.set()
-
-        def on_step(step: int, total: int, preview: Image.Image | None) -> None:
-            self.metrics.denoise_steps.inc()
-            post(Step(step, total, preview))
-
-        future = self.worker.submit(request.to_job(), stop, on_step)
-        future.add_done_callback(lambda _f: post(None))
-        return events, future
 
     def _mark_hung(self, future: concurrent.futures.Future[InferenceResult]) -> None:
         log.error("the model thread is stuck in a job past its time limit")
@@ -364,23 +538,24 @@ class LocalAdapter:
 
         future.add_done_callback(recovered)
 
-    def _outcome(
-        self, request: GenerateRequest, future: concurrent.futures.Future[InferenceResult]
-    ) -> InferenceResult:
-        try:
-            return future.result()
-        except Cancelled:
+    def _outcome(self, request: GenerateRequest, end: _End) -> InferenceResult:
+        """This request's images, or its job's error in this request's words."""
+        error = end.error
+        if error is None:
+            assert end.result is not None
+            return end.result
+        if isinstance(error, Cancelled):
             if self.closing:
                 raise ShuttingDown(SHUTDOWN_MESSAGE + " Your job was stopped.") from None
-            raise
-        except ServingError:
-            raise
-        except MemoryError:
-            log.exception("request %s ran out of memory", request.request_id)
+            raise error
+        if isinstance(error, _TimedOut):
+            assert self.job_timeout is not None
+            raise JobTimedOut(request.request_id, self.job_timeout) from None
+        if isinstance(error, (OutOfMemory, MemoryError)):
             raise OutOfMemory(request.request_id) from None
-        except Exception:
-            log.exception("request %s failed in the pipeline", request.request_id)
-            raise GenerationFailed(request.request_id) from None
+        if isinstance(error, ServingError):
+            raise error
+        raise GenerationFailed(request.request_id) from None
 
     def _encode(self, request: GenerateRequest, result: InferenceResult) -> list[Path]:
         p = self.profile
@@ -388,7 +563,9 @@ class LocalAdapter:
             result.images, self.output_dir, request.request_id, request.parameters(), p.name, p.scheduler
         )
 
-    def _info(self, request: GenerateRequest, result: InferenceResult, t: dict[str, float]) -> dict[str, Any]:
+    def _info(
+        self, request: GenerateRequest, result: InferenceResult, t: dict[str, float], end: _End
+    ) -> dict[str, Any]:
         p = self.profile
         params = request.parameters()
         return {
@@ -396,7 +573,8 @@ class LocalAdapter:
             "model": p.name,
             **params,
             "scheduler": sampler_name(p.scheduler),
-            "batch_size": 1,
+            "batch_size": end.batch_size,
+            "batch_requests": end.batch_requests,
             "device": p.device,
             "dtype": p.dtype,
             "steps_done": result.steps_done,
@@ -426,12 +604,20 @@ class LocalAdapter:
         )
 
 
-async def _next(
-    events: asyncio.Queue[Step | None], deadline: float | None, loop: asyncio.AbstractEventLoop
-) -> Step | None:
-    if deadline is None:
-        return await events.get()
-    return await asyncio.wait_for(events.get(), max(0.0, deadline - loop.time()))
+class _TimedOut(Exception):
+    """A job ran past the adapter's time limit (each request gets its own ``JobTimedOut``)."""
+
+
+async def _relay(member: _Member) -> AsyncIterator[Step]:
+    """This request's steps as its job runs; its end is left on ``member.end``."""
+    while True:
+        item = await member.events.get()
+        if isinstance(item, _End):
+            member.end = item
+            return
+        yield item
+
+
 
 
 async def _until_done(future: concurrent.futures.Future[Any], timeout: float | None = None) -> bool:

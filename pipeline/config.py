@@ -28,6 +28,7 @@ class Settings:
     concurrency: int = 8  # requests in flight inside the generate handler
     queue_size: int = 32  # requests admitted beyond those, waiting in Gradio's queue
     max_images: int = 4
+    max_batch_size: int = 4  # images in one job across requests (dynamic batching); 1: off
     max_size: int | None = None  # None: follows the model
     max_steps: int | None = None  # None: follows the model
     max_prompt_chars: int = 2000
@@ -64,6 +65,8 @@ _OPTIONS: tuple[tuple[str, str, type, str], ...] = (
     ("concurrency", "T2I_CONCURRENCY", int, "requests in flight in the handler (default 8)"),
     ("queue_size", "T2I_QUEUE_SIZE", int, "requests waiting beyond those (default 32)"),
     ("max_images", "T2I_MAX_IMAGES", int, "most images per request (default 4)"),
+    ("max_batch_size", "T2I_MAX_BATCH_SIZE", int,
+     "most images in one inference across compatible waiting requests (default 4; 1 turns batching off)"),
     ("max_size", "T2I_MAX_SIZE", int, "largest width/height in pixels (default: follows the model)"),
     ("max_steps", "T2I_MAX_STEPS", int, "most denoising steps (default: follows the model)"),
     ("max_prompt_chars", "T2I_MAX_PROMPT_CHARS", int, "longest prompt in characters (default 2000)"),
@@ -131,7 +134,7 @@ def _check(s: Settings) -> None:
         raise SystemExit(f"--dtype must be auto, float32, float16 or bfloat16; got {s.dtype!r}")
     if not 0 < s.port < 65536:
         raise SystemExit(f"--port must be between 1 and 65535; got {s.port}")
-    for name in ("concurrency", "queue_size", "max_images", "max_prompt_chars"):
+    for name in ("concurrency", "queue_size", "max_images", "max_batch_size", "max_prompt_chars"):
         if getattr(s, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be at least 1; got {getattr(s, name)}")
     if s.auth is not None and (":" not in s.auth or s.auth.startswith(":") or s.auth.endswith(":")):

@@ -24,6 +24,14 @@ class Metrics:
         self.in_flight = Gauge("requests_in_flight", "Requests inside the generate handler", registry=r)
         self.gate_wait = Histogram("gate_wait_seconds", "Time waiting for the GPU gate", buckets=_TIME_BUCKETS, registry=r)
         self.inference = Histogram("inference_seconds", "Time in the model", buckets=_TIME_BUCKETS, registry=r)
+        self.steps_after_stop = Histogram(
+            "steps_after_stop", "Denoising steps a cancelled job ran after its stop event was set",
+            buckets=(0, 1, 2, 5, 10), registry=r)
+        self.batch_images = Histogram(
+            "batch_images", "Images per inference job (requests batched together)",
+            buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32), registry=r)
+        self.oom_retries = Counter("oom_batch_retries", "Batched jobs retried one request at a time after OOM",
+                                   registry=r)
         self.finalize = Histogram("finalize_seconds", "PNG encoding and info record", buckets=_TIME_BUCKETS, registry=r)
 
     def watch_disk(self, stats: Callable[[], object]) -> None:

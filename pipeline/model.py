@@ -115,12 +115,12 @@ def build_profile(pipe: Any, name: str, device: str, dtype: torch.dtype) -> Mode
 _LATENT_RGB = ((0.298, 0.207, 0.208), (0.187, 0.286, 0.173), (-0.158, 0.189, 0.264), (-0.184, -0.271, -0.473))
 
 
-def latent_preview(latents: Any, width: int, height: int) -> Image.Image | None:
-    """First image of the batch as a rough RGB preview; None for latents of another shape (FLUX packs them)."""
-    if latents is None or latents.ndim != 4 or latents.shape[1] != 4:
+def latent_preview(latents: Any, width: int, height: int, index: int = 0) -> Image.Image | None:
+    """Image ``index`` of the batch as a rough RGB preview; None for latents of another shape (FLUX packs them)."""
+    if latents is None or latents.ndim != 4 or latents.shape[1] != 4 or index >= latents.shape[0]:
         return None
     factors = torch.tensor(_LATENT_RGB, dtype=torch.float32)
-    rgb = latents[0].detach().float().cpu().permute(1, 2, 0) @ factors
+    rgb = latents[index].detach().float().cpu().permute(1, 2, 0) @ factors
     array = ((rgb + 1) * 127.5).clamp(0, 255).to(torch.uint8).numpy()
     return Image.fromarray(array, "RGB").resize((width, height), Image.Resampling.BILINEAR)
 
@@ -152,10 +152,13 @@ class DiffusersModel:
             nonlocal steps_done
             steps_done = i + 1
             total = int(getattr(_pipe, "num_timesteps", 0) or job.num_inference_steps)
-            preview = None
+            previews: dict[int, Image.Image] = {}
             if job.preview_every and (steps_done % job.preview_every == 0) and steps_done < total:
-                preview = latent_preview(kwargs.get("latents"), job.width, job.height)
-            on_step(steps_done, total, preview)
+                for index in job.preview_images:
+                    preview = latent_preview(kwargs.get("latents"), job.width, job.height, index)
+                    if preview is not None:
+                        previews[index] = preview
+            on_step(steps_done, total, previews)
             if stop.is_set():
                 raise _Stop
             return {}

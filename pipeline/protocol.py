@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable, Mapping, Protocol
 
 from PIL import Image
 
@@ -39,7 +39,11 @@ class ModelProfile:
 
 @dataclass(frozen=True)
 class InferenceJob:
-    """One call of the pipeline: one image per entry of ``prompts``/``seeds``."""
+    """One call of the pipeline: one image per entry of ``prompts``/``seeds``.
+
+    A job may carry several requests (dynamic batching): they share size, steps and guidance, and
+    each image keeps its own prompt, negative prompt and seed.
+    """
 
     request_id: str
     prompts: tuple[str, ...]
@@ -50,6 +54,7 @@ class InferenceJob:
     num_inference_steps: int
     guidance_scale: float
     preview_every: int = 0  # 0: no previews; k: a cheap latent preview every k steps
+    preview_images: tuple[int, ...] = (0,)  # which images get previews (the first of each request)
 
     @property
     def num_images(self) -> int:
@@ -65,10 +70,10 @@ class InferenceResult:
     peak_memory_bytes: int | None = None
 
 
-# on_step(step, total, preview): called on the model thread after every denoising step. ``preview``
-# is a small RGB image approximated from the latents (no VAE decode) on the job's preview steps,
-# else None.
-StepCallback = Callable[[int, int, "Image.Image | None"], None]
+# on_step(step, total, previews): called on the model thread after every denoising step.
+# ``previews`` maps an image index (of ``preview_images``) to a small RGB image approximated from
+# the latents (no VAE decode) on the job's preview steps; it is empty on the other steps.
+StepCallback = Callable[[int, int, "Mapping[int, Image.Image]"], None]
 
 
 class Model(Protocol):

@@ -75,7 +75,7 @@ class FakeModel:
                     assert self.step_gate.acquire(timeout=WAIT), "step permit never came"
                 steps = i + 1
                 self.steps_run[job.request_id] = steps
-                on_step(steps, job.num_inference_steps, None)
+                on_step(steps, job.num_inference_steps, {})
                 if stop.is_set():
                     raise Cancelled(steps_done=steps)
             if self.hold:

@@ -55,7 +55,7 @@ def test_generates_images_of_the_requested_size_with_a_complete_info_record(clie
     assert INFO_KEYS <= set(info)
     assert info["seed"] == 7 and info["seeds"] == [7, 8]
     assert (info["width"], info["height"], info["num_inference_steps"], info["num_images"]) == (64, 96, 4, 2)
-    assert info["guidance_scale"] == 5.0 and info["batch_size"] == 1
+    assert info["guidance_scale"] == 5.0 and info["batch_size"] == 2 and info["batch_requests"] == 1
     assert [info["timings"][k] for k in TIMING_ORDER] == sorted(info["timings"][k] for k in TIMING_ORDER)
     assert info["reproduce"]["params"]["randomize_seed"] is False
 

@@ -16,8 +16,9 @@ FIGURES = {
     "overhead": {"raw_images_per_second", "app_images_per_second", "throughput_ratio", "gpu_busy_fraction",
                  "inference_load_over_idle"},
     "memory": {"rss_1_mb", "rss_16_mb", "rss_16_over_1"},
-    "cancel": {"steps_after_cancel", "next_job_start_ms"},
+    "cancel": {"steps_after_cancel", "steps_after_cancel_mean", "next_job_start_ms"},
     "cold_start": {"process_start_to_ready_s", "process_start_to_first_image_s"},
+    "batching": {"raw_gain", "app_gain", "app_gain_over_raw_gain", "mean_batch_size"},
 }
 
 
@@ -30,23 +31,31 @@ def check(results: dict) -> None:
     for key in ("health_idle_ms", "health_load_ms", "light_idle_ms", "light_load_ms"):
         assert {"p50", "p95", "p99"} <= set(results["responsiveness"][key])
     assert set(results["designs"]) == {"gated", "whole_lock", "no_gate", "on_loop"}
+    batching = results["batching"]
+    rows = [row for row in batching.values() if isinstance(row, dict)]
+    assert rows and all(FIGURES["batching"] <= set(row) for row in rows)
+    assert {"low_load_latency_batched_over_unbatched", "rss_16_over_1_batched"} <= set(batching)
     table = render(results)
     assert "app / raw throughput" in table and "nan" not in table.lower()
 
 
-def test_the_published_run_is_complete() -> None:
-    check(json.loads((ROOT / "docs" / "bench-quick-2026-11-30.json").read_text()))
+PUBLISHED = sorted((ROOT / "docs").glob("bench-*.json"))
+
+
+@pytest.mark.parametrize("path", PUBLISHED, ids=[p.name for p in PUBLISHED])
+def test_the_published_runs_are_complete(path: Path) -> None:
+    check(json.loads(path.read_text()))
 
 
 def test_a_figure_that_is_not_finite_is_caught() -> None:
-    results = json.loads((ROOT / "docs" / "bench-quick-2026-11-30.json").read_text())
+    results = json.loads(PUBLISHED[-1].read_text())
     results["memory"]["rss_16_over_1"] = float("nan")
     with pytest.raises(AssertionError):
         check(results)
 
 
-@pytest.mark.slow
 def test_quick_mode_end_to_end(tmp_path: Path) -> None:
+    """``python -m bench --quick`` runs every section (about two minutes on 2 cores)."""
     out = tmp_path / "bench.json"
     subprocess.run([sys.executable, "-m", "bench", "--quick", "--json", str(out)], cwd=ROOT, check=True,
                    timeout=600, capture_output=True)

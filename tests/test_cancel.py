@@ -62,13 +62,13 @@ def test_cancel_mid_inference_stops_within_one_step_and_holds_the_gate(make_adap
         nxt = asyncio.create_task(collect(adapter, raw_request(num_inference_steps=2), request_id="next"))
         await wait_until(lambda: adapter.gpu_queue_depth == 1, "the next request waits at the gate")
         victim.cancel()
-        await asyncio.sleep(0)  # let the cancel land while the model thread is blocked mid-step
-        # The model thread is still inside step 4: the gate must still be held.
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(victim, 5)  # the request leaves at once...
+        await asyncio.sleep(0.05)  # (time for a gate that opens too early to let the next job in)
+        # ...but the model thread is still inside step 4: the gate must still be held.
         assert adapter.inference_in_progress and [j.request_id for j in model.calls] == ["victim"]
         for _ in range(10):
             steps.release()  # enough permits for the victim's next step and all of the next job's
-        with pytest.raises(asyncio.CancelledError):
-            await victim
         result = await asyncio.wait_for(nxt, timeout=20)
         assert isinstance(result[-1], Done)
 
@@ -90,9 +90,10 @@ def test_close_at_a_yield_stops_the_model_thread(make_adapter: Any) -> None:
         async for event in gen:
             if isinstance(event, Step):
                 break
-        steps.release(5)
-        await gen.aclose()
-        assert not adapter.inference_in_progress
+        await gen.aclose()  # the request leaves at once, while the model thread is mid-step...
+        assert adapter.inference_in_progress  # ...which still holds the gate
+        steps.release(5)  # the step in progress ends; the job stops there
+        await wait_until(lambda: not adapter.inference_in_progress, "the job stops and the gate opens")
 
     asyncio.run(main())
     assert model.steps_run["closed"] <= 2 and model.decodes == 0

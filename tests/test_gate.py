@@ -110,4 +110,4 @@ def test_progress_events_in_order_and_timings_in_order(make_adapter: Any) -> Non
     order = ["received", "prepare_start", "prepare_end", "gpu_wait_start", "infer_start", "infer_end",
              "finalize_start", "finalize_end"]
     assert [t[k] for k in order] == sorted(t[k] for k in order)
-    assert done.info["seeds"] == [1, 2] and done.info["batch_size"] == 1
+    assert done.info["seeds"] == [1, 2] and done.info["batch_size"] == 2 and done.info["batch_requests"] == 1

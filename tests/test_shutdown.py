@@ -46,7 +46,9 @@ def test_signal_answers_every_job_and_exits_within_ten_seconds(tmp_path: Path, s
         _wait_for(lambda: httpx.get(url + "health", timeout=2).json()["status"] == "ok", "the server is up")
         client = Client(url, verbose=False)
         # Long jobs: one runs, one waits for the GPU, two wait in Gradio's queue (concurrency 2).
-        jobs = [client.submit(**raw_request(num_inference_steps=100, width=256, height=256, seed=i), api_name="/generate") for i in range(4)]
+        # Each has its own width, so none can share a job with another (dynamic batching).
+        jobs = [client.submit(**raw_request(num_inference_steps=100, width=256 - 8 * i, height=256, seed=i),
+                              api_name="/generate") for i in range(4)]
         _wait_for(lambda: httpx.get(url + "health", timeout=2).json()["queue_depth"] >= 3
                   and httpx.get(url + "health", timeout=2).json()["inference_in_progress"], "1 runs and 3 wait")
         sent = time.monotonic()

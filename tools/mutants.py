@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-GATE = "            async with self._gate:\n"
+GATE = "                await self._gate.acquire()\n"
+RELEASE = "            self._gate.release()\n            self._line.notify()  # the gate opened: wake the line\n"
 
 
 @dataclass(frozen=True)
@@ -27,14 +28,16 @@ class Mutant:
     tests: str  # pytest node ids, space-separated
 
 
-NO_GATE = ("pipeline/adapter.py", GATE, "            if True:  # MUTANT\n")
+NO_GATE = (("pipeline/adapter.py", GATE, "                pass  # MUTANT\n"),
+           ("pipeline/adapter.py", RELEASE, "            self._line.notify()  # MUTANT\n"))
+ADAPTER = "pipeline/adapter.py"
 THREAD_PER_JOB = (
     "pipeline/worker.py",
     "            self._tasks.put(_Task(job, stop, on_step, future))\n",
     "            threading.Thread(target=self._run, args=(_Task(job, stop, on_step, future),)).start()\n",
 )
 MUTANTS = [
-    Mutant("no-gate", (NO_GATE,), "tests/test_gate.py::test_eight_concurrent_requests_never_overlap_in_inference"),
+    Mutant("no-gate", NO_GATE, "tests/test_gate.py::test_eight_concurrent_requests_never_overlap_in_inference"),
     Mutant(
         "gate-wraps-whole-request",
         (
@@ -49,16 +52,33 @@ MUTANTS = [
         "tests/test_gate.py::test_preparation_overlaps_another_inference "
         "tests/test_gate.py::test_finalize_overlaps_the_next_inference",
     ),
-    Mutant("no-gate-and-a-thread-per-job", (NO_GATE, THREAD_PER_JOB),
+    Mutant("no-gate-and-a-thread-per-job", (*NO_GATE, THREAD_PER_JOB),
            "tests/test_model.py::test_the_same_load_through_the_adapter_never_races"),
     # The plain `async with sem: await asyncio.to_thread(infer)`: a fresh thread per job, and the
     # gate released as soon as the waiting coroutine is cancelled.
     Mutant(
         "to-thread-releases-the-gate-on-cancel",
-        (THREAD_PER_JOB, ("pipeline/adapter.py", "                    await _until_done(future)\n",
-                          "                    pass  # MUTANT\n")),
+        (THREAD_PER_JOB, (ADAPTER, "            if not await _until_done(future, timeout=deadline):\n",
+                          "            while not future.done() and not stop.is_set():\n"
+                          "                await asyncio.sleep(0.001)\n"
+                          "            if not future.done():\n"
+                          "                return Cancelled()  # MUTANT: the gate opens, the thread still runs\n"
+                          "            if not await _until_done(future, timeout=deadline):\n")),
         "tests/test_cancel.py::test_cancel_mid_inference_stops_within_one_step_and_holds_the_gate",
     ),
+    # Dynamic batching: each rule of take_batch and of a batch's stop, broken once.
+    Mutant("batch-ignores-compatibility", ((ADAPTER, " or member.key != head.key", ""),),
+           "tests/test_batching.py::test_incompatible_requests_are_not_merged"),
+    Mutant("no-batching", ((ADAPTER, "            if images + member.request.num_images <= max_images:\n",
+                            "            if False:  # MUTANT\n"),),
+           "tests/test_batching.py::test_compatible_waiting_requests_share_one_job_and_keep_their_own_images"),
+    Mutant("batch-ignores-max-size", ((ADAPTER, "<= max_images:", "<= 10**6:"),),
+           "tests/test_batching.py::test_max_batch_size_bounds_the_images_in_a_job"),
+    Mutant("one-cancel-stops-the-batch", ((ADAPTER, "        if all(m.stop.is_set() for m in self.members):",
+                                           "        if any(m.stop.is_set() for m in self.members):"),),
+           "tests/test_batching.py::test_cancelling_one_member_does_not_fail_the_others"),
+    Mutant("oom-no-retry", ((ADAPTER, " and len(batch.members) > 1:", " and False:"),),
+           "tests/test_batching.py::test_out_of_memory_in_a_batch_is_retried_one_request_at_a_time"),
     # Rely on Gradio alone to notice a vanished client (it tells the handler at its next yield).
     Mutant("no-disconnect-watch", (("app.py", "            alive = caller_alive(demo)\n", "            alive = None\n"),),
            "tests/test_lifecycle.py::test_a_dropped_connection_stops_the_job"),

@@ -1,0 +1,87 @@
+"""A full-size Stable Diffusion 1.5 architecture with random weights, for the GPU benchmark.
+
+No download: the UNet (860M parameters), VAE and CLIP ViT-L/14 text encoder are built from the
+published SD 1.5 configuration with seeded random weights, the tokenizer is the embedded default
+model's (its vocabulary fits CLIP's 49408 embeddings), and the folder is written with
+``save_pretrained`` so the app loads it through ``from_pretrained`` like any model:
+
+    python -m bench.sd15 --out /tmp/sd15 [--dtype float16]
+    python app.py --model /tmp/sd15 --device cuda
+
+The pictures are noise; the compute per step, the memory and the latency are SD 1.5's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+# stable-diffusion-v1-5's unet/vae/text_encoder config.json, the fields that shape the compute.
+UNET = dict(
+    sample_size=64, in_channels=4, out_channels=4, layers_per_block=2,
+    block_out_channels=(320, 640, 1280, 1280),
+    down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"),
+    up_block_types=("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
+    cross_attention_dim=768, attention_head_dim=8, norm_num_groups=32,
+)
+VAE = dict(
+    in_channels=3, out_channels=3, latent_channels=4, layers_per_block=2, sample_size=512,
+    block_out_channels=(128, 256, 512, 512),
+    down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
+)
+TEXT = dict(
+    vocab_size=49408, hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+    max_position_embeddings=77, hidden_act="quick_gelu", projection_dim=768,
+)
+_STAMP = "sd15_random_build.json"
+
+
+def build(out: Path, dtype: str = "float16", seed: int = 0) -> Path:
+    """Write the pipeline to ``out`` (skipped if a build with the same settings is already there)."""
+    stamp = {"seed": seed, "dtype": dtype, "unet": UNET["block_out_channels"]}
+    try:
+        if json.loads((out / _STAMP).read_text()) == json.loads(json.dumps(stamp)):
+            return out
+    except (OSError, ValueError):
+        pass
+    import torch
+    from diffusers import AutoencoderKL, PNDMScheduler, StableDiffusionPipeline, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+
+    from pipeline.default_model import ensure_default_model
+
+    t0 = time.time()
+    torch.manual_seed(seed)
+    tokenizer = CLIPTokenizer.from_pretrained(ensure_default_model() / "tokenizer")
+    vocab = tokenizer.get_vocab()
+    text_encoder = CLIPTextModel(CLIPTextConfig(
+        **TEXT, bos_token_id=vocab["<|startoftext|>"], eos_token_id=vocab["<|endoftext|>"],
+        pad_token_id=vocab["<|endoftext|>"]))
+    unet = UNet2DConditionModel(**UNET)
+    vae = AutoencoderKL(**VAE)
+    scheduler = PNDMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
+                              num_train_timesteps=1000, skip_prk_steps=True, steps_offset=1, set_alpha_to_one=False)
+    pipe = StableDiffusionPipeline(unet=unet, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
+                                   scheduler=scheduler, safety_checker=None, feature_extractor=None,
+                                   requires_safety_checker=False)
+    pipe.to(dtype=getattr(torch, dtype))
+    out.mkdir(parents=True, exist_ok=True)
+    pipe.save_pretrained(out, safe_serialization=True)
+    (out / _STAMP).write_text(json.dumps(stamp))
+    print(f"built SD 1.5 architecture ({sum(p.numel() for p in unet.parameters()) / 1e6:.0f}M UNet parameters) "
+          f"in {time.time() - t0:.1f} s", flush=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("/tmp/sd15-random"))
+    parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
+    args = parser.parse_args(argv)
+    print(build(args.out, args.dtype))
+
+
+if __name__ == "__main__":
+    main()
