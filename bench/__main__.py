@@ -182,15 +182,18 @@ def overhead(server: Server, raw: Raw, sizes: list[int], steps: int, rounds: int
 
 def responsiveness(server: Server, size: int, steps: int, clients: int, seconds: float, fn_index: int) -> dict[str, Any]:
     idle_health = sample_health(server.url, seconds / 2)
-    idle_light = [light_request(server.url, fn_index) for _ in range(20)]
+    http = httpx.Client(timeout=60)
+    light_request(server.url, fn_index, http)  # open the connection
+    idle_light = [light_request(server.url, fn_index, http) for _ in range(20)]
     stop = threading.Event()
     load = threading.Thread(target=lambda: predict_many(server.url, 10**6, clients, size=size, steps=steps, stop=stop))
     load.start()
     time.sleep(1.0)
     busy_health = sample_health(server.url, seconds)
-    busy_light = [light_request(server.url, fn_index) for _ in range(20)]
+    busy_light = [light_request(server.url, fn_index, http) for _ in range(20)]
     stop.set()
     load.join()
+    http.close()
     return {
         "health_idle_ms": pct(idle_health), "health_load_ms": pct(busy_health),
         "light_idle_ms": pct(idle_light), "light_load_ms": pct(busy_light),
@@ -217,9 +220,10 @@ def design_chunk(server: Server, size: int, steps: int, n: int, row: dict[str, A
     light: list[float] = []
 
     def probe() -> None:
-        while not stop.is_set():
-            health.extend(sample_health(server.url, 0.5))
-            light.append(light_request(server.url, fn_index))
+        with httpx.Client(timeout=60) as http:
+            while not stop.is_set():
+                health.extend(sample_health(server.url, 0.5))
+                light.append(light_request(server.url, fn_index, http))
 
     prober = threading.Thread(target=probe)
     t0 = time.monotonic()
@@ -422,13 +426,13 @@ def main(argv: list[str] | None = None) -> int:
             for s in extra:
                 s.wait_ready()
             fn_index = fn_index_of(server.url)
-            results["overhead"] = timed("overhead", overhead, server, raw, sizes, steps, rounds, 3 if quick else 6, clients=4)
+            results["overhead"] = timed("overhead", overhead, server, raw, sizes, steps, rounds, 3 if quick else 5, clients=4)
             results["responsiveness"] = timed("responsiveness", responsiveness, server, small, steps, 4, 1.0 if quick else 5.0, fn_index)
             results["memory"] = timed("memory", memory, server, small, steps)
             results["cancel"] = timed("cancel", cancel_cost, server, small)
             results["designs"] = timed("designs", naive_designs, servers, small, steps, 1 if quick else 2, 4 if quick else 16)
             results["batching"] = timed("batching", batching, server, batched, raw, [small] if quick else sizes, steps,
-                                        1 if quick else 2, 8 if quick else 32, 8, args.max_batch_size)
+                                        1 if quick else 2, 8 if quick else 24, 8, args.max_batch_size)
         finally:
             if raw is not None:
                 raw.close()
