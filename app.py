@@ -47,7 +47,7 @@ from pipeline.worker import GpuWorker  # noqa: E402
 log = logging.getLogger("app")
 
 PROGRESS_INTERVAL = 0.1  # seconds between streamed progress outputs of one request
-QUEUE_POLL_SECONDS = float(os.environ.get("T2I_QUEUE_POLL", "0.005"))  # see tune_queue
+QUEUE_POLL_SECONDS = 0.005  # how often Gradio's dispatcher looks for new work when idle; see tune_queue
 LOG_FORMAT = "%(asctime)s %(levelname)s [%(threadName)s] %(name)s: %(message)s"
 
 

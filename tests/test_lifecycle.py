@@ -163,3 +163,28 @@ def test_a_dropped_connection_stops_the_job(url: str, fake: FakeModel, served: t
 
 def _last_id(fake: FakeModel) -> str:
     return fake.calls[-1].request_id
+
+
+def test_progress_outputs_never_rebuild_a_component(served: tuple[str, Any, Any], client: Any,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prop update (``gr.skip()``, ``gr.update()``) makes Gradio rebuild the component and its JSON
+    schema on the event loop; progress outputs must not send one (issue 5: half the loop's GIL time)."""
+    import gradio.state_holder
+
+    import app
+
+    rebuilt: list[int] = []
+    original = gradio.state_holder.SessionState._update_config
+
+    def counting(self: Any, key: int) -> None:
+        rebuilt.append(key)
+        original(self, key)
+
+    monkeypatch.setattr(gradio.state_holder.SessionState, "_update_config", counting)
+    job = client.submit(**raw_request(num_inference_steps=8, live_preview=False), api_name="/generate")
+    job.result(timeout=WAIT)
+    assert len([o for o in job.outputs() if o[1].get("status") in ("waiting", "running")]) >= 2
+    assert rebuilt == []
+    # And Gradio's idle polling is slowed from 1 ms to QUEUE_POLL_SECONDS.
+    queue = served[1]._queue
+    assert queue.sleep_when_free == app.QUEUE_POLL_SECONDS and queue.progress_update_sleep_when_free >= 0.1

@@ -79,6 +79,10 @@ MUTANTS = [
            "tests/test_batching.py::test_cancelling_one_member_does_not_fail_the_others"),
     Mutant("oom-no-retry", ((ADAPTER, " and len(batch.members) > 1:", " and False:"),),
            "tests/test_batching.py::test_out_of_memory_in_a_batch_is_retried_one_request_at_a_time"),
+    # gr.skip() for the gallery in progress outputs (Gradio rebuilds the component at every yield).
+    Mutant("skip-in-progress", (("app.py", "out: tuple[Any, ...] = (None, record, status_html(text))",
+                                 "out: tuple[Any, ...] = (gr.skip(), record, status_html(text))"),),
+           "tests/test_lifecycle.py::test_progress_outputs_never_rebuild_a_component"),
     # Rely on Gradio alone to notice a vanished client (it tells the handler at its next yield).
     Mutant("no-disconnect-watch", (("app.py", "            alive = caller_alive(demo)\n", "            alive = None\n"),),
            "tests/test_lifecycle.py::test_a_dropped_connection_stops_the_job"),
