@@ -29,6 +29,18 @@ async def _line_up(adapter: Any, model: FakeModel, requests: list[tuple[str, dic
     return tasks
 
 
+def _run_lined_up(adapter: Any, model: FakeModel, requests: list[tuple[str, dict[str, Any]]]) -> list[Any]:
+    """Line ``requests`` up behind a blocker, then let every job through; the results, in order."""
+
+    async def main() -> list[Any]:
+        tasks = await _line_up(adapter, model, requests)
+        for _ in range(len(requests) + 1):
+            model.release.release()  # one permit per job at most; spare permits are never taken
+        return await asyncio.gather(*tasks)
+
+    return asyncio.run(main())
+
+
 def _jobs(model: FakeModel) -> list[list[str]]:
     return [job.request_id.split(",") for job in model.calls]
 
@@ -79,14 +91,8 @@ def test_incompatible_requests_are_not_merged(make_adapter: Any, different: dict
     adapter, model = make_adapter(FakeModel(hold=True), max_batch_size=8)
     requests = [("a", raw_request(seed=1)), ("b", raw_request(seed=2, **different)), ("c", raw_request(seed=3))]
 
-    async def main() -> None:
-        tasks = await _line_up(adapter, model, requests)
-        for _ in range(3):
-            model.release.release()
-        results = await asyncio.gather(*tasks)
-        assert all(isinstance(r[-1], Done) for r in results)
-
-    asyncio.run(main())
+    results = _run_lined_up(adapter, model, requests)
+    assert all(isinstance(r[-1], Done) for r in results)
     # a and c share a job; b differs in one compatibility field and runs on its own, next.
     assert _jobs(model) == [["blocker"], ["a", "c"], ["b"]]
 
@@ -97,13 +103,7 @@ def test_the_head_of_the_line_always_goes_next(make_adapter: Any) -> None:
     requests = [("s1", raw_request(**small)), ("l1", raw_request(**large)), ("s2", raw_request(**small)),
                 ("l2", raw_request(**large)), ("s3", raw_request(**small))]
 
-    async def main() -> None:
-        tasks = await _line_up(adapter, model, requests)
-        for _ in range(3):
-            model.release.release()
-        await asyncio.gather(*tasks)
-
-    asyncio.run(main())
+    _run_lined_up(adapter, model, requests)
     # FIFO for the head: s1 leads, taking the later small ones; then l1, the oldest left, leads.
     assert _jobs(model) == [["blocker"], ["s1", "s2", "s3"], ["l1", "l2"]]
 
@@ -113,13 +113,7 @@ def test_max_batch_size_bounds_the_images_in_a_job(make_adapter: Any) -> None:
     requests = [("a", raw_request(num_images=2)), ("b", raw_request(num_images=2)), ("c", raw_request(num_images=1)),
                 ("d", raw_request(num_images=1)), ("e", raw_request(num_images=1))]
 
-    async def main() -> None:
-        tasks = await _line_up(adapter, model, requests)
-        for _ in range(4):
-            model.release.release()
-        await asyncio.gather(*tasks)
-
-    asyncio.run(main())
+    _run_lined_up(adapter, model, requests)
     assert all(job.num_images <= 3 for job in model.calls)
     # a (2) takes c (1): 3 images. b (2) then leads and takes d; e runs last.
     assert _jobs(model) == [["blocker"], ["a", "c"], ["b", "d"], ["e"]]
@@ -129,13 +123,7 @@ def test_batch_size_one_turns_batching_off(make_adapter: Any) -> None:
     adapter, model = make_adapter(FakeModel(hold=True), max_batch_size=1)
     requests = [(rid, raw_request()) for rid in "abc"]
 
-    async def main() -> None:
-        tasks = await _line_up(adapter, model, requests)
-        for _ in range(4):
-            model.release.release()
-        await asyncio.gather(*tasks)
-
-    asyncio.run(main())
+    _run_lined_up(adapter, model, requests)
     assert _jobs(model) == [["blocker"], ["a"], ["b"], ["c"]]
 
 
