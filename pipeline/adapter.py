@@ -4,14 +4,16 @@
 
 1. prepare   (concurrent) validate the raw values, resolve the seed, count prompt tokens
 2. wait      in line for the GPU, reporting "k ahead" whenever k changes
-3. infer     (serial) ``async with asyncio.Semaphore(1)``: hand the job to the model thread and
-             stream its steps back
+3. infer     (serial) the head of the line takes the gate, an ``asyncio.Semaphore(1)``, and the
+             compatible requests waiting behind it (dynamic batching); one job runs on the model
+             thread and each request streams its own steps back
 4. finalize  (concurrent) encode PNGs with their parameters, build the info record
 
-Only stage 3 is inside the gate. Stages 1 and 4 run in the adapter's own small thread pool, so the
-event loop never does more than bookkeeping. If the consumer stops (cancel, disconnect, close),
-the model thread is told through a ``threading.Event`` and the gate is held until that thread has
-really returned: never two inferences at once.
+Only stage 3 is inside the gate, and the gate belongs to the job: a ``gpu-job`` task releases it
+when the model thread has returned, never earlier. Stages 1 and 4 run in the adapter's own small
+thread pool, so the event loop never does more than bookkeeping. A request whose consumer stops
+(cancel, disconnect, close) leaves at once; its job's ``threading.Event`` is set when nobody is
+left in the job, and the model thread stops at the end of the step in progress.
 """
 
 from __future__ import annotations
