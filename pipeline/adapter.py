@@ -484,12 +484,16 @@ class LocalAdapter:
         stop = batch.stop
         offsets = list(itertools.accumulate((m.request.num_images for m in members), initial=0))
 
+        def deliver(steps: list[Step]) -> None:  # event loop
+            for member, step in zip(members, steps):
+                member.deliver(step)
+
         def on_step(step: int, total: int, previews: Mapping[int, Image.Image]) -> None:  # model thread
             stop.steps = step
             self.metrics.denoise_steps.inc()
+            steps = [Step(step, total, previews.get(offsets[i])) for i in range(len(members))]
             try:
-                for i, member in enumerate(members):
-                    loop.call_soon_threadsafe(member.deliver, Step(step, total, previews.get(offsets[i])))
+                loop.call_soon_threadsafe(deliver, steps)  # one wake-up of the loop per step, not one per request
             except RuntimeError:  # the loop is closed: nobody is listening any more
                 stop.set()
 
