@@ -149,12 +149,14 @@ def test_soak_memory_and_files_level_off(server: tuple[str, psutil.Process, list
 
 
 def _disk(folders: list[Path]) -> tuple[int, int]:
+    """Files and bytes under ``folders``, counted while the server's sweeper deletes some of them."""
     sizes = []
     for folder in folders:
-        for path in folder.rglob("*"):
-            try:  # the server's sweeper deletes files while we count
-                if path.is_file():
-                    sizes.append(path.stat().st_size)
-            except FileNotFoundError:
-                continue
+        # os.walk skips a folder that vanishes under it (rglob raises FileNotFoundError).
+        for root, _dirs, files in os.walk(folder, onerror=lambda _error: None):
+            for name in files:
+                try:
+                    sizes.append(os.stat(os.path.join(root, name)).st_size)
+                except FileNotFoundError:
+                    continue
     return len(sizes), sum(sizes)
