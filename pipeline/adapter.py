@@ -155,9 +155,14 @@ class _Batch:
     def images(self) -> int:
         return sum(m.request.num_images for m in self.members)
 
+    @property
+    def offsets(self) -> list[int]:
+        """Where each member's images start in the job (and, last, the job's image count)."""
+        return list(itertools.accumulate((m.request.num_images for m in self.members), initial=0))
+
     def job(self) -> InferenceJob:
         jobs = [m.request.to_job() for m in self.members]
-        offsets = list(itertools.accumulate((j.num_images for j in jobs), initial=0))
+        offsets = self.offsets
         first = jobs[0]
         return InferenceJob(
             request_id=",".join(j.request_id for j in jobs),
@@ -482,7 +487,7 @@ class LocalAdapter:
         job = batch.job()
         members = batch.members
         stop = batch.stop
-        offsets = list(itertools.accumulate((m.request.num_images for m in members), initial=0))
+        offsets = batch.offsets
 
         def deliver(steps: list[Step]) -> None:  # event loop
             for member, step in zip(members, steps):
@@ -505,8 +510,7 @@ class LocalAdapter:
         # Steps are posted with call_soon_threadsafe before the future's own callback, so every
         # step is delivered before the end.
         try:
-            deadline = None if self.job_timeout is None else self.job_timeout
-            if not await _until_done(future, timeout=deadline):
+            if not await _until_done(future, timeout=self.job_timeout):
                 # Past the limit: stop at the next step. A thread stuck inside one step cannot be
                 # interrupted; the callers are answered anyway, and the single model thread still
                 # keeps the next job from running beside the stuck one.
@@ -532,7 +536,6 @@ class LocalAdapter:
     # -- stages ------------------------------------------------------------------------------
     def _prepare(self, raw: Mapping[str, Any], request_id: str | None) -> GenerateRequest:
         return validate(raw, self.limits, self.worker.model.count_tokens, request_id=request_id)
-
 
     def _mark_hung(self, future: concurrent.futures.Future[InferenceResult]) -> None:
         log.error("the model thread is stuck in a job past its time limit")

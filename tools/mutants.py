@@ -58,12 +58,12 @@ MUTANTS = [
     # gate released as soon as the waiting coroutine is cancelled.
     Mutant(
         "to-thread-releases-the-gate-on-cancel",
-        (THREAD_PER_JOB, (ADAPTER, "            if not await _until_done(future, timeout=deadline):\n",
+        (THREAD_PER_JOB, (ADAPTER, "            if not await _until_done(future, timeout=self.job_timeout):\n",
                           "            while not future.done() and not stop.is_set():\n"
                           "                await asyncio.sleep(0.001)\n"
                           "            if not future.done():\n"
                           "                return Cancelled()  # MUTANT: the gate opens, the thread still runs\n"
-                          "            if not await _until_done(future, timeout=deadline):\n")),
+                          "            if not await _until_done(future, timeout=self.job_timeout):\n")),
         "tests/test_cancel.py::test_cancel_mid_inference_stops_within_one_step_and_holds_the_gate",
     ),
     # Dynamic batching: each rule of take_batch and of a batch's stop, broken once.
