@@ -46,7 +46,7 @@ from pipeline.worker import GpuWorker  # noqa: E402
 
 log = logging.getLogger("app")
 
-PROGRESS_INTERVAL = 0.1  # seconds between streamed progress outputs of one request
+PROGRESS_INTERVAL = 0.25  # seconds between streamed progress outputs of one request
 QUEUE_POLL_SECONDS = 0.005  # how often Gradio's dispatcher looks for new work when idle; see tune_queue
 LOG_FORMAT = "%(asctime)s %(levelname)s [%(threadName)s] %(name)s: %(message)s"
 
@@ -129,6 +129,8 @@ def make_generate(adapter: LocalAdapter, demo: gr.Blocks, *, ui: bool = False): 
                         out: tuple[Any, ...] = (None, record, status_html(text))
                     elif isinstance(event, Step):
                         text = f"step {event.step}/{event.total}"
+                        # Only records the step: Gradio's progress sender (see tune_queue) sends the
+                        # latest one every PROGRESS_INTERVAL.
                         progress((event.step, event.total), desc=text, unit="steps")
                         # Every yield costs Gradio a diff and a message on the event loop, taking the
                         # GIL from the model thread: stream at most one progress output per

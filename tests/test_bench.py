@@ -55,7 +55,7 @@ def test_a_figure_that_is_not_finite_is_caught() -> None:
 
 
 def test_quick_mode_end_to_end(tmp_path: Path) -> None:
-    """``python -m bench --quick`` runs every section (about two minutes on 2 cores)."""
+    """``python -m bench --quick`` runs every section (under two minutes on 2 cores)."""
     out = tmp_path / "bench.json"
     subprocess.run([sys.executable, "-m", "bench", "--quick", "--json", str(out)], cwd=ROOT, check=True,
                    timeout=600, capture_output=True)
