@@ -22,6 +22,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_MAX_EVENTS", "1")
 
 import contextlib  # noqa: E402
 import html  # noqa: E402
+import json  # noqa: E402
 import logging  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
@@ -41,6 +42,7 @@ from pipeline.config import Settings, load_settings  # noqa: E402
 from pipeline.errors import Cancelled, InvalidRequest, RetryLater, ServingError  # noqa: E402
 from pipeline.protocol import ModelProfile  # noqa: E402
 from pipeline.request import MAX_SEED, Limits, new_request_id  # noqa: E402
+from pipeline.shapes import EXAMPLE_PROMPTS, GENERIC_PROMPTS  # noqa: E402
 from pipeline.sweeper import Sweeper  # noqa: E402
 from pipeline.worker import GpuWorker  # noqa: E402
 
@@ -78,6 +80,25 @@ def status_html(text: str, step: int | None = None, total: int | None = None) ->
     return f'<div class="t2i-status">{bar}<span>{html.escape(text)}</span></div>'
 
 
+def gallery_items(paths: Sequence[Path], info: dict[str, Any]) -> list[tuple[str, str]]:
+    """Each image with its caption: its own seed and the time it took (the request's time over its images)."""
+    each = info["durations_ms"]["total"] / 1000 / max(1, len(paths))
+    return [(str(p), f"seed {seed} · {each:.2f} s") for p, seed in zip(paths, info["seeds"])]
+
+
+def selected_index(event: gr.SelectData) -> int:
+    return int(event.index) if isinstance(event.index, int) else 0
+
+
+def reuse_seed(info: Any, selected: Any) -> tuple[Any, Any]:
+    """The seed of the selected image (the first if none was selected) into the seed box, randomize off."""
+    seeds = info.get("seeds") if isinstance(info, dict) else None
+    if not seeds:
+        raise gr.Error("Generate an image first, then pick it in the gallery.", title="No image yet")
+    index = selected if isinstance(selected, int) and 0 <= selected < len(seeds) else 0
+    return seeds[index], False
+
+
 def make_generate(adapter: LocalAdapter, demo: gr.Blocks, *, ui: bool = False):  # noqa: ANN201
     """The generate handler. Its parameter names are the API's parameter names.
 
@@ -102,6 +123,22 @@ def make_generate(adapter: LocalAdapter, demo: gr.Blocks, *, ui: bool = False): 
         live_preview: bool,
         progress: gr.Progress = gr.Progress(),
     ) -> AsyncIterator[tuple[Any, ...]]:
+        """Generate images from a text prompt with a diffusion model (one GPU, shared through a queue).
+
+        Returns the images and an info record with the seeds, the parameters used and timings.
+
+        Args:
+            prompt: What to draw, in plain English (for the default model, e.g. "a red circle on a blue background").
+            negative_prompt: What to avoid; may be empty.
+            seed: Seed of the first image (image i uses seed + i); ignored when randomize_seed is true.
+            randomize_seed: Pick a random seed (and report it in the info record).
+            width: Image width in pixels, a multiple of the model's size step.
+            height: Image height in pixels, a multiple of the model's size step.
+            num_inference_steps: Denoising steps; more is slower and usually finer.
+            guidance_scale: How strictly to follow the prompt (classifier-free guidance).
+            num_images: How many images to generate.
+            live_preview: Stream rough preview images while denoising.
+        """
         raw = {
             "prompt": prompt,
             "negative_prompt": negative_prompt,
@@ -150,7 +187,7 @@ def make_generate(adapter: LocalAdapter, demo: gr.Blocks, *, ui: bool = False): 
                         for warning in event.info["warnings"]:
                             gr.Warning(warning)
                         took = event.info["durations_ms"]["total"] / 1000
-                        out = ([str(p) for p in event.paths], {"status": "done", **event.info},
+                        out = (gallery_items(event.paths, event.info), {"status": "done", **event.info},
                                status_html(f"done in {took:.2f} s"))
                     yield out[:width_of_output]
         except InvalidRequest as exc:
@@ -182,7 +219,7 @@ def build_demo(adapter: LocalAdapter, settings: Settings) -> gr.Blocks:
             with gr.Column(scale=2):
                 prompt = gr.Textbox(
                     label="Prompt",
-                    placeholder="a red circle on a blue background",
+                    placeholder=EXAMPLE_PROMPTS[0] if settings.model is None else GENERIC_PROMPTS[0],
                     lines=1,  # one line, so Enter submits (Gradio inserts a newline when lines > 1)
                     max_lines=4,
                     max_length=lim.max_prompt_chars,
@@ -215,10 +252,20 @@ def build_demo(adapter: LocalAdapter, settings: Settings) -> gr.Blocks:
                     num_images = gr.Slider(1, lim.max_images, value=1, step=1, label="Number of images")
                     # Off for API callers (the component's default); the page turns it on on load.
                     live_preview = gr.Checkbox(label="Live preview", value=False, elem_id="live-preview")
+                # Prompts the embedded model was trained to draw; any other model gets ordinary ones.
+                gr.Examples(
+                    examples=[[e] for e in (EXAMPLE_PROMPTS if settings.model is None else GENERIC_PROMPTS)],
+                    inputs=[prompt],
+                    label="Example prompts",
+                    elem_id="examples",
+                )
             with gr.Column(scale=3):
                 status = gr.HTML(status_html("ready"), elem_id="status")
-                gallery = gr.Gallery(label="Images", format="png", columns=2, height="auto", elem_id="gallery")
+                gallery = gr.Gallery(label="Images", format="png", columns=2, height="auto", elem_id="gallery",
+                                     buttons=["download", "fullscreen"])
+                reuse_button = gr.Button("Reuse this image's seed", size="sm", elem_id="reuse-seed")
                 info = gr.JSON(label="Info: seed, parameters and timings", elem_id="info")
+                selected = gr.State(0)
         inputs = [prompt, negative_prompt, seed, randomize_seed, width, height, num_inference_steps,
                   guidance_scale, num_images, live_preview]
         # Two events, one handler, one shared concurrency limit: the page's (with a progress bar
@@ -242,7 +289,13 @@ def build_demo(adapter: LocalAdapter, settings: Settings) -> gr.Blocks:
             fn=make_generate(adapter, demo), inputs=inputs, outputs=[gallery, info], api_name="generate", **shared
         )
         # Stop cancels this browser session's own job only; Gradio scopes cancels to the session.
-        stop_button.click(fn=None, cancels=[generate_event], api_visibility="private")
+        # The status line says so at once (a cancelled handler sends no last output).
+        stop_button.click(fn=None, outputs=[status], cancels=[generate_event], api_visibility="private",
+                          js=f"() => {json.dumps(status_html('stopped'))}")
+        gallery.select(fn=selected_index, inputs=None, outputs=[selected], api_visibility="private",
+                       concurrency_id="ui", concurrency_limit=None)
+        reuse_button.click(fn=reuse_seed, inputs=[info, selected], outputs=[seed, randomize_seed],
+                           api_visibility="private", concurrency_id="ui", concurrency_limit=None)
         demo.load(fn=None, outputs=[live_preview], js="() => true", api_visibility="private")
     demo.queue(max_size=settings.queue_size, api_open=False, default_concurrency_limit=1)
     return demo
@@ -339,6 +392,7 @@ def launch(demo: gr.Blocks, adapter: LocalAdapter, settings: Settings) -> None:
         prevent_thread_lock=True,
         app_kwargs={"routes": service_routes(demo, adapter)},
         auth=settings.auth_pair(),
+        mcp_server=settings.mcp,
     )
 
 

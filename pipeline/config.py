@@ -19,6 +19,7 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 7860
     share: bool = False
+    mcp: bool = False  # serve /generate as a tool over Gradio's MCP server
     device: str = "auto"  # auto | cuda | mps | cpu
     dtype: str = "auto"  # auto | float32 | float16 | bfloat16
     cpu_offload: bool = False
@@ -56,6 +57,7 @@ _OPTIONS: tuple[tuple[str, str, type, str], ...] = (
     ("host", "GRADIO_SERVER_NAME", str, "address to listen on (default 127.0.0.1)"),
     ("port", "GRADIO_SERVER_PORT", int, "port to listen on (default 7860)"),
     ("share", "T2I_SHARE", bool, "create a public share link (use --auth with it)"),
+    ("mcp", "T2I_MCP", bool, "serve /generate as a tool over Gradio's MCP server (at /gradio_api/mcp/)"),
     ("device", "T2I_DEVICE", str, "auto, cuda, mps or cpu (default auto: cuda, then mps, then cpu)"),
     ("dtype", "T2I_DTYPE", str, "auto, float32, float16 or bfloat16 (auto: fp16/bf16 on a GPU, fp32 on the CPU)"),
     ("cpu_offload", "T2I_CPU_OFFLOAD", bool, "model CPU offload (saves GPU memory, slower)"),

@@ -1,13 +1,20 @@
-"""The embedded default model: a tiny Stable-Diffusion-family pipeline built deterministically.
+"""The embedded default model: a tiny Stable-Diffusion-family pipeline, trained by this repo.
 
-The model hub is not reachable from every machine this app runs on, so the default model is built
-by the repo itself: a small UNet, a VAE with four blocks (it downsamples by 8, as real SD does), a
-tiny CLIP text encoder with a byte-level BPE tokenizer learned here from a fixed word list, and the
-stateful Euler scheduler. Weights are random but seeded, so the same torch version always builds
-the same files. The result is written with ``save_pretrained`` and loaded back through the same
-``DiffusionPipeline.from_pretrained(path)`` code any real model uses.
+The model hub is not reachable from every machine this app runs on, so the default model lives in
+the repo: ``assets/default-model/``, a ``save_pretrained`` folder (safetensors, 5.4 MB) written by
+``python -m pipeline.train_default``, which trains this module's architecture on coloured shapes
+drawn by ``pipeline.shapes``. The app loads it through the same ``DiffusionPipeline.from_pretrained``
+code as any hub model.
 
-    python -m pipeline.default_model [--out assets/default-model] [--force]
+The architecture: a small UNet (with the pooled prompt added to its time embedding), a VAE with
+three blocks (it downsamples by 4: 64 px pictures are 16x16x4 latents), a tiny CLIP text encoder
+with a byte-level BPE tokenizer learned here from a fixed word list, and the stateful Euler
+scheduler (v-prediction, zero terminal SNR, trailing timesteps).
+
+    python -m pipeline.default_model --untrained --out DIR   # the same architecture, seeded random weights
+
+Random weights draw noise; they remain useful where only the plumbing matters (fast, deterministic
+builds in tests).
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ log = logging.getLogger(__name__)
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "assets" / "default-model"
 BUILD_SEED = 20261130
 # Bump when the architecture or the tokenizer changes, so stale builds are rebuilt.
-BUILD_VERSION = 1
+BUILD_VERSION = 2
 _STAMP = "default_model_build.json"
 
 # Words the tokenizer learns merges from: what people type into a text-to-image demo.
@@ -42,6 +49,21 @@ watercolor oil pencil anime cartoon fantasy futuristic vintage colorful dark bri
 blurry ugly deformed low resolution noisy text watermark
 """.split()
 _NUM_MERGES = 400
+
+# v-prediction on a schedule rescaled to zero terminal SNR, sampled with trailing timesteps (Lin et
+# al., "Common Diffusion Noise Schedules and Sample Steps are Flawed"): with SD's usual schedule the
+# last noise level still holds some of the picture's mean colour, so a model cannot choose its
+# background colour freely -- and the background colour is most of what these pictures are.
+SCHEDULER_CONFIG = dict(
+    beta_start=0.00085,
+    beta_end=0.012,
+    beta_schedule="scaled_linear",
+    num_train_timesteps=1000,
+    prediction_type="v_prediction",
+    rescale_betas_zero_snr=True,
+    timestep_spacing="trailing",
+    steps_offset=1,
+)
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -132,26 +154,23 @@ def build_pipeline(seed: int = BUILD_SEED):  # -> StableDiffusionPipeline
         cross_attention_dim=64,
         attention_head_dim=8,
         norm_num_groups=8,
+        # The pooled prompt also joins the time embedding, so every block hears it: the picture's
+        # colours are global, and cross-attention alone reaches only the lower-resolution blocks.
+        addition_embed_type="text",
+        addition_embed_type_num_heads=4,
     )
     vae = AutoencoderKL(
         in_channels=3,
         out_channels=3,
-        down_block_types=("DownEncoderBlock2D",) * 4,
-        up_block_types=("UpDecoderBlock2D",) * 4,
-        block_out_channels=(16, 32, 32, 32),
+        down_block_types=("DownEncoderBlock2D",) * 3,
+        up_block_types=("UpDecoderBlock2D",) * 3,
+        block_out_channels=(16, 32, 32),  # downsamples by 4: 64 px pictures are 16x16 latents
         layers_per_block=1,
         latent_channels=4,
         norm_num_groups=8,
-        sample_size=128,
+        sample_size=64,
     )
-    scheduler = EulerDiscreteScheduler(
-        beta_start=0.00085,
-        beta_end=0.012,
-        beta_schedule="scaled_linear",
-        num_train_timesteps=1000,
-        timestep_spacing="trailing",
-        steps_offset=1,
-    )
+    scheduler = EulerDiscreteScheduler(**SCHEDULER_CONFIG)
     return StableDiffusionPipeline(
         unet=unet,
         vae=vae,
@@ -164,28 +183,49 @@ def build_pipeline(seed: int = BUILD_SEED):  # -> StableDiffusionPipeline
     )
 
 
-def _is_current(path: Path) -> bool:
+class DefaultModelMissing(FileNotFoundError):
+    """The shipped weights are missing or from an older architecture."""
+
+
+def _stamp(path: Path) -> dict:
     try:
-        stamp = json.loads((path / _STAMP).read_text())
+        return json.loads((path / _STAMP).read_text())
     except (OSError, ValueError):
-        return False
-    return stamp.get("version") == BUILD_VERSION and (path / "model_index.json").exists()
+        return {}
 
 
-def ensure_default_model(path: Path = DEFAULT_MODEL_DIR, force: bool = False) -> Path:
-    """Build the default model into ``path`` unless a current build is already there.
+def _is_current(path: Path, trained: bool = True) -> bool:
+    stamp = _stamp(path)
+    return (stamp.get("version") == BUILD_VERSION and bool(stamp.get("trained")) == trained
+            and (path / "model_index.json").exists())
 
-    Written to a temporary sibling folder and renamed into place, so a crash mid-build never
-    leaves a half-written model that later loads.
-    """
-    if not force and _is_current(path):
+
+def model_defaults(path: Path) -> dict:
+    """The generation defaults saved with a model trained here (guidance, steps); {} for any other."""
+    defaults = _stamp(Path(path)).get("defaults")
+    return dict(defaults) if isinstance(defaults, dict) else {}
+
+
+def ensure_default_model(path: Path = DEFAULT_MODEL_DIR) -> Path:
+    """The shipped, trained default model; a clear error if it is not there."""
+    if _is_current(path):
         return path
-    log.info("building the embedded default model into %s", path)
+    raise DefaultModelMissing(
+        f"the embedded default model is missing or stale at {path} (expected trained weights, build "
+        f"version {BUILD_VERSION}). Restore it with `git checkout -- {path.name}` inside assets/, retrain it "
+        "with `python -m pipeline.train_default` (about 42 minutes on 2 CPU cores), or pass --model."
+    )
+
+
+def build_untrained(path: Path, seed: int = BUILD_SEED) -> Path:
+    """Write the architecture with seeded random weights to ``path`` (via a temporary sibling folder
+    renamed into place, so a crash never leaves a half-written model that later loads)."""
+    log.info("building the untrained default architecture into %s", path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".default-model-", dir=path.parent))
     try:
-        build_pipeline().save_pretrained(tmp, safe_serialization=True)
-        (tmp / _STAMP).write_text(json.dumps({"version": BUILD_VERSION, "seed": BUILD_SEED}))
+        build_pipeline(seed).save_pretrained(tmp, safe_serialization=True)
+        (tmp / _STAMP).write_text(json.dumps({"version": BUILD_VERSION, "trained": False, "seed": seed}))
         if path.exists():
             shutil.rmtree(path)
         tmp.rename(path)
@@ -196,11 +236,12 @@ def ensure_default_model(path: Path = DEFAULT_MODEL_DIR, force: bool = False) ->
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_MODEL_DIR)
-    parser.add_argument("--force", action="store_true", help="rebuild even if a current build exists")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--untrained", action="store_true", required=True,
+                        help="seeded random weights (the trained model: python -m pipeline.train_default)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
-    print(ensure_default_model(args.out, force=args.force))
+    print(build_untrained(args.out))
 
 
 if __name__ == "__main__":

@@ -22,13 +22,14 @@ from diffusers import DiffusionPipeline
 from PIL import Image
 
 from .config import Settings
-from .default_model import ensure_default_model
+from .default_model import ensure_default_model, model_defaults
 from .errors import Cancelled, OutOfMemory
 from .protocol import InferenceJob, InferenceResult, ModelProfile, StepCallback
+from .zerogpu import on_zero_gpu
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MODEL_NAME = "embedded-default (tiny SD, random weights)"
+DEFAULT_MODEL_NAME = "embedded-default (tiny SD trained on shapes)"
 
 # Few-step distilled models: (pattern on the model id, default steps). They want guidance 0.
 _FEW_STEP = ((re.compile(r"sd-?turbo|sdxl-turbo", re.I), 1), (re.compile(r"schnell|lightning|lcm|hyper", re.I), 4))
@@ -68,8 +69,8 @@ def _pipeline_class(source: str) -> str:
     return ""
 
 
-def build_profile(pipe: Any, name: str, device: str, dtype: torch.dtype) -> ModelProfile:
-    """Defaults and limits that follow the loaded model."""
+def build_profile(pipe: Any, name: str, device: str, dtype: torch.dtype, saved: dict | None = None) -> ModelProfile:
+    """Defaults and limits that follow the loaded model (``saved``: defaults written with a model trained here)."""
     scale = int(getattr(pipe, "vae_scale_factor", 8) or 8)
     denoiser = getattr(pipe, "unet", None) or getattr(pipe, "transformer", None)
     sample = getattr(getattr(denoiser, "config", None), "sample_size", None)
@@ -90,6 +91,9 @@ def build_profile(pipe: Any, name: str, device: str, dtype: torch.dtype) -> Mode
         if pattern.search(name):
             steps, guidance, max_steps, max_guidance = few, 0.0, 8, 2.0
             break
+    saved = saved or {}
+    steps = int(saved.get("steps", steps))
+    guidance = float(saved.get("guidance", guidance))
     return ModelProfile(
         name=name,
         pipeline_class=pipeline_class,
@@ -225,7 +229,10 @@ def load_model(settings: Settings, *, warmup: bool = True) -> DiffusersModel:
     if settings.vae_tiling and hasattr(getattr(pipe, "vae", None), "enable_tiling"):
         pipe.vae.enable_tiling()
     pipe.set_progress_bar_config(disable=True)
-    model = DiffusersModel(pipe, build_profile(pipe, name, device, dtype))
+    saved = model_defaults(Path(source)) if Path(source).is_dir() else {}
+    model = DiffusersModel(pipe, build_profile(pipe, name, device, dtype, saved))
+    # On a ZeroGPU Space the GPU function runs under @spaces.GPU; a no-op everywhere else.
+    model.generate = on_zero_gpu(model.generate)  # type: ignore[method-assign]
     log.info(
         "loaded %s (%s, %s on %s, %d torch threads) in %.2fs",
         name, model.profile.pipeline_class, model.profile.dtype, device, torch.get_num_threads(), time.time() - t0,

@@ -104,8 +104,8 @@ def test_only_generate_is_in_the_api_and_the_rest_shortcut_is_closed(client: Any
 def test_invalid_input_gets_a_clear_error_naming_the_field(client: Any) -> None:
     from gradio_client.exceptions import AppError
 
-    with pytest.raises(AppError, match=r"width must be a multiple of 8 between 64 and \d+; got 100"):
-        _generate(client, prompt="x", width=100, height=64)
+    with pytest.raises(AppError, match=r"width must be a multiple of 4 between 64 and 256; got 102"):
+        _generate(client, prompt="x", width=102, height=64)
     with pytest.raises(AppError, match="num_inference_steps must be a whole number between 1 and"):
         _generate(client, prompt="x", num_inference_steps=0)
 

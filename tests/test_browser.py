@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import os
 import re
 import shutil
 import time
@@ -18,6 +20,8 @@ pytestmark = [
     pytest.mark.browser,
     pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (.ci/run installs it)"),
 ]
+# Screenshots are kept as test artifacts (CI can upload the folder); git ignores it.
+ARTIFACTS = Path(os.environ.get("T2I_TEST_ARTIFACTS", Path(__file__).resolve().parent.parent / "test-artifacts"))
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
@@ -50,23 +54,63 @@ def open_ready(page: Any, url: str) -> None:
     assert page.locator("#live-preview input").is_checked()
 
 
+def shot(page: Any, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
 def set_steps(page: Any, n: int) -> None:
     steps = page.locator("#steps input[type=number]")
     steps.fill(str(n))
     steps.press("Enter")
 
 
-def test_prompt_enter_generates_an_image_and_shows_the_info(page: Any, tmp_path: Path) -> None:
+def test_prompt_enter_generates_an_image_and_shows_the_info(page: Any, app_url: str) -> None:
     set_steps(page, 100)  # a job long enough (seconds) for the progress text to be seen
     prompt = page.locator("#prompt textarea")
     prompt.fill("a red circle on a blue background")
     prompt.press("Enter")
     page.get_by_text(re.compile(r"step \d+/100")).first.wait_for(timeout=60_000)  # per-step progress
+    shot(page, "1-progress")
     page.locator("#info").get_by_text("finalize_end").wait_for(timeout=60_000)
     assert page.locator("#gallery img").first.is_visible()
     info_text = page.locator("#info").inner_text()
     assert "a red circle on a blue background" in info_text and "seed" in info_text
-    page.screenshot(path=str(tmp_path / "ui.png"))
+    page.get_by_text(re.compile(r"done in \d+\.\d\d s")).first.wait_for(timeout=10_000)
+    shot(page, "2-image")
+    # The image's own file, as the gallery's download button fetches it: a PNG with its parameters.
+    from PIL import Image
+
+    src = page.locator("#gallery img").first.get_attribute("src")
+    data = httpx.get(src if src.startswith("http") else app_url.rstrip("/") + src, timeout=10).content
+    with Image.open(io.BytesIO(data)) as image:
+        assert image.format == "PNG"
+        assert image.text["parameters"].startswith("a red circle on a blue background\n")
+
+
+def test_each_image_shows_its_time_and_its_seed_can_be_reused(page: Any) -> None:
+    import json
+
+    set_steps(page, 4)
+    page.locator("#prompt textarea").fill("a yellow star on a purple background")
+    page.locator("#generate").click()
+    page.get_by_text(re.compile(r"done in \d+\.\d\d s")).first.wait_for(timeout=60_000)
+    page.locator("#gallery").get_by_text(re.compile(r"seed \d+ · \d+\.\d\d s")).first.wait_for(timeout=10_000)
+    seeds = json.loads(re.search(r'"seeds":\s*(\[[^\]]*\])', _info_json(page)).group(1))
+    page.locator("#gallery img").first.click()
+    page.locator("#reuse-seed").click()
+    seed_box = page.get_by_label("Seed", exact=True)
+    deadline = time.monotonic() + 20
+    while seed_box.input_value() != str(seeds[0]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert seed_box.input_value() == str(seeds[0])
+    assert not page.get_by_label("Randomize seed").is_checked()
+    page.get_by_label("Randomize seed").check()
+    shot(page, "3-reused-seed")
+
+
+def _info_json(page: Any) -> str:
+    return page.locator("#info").inner_text().replace("\n", " ")
 
 
 def test_stop_cancels_the_running_job(page: Any, app_url: str) -> None:
@@ -83,7 +127,16 @@ def test_stop_cancels_the_running_job(page: Any, app_url: str) -> None:
     while cancelled() == before and time.monotonic() < deadline:
         time.sleep(0.1)
     assert cancelled() == before + 1
+    page.locator("#status").get_by_text("stopped").wait_for(timeout=10_000)
+    shot(page, "4-stopped")
     assert httpx.get(app_url + "health", timeout=10).json()["inference_in_progress"] is False
+    # The next job runs as usual.
+    set_steps(page, 6)
+    page.locator("#prompt textarea").fill("a green triangle on a yellow background")
+    page.locator("#generate").click()
+    page.get_by_text(re.compile(r"done in \d+\.\d\d s")).first.wait_for(timeout=60_000)
+    assert "a green triangle on a yellow background" in page.locator("#info").inner_text()
+    shot(page, "5-next-job")
     set_steps(page, 20)
 
 
@@ -112,3 +165,26 @@ def test_generate_button_works_and_validation_errors_are_shown(page: Any) -> Non
     page.locator("#prompt textarea").fill("   ")
     page.locator("#generate").click()
     page.get_by_text("prompt must not be empty").first.wait_for(timeout=30_000)
+    shot(page, "6-validation-error")
+
+
+def test_a_phone_sized_screen_fits_and_every_control_is_labelled(app_url: str, page: Any) -> None:
+    phone = page.context.browser.new_page(viewport={"width": 390, "height": 844}, device_scale_factor=2,
+                                          is_mobile=True, has_touch=True)
+    try:
+        open_ready(phone, app_url)
+        overflow = phone.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+        assert overflow <= 0, f"{overflow} px of horizontal scrolling on a phone"
+        for control in ("#prompt textarea", "#generate", "#stop", "#gallery"):
+            box = phone.locator(control).first.bounding_box()
+            assert box and box["x"] >= 0 and box["x"] + box["width"] <= 390, control
+        unlabelled = phone.evaluate("""() => [...document.querySelectorAll(
+                'input:not([type=hidden]), textarea, select, button')]
+            .filter(e => e.offsetParent !== null)
+            .filter(e => !(e.getAttribute('aria-label') || (e.labels && e.labels.length)
+                           || e.closest('label') || (e.innerText || '').trim() || e.getAttribute('title')))
+            .map(e => e.outerHTML.slice(0, 120))""")
+        assert unlabelled == [], unlabelled
+        shot(phone, "7-phone")
+    finally:
+        phone.close()

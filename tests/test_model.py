@@ -14,7 +14,7 @@ import pytest
 
 from pipeline.adapter import Done, LocalAdapter
 from pipeline.config import Settings
-from pipeline.default_model import DEFAULT_MODEL_DIR, ensure_default_model
+from pipeline.default_model import DEFAULT_MODEL_DIR, build_untrained, ensure_default_model, model_defaults
 from pipeline.request import Limits
 from pipeline.worker import GpuWorker
 from tests.conftest import collect, raw_request
@@ -47,12 +47,12 @@ def test_embedded_model_loads_from_disk_through_from_pretrained_offline() -> Non
         capture_output=True, text=True, timeout=180, cwd=ROOT,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.split() == ["StableDiffusionPipeline", "8", "(64,", "64)"]
+    assert out.stdout.split() == ["StableDiffusionPipeline", "4", "(64,", "64)"]
 
 
 def test_default_model_build_is_deterministic(tmp_path: Path) -> None:
-    ensure_default_model(tmp_path / "a", force=True)
-    ensure_default_model(tmp_path / "b", force=True)
+    build_untrained(tmp_path / "a")
+    build_untrained(tmp_path / "b")
     files = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*") if p.is_file())
     assert any(str(f).endswith(".safetensors") for f in files)
     for f in files:
@@ -63,7 +63,8 @@ def test_default_model_profile_and_speed_settings(model: Any) -> None:
     p = model.profile
     assert (p.pipeline_class, p.scheduler, p.device, p.dtype) == (
         "StableDiffusionPipeline", "EulerDiscreteScheduler", "cpu", "float32")
-    assert (p.default_width, p.default_height, p.default_steps, p.size_multiple) == (128, 128, 20, 8)
+    assert (p.default_width, p.default_height, p.default_steps, p.size_multiple) == (64, 64, 20, 4)
+    assert p.default_guidance == model_defaults(DEFAULT_MODEL_DIR)["guidance"]  # saved with the trained weights
     assert p.max_prompt_tokens == 75 and p.supports_negative_prompt
     assert model.count_tokens("a red circle on a blue background") == 7
 
