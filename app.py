@@ -289,9 +289,11 @@ def build_demo(adapter: LocalAdapter, settings: Settings) -> gr.Blocks:
             fn=make_generate(adapter, demo), inputs=inputs, outputs=[gallery, info], api_name="generate", **shared
         )
         # Stop cancels this browser session's own job only; Gradio scopes cancels to the session.
-        # The status line says so at once (a cancelled handler sends no last output).
+        # The status line then says so (a cancelled handler sends no last output); after 0.3 s, so
+        # that a progress output already on its way cannot overwrite it.
         stop_button.click(fn=None, outputs=[status], cancels=[generate_event], api_visibility="private",
-                          js=f"() => {json.dumps(status_html('stopped'))}")
+                          js="async () => { await new Promise(r => setTimeout(r, 300)); "
+                             f"return {json.dumps(status_html('stopped'))}; }}")
         gallery.select(fn=selected_index, inputs=None, outputs=[selected], api_visibility="private",
                        concurrency_id="ui", concurrency_limit=None)
         reuse_button.click(fn=reuse_seed, inputs=[info, selected], outputs=[seed, randomize_seed],

@@ -39,7 +39,7 @@ def test_generate_prints_progress_and_saves_pngs_with_their_parameters(url: str,
 
 
 def test_concurrent_submits_several_and_cancels_one(url: str) -> None:
-    stdout = run("concurrent.py", "--url", url, "--jobs", "4", "--cancel", "2", "--steps", "30")
+    stdout = run("concurrent_jobs.py", "--url", url, "--jobs", "4", "--cancel", "2", "--steps", "30")
     lines = stdout.splitlines()
     assert "job 2: cancelled" in lines
     finished = [line for line in lines if line.startswith("job ") and "image(s)" in line]

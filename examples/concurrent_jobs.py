@@ -1,6 +1,6 @@
 """Submit several jobs at once through gradio_client, cancel one, and collect the others.
 
-    python examples/concurrent.py [--url http://127.0.0.1:7860/] [--jobs 4] [--cancel 1]
+    python examples/concurrent_jobs.py [--url http://127.0.0.1:7860/] [--jobs 4] [--cancel 1]
 
 The app runs one inference at a time (compatible waiting requests may share it) and keeps the rest
 in line; a cancelled job leaves the line at once, or stops at its next denoising step if it was
@@ -23,10 +23,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=30)
     args = parser.parse_args(argv)
 
-    client = Client(args.url, verbose=False)
+    # One Client per job, as separate users would have: jobs of one Client share its session, and
+    # cancelling one of them there can leave the others' results waiting (gradio_client 2.7).
+    clients = [Client(args.url, verbose=False) for _ in range(args.jobs)]
     prompts = ["a red circle on a blue background", "a yellow star on a purple background",
                "a green triangle on a yellow background", "a blue square on a white background"]
-    jobs = [client.submit(prompt=prompts[k % len(prompts)], seed=k, randomize_seed=False,
+    jobs = [clients[k].submit(prompt=prompts[k % len(prompts)], seed=k, randomize_seed=False,
                           num_inference_steps=args.steps, api_name="/generate") for k in range(args.jobs)]
     time.sleep(0.5)  # let them join the queue
     jobs[args.cancel].cancel()
