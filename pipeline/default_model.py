@@ -218,14 +218,19 @@ def ensure_default_model(path: Path = DEFAULT_MODEL_DIR) -> Path:
 
 
 def build_untrained(path: Path, seed: int = BUILD_SEED) -> Path:
-    """Write the architecture with seeded random weights to ``path`` (via a temporary sibling folder
-    renamed into place, so a crash never leaves a half-written model that later loads)."""
+    """Write the architecture with seeded random weights to ``path``."""
     log.info("building the untrained default architecture into %s", path)
+    return save_model(build_pipeline(seed), path, {"trained": False, "seed": seed})
+
+
+def save_model(pipe, path: Path, stamp: dict) -> Path:  # noqa: ANN001
+    """``save_pretrained`` plus the build stamp, written to a temporary sibling folder and renamed
+    into place, so a crash never leaves a half-written model that later loads."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".default-model-", dir=path.parent))
     try:
-        build_pipeline(seed).save_pretrained(tmp, safe_serialization=True)
-        (tmp / _STAMP).write_text(json.dumps({"version": BUILD_VERSION, "trained": False, "seed": seed}))
+        pipe.save_pretrained(tmp, safe_serialization=True)
+        (tmp / _STAMP).write_text(json.dumps({"version": BUILD_VERSION, **stamp}, indent=1))
         if path.exists():
             shutil.rmtree(path)
         tmp.rename(path)

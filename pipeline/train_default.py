@@ -22,8 +22,6 @@ import copy
 import json
 import logging
 import math
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -33,7 +31,7 @@ import torch
 from tqdm import tqdm
 
 from . import shapes
-from .default_model import _STAMP, BUILD_VERSION, DEFAULT_MODEL_DIR, SCHEDULER_CONFIG, build_pipeline
+from .default_model import DEFAULT_MODEL_DIR, SCHEDULER_CONFIG, build_pipeline, save_model
 
 log = logging.getLogger(__name__)
 
@@ -183,18 +181,8 @@ def train(out: Path, seed: int = 0, quick: bool = False, threads: int | None = N
     report["train_seconds"] = round(time.monotonic() - started, 1)
     log.info("trained in %.0f s", report["train_seconds"])
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".default-model-", dir=out.parent))
-    try:
-        pipe.save_pretrained(tmp, safe_serialization=True)
-        stamp = {"version": BUILD_VERSION, "trained": True, "seed": seed, "defaults": {"guidance": GUIDANCE, "steps": 20},
-                 "training": report}
-        (tmp / _STAMP).write_text(json.dumps(stamp, indent=1))
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    save_model(pipe, out, {"trained": True, "seed": seed, "defaults": {"guidance": GUIDANCE, "steps": 20},
+                           "training": report})
     return report
 
 
@@ -203,7 +191,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=DEFAULT_MODEL_DIR)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2, help="torch threads (the bits depend on it; default 2)")
-    parser.add_argument("--quick", action="store_true", help="a smoke run of every stage, in about two minutes")
+    parser.add_argument("--quick", action="store_true", help="a smoke run of every stage, in about a minute")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     report = train(args.out, seed=args.seed, quick=args.quick, threads=args.threads)
