@@ -40,8 +40,7 @@ from prometheus_client import CONTENT_TYPE_LATEST  # noqa: E402
 from pipeline.adapter import LocalAdapter, Step, Waiting  # noqa: E402
 from pipeline.config import Settings, load_settings  # noqa: E402
 from pipeline.errors import Cancelled, InvalidRequest, RetryLater, ServingError  # noqa: E402
-from pipeline.protocol import ModelProfile  # noqa: E402
-from pipeline.request import MAX_SEED, Limits, new_request_id  # noqa: E402
+from pipeline.request import MAX_SEED, limits_for, new_request_id  # noqa: E402
 from pipeline.shapes import EXAMPLE_PROMPTS, GENERIC_PROMPTS  # noqa: E402
 from pipeline.sweeper import Sweeper  # noqa: E402
 from pipeline.worker import GpuWorker  # noqa: E402
@@ -303,32 +302,35 @@ def build_demo(adapter: LocalAdapter, settings: Settings) -> gr.Blocks:
     return demo
 
 
-def limits_for(settings: Settings, profile: ModelProfile) -> Limits:
-    return Limits.for_model(
-        profile,
-        max_images=settings.max_images,
-        max_prompt_chars=settings.max_prompt_chars,
-        max_size=settings.max_size,
-        max_steps=settings.max_steps,
-        max_pixels=settings.max_pixels,
-    )
-
-
 def create_app(settings: Settings, load: Any = None) -> tuple[gr.Blocks, LocalAdapter]:
-    """Start the model thread (waits for the model to load) and build the UI around it.
+    """Start the model side (waits for the model to load) and build the UI around it.
 
-    ``load`` replaces the real loader (tests inject a fake model through it).
+    ``--backend local``: one ``gpu-worker`` thread in this process under a ``LocalAdapter``.
+    ``--backend ray``: ``--replicas`` Ray Serve replicas, each with its own model thread and gate,
+    under a ``RayAdapter`` (``pipeline/ray_backend.py``). ``load`` replaces the real loader (tests
+    inject a fake model through it; local backend only).
     """
-    if load is None:
-        from pipeline.model import load_model
+    adapter: Any
+    if settings.backend == "ray":
+        from pipeline import ray_backend
 
-        def load() -> Any:
-            return load_model(settings)
+        cluster = ray_backend.start(settings)
+        try:
+            adapter = ray_backend.RayAdapter(cluster, settings)
+        except BaseException:
+            ray_backend.stop(cluster)
+            raise
+    else:
+        if load is None:
+            from pipeline.model import load_model
 
-    worker = GpuWorker(load)
-    profile = worker.start()
-    adapter = LocalAdapter(worker, limits_for(settings, profile), settings.output_dir, job_timeout=settings.job_timeout,
-                           max_batch_size=settings.max_batch_size)
+            def load() -> Any:
+                return load_model(settings)
+
+        worker = GpuWorker(load)
+        profile = worker.start()
+        adapter = LocalAdapter(worker, limits_for(settings, profile), settings.output_dir,
+                               job_timeout=settings.job_timeout, max_batch_size=settings.max_batch_size)
     # The app's own sweeper keeps its outputs and Gradio's copies of them within budget.
     sweeper = Sweeper(
         [settings.output_dir, Path(get_upload_folder())],
@@ -413,7 +415,7 @@ def shutdown(demo: gr.Blocks, adapter: LocalAdapter, deadline: float = 8.0) -> N
         time.sleep(0.05)
     time.sleep(min(0.5, max(0.0, end - time.monotonic())))  # let the last error messages go out
     demo.close()
-    adapter.worker.shutdown(timeout=max(0.5, end - time.monotonic()))
+    adapter.shutdown_model(timeout=max(0.5, end - time.monotonic()))
     adapter.close()
 
 

@@ -1,6 +1,7 @@
 """The benchmark: every figure a ratio against a reference measured in the same run.
 
     python -m bench [--quick] [--device cpu|cuda] [--json bench/results/latest.json]
+    python -m bench --backend ray [--quick]     # Ray Serve: 2 replicas vs 1 vs LocalAdapter (bench.scale)
 
 Servers run as subprocesses (``bench.servers``), the raw pipeline in its own subprocess
 (``bench.raw``); this process only generates load (``gradio_client`` threads) and probes (httpx).
@@ -367,7 +368,15 @@ def versions() -> dict[str, str]:
 
     return {"python": platform.python_version(), "torch": torch.__version__, "diffusers": diffusers.__version__,
             "gradio": gradio.__version__, "cpu": platform.processor() or platform.machine(),
-            "cores": str(os.cpu_count())}
+            "cores": str(os.cpu_count()), **_ray_version()}
+
+
+def _ray_version() -> dict[str, str]:
+    try:
+        import ray
+    except ImportError:
+        return {}
+    return {"ray": ray.__version__}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -379,7 +388,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="cuda: a full-size SD 1.5 architecture with random weights (bench.sd15)")
     parser.add_argument("--max-batch-size", type=int, default=4, help="the batching section's batch size")
     parser.add_argument("--model", default="", help="model path (default: the embedded model; SD 1.5 on cuda)")
+    parser.add_argument("--backend", default="local", choices=["local", "ray"],
+                        help="ray: the Ray Serve backend's scaling benchmark (bench.scale) instead")
     args = parser.parse_args(argv)
+    if args.backend == "ray":
+        return scale_main(args)
     quick, gpu = args.quick, args.device == "cuda"
     model = args.model
     if gpu and not model:
@@ -463,6 +476,19 @@ def main(argv: list[str] | None = None) -> int:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=1))
     print(render(results))
+    return 0
+
+
+def scale_main(args: argparse.Namespace) -> int:
+    from bench import scale
+
+    results = scale.run(args.quick, args.device, args.model)
+    results["mode"] = "quick" if args.quick else "full"
+    results["versions"] = versions()
+    path = args.json if args.json != ROOT / "bench" / "results" / "latest.json" else ROOT / "bench" / "results" / "ray.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=1))
+    print(scale.render(results, results["versions"]))
     return 0
 
 

@@ -311,6 +311,10 @@ class LocalAdapter:
         """Run ``callback`` when the adapter closes (the app hangs its helpers' shutdown here)."""
         self._on_close.append(callback)
 
+    def shutdown_model(self, timeout: float | None = None) -> None:
+        """End the model thread (after its current job, whose stop ``begin_shutdown`` has set)."""
+        self.worker.shutdown(timeout=timeout)
+
     def close(self) -> None:
         for callback in self._on_close:
             callback()

@@ -40,6 +40,11 @@ class Settings:
     output_max_age_minutes: int = 60
     sweep_interval: float = 30.0
     output_dir: Path = Path(tempfile.gettempdir()) / "t2i-outputs"
+    backend: str = "local"  # local: the model in this process | ray: Ray Serve replicas
+    replicas: int = 1  # Ray backend: model replicas, one device each
+    ray_address: str | None = None  # Ray backend: an existing cluster ("auto", "ray://host:10001"); None: start one here
+    replica_cpus: float | None = None  # Ray backend: CPUs per replica; None: the cluster's CPUs split evenly
+    replica_gpus: float | None = None  # Ray backend: GPUs per replica; None: 1 where the cluster has a GPU per replica
 
     def auth_pair(self) -> tuple[str, str] | None:
         if self.auth is None:
@@ -79,6 +84,11 @@ _OPTIONS: tuple[tuple[str, str, type, str], ...] = (
     ("output_max_age_minutes", "T2I_OUTPUT_MAX_AGE_MINUTES", int, "generated images older than this are deleted (default 60)"),
     ("sweep_interval", "T2I_SWEEP_INTERVAL", float, "seconds between sweeps of the output folders (default 30)"),
     ("output_dir", "T2I_OUTPUT_DIR", Path, "folder for generated PNGs (default: $TMPDIR/t2i-outputs)"),
+    ("backend", "T2I_BACKEND", str, "local (the model in this process) or ray (Ray Serve replicas; pip install 'ray[serve]')"),
+    ("replicas", "T2I_REPLICAS", int, "Ray backend: model replicas, one device and one inference at a time each (default 1)"),
+    ("ray_address", "T2I_RAY_ADDRESS", str, "Ray backend: address of an existing Ray cluster (default: start a local one)"),
+    ("replica_cpus", "T2I_REPLICA_CPUS", float, "Ray backend: CPUs per replica (default: the cluster's CPUs split evenly)"),
+    ("replica_gpus", "T2I_REPLICA_GPUS", float, "Ray backend: GPUs per replica (default: 1 where the cluster has one per replica, else 0)"),
 )
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -148,5 +158,15 @@ def _check(s: Settings) -> None:
             raise SystemExit(f"--{name.replace('_', '-')} must be at least 1; got {getattr(s, name)}")
     if not s.sweep_interval > 0:
         raise SystemExit(f"--sweep-interval must be a positive number of seconds; got {s.sweep_interval}")
+    if s.backend not in {"local", "ray"}:
+        raise SystemExit(f"--backend must be local or ray; got {s.backend!r}")
+    if s.replicas < 1:
+        raise SystemExit(f"--replicas must be at least 1; got {s.replicas}")
+    if s.backend == "local" and (s.replicas != 1 or s.ray_address):
+        raise SystemExit("--replicas and --ray-address need --backend ray")
+    for name in ("replica_cpus", "replica_gpus"):
+        value = getattr(s, name)
+        if value is not None and not value >= 0:
+            raise SystemExit(f"--{name.replace('_', '-')} must be 0 or more; got {value}")
     if s.concurrency < 2:
         raise SystemExit("--concurrency must be at least 2, or the whole handler is serialized")

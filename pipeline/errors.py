@@ -1,11 +1,12 @@
 """The error taxonomy. Classified by audience, so the UI layer knows what it may show.
 
 - ``InvalidRequest``: the user's mistake; the message is shown verbatim (it names the field).
-- ``RetryLater``: the server's state, not the user's fault: shutting down. (A full queue is
-  answered by Gradio's queue itself, before our code runs.)
+- ``RetryLater``: the server's state, not the user's fault: shutting down, or (Ray backend) the
+  replicas' line is full. (The local app's full queue is answered by Gradio's queue itself.)
 - ``Cancelled``: the caller asked to stop; not an error to report to anyone else.
 - ``GenerationFailed``: an internal fault in one job; the user sees a generic message with the id.
 - ``OutOfMemory``: a recoverable GPU/CPU memory fault; the user is told to shrink the request.
+- ``ReplicaDead``: (Ray backend) the replica running the job died; the others carry on.
 - ``EngineDead``: the model thread is gone; every waiting job fails at once.
 """
 
@@ -33,6 +34,14 @@ class RetryLater(ServingError):
 
 class ShuttingDown(RetryLater):
     pass
+
+
+class QueueFull(RetryLater):
+    """Admission is bounded: the line for the model is full (Ray Serve's ``max_queued_requests``)."""
+
+    def __init__(self, limit: int | None = None) -> None:
+        size = f" ({limit} requests are already waiting)" if limit else ""
+        super().__init__(f"The queue is full{size}; please retry in a moment.")
 
 
 class Cancelled(ServingError):
@@ -70,6 +79,17 @@ class JobTimedOut(GenerationFailed):
             request_id,
             f"The job ran past the {limit:g} s time limit and was stopped (request id {request_id}). "
             "Try fewer steps, a smaller size or fewer images.",
+        )
+
+
+class ReplicaDead(GenerationFailed):
+    """The replica running (or about to run) the job died; the other replicas carry on."""
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(
+            request_id,
+            f"The server process running your job stopped (request id {request_id}). "
+            "Please try again; another replica will take it.",
         )
 
 

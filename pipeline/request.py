@@ -13,10 +13,13 @@ import math
 import secrets
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from .errors import InvalidRequest
 from .protocol import InferenceJob, ModelProfile
+
+if TYPE_CHECKING:
+    from .config import Settings
 
 MAX_SEED = 2**32 - 1
 FIELDS = (
@@ -242,4 +245,16 @@ def validate(
         num_images=num_images,
         warnings=tuple(warnings),
         live_preview=live_preview,
+    )
+
+
+def limits_for(settings: "Settings", profile: ModelProfile) -> Limits:
+    """The limits the app applies: the model's, narrowed by the settings (front end and replicas alike)."""
+    return Limits.for_model(
+        profile,
+        max_images=settings.max_images,
+        max_prompt_chars=settings.max_prompt_chars,
+        max_size=settings.max_size,
+        max_steps=settings.max_steps,
+        max_pixels=settings.max_pixels,
     )

@@ -37,6 +37,7 @@ class FakeModel:
     profile: ModelProfile = FAKE_PROFILE
     hold: bool = False  # each generate call blocks until ``release`` gives it a permit
     step_gate: threading.Semaphore | None = None  # when set, each step waits for a permit
+    permit_wait: float = WAIT  # how long a step waits for its permit before failing the job
     outcome: Callable[[InferenceJob], None] | None = None  # may raise to script a failure
     prepare_hook: Callable[[str], None] | None = None  # runs inside count_tokens (prepare)
     calls: list[InferenceJob] = field(default_factory=list)
@@ -72,7 +73,7 @@ class FakeModel:
         try:
             for i in range(job.num_inference_steps):
                 if self.step_gate is not None:
-                    assert self.step_gate.acquire(timeout=WAIT), "step permit never came"
+                    assert self.step_gate.acquire(timeout=self.permit_wait), "step permit never came"
                 steps = i + 1
                 self.steps_run[job.request_id] = steps
                 on_step(steps, job.num_inference_steps, {})

@@ -92,6 +92,9 @@ def test_each_image_shows_its_time_and_its_seed_can_be_reused(page: Any) -> None
     set_steps(page, 4)
     page.locator("#prompt textarea").fill("a yellow star on a purple background")
     page.locator("#generate").click()
+    # Only the last output's info record carries the prompt; the page still shows the previous
+    # test's "done in" and images until then.
+    page.locator("#info").get_by_text("a yellow star on a purple background").first.wait_for(timeout=60_000)
     page.get_by_text(re.compile(r"done in \d+\.\d\d s")).first.wait_for(timeout=60_000)
     caption = page.locator("#gallery").get_by_text(re.compile(r"seed \d+ · \d+\.\d\d s")).first
     caption.wait_for(timeout=10_000)
@@ -122,7 +125,11 @@ def test_stop_cancels_the_running_job(page: Any, app_url: str) -> None:
     while cancelled() == before and time.monotonic() < deadline:
         time.sleep(0.1)
     assert cancelled() == before + 1
-    page.locator("#status").get_by_text("stopped").wait_for(timeout=10_000)
+    try:
+        page.locator("#status").get_by_text("stopped").wait_for(timeout=10_000)
+    except Exception:
+        print("STATUS:", repr(page.locator("#status").inner_text()), repr(page.locator("#status").inner_html()[:500]))
+        raise
     shot(page, "4-stopped")
     assert httpx.get(app_url + "health", timeout=10).json()["inference_in_progress"] is False
     # The next job runs as usual.

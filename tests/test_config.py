@@ -31,8 +31,31 @@ def test_environment_then_flags() -> None:
         (["--concurrency", "1"], {}, "--concurrency must be at least 2"),
         ([], {"T2I_CPU_OFFLOAD": "maybe"}, "T2I_CPU_OFFLOAD must be one of"),
         ([], {"GRADIO_SERVER_PORT": "http"}, "GRADIO_SERVER_PORT must be a int"),
+        (["--backend", "k8s"], {}, "--backend must be local or ray"),
+        (["--backend", "ray", "--replicas", "0"], {}, "--replicas must be at least 1"),
+        (["--replicas", "2"], {}, "need --backend ray"),
+        (["--backend", "ray", "--replica-gpus", "-1"], {}, "--replica-gpus must be 0 or more"),
     ],
 )
 def test_bad_settings_exit_with_a_message(argv: list[str], env: dict[str, str], message: str) -> None:
     with pytest.raises(SystemExit, match=message):
         load_settings(argv, environ=env)
+
+
+def test_ray_settings_from_flags_and_environment() -> None:
+    env = {"T2I_BACKEND": "ray", "T2I_REPLICAS": "4", "T2I_RAY_ADDRESS": "auto"}
+    s = load_settings(["--replica-gpus", "1"], environ=env)
+    assert (s.backend, s.replicas, s.ray_address, s.replica_gpus, s.replica_cpus) == ("ray", 4, "auto", 1.0, None)
+
+
+def test_replica_resources_split_the_cluster() -> None:
+    from pipeline.config import Settings
+    from pipeline.ray_backend import replica_resources
+
+    two = Settings(backend="ray", replicas=2)
+    assert replica_resources(two, {"CPU": 2}) == (1.0, 0.0)
+    assert replica_resources(two, {"CPU": 32, "GPU": 2}) == (16.0, 1.0)
+    assert replica_resources(two, {"CPU": 32, "GPU": 1}) == (16.0, 0.0)  # not one GPU each: CPU replicas
+    assert replica_resources(Settings(backend="ray", replicas=2, device="cpu"), {"CPU": 8, "GPU": 4}) == (4.0, 0.0)
+    assert replica_resources(Settings(backend="ray", replicas=3, replica_cpus=0.5, replica_gpus=0.25),
+                             {"CPU": 1}) == (0.5, 0.25)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 import uuid
 from typing import Any, Iterator
 
@@ -116,15 +117,26 @@ def test_cancel_while_waiting_leaves_without_touching_the_model(url: str, fake: 
     # cancelling it cannot touch the first caller's running job.
     other = Client(url, verbose=False)
     fake.step_gate = threading.Semaphore(0)
-    first = client.submit(**raw_request(num_inference_steps=2, seed=31), api_name="/generate")
-    wait_for(lambda: fake.calls and fake.calls[-1].seeds == (31,) and fake.active == 1, "the first job runs")
-    second = other.submit(**raw_request(num_inference_steps=2, seed=32), api_name="/generate")
-    wait_for(lambda: httpx.get(url + "health").json()["gpu_queue_depth"] == 1, "the second waits for the GPU")
-    calls = len(fake.calls)
-    second.cancel()
-    wait_for(lambda: httpx.get(url + "health").json()["gpu_queue_depth"] == 0, "the second left the line")
-    fake.step_gate.release(2)
-    assert first.result(timeout=WAIT)[1]["status"] == "done"  # the other caller's job was untouched
+    # The first job holds the model, waiting for step permits, for the whole set-up below (three
+    # waits of up to WAIT each on a loaded machine): its own permit wait must outlast them, or it
+    # fails with "step permit never came" while nothing is wrong (seen twice under a full suite
+    # running beside a training job).
+    fake.permit_wait = 4 * WAIT
+    started = time.monotonic()
+    try:
+        first = client.submit(**raw_request(num_inference_steps=2, seed=31), api_name="/generate")
+        wait_for(lambda: fake.calls and fake.calls[-1].seeds == (31,) and fake.active == 1, "the first job runs")
+        second = other.submit(**raw_request(num_inference_steps=2, seed=32), api_name="/generate")
+        wait_for(lambda: httpx.get(url + "health").json()["gpu_queue_depth"] == 1, "the second waits for the GPU")
+        calls = len(fake.calls)
+        second.cancel()
+        wait_for(lambda: httpx.get(url + "health").json()["gpu_queue_depth"] == 0, "the second left the line")
+        setup = time.monotonic() - started
+        fake.step_gate.release(2)
+        info = first.result(timeout=WAIT)[1]
+    finally:
+        fake.permit_wait = WAIT
+    assert info["status"] == "done", f"set-up took {setup:.1f} s"  # the other caller's job was untouched
     assert len(fake.calls) == calls and all(c.seeds != (32,) for c in fake.calls)
 
 

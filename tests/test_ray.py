@@ -1,0 +1,218 @@
+"""The Ray Serve backend with 2 CPU replicas of the default model (issue 9).
+
+One local Ray instance and one deployment for the whole module (starting them costs ~30 s on 2
+cores). The replica-killing test runs last: it disturbs the deployment on purpose.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from pipeline.adapter import Done, Step, Waiting
+from pipeline.config import Settings
+from pipeline.errors import Cancelled, GenerationFailed, InvalidRequest, QueueFull, ReplicaDead
+
+ray = pytest.importorskip("ray")
+
+from pipeline import ray_backend  # noqa: E402
+
+QUEUE = 6  # a burst is admitted up to this many calls (see the queue-full test)
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def side(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ray_backend.RayAdapter]:
+    tmp = tmp_path_factory.mktemp("ray")
+    settings = Settings(backend="ray", replicas=2, torch_threads=1, replica_cpus=1, max_batch_size=2,
+                        queue_size=QUEUE, output_dir=tmp / "out", sweep_interval=3600)
+    cluster = ray_backend.start(settings)
+    adapter = ray_backend.RayAdapter(cluster, settings)
+    try:
+        yield adapter
+    finally:
+        adapter.close()
+        adapter.shutdown_model()
+
+
+def req(k: int, *, size: int = 64, steps: int = 20, **over: Any) -> dict[str, Any]:
+    raw = {"prompt": "a red circle on a blue background", "negative_prompt": "", "seed": k,
+           "randomize_seed": False, "width": size, "height": size, "num_inference_steps": steps,
+           "guidance_scale": 4.0, "num_images": 1, "live_preview": False}
+    return {**raw, **over}
+
+
+async def collect(adapter: ray_backend.RayAdapter, raw: dict[str, Any]) -> tuple[list[Any], Done]:
+    events: list[Any] = []
+    async with contextlib.aclosing(adapter.run(raw)) as stream:
+        async for event in stream:
+            events.append(event)
+            if isinstance(event, Done):
+                return events, event
+    raise AssertionError(f"no result: {events}")
+
+
+def stats_of(adapter: ray_backend.RayAdapter, replica: str, tries: int = 60) -> dict[str, Any]:
+    """The named replica's counters (Serve routes each call to some replica: ask until it answers)."""
+    for _ in range(tries):
+        stats = adapter.cluster.handle.stats.remote().result(timeout_s=30)
+        if stats["replica"] == replica:
+            return stats
+    raise AssertionError(f"replica {replica} never answered")
+
+
+def test_requests_spread_over_both_replicas_one_inference_each_at_a_time(side: ray_backend.RayAdapter) -> None:
+    async def main() -> list[dict[str, Any]]:
+        results = await asyncio.gather(*(collect(side, req(k)) for k in range(QUEUE)))
+        return [done.info for _, done in results]
+
+    infos = asyncio.run(main())
+    by_replica: dict[str, set[tuple[float, float]]] = {}
+    for info in infos:
+        assert info["backend"] == "ray" and info["steps_done"] == 20
+        t = info["timings"]
+        # Members of one batch share their inference: one interval per inference.
+        by_replica.setdefault(info["replica"], set()).add((t["infer_start"], t["infer_end"]))
+    assert len(by_replica) == 2, f"all requests ran on {list(by_replica)}"
+    for replica, intervals in by_replica.items():
+        ordered = sorted(intervals)
+        for (s1, e1), (s2, e2) in zip(ordered, ordered[1:]):
+            assert s2 >= e1, f"replica {replica} ran two inferences at once: {(s1, e1)} and {(s2, e2)}"
+    assert sum(len(v) for v in by_replica.values()) <= len(infos)
+
+
+def test_progress_and_images_cross_the_boundary(side: ray_backend.RayAdapter) -> None:
+    events, done = asyncio.run(collect(side, req(7, steps=8, num_images=2)))
+    steps = [e.step for e in events if isinstance(e, Step)]
+    assert steps == list(range(1, 9))
+    assert any(isinstance(e, Waiting) for e in events)
+    assert len(done.paths) == 2 and all(Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in done.paths)
+    assert done.info["seeds"] == [7, 8] and done.info["replica"]
+    from PIL import Image
+
+    with Image.open(done.paths[0]) as image:
+        assert "Seed: 7" in image.text["parameters"]
+
+
+def test_bad_input_is_answered_by_the_front_end(side: ray_backend.RayAdapter) -> None:
+    with pytest.raises(InvalidRequest) as err:
+        asyncio.run(collect(side, req(0, size=65)))
+    assert err.value.field == "width" and "multiple of" in str(err.value)
+
+
+def test_cancel_stops_the_remote_job_at_the_next_step(side: ray_backend.RayAdapter) -> None:
+    async def main() -> tuple[str, int]:
+        stream = side.run(req(1, size=128, steps=100))
+        seen = 0
+        replica = ""
+        async for event in stream:
+            if isinstance(event, Step):
+                seen = event.step
+                replica = next(iter(side.started.values())).replica
+                if seen >= 3:
+                    break
+        await stream.aclose()  # what Gradio does when its client cancels
+        return replica, seen
+
+    before = {r: stats_of(side, r)["jobs"]["cancelled"] for r in {s["replica"] for s in _both(side)}}
+    replica, seen = asyncio.run(main())
+    deadline = time.monotonic() + 30
+    while True:
+        stats = stats_of(side, replica)
+        if stats["jobs"]["cancelled"] > before[replica] and not stats["inference_in_progress"]:
+            break
+        assert time.monotonic() < deadline, f"the remote job was not stopped: {stats}"
+        time.sleep(0.2)
+    assert stats["steps_after_stop_count"] >= 1
+    # The model checks the stop event after every step: at most one more step once it was set.
+    assert stats["steps_after_stop_sum"] <= stats["steps_after_stop_count"]
+    assert seen >= 3
+
+
+def _both(side: ray_backend.RayAdapter) -> list[dict[str, Any]]:
+    seen: dict[str, dict[str, Any]] = {}
+    for _ in range(60):
+        stats = side.cluster.handle.stats.remote().result(timeout_s=30)
+        seen[stats["replica"]] = stats
+        if len(seen) == 2:
+            return list(seen.values())
+    raise AssertionError(f"only {list(seen)} answered")
+
+
+def test_a_full_line_gets_a_clear_error_and_the_rest_finish(side: ray_backend.RayAdapter) -> None:
+    async def main() -> list[Any]:
+        return await asyncio.gather(*(collect(side, req(k)) for k in range(2 * 2 + QUEUE + 8)),
+                                    return_exceptions=True)
+
+    outcomes = asyncio.run(main())
+    full = [o for o in outcomes if isinstance(o, QueueFull)]
+    done = [o for o in outcomes if isinstance(o, tuple)]
+    assert full, "nobody was told the queue is full"
+    assert "queue is full" in str(full[0])
+    assert len(full) + len(done) == len(outcomes), [o for o in outcomes if isinstance(o, BaseException)]
+    # Ray counts every call not yet assigned to a replica as queued, so a burst is admitted up to
+    # max_queued_requests (more as assignments drain the router's queue).
+    assert len(done) >= QUEUE
+
+
+def test_the_gradio_app_runs_unchanged_on_the_ray_backend(side: ray_backend.RayAdapter, tmp_path: Path) -> None:
+    import httpx
+    from gradio_client import Client
+
+    import app
+    from tests.conftest import free_port
+
+    settings = Settings(backend="ray", port=free_port(), output_dir=side.output_dir)
+    demo = app.build_demo(side, settings)
+    app.launch(demo, side, settings)
+    try:
+        client = Client(f"http://127.0.0.1:{settings.port}/", verbose=False, download_files=str(tmp_path))
+        gallery, info = client.predict("a blue square on a yellow background", "", 5, False, 64, 64, 10, 4.0, 1,
+                                       False, api_name="/generate")
+        assert info["status"] == "done" and info["replica"] and info["backend"] == "ray"
+        assert len(gallery) == 1
+        health = httpx.get(f"http://127.0.0.1:{settings.port}/health").json()
+        assert health["backend"] == "ray" and health["replicas"] == 2
+        client.close()
+    finally:
+        demo.close()
+
+
+def test_a_replica_killed_mid_job_fails_that_job_and_the_next_jobs_succeed(side: ray_backend.RayAdapter) -> None:
+    async def doomed() -> tuple[BaseException | None, str]:
+        killed = ""
+        try:
+            async with contextlib.aclosing(side.run(req(2, size=128, steps=100))) as stream:
+                async for event in stream:
+                    if isinstance(event, Step) and event.step >= 2 and not killed:
+                        started = next(iter(side.started.values()))
+                        killed = started.replica
+                        os.kill(started.pid, signal.SIGKILL)
+        except Exception as exc:  # noqa: BLE001 - the test inspects it
+            return exc, killed
+        return None, killed
+
+    error, killed = asyncio.run(asyncio.wait_for(doomed(), 120))
+    assert killed, "the job never started"
+    assert isinstance(error, ReplicaDead), repr(error)
+    assert isinstance(error, GenerationFailed) and "stopped" in str(error)
+
+    async def next_jobs() -> list[dict[str, Any]]:
+        results = await asyncio.gather(*(collect(side, req(k)) for k in range(4)))
+        return [done.info for _, done in results]
+
+    infos = asyncio.run(asyncio.wait_for(next_jobs(), 120))
+    assert all(i["steps_done"] == 20 for i in infos)
+    assert killed not in {i["replica"] for i in infos}
+    deadline = time.monotonic() + 120
+    while side.health()["replicas_running"] != 2:  # Ray replaces the dead replica
+        assert time.monotonic() < deadline, side.health()
+        time.sleep(1)
+    assert not isinstance(error, Cancelled)
