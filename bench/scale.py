@@ -82,6 +82,9 @@ def run(quick: bool, device: str = "cpu", model: str = "") -> dict[str, Any]:
     # Logical CPUs: three replicas (1 + 2) must be placed at once; each runs one torch thread and
     # only one deployment works at a time.
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    # Ray starts its workers at nice 15; the LocalAdapter's model thread runs at 0 in this process.
+    # Like for like: the replicas at 0 too (the raylet reads this when it starts).
+    os.environ.setdefault("RAY_worker_niceness", "0")
     ray.init(num_cpus=max(3, cores), include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": path}})
     results: dict[str, Any] = {"size": size, "steps": steps, "requests_per_round": n, "rounds": rounds}

@@ -335,28 +335,9 @@ class LocalAdapter:
         model at the next step, without waiting for the next yield to find out.
         """
         self._loop = asyncio.get_running_loop()
-        self.in_flight += 1
-        self.metrics.in_flight.inc()
-        outcome = "failed"
-        try:
-            async with contextlib.aclosing(self._stages(raw, request_id, alive)) as stages:
-                async for event in stages:
-                    yield event
-            outcome = "completed"
-        except (InvalidRequest, RetryLater):
-            outcome = "rejected"
-            raise
-        except (Cancelled, asyncio.CancelledError, GeneratorExit):
-            outcome = "cancelled"
-            raise
-        finally:
-            self.in_flight -= 1
-            self.metrics.in_flight.dec()
-            self.metrics.jobs.labels(outcome).inc()
-            if outcome == "failed":
-                self.consecutive_failures += 1
-            elif outcome == "completed":
-                self.consecutive_failures = 0
+        async with contextlib.aclosing(accounted(self, self._stages(raw, request_id, alive))) as events:
+            async for event in events:
+                yield event
 
     async def _stages(
         self, raw: Mapping[str, Any], request_id: str | None, alive: Callable[[], bool] | None
@@ -615,6 +596,35 @@ class LocalAdapter:
             info["request_id"], images, info["width"], info["height"], info["num_inference_steps"],
             d["gpu_wait"], d["inference"], d["total"],
         )
+
+
+async def accounted(adapter: Any, stages: AsyncIterator[Event]) -> AsyncIterator[Event]:
+    """Stream one request's events, counting it on ``adapter``: in flight, its outcome, failures in a row.
+
+    Shared by ``LocalAdapter`` and ``RayAdapter`` (``in_flight``, ``metrics``, ``consecutive_failures``).
+    """
+    adapter.in_flight += 1
+    adapter.metrics.in_flight.inc()
+    outcome = "failed"
+    try:
+        async with contextlib.aclosing(stages):
+            async for event in stages:
+                yield event
+        outcome = "completed"
+    except (InvalidRequest, RetryLater):
+        outcome = "rejected"
+        raise
+    except (Cancelled, asyncio.CancelledError, GeneratorExit):
+        outcome = "cancelled"
+        raise
+    finally:
+        adapter.in_flight -= 1
+        adapter.metrics.in_flight.dec()
+        adapter.metrics.jobs.labels(outcome).inc()
+        if outcome == "failed":
+            adapter.consecutive_failures += 1
+        elif outcome == "completed":
+            adapter.consecutive_failures = 0
 
 
 class _TimedOut(Exception):

@@ -37,16 +37,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Mapping
 
-from .adapter import SHUTDOWN_MESSAGE, Done, Event, Step, Waiting
+from .adapter import SHUTDOWN_MESSAGE, Done, Event, Step, Waiting, accounted
 from .config import Settings
 from .errors import (
     Cancelled,
     GenerationFailed,
-    InvalidRequest,
     OutOfMemory,
     QueueFull,
     ReplicaDead,
-    RetryLater,
     ServingError,
     ShuttingDown,
 )
@@ -382,28 +380,9 @@ class RayAdapter:
         alive: Callable[[], bool] | None = None,
     ) -> AsyncIterator[Event]:
         """As ``LocalAdapter.run``: ``Waiting``/``Step`` progress, then one ``Done``; or a ``ServingError``."""
-        self.in_flight += 1
-        self.metrics.in_flight.inc()
-        outcome = "failed"
-        try:
-            async with contextlib.aclosing(self._stages(raw, request_id, alive)) as stages:
-                async for event in stages:
-                    yield event
-            outcome = "completed"
-        except (InvalidRequest, RetryLater):
-            outcome = "rejected"
-            raise
-        except (Cancelled, asyncio.CancelledError, GeneratorExit):
-            outcome = "cancelled"
-            raise
-        finally:
-            self.in_flight -= 1
-            self.metrics.in_flight.dec()
-            self.metrics.jobs.labels(outcome).inc()
-            if outcome == "failed":
-                self.consecutive_failures += 1
-            elif outcome == "completed":
-                self.consecutive_failures = 0
+        async with contextlib.aclosing(accounted(self, self._stages(raw, request_id, alive))) as events:
+            async for event in events:
+                yield event
 
     async def _stages(
         self, raw: Mapping[str, Any], request_id: str | None, alive: Callable[[], bool] | None

@@ -84,6 +84,15 @@ MUTANTS = [
                                  "out: tuple[Any, ...] = (gr.skip(), record, status_html(text))"),),
            "tests/test_lifecycle.py::test_progress_outputs_never_rebuild_a_component"),
     # Rely on Gradio alone to notice a vanished client (it tells the handler at its next yield).
+    # The Ray backend: a replica that admits 8 requests and runs each on its own thread, with no
+    # gate; and a front end that never forwards a cancel to the replica.
+    Mutant("ray-replica-without-a-gate",
+           (*NO_GATE, THREAD_PER_JOB,
+            ("pipeline/ray_backend.py", "max_ongoing_requests=settings.max_batch_size,", "max_ongoing_requests=8,")),
+           "tests/test_ray.py::test_requests_spread_over_both_replicas_one_inference_each_at_a_time"),
+    Mutant("ray-cancel-not-forwarded",
+           (("pipeline/ray_backend.py", "        call.cancel()\n", "        pass  # MUTANT\n"),),
+           "tests/test_ray.py::test_cancel_stops_the_remote_job_at_the_next_step"),
     Mutant("no-disconnect-watch", (("app.py", "            alive = caller_alive(demo)\n", "            alive = None\n"),),
            "tests/test_lifecycle.py::test_a_dropped_connection_stops_the_job"),
     # Trust the slider: no server-side check of num_inference_steps.
