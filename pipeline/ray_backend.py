@@ -58,6 +58,7 @@ APP_NAME = "t2i"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ALIVE_POLL_SECONDS = 0.02
 STATUS_POLL_SECONDS = 2.0
+STOP_SECONDS = 10.0  # the most the app waits for Ray to tear down at exit
 RETRIES_BEFORE_START = 2  # a request whose replica died before it started is sent again this often
 
 
@@ -362,8 +363,17 @@ class RayAdapter:
         self._on_close.append(callback)
 
     def shutdown_model(self, timeout: float | None = None) -> None:
+        """Delete the deployment (and the local Ray this app started), waiting at most ``timeout`` s.
+
+        Bounded: a Ctrl-C in a terminal also reaches the local Ray's own processes (same process
+        group), and then Serve's blocking delete would wait forever for a controller that is gone.
+        """
         self._status_stop.set()
-        stop(self.cluster)
+        stopper = threading.Thread(target=stop, args=(self.cluster,), name="ray-stop", daemon=True)
+        stopper.start()
+        stopper.join(max(timeout or 0, STOP_SECONDS))
+        if stopper.is_alive():
+            log.warning("Ray did not shut down within %.0f s; exiting without it", max(timeout or 0, STOP_SECONDS))
 
     def close(self) -> None:
         self._status_stop.set()
