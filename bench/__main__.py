@@ -147,17 +147,18 @@ def mean_inference(infos: list[dict[str, Any]]) -> float:
     return statistics.mean(i["timings"]["infer_end"] - i["timings"]["infer_start"] for i in infos)
 
 
-def overhead(server: Server, raw: Raw, sizes: list[int], steps: int, rounds: int, per_round: int,
-             clients: int) -> dict[str, Any]:
+def overhead(server: Server, raw: Raw, plan: dict[int, tuple[int, int]], steps: int, clients: int) -> dict[str, Any]:
     """App throughput (K clients) over the raw pipeline's, in alternating rounds of ``per_round`` images.
+
+    ``plan`` maps each size to (rounds, per_round): fewer images where one costs more.
 
     The machine's speed drifts by tens of percent within a minute, so raw and app rounds alternate
     (raw, app, one idle app request, ...) and each figure is a ratio of sums over the same rounds.
     """
     rows = {}
-    for size in sizes:
+    for size, (rounds, per_round) in plan.items():
         raw.run(size, steps, 1, warm=True)
-        predict_many(server.url, 1, 1, size=size, steps=steps)  # warm this size
+        predict_many(server.url, 1, 1, size=size, steps=2)  # warm this size (allocations, not steps)
         raw_s = app_s = 0.0
         loaded: list[dict[str, Any]] = []
         idle: list[dict[str, Any]] = []
@@ -262,24 +263,25 @@ def naive_designs(servers: dict[str, Server], size: int, steps: int, rounds: int
     return rows
 
 
-def batching(b1: Server, b4: Server, raw: Raw, sizes: list[int], steps: int, rounds: int, per_round: int,
+def batching(b1: Server, b4: Server, raw: Raw, plan: dict[int, tuple[int, int]], steps: int,
              clients: int, batch: int) -> dict[str, Any]:
     """Dynamic batching: the app with ``--max-batch-size batch`` against 1, and the raw pipeline's own gain.
 
-    Per size and round: the raw pipeline runs ``per_round`` images one at a time and then in
-    batches of ``batch``; the two app servers each serve ``per_round`` requests from ``clients``
-    concurrent clients. Gains are ratios of summed times over the same rounds.
+    ``plan`` maps each size to (rounds, n). Per size and round: the raw pipeline runs ``n`` images
+    one at a time and then in batches of ``batch``; the two app servers each serve ``n`` requests
+    from ``clients`` concurrent clients. Gains are ratios of summed times over the same rounds.
     """
     rows: dict[Any, Any] = {}
-    for size in sizes:
+    sizes = list(plan)
+    rounds = max(r for r, _ in plan.values())
+    for size, (size_rounds, n) in plan.items():
         raw.run(size, steps, 1, warm=True, batch=batch)
         for server in (b1, b4):
-            predict_many(server.url, 2, 2, size=size, steps=steps)
-        n = max(8, per_round * 64 // size)  # fewer requests per round at larger sizes
+            predict_many(server.url, 2, 2, size=size, steps=2)  # warm: allocations, not steps
         raw1 = raw_b = app1 = app_b = 0.0
         sizes_seen: list[int] = []
         errors = 0
-        for r in range(rounds):
+        for r in range(size_rounds):
             raw1 += raw.run(size, steps, n, first=r * n)
             raw_b += raw.run(size, steps, n // batch, first=r * n, batch=batch)
             for server in (b4, b1):
@@ -295,8 +297,8 @@ def batching(b1: Server, b4: Server, raw: Raw, sizes: list[int], steps: int, rou
         raw_gain, app_gain = raw1 / raw_b, app1 / app_b
         rows[size] = {"raw_gain": raw_gain, "app_gain": app_gain, "app_gain_over_raw_gain": app_gain / raw_gain,
                       "mean_batch_size": statistics.mean(sizes_seen), "errors": errors,
-                      "app_batched_images_per_second": rounds * n / app_b,
-                      "app_unbatched_images_per_second": rounds * n / app1}
+                      "app_batched_images_per_second": size_rounds * n / app_b,
+                      "app_unbatched_images_per_second": size_rounds * n / app1, "rounds": size_rounds, "requests": n}
     # Low load: one client, one request at a time; batching must cost nothing there.
     lat: dict[str, list[float]] = {"b1": [], "b4": []}
     for _ in range(rounds):
@@ -404,6 +406,19 @@ def main(argv: list[str] | None = None) -> int:
     else:
         sizes, small, steps = ([64] if quick else [64, 128, 256]), 64, 20
     rounds = (2 if gpu else 1) if quick else 3  # quick on the CPU: every figure once, for coverage
+    # (rounds, images per round) per size. On the CPU an image costs ~1 : 4.5 : 22 at 64 : 128 : 256
+    # px (the default model's VAE downsamples by 4), so larger sizes get fewer images, to keep the
+    # full run under 10 minutes; their ratios are noisier for it.
+    if quick:
+        overhead_plan = {size: (rounds, 3) for size in sizes}
+        batching_plan = {small: (1, 8)}
+    elif gpu:
+        overhead_plan = {size: (rounds, 5) for size in sizes}
+        batching_plan = {size: (2, max(8, 24 * 64 // size)) for size in sizes}
+    else:
+        overhead_plan = {64: (3, 4), 128: (2, 4), 256: (2, 2)}
+        batching_plan = {64: (2, 12), 128: (1, 4), 256: (1, 4)}
+    results_plan = {"overhead": overhead_plan, "batching": batching_plan}
     flags = ["--torch-threads", str(args.threads), "--concurrency", "16", "--device", args.device]
     # The overhead and design sections compare like with like: one request per inference, as the
     # raw pipeline and the naive designs run. Batching has its own section, on its own server.
@@ -411,7 +426,8 @@ def main(argv: list[str] | None = None) -> int:
     if model:
         flags += ["--model", model]
     results: dict[str, Any] = {"mode": ("quick" if quick else "full") + (" gpu" if gpu else ""),
-                               "versions": versions(), "steps": steps}
+                               "versions": versions(), "steps": steps,
+                               "plan": {k: {str(s): list(v) for s, v in p.items()} for k, p in results_plan.items()}}
     started = time.monotonic()
     stages: dict[str, float] = {}
 
@@ -454,17 +470,17 @@ def main(argv: list[str] | None = None) -> int:
             for s in extra:
                 s.wait_ready()
             fn_index = fn_index_of(server.url)
-            results["overhead"] = timed("overhead", overhead, server, raw, sizes, steps, rounds, 3 if quick else 5, clients=4)
+            results["overhead"] = timed("overhead", overhead, server, raw, overhead_plan, steps, clients=4)
             results["responsiveness"] = timed("responsiveness", responsiveness, server, small, steps, 4, 1.0 if quick else 5.0, fn_index)
             results["memory"] = timed("memory", memory, server, small, steps)
             results["cancel"] = timed("cancel", cancel_cost, server, small)
             # Quick: 4 requests from 4 clients per design (creating a gradio_client Client costs the
             # machine ~0.3 s of CPU; 16 of them for 4 requests was most of the section).
-            results["designs"] = timed("designs", naive_designs, servers, small, steps, 1 if quick else 2,
+            results["designs"] = timed("designs", naive_designs, servers, small, steps, 1,
                                        4 if quick else 16, 4 if quick else 16)
             results["designs_clients"] = 4 if quick else 16
-            results["batching"] = timed("batching", batching, server, batched, raw, [small] if quick else sizes, steps,
-                                        1 if quick else 2, 8 if quick else 24, 8, args.max_batch_size)
+            results["batching"] = timed("batching", batching, server, batched, raw, batching_plan, steps,
+                                        8, args.max_batch_size)
         finally:
             if raw is not None:
                 raw.close()

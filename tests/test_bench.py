@@ -39,12 +39,37 @@ def check(results: dict) -> None:
     assert "app / raw throughput" in table and "nan" not in table.lower()
 
 
-PUBLISHED = sorted((ROOT / "docs").glob("bench-*.json"))
+PUBLISHED = sorted(p for p in (ROOT / "docs").glob("bench-*.json") if not p.name.startswith("bench-ray-"))
+PUBLISHED_RAY = sorted((ROOT / "docs").glob("bench-ray-*.json"))
+RAY_FIGURES = {"ray2_over_ray1", "ray1_over_local", "ray_added_ms_per_request", "deploy_seconds", "seconds"}
+
+
+def check_ray(results: dict) -> None:
+    from bench import scale
+
+    assert finite_figures(results)
+    assert RAY_FIGURES <= set(results)
+    assert set(results["images_per_second"]) == {"local", "ray1", "ray2"}
+    assert set(results["outside_inference_ms"]) == {"local", "ray1"}
+    table = scale.render(results, results["versions"])
+    assert f"**{results['ray2_over_ray1']:.3f}**" in table and "nan" not in table.lower()
 
 
 @pytest.mark.parametrize("path", PUBLISHED, ids=[p.name for p in PUBLISHED])
 def test_the_published_runs_are_complete(path: Path) -> None:
     check(json.loads(path.read_text()))
+
+
+@pytest.mark.parametrize("path", PUBLISHED_RAY, ids=[p.name for p in PUBLISHED_RAY])
+def test_the_published_ray_runs_are_complete(path: Path) -> None:
+    check_ray(json.loads(path.read_text()))
+
+
+def test_a_ray_run_missing_a_figure_is_caught() -> None:
+    results = json.loads(PUBLISHED_RAY[-1].read_text())
+    del results["images_per_second"]["ray2"]
+    with pytest.raises((AssertionError, KeyError)):
+        check_ray(results)
 
 
 def test_a_figure_that_is_not_finite_is_caught() -> None:
@@ -60,3 +85,13 @@ def test_quick_mode_end_to_end(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-m", "bench", "--quick", "--json", str(out)], cwd=ROOT, check=True,
                    timeout=600, capture_output=True)
     check(json.loads(out.read_text()))
+
+
+@pytest.mark.slow
+def test_ray_quick_mode_end_to_end(tmp_path: Path) -> None:
+    """``python -m bench --backend ray --quick`` (about 2 minutes on 2 cores, most of it starting Ray)."""
+    pytest.importorskip("ray")
+    out = tmp_path / "ray.json"
+    subprocess.run([sys.executable, "-m", "bench", "--backend", "ray", "--quick", "--json", str(out)], cwd=ROOT,
+                   check=True, timeout=600, capture_output=True)
+    check_ray(json.loads(out.read_text()))

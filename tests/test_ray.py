@@ -216,3 +216,30 @@ def test_a_replica_killed_mid_job_fails_that_job_and_the_next_jobs_succeed(side:
         assert time.monotonic() < deadline, side.health()
         time.sleep(1)
     assert not isinstance(error, Cancelled)
+
+
+# -- Ray's errors in our classes (no cluster needed) -----------------------------------------------
+def test_rays_errors_become_ours() -> None:
+    from ray import exceptions as rx
+    from ray.serve import exceptions as sx
+
+    from pipeline.errors import OutOfMemory
+
+    def classify(error: BaseException) -> BaseException:
+        return ray_backend.classify(error, "abc123", queue_size=32)
+
+    full = classify(sx.BackPressureError(num_queued_requests=32, max_queued_requests=32))
+    assert isinstance(full, QueueFull) and "queue is full (32 requests" in str(full)
+    # A replica's own error arrives wrapped in RayTaskError: the caller gets it as itself.
+    oom = OutOfMemory("abc123")
+    assert classify(rx.RayTaskError("generate", "trace", oom)) is oom
+    invalid = InvalidRequest("width", "width must be a multiple of 8")
+    assert classify(rx.RayTaskError("generate", "trace", invalid)) is invalid
+    # Ray's own memory monitor killing the worker is out of memory too; a crash is a generic failure.
+    assert isinstance(classify(rx.OutOfMemoryError("killed by the memory monitor")), OutOfMemory)
+    crash = classify(rx.RayTaskError("generate", "trace", ZeroDivisionError()))
+    assert type(crash) is GenerationFailed and "abc123" in str(crash)
+    for dead in (rx.ActorDiedError(), rx.ActorUnavailableError("gone", None)):
+        error = classify(dead)
+        assert isinstance(error, ReplicaDead) and "another replica" in str(error)
+    assert isinstance(classify(asyncio.CancelledError()), Cancelled)
