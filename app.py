@@ -20,9 +20,9 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("GRADIO_ANALYTICS_CACHE_FREQUENCY", str(10**12))
 os.environ.setdefault("GRADIO_ANALYTICS_MAX_EVENTS", "1")
 
+import asyncio  # noqa: E402
 import contextlib  # noqa: E402
 import html  # noqa: E402
-import json  # noqa: E402
 import logging  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
@@ -48,6 +48,7 @@ from pipeline.worker import GpuWorker  # noqa: E402
 log = logging.getLogger("app")
 
 PROGRESS_INTERVAL = 0.25  # seconds between streamed progress outputs of one request
+STOP_WAIT_SECONDS = 60.0  # how long Stop waits for the session's job to end before saying "stopped" anyway
 QUEUE_POLL_SECONDS = 0.005  # how often Gradio's dispatcher looks for new work when idle; see tune_queue
 LOG_FORMAT = "%(asctime)s %(levelname)s [%(threadName)s] %(name)s: %(message)s"
 
@@ -71,6 +72,58 @@ def caller_alive(demo: gr.Blocks) -> Callable[[], bool] | None:
         return event is None or bool(event.alive)
 
     return alive
+
+
+class PageJobs:
+    """The page's generate handlers still running, per browser session (Gradio's session hash).
+
+    Stop answers "stopped" only once the session's handlers have ended. Gradio's frontend sends
+    Stop's ``/cancel`` without waiting for it and renders the cancelled event's outputs until the
+    server closes it; a status written on a timer in the browser was overwritten by progress that
+    was still coming whenever the cancel took longer than the timer (a loaded 2-core CI machine).
+    Answered from the server after the handler's end, "stopped" follows the job's last output on
+    the session's one ordered stream. Event-loop only, like the handlers.
+    """
+
+    def __init__(self) -> None:
+        self._running: dict[str, set[asyncio.Event]] = {}
+
+    @contextlib.contextmanager
+    def running(self, session: str | None):  # noqa: ANN201
+        if session is None:
+            yield
+            return
+        ended = asyncio.Event()
+        self._running.setdefault(session, set()).add(ended)
+        try:
+            yield
+        finally:
+            ended.set()
+            jobs = self._running.get(session, set())
+            jobs.discard(ended)
+            if not jobs:
+                self._running.pop(session, None)
+
+    def count(self, session: str) -> int:
+        return len(self._running.get(session, ()))
+
+    async def wait_ended(self, session: str, timeout: float) -> bool:
+        """Wait until every handler the session has running now has ended; False on timeout."""
+        pending = [ended.wait() for ended in self._running.get(session, ())]
+        if not pending:
+            return True
+        try:
+            await asyncio.wait_for(asyncio.gather(*pending), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+
+def current_session() -> str | None:
+    from gradio.context import LocalContext
+
+    request = LocalContext.request.get(None)
+    return getattr(request, "session_hash", None) if request is not None else None
 
 
 def status_html(text: str, step: int | None = None, total: int | None = None) -> str:
@@ -98,14 +151,16 @@ def reuse_seed(info: Any, selected: Any) -> tuple[Any, Any]:
     return seeds[index], False
 
 
-def make_generate(adapter: LocalAdapter, demo: gr.Blocks, *, ui: bool = False):  # noqa: ANN201
+def make_generate(adapter: LocalAdapter, demo: gr.Blocks, *, ui: bool = False,  # noqa: ANN201
+                  page_jobs: PageJobs | None = None):
     """The generate handler. Its parameter names are the API's parameter names.
 
     It is an async generator that yields at every step, so Gradio reaches it at once when the
     client cancels or goes away; closing it closes ``adapter.run``, which stops the model thread.
     Intermediate outputs are progress records (``status`` waiting/running) and, with
     ``live_preview``, a rough preview image; the last output has ``status`` done. The UI's
-    variant (``ui=True``) adds a third output: a progress bar with "step k/N".
+    variant (``ui=True``) adds a third output: a progress bar with "step k/N", and registers
+    itself in ``page_jobs`` while it runs, for Stop.
     """
     width_of_output = 3 if ui else 2
 
@@ -152,57 +207,59 @@ def make_generate(adapter: LocalAdapter, demo: gr.Blocks, *, ui: bool = False): 
         }
         request_id = new_request_id()
         last_yield = 0.0
-        try:
-            alive = caller_alive(demo)
-            async with contextlib.aclosing(adapter.run(raw, request_id=request_id, alive=alive)) as events:
-                async for event in events:
-                    if isinstance(event, Waiting):
-                        text = f"waiting for the GPU: {event.ahead} ahead" if event.ahead else "starting"
-                        progress(0.0, desc=text)
-                        record = {"status": "waiting", "ahead": event.ahead, "request_id": request_id}
-                        # None, never gr.skip(): Gradio answers a skip (a prop update) by rebuilding the
-                        # component and its JSON schema on the event loop, at every yield.
-                        out: tuple[Any, ...] = (None, record, status_html(text))
-                    elif isinstance(event, Step):
-                        text = f"step {event.step}/{event.total}"
-                        # Only records the step: Gradio's progress sender (see tune_queue) sends the
-                        # latest one every PROGRESS_INTERVAL.
-                        progress((event.step, event.total), desc=text, unit="steps")
-                        # Every yield costs Gradio a diff and a message on the event loop, taking the
-                        # GIL from the model thread: stream at most one progress output per
-                        # PROGRESS_INTERVAL, always the last step and every preview. With previews
-                        # on, only preview steps yield, so the gallery keeps the latest preview.
-                        now = time.monotonic()
-                        if event.step < event.total and event.preview is None and (
-                            live_preview is True or now - last_yield < PROGRESS_INTERVAL
-                        ):
-                            continue
-                        last_yield = now
-                        preview = [event.preview] if event.preview is not None else None
-                        record = {"status": "running", "step": event.step, "total": event.total,
-                                  "request_id": request_id}
-                        out = (preview, record, status_html(text, event.step, event.total))
-                    else:
-                        for warning in event.info["warnings"]:
-                            gr.Warning(warning)
-                        took = event.info["durations_ms"]["total"] / 1000
-                        out = (gallery_items(event.paths, event.info), {"status": "done", **event.info},
-                               status_html(f"done in {took:.2f} s"))
-                    yield out[:width_of_output]
-        except InvalidRequest as exc:
-            raise gr.Error(str(exc), title="Invalid input", print_exception=False) from None
-        except RetryLater as exc:
-            raise gr.Error(str(exc), title="Please retry", print_exception=False) from None
-        except Cancelled:
-            log.info("request %s cancelled", request_id)
-            return
-        except ServingError as exc:
-            raise gr.Error(str(exc), print_exception=False) from None
-        except Exception:
-            log.exception("request %s failed", request_id)
-            raise gr.Error(
-                f"Internal error (request id {request_id}). Please try again.", print_exception=False
-            ) from None
+        tracking = page_jobs.running(current_session()) if page_jobs is not None else contextlib.nullcontext()
+        with tracking:
+            try:
+                alive = caller_alive(demo)
+                async with contextlib.aclosing(adapter.run(raw, request_id=request_id, alive=alive)) as events:
+                    async for event in events:
+                        if isinstance(event, Waiting):
+                            text = f"waiting for the GPU: {event.ahead} ahead" if event.ahead else "starting"
+                            progress(0.0, desc=text)
+                            record = {"status": "waiting", "ahead": event.ahead, "request_id": request_id}
+                            # None, never gr.skip(): Gradio answers a skip (a prop update) by rebuilding the
+                            # component and its JSON schema on the event loop, at every yield.
+                            out: tuple[Any, ...] = (None, record, status_html(text))
+                        elif isinstance(event, Step):
+                            text = f"step {event.step}/{event.total}"
+                            # Only records the step: Gradio's progress sender (see tune_queue) sends the
+                            # latest one every PROGRESS_INTERVAL.
+                            progress((event.step, event.total), desc=text, unit="steps")
+                            # Every yield costs Gradio a diff and a message on the event loop, taking the
+                            # GIL from the model thread: stream at most one progress output per
+                            # PROGRESS_INTERVAL, always the last step and every preview. With previews
+                            # on, only preview steps yield, so the gallery keeps the latest preview.
+                            now = time.monotonic()
+                            if event.step < event.total and event.preview is None and (
+                                live_preview is True or now - last_yield < PROGRESS_INTERVAL
+                            ):
+                                continue
+                            last_yield = now
+                            preview = [event.preview] if event.preview is not None else None
+                            record = {"status": "running", "step": event.step, "total": event.total,
+                                      "request_id": request_id}
+                            out = (preview, record, status_html(text, event.step, event.total))
+                        else:
+                            for warning in event.info["warnings"]:
+                                gr.Warning(warning)
+                            took = event.info["durations_ms"]["total"] / 1000
+                            out = (gallery_items(event.paths, event.info), {"status": "done", **event.info},
+                                   status_html(f"done in {took:.2f} s"))
+                        yield out[:width_of_output]
+            except InvalidRequest as exc:
+                raise gr.Error(str(exc), title="Invalid input", print_exception=False) from None
+            except RetryLater as exc:
+                raise gr.Error(str(exc), title="Please retry", print_exception=False) from None
+            except Cancelled:
+                log.info("request %s cancelled", request_id)
+                return
+            except ServingError as exc:
+                raise gr.Error(str(exc), print_exception=False) from None
+            except Exception:
+                log.exception("request %s failed", request_id)
+                raise gr.Error(
+                    f"Internal error (request id {request_id}). Please try again.", print_exception=False
+                ) from None
 
     return generate
 
@@ -274,9 +331,10 @@ def build_demo(adapter: LocalAdapter, settings: Settings) -> gr.Blocks:
         # preprocess=False: raw values reach our own validator, which names the field and the
         # range (the components' preprocess answers some bad values anonymously).
         shared = dict(concurrency_limit=settings.concurrency, concurrency_id="generate", preprocess=False)
+        page_jobs = PageJobs()
         generate_event = gr.on(
             triggers=[generate_button.click, prompt.submit],
-            fn=make_generate(adapter, demo, ui=True),
+            fn=make_generate(adapter, demo, ui=True, page_jobs=page_jobs),
             inputs=inputs,
             outputs=[gallery, info, status],
             api_name="generate_ui",
@@ -288,11 +346,20 @@ def build_demo(adapter: LocalAdapter, settings: Settings) -> gr.Blocks:
             fn=make_generate(adapter, demo), inputs=inputs, outputs=[gallery, info], api_name="generate", **shared
         )
         # Stop cancels this browser session's own job only; Gradio scopes cancels to the session.
-        # The status line then says so (a cancelled handler sends no last output); after 0.3 s, so
-        # that a progress output already on its way cannot overwrite it.
-        stop_button.click(fn=None, outputs=[status], cancels=[generate_event], api_visibility="private",
-                          js="async () => { await new Promise(r => setTimeout(r, 300)); "
-                             f"return {json.dumps(status_html('stopped'))}; }}")
+        # A cancelled handler sends no last output, so Stop's own handler says "stopped", once the
+        # session's job has really ended (see PageJobs): after its last progress output.
+        async def stopped(request: gr.Request) -> str:
+            session = request.session_hash
+            if session and not await page_jobs.wait_ended(session, STOP_WAIT_SECONDS):
+                log.warning("Stop: the job of session %s had not ended after %.0f s", session, STOP_WAIT_SECONDS)
+            return status_html("stopped")
+
+        # The cancel first, then the wait: with fn and cancels on one listener, Gradio registers the
+        # fn first and the page awaits it before it sends the cancel (the wait would time out).
+        stop_button.click(fn=None, cancels=[generate_event], api_visibility="private").then(
+            fn=stopped, inputs=None, outputs=[status], api_visibility="private", concurrency_id="ui",
+            concurrency_limit=None, show_progress="hidden",
+        )
         gallery.select(fn=selected_index, inputs=None, outputs=[selected], api_visibility="private",
                        concurrency_id="ui", concurrency_limit=None)
         reuse_button.click(fn=reuse_seed, inputs=[info, selected], outputs=[seed, randomize_seed],

@@ -200,3 +200,36 @@ def test_progress_outputs_never_rebuild_a_component(served: tuple[str, Any, Any]
     # And Gradio's idle polling is slowed from 1 ms to QUEUE_POLL_SECONDS.
     queue = served[1]._queue
     assert queue.sleep_when_free == app.QUEUE_POLL_SECONDS and queue.progress_update_sleep_when_free >= 0.1
+
+
+def test_page_jobs_tells_stop_when_the_sessions_job_has_ended() -> None:
+    """Stop waits on this (see ``app.PageJobs``); the browser test drives it through the page."""
+    import asyncio
+
+    from app import PageJobs
+
+    async def scenario() -> list[Any]:
+        jobs = PageJobs()
+        seen: list[Any] = [await jobs.wait_ended("a", 0.01)]  # nothing running: at once
+        release = asyncio.Event()
+
+        async def job(session: str) -> None:
+            with jobs.running(session):
+                await release.wait()
+
+        tasks = [asyncio.create_task(job("a")), asyncio.create_task(job("a")), asyncio.create_task(job("b"))]
+        await asyncio.sleep(0)
+        seen += [jobs.count("a"), jobs.count("b"), await jobs.wait_ended("a", 0.05)]  # still running
+        waiter = asyncio.create_task(jobs.wait_ended("a", 5))
+        await asyncio.sleep(0.01)
+        seen.append(waiter.done())
+        release.set()
+        seen += [await waiter, jobs.count("a"), jobs.count("b")]
+        await asyncio.gather(*tasks)
+        with pytest.raises(RuntimeError):  # a failing handler is still counted as ended
+            with jobs.running("c"):
+                raise RuntimeError("boom")
+        seen.append(jobs.count("c"))
+        return seen
+
+    assert asyncio.run(scenario()) == [True, 2, 1, False, False, True, 0, 0, 0]

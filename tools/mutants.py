@@ -83,7 +83,6 @@ MUTANTS = [
     Mutant("skip-in-progress", (("app.py", "out: tuple[Any, ...] = (None, record, status_html(text))",
                                  "out: tuple[Any, ...] = (gr.skip(), record, status_html(text))"),),
            "tests/test_lifecycle.py::test_progress_outputs_never_rebuild_a_component"),
-    # Rely on Gradio alone to notice a vanished client (it tells the handler at its next yield).
     # The Ray backend: a replica that admits 8 requests and runs each on its own thread, with no
     # gate; and a front end that never forwards a cancel to the replica.
     Mutant("ray-replica-without-a-gate",
@@ -93,8 +92,15 @@ MUTANTS = [
     Mutant("ray-cancel-not-forwarded",
            (("pipeline/ray_backend.py", "        call.cancel()\n", "        pass  # MUTANT\n"),),
            "tests/test_ray.py::test_cancel_stops_the_remote_job_at_the_next_step"),
-    Mutant("no-disconnect-watch", (("app.py", "            alive = caller_alive(demo)\n", "            alive = None\n"),),
+    # Rely on Gradio alone to notice a vanished client (it tells the handler at its next yield).
+    Mutant("no-disconnect-watch",
+           (("app.py", "                alive = caller_alive(demo)\n", "                alive = None\n"),),
            "tests/test_lifecycle.py::test_a_dropped_connection_stops_the_job"),
+    # Stop says "stopped" without waiting for the session's job to end (what a timer in the page did).
+    Mutant("stop-answers-at-once",
+           (("app.py", "if session and not await page_jobs.wait_ended(session, STOP_WAIT_SECONDS):",
+             "if False:  # MUTANT"),),
+           "tests/test_browser.py::test_stop_cancels_the_running_job"),
     # Trust the slider: no server-side check of num_inference_steps.
     Mutant("no-steps-validation", (("pipeline/request.py",
             '    steps = _whole_number("num_inference_steps", raw.get("num_inference_steps"), limits.min_steps, limits.max_steps)\n',
