@@ -11,6 +11,7 @@ Absolute times are printed for context; the judged figures are ratios.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import math
 import os
@@ -27,7 +28,7 @@ from typing import Any
 import httpx
 import psutil
 
-from bench.probe import light_request, pct, predict_many, sample_health
+from bench.probe import light_request, pct, predict_many, sample_health, steady_rate
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -270,38 +271,52 @@ def batching(b1: Server, b4: Server, raw: Raw, plan: dict[int, tuple[int, int]],
     ``plan`` maps each size to (rounds, n). Per size and round: the raw pipeline runs ``n`` images
     one at a time and then in batches of ``batch``; the two app servers each serve ``n`` requests
     from ``clients`` concurrent clients. Gains are ratios of summed times over the same rounds.
+
+    The raw pipeline runs batch after batch; a closed loop of clients has a start (the first
+    request meets a free gate and runs alone) and an end (fewer requests left than clients). Where a
+    round has at least ``3 * clients`` requests, ``app_gain`` is the steady-state gain, from the
+    rates in the saturated window of each run (``steady_rate``: the same rule for both servers);
+    ``app_gain_whole_run`` is always the whole-run one.
     """
     rows: dict[Any, Any] = {}
     sizes = list(plan)
-    rounds = max(r for r, _ in plan.values())
     for size, (size_rounds, n) in plan.items():
         raw.run(size, steps, 1, warm=True, batch=batch)
         for server in (b1, b4):
             predict_many(server.url, 2, 2, size=size, steps=2)  # warm: allocations, not steps
         raw1 = raw_b = app1 = app_b = 0.0
+        steady: dict[Server, list[float | None]] = {b1: [], b4: []}
         sizes_seen: list[int] = []
         errors = 0
         for r in range(size_rounds):
             raw1 += raw.run(size, steps, n, first=r * n)
             raw_b += raw.run(size, steps, n // batch, first=r * n, batch=batch)
             for server in (b4, b1):
+                finished: list[float] = []
                 t0 = time.monotonic()
-                infos, errs = predict_many(server.url, n, clients, size=size, steps=steps)
+                infos, errs = predict_many(server.url, n, clients, size=size, steps=steps, finished=finished)
                 elapsed = time.monotonic() - t0
                 errors += len(errs)
+                steady[server].append(steady_rate(finished, clients) if n >= 3 * clients else None)
                 if server is b4:
                     app_b += elapsed
                     sizes_seen += [i["batch_size"] for i in infos]
                 else:
                     app1 += elapsed
-        raw_gain, app_gain = raw1 / raw_b, app1 / app_b
+        raw_gain, whole_gain = raw1 / raw_b, app1 / app_b
+        rates = [steady[b4], steady[b1]]
+        steady_gain = (sum(rates[0]) / sum(rates[1])  # type: ignore[arg-type]
+                       if all(x is not None for rate in rates for x in rate) else None)
+        app_gain = steady_gain if steady_gain is not None else whole_gain
         rows[size] = {"raw_gain": raw_gain, "app_gain": app_gain, "app_gain_over_raw_gain": app_gain / raw_gain,
+                      "app_gain_measured": "steady state" if steady_gain is not None else "whole run",
+                      "app_gain_whole_run": whole_gain,
                       "mean_batch_size": statistics.mean(sizes_seen), "errors": errors,
                       "app_batched_images_per_second": size_rounds * n / app_b,
                       "app_unbatched_images_per_second": size_rounds * n / app1, "rounds": size_rounds, "requests": n}
     # Low load: one client, one request at a time; batching must cost nothing there.
     lat: dict[str, list[float]] = {"b1": [], "b4": []}
-    for _ in range(rounds):
+    for _ in range(2):
         for name, server in (("b4", b4), ("b1", b1)):
             infos, _ = predict_many(server.url, 2, 1, size=sizes[0], steps=steps)
             lat[name] += [i["durations_ms"]["total"] for i in infos]
@@ -364,21 +379,17 @@ def fn_index_of(url: str) -> int:
 
 
 def versions() -> dict[str, str]:
-    import diffusers
-    import gradio
-    import torch
-
-    return {"python": platform.python_version(), "torch": torch.__version__, "diffusers": diffusers.__version__,
-            "gradio": gradio.__version__, "cpu": platform.processor() or platform.machine(),
-            "cores": str(os.cpu_count()), **_ray_version()}
-
-
-def _ray_version() -> dict[str, str]:
-    try:
-        import ray
-    except ImportError:
-        return {}
-    return {"ray": ray.__version__}
+    """From the installed packages' metadata: importing them here would cost the load generator
+    ~15 s of CPU (torch, diffusers, gradio, ray) for four strings."""
+    found = {"python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
+             "cores": str(os.cpu_count())}
+    for name in ("torch", "diffusers", "gradio", "ray"):
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            if name != "ray":  # optional: only the Ray backend needs it
+                raise
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -404,7 +415,9 @@ def main(argv: list[str] | None = None) -> int:
     if gpu:
         sizes, small, steps = ([256, 512] if quick else [256, 512, 768]), 256, 20
     else:
-        sizes, small, steps = ([64] if quick else [64, 128, 256]), 64, 20
+        # Quick checks that every figure comes out, under 2 minutes: six processes load at once
+        # (~14 s of imports each on 2 cores), so the model work gets 8 steps instead of 20.
+        sizes, small, steps = ([64] if quick else [64, 128, 256]), 64, (8 if quick else 20)
     rounds = (2 if gpu else 1) if quick else 3  # quick on the CPU: every figure once, for coverage
     # (rounds, images per round) per size. On the CPU an image costs ~1 : 4.5 : 22 at 64 : 128 : 256
     # px (the default model's VAE downsamples by 4), so larger sizes get fewer images, to keep the
@@ -417,7 +430,9 @@ def main(argv: list[str] | None = None) -> int:
         batching_plan = {size: (2, max(8, 24 * 64 // size)) for size in sizes}
     else:
         overhead_plan = {64: (3, 4), 128: (2, 4), 256: (2, 2)}
-        batching_plan = {64: (2, 12), 128: (1, 4), 256: (1, 4)}
+        # 64 px: one round of 3 requests per client, so that the closed loop has a steady state
+        # to measure (see batching); it costs what two rounds of 12 did.
+        batching_plan = {64: (1, 24), 128: (1, 4), 256: (1, 4)}
     results_plan = {"overhead": overhead_plan, "batching": batching_plan}
     flags = ["--torch-threads", str(args.threads), "--concurrency", "16", "--device", args.device]
     # The overhead and design sections compare like with like: one request per inference, as the
@@ -544,7 +559,10 @@ def render(r: dict[str, Any]) -> str:
               "|---|---|---|---|---|---|"]
     for size, row in b.items():
         if isinstance(row, dict):
-            lines.append(f"| {size} px | {row['app_gain']:.2f} | {row['raw_gain']:.2f} | "
+            gain = f"{row['app_gain']:.2f}"
+            if row.get("app_gain_measured") == "steady state":
+                gain += f" (steady state; whole run {row['app_gain_whole_run']:.2f})"
+            lines.append(f"| {size} px | {gain} | {row['raw_gain']:.2f} | "
                          f"{row['app_gain_over_raw_gain']:.2f} | {row['mean_batch_size']:.2f} | {row['errors']} |")
     lines += ["", f"Batching at low load (one client): latency batched / unbatched "
               f"**{b['low_load_latency_batched_over_unbatched']:.3f}**; peak RSS with 16 concurrent / 1 on the "

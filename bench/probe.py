@@ -13,9 +13,12 @@ from typing import Any, Iterator
 import httpx
 
 
-def predict_many(url: str, n: int, clients: int, *, size: int, steps: int,
-                 stop: threading.Event | None = None) -> tuple[list[dict[str, Any]], list[str]]:
-    """``n`` requests from ``clients`` concurrent gradio_client Clients; returns (info records, errors)."""
+def predict_many(url: str, n: int, clients: int, *, size: int, steps: int, stop: threading.Event | None = None,
+                 finished: list[float] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+    """``n`` requests from ``clients`` concurrent gradio_client Clients; returns (info records, errors).
+
+    ``finished``, if given, receives each successful request's ``time.monotonic()`` at its answer.
+    """
     from gradio_client import Client
 
     infos: list[dict[str, Any]] = []
@@ -39,6 +42,8 @@ def predict_many(url: str, n: int, clients: int, *, size: int, steps: int,
                                          num_images=1, live_preview=False, api_name="/generate")
                 with lock:
                     infos.append(info)
+                    if finished is not None:
+                        finished.append(time.monotonic())
             except Exception as exc:  # noqa: BLE001 - counted and reported
                 with lock:
                     errors.append(repr(exc)[:300])
@@ -49,6 +54,25 @@ def predict_many(url: str, n: int, clients: int, *, size: int, steps: int,
     for t in threads:
         t.join()
     return infos, errors
+
+
+def steady_rate(finished: list[float], clients: int) -> float | None:
+    """Requests per second while the closed loop was saturated, from the answers' times.
+
+    A run of ``n`` requests from ``clients`` clients has two transients: at the start the first
+    request meets a free gate and runs alone, and at the end fewer than ``clients`` requests are
+    left. The window runs from the first answer to the answer after which fewer than ``clients``
+    remain; requests answered at the window's start are not counted and those at its end are, so
+    that the window holds whole jobs (a batch's members are answered together). None when the run
+    is too short to have such a window.
+    """
+    times = sorted(finished)
+    end = len(times) - clients
+    if end < 1 or times[end] <= times[0]:
+        return None
+    start = times[0]
+    counted = sum(1 for t in times if start < t <= times[end])
+    return counted / (times[end] - start)
 
 
 def sample_health(url: str, seconds: float, every: float = 0.02) -> list[float]:

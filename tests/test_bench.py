@@ -95,3 +95,17 @@ def test_ray_quick_mode_end_to_end(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-m", "bench", "--backend", "ray", "--quick", "--json", str(out)], cwd=ROOT,
                    check=True, timeout=600, capture_output=True)
     check_ray(json.loads(out.read_text()))
+
+
+def test_steady_rate_counts_whole_jobs_inside_the_saturated_window() -> None:
+    from bench.probe import steady_rate
+
+    # 8 clients, 16 requests, batches of 4: a lone first job at t=1, then a batch every second.
+    finished = [1.0] + [2.0] * 4 + [3.0] * 4 + [4.0] * 4 + [5.0] * 3
+    # The window runs from the first answer (t=1) to the answer after which fewer than 8 remain
+    # (the 9th, t=3): the two batches answered at t=2 and t=3, 8 requests in 2 s.
+    assert steady_rate(finished, 8) == pytest.approx(4.0)
+    # One at a time, one per second: the window counts every answer after the first.
+    assert steady_rate([float(t) for t in range(1, 17)], 8) == pytest.approx(1.0)
+    assert steady_rate(finished[:8], 8) is None  # too short to have a steady state
+    assert steady_rate([2.0] * 12, 4) is None  # every answer at one moment: no window
