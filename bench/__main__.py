@@ -123,12 +123,24 @@ class Raw:
 
 
 def busy_fraction(infos: list[dict[str, Any]], clients: int) -> float:
-    """Busy time of the GPU section over the wall time of the stretches where it always had work.
+    """Busy time of the GPU section over the time it had work: inference time over inference time
+    plus the gaps during which a job was ready (its ``gpu_wait_start``) and the section was idle.
 
-    Rounds start and end with fewer requests than clients in flight, so only the time between the
-    ``clients``-th inference start and the ``clients``-th last inference end of each round counts.
+    A gap during which no job was waiting is the load generator's (a client still connecting, the
+    pause between rounds), not the app's, and is not counted. Jobs of one batch share one span.
+    Records without ``gpu_wait_start`` fall back to the whole span of each round, trimmed by
+    ``clients`` at both ends where a round is long enough.
     """
-    spans = sorted((i["timings"]["infer_start"], i["timings"]["infer_end"]) for i in infos)
+    jobs: dict[tuple[float, float], float] = {}
+    for i in infos:
+        t = i["timings"]
+        span = (t["infer_start"], t["infer_end"])
+        jobs[span] = min(jobs.get(span, math.inf), t.get("gpu_wait_start", -math.inf))
+    spans = sorted(jobs)
+    if all(math.isfinite(jobs[span]) for span in spans):
+        busy = sum(b - a for a, b in spans)
+        idle = sum(max(0.0, nxt[0] - max(prev[1], jobs[nxt])) for prev, nxt in zip(spans, spans[1:]))
+        return busy / (busy + idle)
     rounds, current = [], [spans[0]]
     for span in spans[1:]:
         if span[0] - current[-1][1] > 1.0:  # a gap between rounds
@@ -153,8 +165,11 @@ def overhead(server: Server, raw: Raw, plan: dict[int, tuple[int, int]], steps: 
 
     ``plan`` maps each size to (rounds, per_round): fewer images where one costs more.
 
-    The machine's speed drifts by tens of percent within a minute, so raw and app rounds alternate
-    (raw, app, one idle app request, ...) and each figure is a ratio of sums over the same rounds.
+    The machine's speed drifts by tens of percent within a minute, so raw and app rounds alternate,
+    in ABBA order (raw, app; app, raw; ...: a steady drift favours neither), each round followed by
+    one idle app request, and each figure is a ratio of sums over the same rounds.
+    ``inference_app_over_raw`` (the app's mean inference under load over the raw pipeline's time
+    per image) tells a slower model thread (or a slower stretch of the machine) from serving work.
     """
     rows = {}
     for size, (rounds, per_round) in plan.items():
@@ -165,10 +180,13 @@ def overhead(server: Server, raw: Raw, plan: dict[int, tuple[int, int]], steps: 
         idle: list[dict[str, Any]] = []
         errors: list[str] = []
         for r in range(rounds):
-            raw_s += raw.run(size, steps, per_round, first=r * per_round)
+            if r % 2 == 0:
+                raw_s += raw.run(size, steps, per_round, first=r * per_round)
             t0 = time.monotonic()
             infos, errs = predict_many(server.url, per_round, clients, size=size, steps=steps)
             app_s += time.monotonic() - t0
+            if r % 2 == 1:
+                raw_s += raw.run(size, steps, per_round, first=r * per_round)
             loaded += infos
             errors += errs
             idle += predict_many(server.url, 1, 1, size=size, steps=steps)[0]
@@ -178,6 +196,7 @@ def overhead(server: Server, raw: Raw, plan: dict[int, tuple[int, int]], steps: 
             "raw_images_per_second": raw_ips, "app_images_per_second": app_ips,
             "throughput_ratio": app_ips / raw_ips, "gpu_busy_fraction": busy_fraction(loaded, clients),
             "inference_load_over_idle": mean_inference(loaded) / mean_inference(idle),
+            "inference_app_over_raw": mean_inference(loaded) / (raw_s / (rounds * per_round)),
             "errors": len(errors),
         }
     return rows
@@ -264,13 +283,15 @@ def naive_designs(servers: dict[str, Server], size: int, steps: int, rounds: int
     return rows
 
 
-def batching(b1: Server, b4: Server, raw: Raw, plan: dict[int, tuple[int, int]], steps: int,
+def batching(b1: Server, b4: Server, raw: Raw, plan: dict[int, tuple[int, ...]], steps: int,
              clients: int, batch: int) -> dict[str, Any]:
     """Dynamic batching: the app with ``--max-batch-size batch`` against 1, and the raw pipeline's own gain.
 
-    ``plan`` maps each size to (rounds, n). Per size and round: the raw pipeline runs ``n`` images
-    one at a time and then in batches of ``batch``; the two app servers each serve ``n`` requests
-    from ``clients`` concurrent clients. Gains are ratios of summed times over the same rounds.
+    ``plan`` maps each size to (rounds, n) or (rounds, n, n1). Per size and round: the raw pipeline
+    runs ``n1`` (default ``n``) images one at a time and ``n`` in batches of ``batch``; the batched
+    app server serves ``n`` requests and the unbatched one ``n1``, from ``clients`` concurrent
+    clients. Gains are ratios of images per second over the same rounds (``n1 < n`` only where one
+    image costs seconds: the unbatched side has no batch to fill).
 
     The raw pipeline runs batch after batch; a closed loop of clients has a start (the first
     request meets a free gate and runs alone) and an end (fewer requests left than clients). Where a
@@ -280,7 +301,8 @@ def batching(b1: Server, b4: Server, raw: Raw, plan: dict[int, tuple[int, int]],
     """
     rows: dict[Any, Any] = {}
     sizes = list(plan)
-    for size, (size_rounds, n) in plan.items():
+    for size, (size_rounds, n, *rest) in plan.items():
+        n1 = rest[0] if rest else n
         raw.run(size, steps, 1, warm=True, batch=batch)
         for server in (b1, b4):
             predict_many(server.url, 2, 2, size=size, steps=2)  # warm: allocations, not steps
@@ -289,15 +311,16 @@ def batching(b1: Server, b4: Server, raw: Raw, plan: dict[int, tuple[int, int]],
         sizes_seen: list[int] = []
         errors = 0
         for r in range(size_rounds):
-            raw1 += raw.run(size, steps, n, first=r * n)
-            raw_b += raw.run(size, steps, n // batch, first=r * n, batch=batch)
+            raw1 += raw.run(size, steps, n1, first=r * n) / n1
+            raw_b += raw.run(size, steps, n // batch, first=r * n, batch=batch) / n
             for server in (b4, b1):
+                count = n if server is b4 else n1
                 finished: list[float] = []
                 t0 = time.monotonic()
-                infos, errs = predict_many(server.url, n, clients, size=size, steps=steps, finished=finished)
-                elapsed = time.monotonic() - t0
+                infos, errs = predict_many(server.url, count, clients, size=size, steps=steps, finished=finished)
+                elapsed = (time.monotonic() - t0) / count
                 errors += len(errs)
-                steady[server].append(steady_rate(finished, clients) if n >= 3 * clients else None)
+                steady[server].append(steady_rate(finished, clients) if count >= 3 * clients else None)
                 if server is b4:
                     app_b += elapsed
                     sizes_seen += [i["batch_size"] for i in infos]
@@ -312,8 +335,9 @@ def batching(b1: Server, b4: Server, raw: Raw, plan: dict[int, tuple[int, int]],
                       "app_gain_measured": "steady state" if steady_gain is not None else "whole run",
                       "app_gain_whole_run": whole_gain,
                       "mean_batch_size": statistics.mean(sizes_seen), "errors": errors,
-                      "app_batched_images_per_second": size_rounds * n / app_b,
-                      "app_unbatched_images_per_second": size_rounds * n / app1, "rounds": size_rounds, "requests": n}
+                      "app_batched_images_per_second": size_rounds / app_b,
+                      "app_unbatched_images_per_second": size_rounds / app1, "rounds": size_rounds, "requests": n,
+                      "requests_unbatched": n1}
     # Low load: one client, one request at a time; batching must cost nothing there.
     lat: dict[str, list[float]] = {"b1": [], "b4": []}
     for _ in range(2):
@@ -432,7 +456,8 @@ def main(argv: list[str] | None = None) -> int:
         overhead_plan = {64: (3, 4), 128: (2, 4), 256: (2, 2)}
         # 64 px: one round of 3 requests per client, so that the closed loop has a steady state
         # to measure (see batching); it costs what two rounds of 12 did.
-        batching_plan = {64: (1, 24), 128: (1, 4), 256: (1, 4)}
+        # 256 px: 2 images on the unbatched side (about 9 s each here), 4 (one batch) on the other.
+        batching_plan = {64: (1, 24), 128: (1, 4), 256: (1, 4, 2)}
     results_plan = {"overhead": overhead_plan, "batching": batching_plan}
     flags = ["--torch-threads", str(args.threads), "--concurrency", "16", "--device", args.device]
     # The overhead and design sections compare like with like: one request per inference, as the
@@ -527,11 +552,13 @@ def render(r: dict[str, Any]) -> str:
     v = r["versions"]
     lines = [f"Benchmark ({r['mode']}, {r['seconds']:.0f} s): {v['cores']} cores {v['cpu']}, torch {v['torch']}, "
              f"diffusers {v['diffusers']}, gradio {v['gradio']}, {r['steps']} steps", "",
-             "| size | app / raw throughput | GPU section busy | inference under load / idle | raw img/s | app img/s |",
-             "|---|---|---|---|---|---|"]
+             "| size | app / raw throughput | GPU section busy | inference under load / idle | "
+             "app inference / raw | raw img/s | app img/s |",
+             "|---|---|---|---|---|---|---|"]
     for size, row in r["overhead"].items():
+        vs_raw = f"{row['inference_app_over_raw']:.3f}" if "inference_app_over_raw" in row else "-"
         lines.append(f"| {size} px | {row['throughput_ratio']:.3f} | {row['gpu_busy_fraction']:.3f} | "
-                     f"{row['inference_load_over_idle']:.3f} | {row['raw_images_per_second']:.2f} | "
+                     f"{row['inference_load_over_idle']:.3f} | {vs_raw} | {row['raw_images_per_second']:.2f} | "
                      f"{row['app_images_per_second']:.2f} |")
     resp = r["responsiveness"]
     lines += ["", "| latency (ms) | idle p50 / p95 / p99 | under load p50 / p95 / p99 |", "|---|---|---|"]

@@ -109,3 +109,21 @@ def test_steady_rate_counts_whole_jobs_inside_the_saturated_window() -> None:
     assert steady_rate([float(t) for t in range(1, 17)], 8) == pytest.approx(1.0)
     assert steady_rate(finished[:8], 8) is None  # too short to have a steady state
     assert steady_rate([2.0] * 12, 4) is None  # every answer at one moment: no window
+
+
+def test_busy_fraction_counts_only_gaps_with_a_job_waiting() -> None:
+    from bench.__main__ import busy_fraction
+
+    def job(ready: float, start: float, end: float) -> dict:
+        return {"timings": {"gpu_wait_start": ready, "infer_start": start, "infer_end": end}}
+
+    infos = [
+        job(0.0, 0.0, 1.0),
+        job(0.0, 1.1, 2.1),  # waiting since 0: the 0.1 s handoff counts as idle
+        job(3.0, 3.0, 4.0),  # arrived at 3, after the section went idle at 2.1: that gap is not the app's
+        job(3.5, 4.0, 5.0), job(3.6, 4.0, 5.0),  # one batch, one span
+    ]
+    assert busy_fraction(infos, 4) == pytest.approx(4.0 / 4.1)
+    # Without gpu_wait_start (the naive designs' records): the whole round's span.
+    bare = [{"timings": {"infer_start": a, "infer_end": b}} for a, b in ((0.0, 1.0), (1.5, 2.5))]
+    assert busy_fraction(bare, 4) == pytest.approx(2.0 / 2.5)
