@@ -127,3 +127,28 @@ def test_busy_fraction_counts_only_gaps_with_a_job_waiting() -> None:
     # Without gpu_wait_start (the naive designs' records): the whole round's span.
     bare = [{"timings": {"infer_start": a, "infer_end": b}} for a, b in ((0.0, 1.0), (1.5, 2.5))]
     assert busy_fraction(bare, 4) == pytest.approx(2.0 / 2.5)
+
+
+@pytest.mark.slow
+def test_the_gpu_benchmarks_sd15_model_builds_and_runs_on_the_cpu(tmp_path: Path) -> None:
+    """The CPU half of bench/gpu.sh, so that a GPU session does not spend device time finding it
+    broken: the full-size SD 1.5 architecture (random weights) builds, loads through the app's own
+    ``from_pretrained`` path and draws. ~1 minute and ~5 GB of memory; run with -m slow."""
+    import threading
+
+    from bench.sd15 import build
+    from pipeline.config import Settings
+    from pipeline.model import load_model
+    from pipeline.request import InferenceJob
+
+    folder = build(tmp_path / "sd15", dtype="float16")
+    model = load_model(Settings(model=str(folder), device="cpu"), warmup=False)
+    assert model.profile.pipeline_class == "StableDiffusionPipeline"
+    assert (model.profile.default_width, model.profile.size_multiple) == (512, 8)
+    unet = sum(p.numel() for p in model.pipe.unet.parameters())
+    assert 850e6 < unet < 870e6, unet  # SD 1.5's UNet: 860M parameters
+    steps: list[tuple[int, int]] = []
+    result = model.generate(InferenceJob("sd15", ("a red circle",), ("",), (1,), 64, 64, 2, 7.5),
+                            threading.Event(), lambda step, total, *_: steps.append((step, total)))
+    assert [image.size for image in result.images] == [(64, 64)]
+    assert steps and steps[-1][0] == steps[-1][1]  # progress ends at n of n
