@@ -122,8 +122,7 @@ class PageJobs:
 def current_session() -> str | None:
     from gradio.context import LocalContext
 
-    request = LocalContext.request.get(None)
-    return getattr(request, "session_hash", None) if request is not None else None
+    return getattr(LocalContext.request.get(None), "session_hash", None)
 
 
 def status_html(text: str, step: int | None = None, total: int | None = None) -> str:

@@ -122,38 +122,23 @@ class Raw:
         self.proc.wait()
 
 
-def busy_fraction(infos: list[dict[str, Any]], clients: int) -> float:
+def busy_fraction(infos: list[dict[str, Any]]) -> float:
     """Busy time of the GPU section over the time it had work: inference time over inference time
     plus the gaps during which a job was ready (its ``gpu_wait_start``) and the section was idle.
 
     A gap during which no job was waiting is the load generator's (a client still connecting, the
     pause between rounds), not the app's, and is not counted. Jobs of one batch share one span.
-    Records without ``gpu_wait_start`` fall back to the whole span of each round, trimmed by
-    ``clients`` at both ends where a round is long enough.
+    A record without ``gpu_wait_start`` counts as ready all along (its whole gap counts).
     """
-    jobs: dict[tuple[float, float], float] = {}
+    ready: dict[tuple[float, float], float] = {}
     for i in infos:
         t = i["timings"]
         span = (t["infer_start"], t["infer_end"])
-        jobs[span] = min(jobs.get(span, math.inf), t.get("gpu_wait_start", -math.inf))
-    spans = sorted(jobs)
-    if all(math.isfinite(jobs[span]) for span in spans):
-        busy = sum(b - a for a, b in spans)
-        idle = sum(max(0.0, nxt[0] - max(prev[1], jobs[nxt])) for prev, nxt in zip(spans, spans[1:]))
-        return busy / (busy + idle)
-    rounds, current = [], [spans[0]]
-    for span in spans[1:]:
-        if span[0] - current[-1][1] > 1.0:  # a gap between rounds
-            rounds.append(current)
-            current = []
-        current.append(span)
-    rounds.append(current)
-    busy = wall = 0.0
-    for r in rounds:
-        inner = r[clients - 1:len(r) - clients + 1] if len(r) > 2 * clients else r
-        busy += sum(b - a for a, b in inner)
-        wall += inner[-1][1] - inner[0][0]
-    return busy / wall
+        ready[span] = min(ready.get(span, math.inf), t.get("gpu_wait_start", -math.inf))
+    spans = sorted(ready)
+    busy = sum(b - a for a, b in spans)
+    idle = sum(max(0.0, nxt[0] - max(prev[1], ready[nxt])) for prev, nxt in zip(spans, spans[1:]))
+    return busy / (busy + idle)
 
 
 def mean_inference(infos: list[dict[str, Any]]) -> float:
@@ -194,7 +179,7 @@ def overhead(server: Server, raw: Raw, plan: dict[int, tuple[int, int]], steps: 
         app_ips = len(loaded) / app_s
         rows[size] = {
             "raw_images_per_second": raw_ips, "app_images_per_second": app_ips,
-            "throughput_ratio": app_ips / raw_ips, "gpu_busy_fraction": busy_fraction(loaded, clients),
+            "throughput_ratio": app_ips / raw_ips, "gpu_busy_fraction": busy_fraction(loaded),
             "inference_load_over_idle": mean_inference(loaded) / mean_inference(idle),
             "inference_app_over_raw": mean_inference(loaded) / (raw_s / (rounds * per_round)),
             "errors": len(errors),
@@ -327,9 +312,8 @@ def batching(b1: Server, b4: Server, raw: Raw, plan: dict[int, tuple[int, ...]],
                 else:
                     app1 += elapsed
         raw_gain, whole_gain = raw1 / raw_b, app1 / app_b
-        rates = [steady[b4], steady[b1]]
-        steady_gain = (sum(rates[0]) / sum(rates[1])  # type: ignore[arg-type]
-                       if all(x is not None for rate in rates for x in rate) else None)
+        rates = steady[b4] + steady[b1]
+        steady_gain = None if None in rates else sum(steady[b4]) / sum(steady[b1])  # type: ignore[arg-type]
         app_gain = steady_gain if steady_gain is not None else whole_gain
         rows[size] = {"raw_gain": raw_gain, "app_gain": app_gain, "app_gain_over_raw_gain": app_gain / raw_gain,
                       "app_gain_measured": "steady state" if steady_gain is not None else "whole run",
