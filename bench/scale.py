@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.adapter import Done, LocalAdapter
+from pipeline.serving.events import Done
+from pipeline.serving.local import LocalAdapter
 from pipeline.config import Settings
 from pipeline.request import limits_for
 
@@ -67,9 +68,10 @@ async def sequential(adapter: Any, size: int, steps: int, n: int, first: int) ->
 def run(quick: bool, device: str = "cpu", model: str = "") -> dict[str, Any]:
     import ray
 
-    from pipeline import ray_backend
-    from pipeline.model import load_model
-    from pipeline.worker import GpuWorker
+    from pipeline.engine.loading import load_model
+    from pipeline.engine.runner import ModelRunner
+    from pipeline.ray.adapter import RayAdapter
+    from pipeline.ray.cluster import start, stop
 
     size, steps = (128, 20) if quick else (256, 20)
     n, rounds, seq = (4, 1, 4) if quick else (8, 2, 10)
@@ -91,15 +93,15 @@ def run(quick: bool, device: str = "cpu", model: str = "") -> dict[str, Any]:
     clusters = []
     try:
         t0 = time.monotonic()
-        c1 = ray_backend.start(dataclasses.replace(base, replicas=1), app_name="bench-r1")
+        c1 = start(dataclasses.replace(base, replicas=1), app_name="bench-r1")
         clusters.append(c1)
-        c2 = ray_backend.start(dataclasses.replace(base, replicas=2), app_name="bench-r2")
+        c2 = start(dataclasses.replace(base, replicas=2), app_name="bench-r2")
         clusters.append(c2)
         results["deploy_seconds"] = time.monotonic() - t0
-        worker = GpuWorker(lambda: load_model(dataclasses.replace(base, backend="local")))
-        profile = worker.start()
-        local = LocalAdapter(worker, limits_for(base, profile), tmp / "local", max_batch_size=1)
-        sides = {"local": local, "ray1": ray_backend.RayAdapter(c1, base), "ray2": ray_backend.RayAdapter(c2, base)}
+        runner = ModelRunner(lambda: load_model(dataclasses.replace(base, backend="local")))
+        profile = runner.start()
+        local = LocalAdapter(runner, limits_for(base, profile), tmp / "local", max_batch_size=1)
+        sides = {"local": local, "ray1": RayAdapter(c1, base), "ray2": RayAdapter(c2, base)}
 
         async def measure() -> dict[str, Any]:
             for adapter in sides.values():  # warm every path once
@@ -129,10 +131,10 @@ def run(quick: bool, device: str = "cpu", model: str = "") -> dict[str, Any]:
         results.update(asyncio.run(measure()))
         for adapter in sides.values():
             adapter.close()
-        worker.shutdown(timeout=5)
+        local.shutdown_model(timeout=5)
     finally:
         for cluster in clusters:
-            ray_backend.stop(cluster)
+            stop(cluster)
         with contextlib.suppress(Exception):
             from ray import serve
 

@@ -24,13 +24,12 @@ DESIGNS = ("gated", "whole_lock", "no_gate", "on_loop")
 def naive_demo(design: str, settings: Any) -> Any:
     import gradio as gr
 
-    import app
-    from pipeline.model import load_model
-    from pipeline.postprocess import encode_pngs
-    from pipeline.request import validate
+    from pipeline.engine.loading import load_model
+    from pipeline.serving.postprocess import encode_pngs
+    from pipeline.request import limits_for, validate
 
     model = load_model(settings)
-    limits = app.limits_for(settings, model.profile)
+    limits = limits_for(settings, model.profile)
 
     async def generate(prompt: str, negative_prompt: str, seed: float, randomize_seed: bool, width: float,
                        height: float, num_inference_steps: float, guidance_scale: float, num_images: float,

@@ -42,7 +42,9 @@ class Settings:
     output_dir: Path = Path(tempfile.gettempdir()) / "t2i-outputs"
     backend: str = "local"  # local: the model in this process | ray: Ray Serve replicas
     replicas: int = 1  # Ray backend: model replicas, one device each
-    ray_address: str | None = None  # Ray backend: an existing cluster ("auto", "ray://host:10001"); None: start one here
+    ray_address: str | None = (
+        None  # Ray backend: an existing cluster ("auto", "ray://host:10001"); None: start one here
+    )
     replica_cpus: float | None = None  # Ray backend: CPUs per replica; None: the cluster's CPUs split evenly
     replica_gpus: float | None = None  # Ray backend: GPUs per replica; None: 1 where the cluster has a GPU per replica
 
@@ -72,23 +74,62 @@ _OPTIONS: tuple[tuple[str, str, type, str], ...] = (
     ("concurrency", "T2I_CONCURRENCY", int, "requests in flight in the handler (default 8)"),
     ("queue_size", "T2I_QUEUE_SIZE", int, "requests waiting beyond those (default 32)"),
     ("max_images", "T2I_MAX_IMAGES", int, "most images per request (default 4)"),
-    ("max_batch_size", "T2I_MAX_BATCH_SIZE", int,
-     "most images in one inference across compatible waiting requests (default 4; 1 turns batching off)"),
+    (
+        "max_batch_size",
+        "T2I_MAX_BATCH_SIZE",
+        int,
+        "most images in one inference across compatible waiting requests (default 4; 1 turns batching off)",
+    ),
     ("max_size", "T2I_MAX_SIZE", int, "largest width/height in pixels (default: follows the model)"),
     ("max_steps", "T2I_MAX_STEPS", int, "most denoising steps (default: follows the model)"),
     ("max_prompt_chars", "T2I_MAX_PROMPT_CHARS", int, "longest prompt in characters (default 2000)"),
     ("max_pixels", "T2I_MAX_PIXELS", int, "most width × height pixels (default: max size squared)"),
-    ("job_timeout", "T2I_JOB_TIMEOUT", float, "seconds a job may run on the model before it is stopped (default: no limit)"),
+    (
+        "job_timeout",
+        "T2I_JOB_TIMEOUT",
+        float,
+        "seconds a job may run on the model before it is stopped (default: no limit)",
+    ),
     ("auth", "T2I_AUTH", str, "user:password required to use the app (recommended with --share)"),
     ("output_max_mb", "T2I_OUTPUT_MAX_MB", int, "disk budget for generated images, in MiB (default 1024)"),
-    ("output_max_age_minutes", "T2I_OUTPUT_MAX_AGE_MINUTES", int, "generated images older than this are deleted (default 60)"),
+    (
+        "output_max_age_minutes",
+        "T2I_OUTPUT_MAX_AGE_MINUTES",
+        int,
+        "generated images older than this are deleted (default 60)",
+    ),
     ("sweep_interval", "T2I_SWEEP_INTERVAL", float, "seconds between sweeps of the output folders (default 30)"),
     ("output_dir", "T2I_OUTPUT_DIR", Path, "folder for generated PNGs (default: $TMPDIR/t2i-outputs)"),
-    ("backend", "T2I_BACKEND", str, "local (the model in this process) or ray (Ray Serve replicas; pip install 'ray[serve]')"),
-    ("replicas", "T2I_REPLICAS", int, "Ray backend: model replicas, one device and one inference at a time each (default 1)"),
-    ("ray_address", "T2I_RAY_ADDRESS", str, "Ray backend: address of an existing Ray cluster (default: start a local one)"),
-    ("replica_cpus", "T2I_REPLICA_CPUS", float, "Ray backend: CPUs per replica (default: the cluster's CPUs split evenly)"),
-    ("replica_gpus", "T2I_REPLICA_GPUS", float, "Ray backend: GPUs per replica (default: 1 where the cluster has one per replica, else 0)"),
+    (
+        "backend",
+        "T2I_BACKEND",
+        str,
+        "local (the model in this process) or ray (Ray Serve replicas; pip install 'ray[serve]')",
+    ),
+    (
+        "replicas",
+        "T2I_REPLICAS",
+        int,
+        "Ray backend: model replicas, one device and one inference at a time each (default 1)",
+    ),
+    (
+        "ray_address",
+        "T2I_RAY_ADDRESS",
+        str,
+        "Ray backend: address of an existing Ray cluster (default: start a local one)",
+    ),
+    (
+        "replica_cpus",
+        "T2I_REPLICA_CPUS",
+        float,
+        "Ray backend: CPUs per replica (default: the cluster's CPUs split evenly)",
+    ),
+    (
+        "replica_gpus",
+        "T2I_REPLICA_GPUS",
+        float,
+        "Ray backend: GPUs per replica (default: 1 where the cluster has one per replica, else 0)",
+    ),
 )
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -121,9 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def load_settings(
-    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
-) -> Settings:
+def load_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> Settings:
     """Flags win over environment variables, which win over the defaults."""
     environ = os.environ if environ is None else environ
     args = build_parser().parse_args(argv)

@@ -1,14 +1,21 @@
-"""The small contract between the serving layer and a model, free of torch.
+"""The model boundary: plain, picklable data in and out, and nothing else. Free of torch.
 
-The worker and the adapter depend only on this module, so the concurrency layer imports and is
-tested without torch; ``pipeline.model`` implements it for diffusers and ``tests/fakes.py`` for tests.
+The serving side calls the model side with one frozen ``InferenceJob`` and reads back a stream of
+``ModelEvent`` values: ``StepEvent`` (step k of N, with optional small previews), then exactly one
+terminal event, an ``InferenceResult`` (images, timings, peak memory) or an ``ErrorEvent`` (an error
+as a value, classified by ``kind``). Stop is a separate one-way signal, any object with
+``is_set()``, which the model side reads at every step boundary: a ``threading.Event`` in-thread,
+or, across a process boundary, the closing of the stream at its next yield.
+
+No closures, locks or callbacks cross: the same generator (``engine.runner.run_job``) runs on the
+in-process model thread, in ZeroGPU's forked process (which pickles its arguments and every yield),
+in a Ray replica, and in a model process of our own.
 """
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
-from typing import Callable, Mapping, Protocol
+from typing import Callable, Generator, Literal, Mapping, Protocol
 
 from PIL import Image
 
@@ -62,7 +69,21 @@ class InferenceJob:
 
 
 @dataclass(frozen=True)
+class StepEvent:
+    """Step ``step`` of ``total`` has run. ``previews``: (image index, small RGB preview) pairs."""
+
+    step: int
+    total: int
+    previews: tuple[tuple[int, Image.Image], ...] = ()
+
+    def preview(self, index: int) -> Image.Image | None:
+        return next((image for i, image in self.previews if i == index), None)
+
+
+@dataclass(frozen=True)
 class InferenceResult:
+    """The job's images (in job order), the steps it ran, when it ran and its peak device memory."""
+
     images: tuple[Image.Image, ...]
     steps_done: int
     started: float
@@ -70,21 +91,66 @@ class InferenceResult:
     peak_memory_bytes: int | None = None
 
 
-# on_step(step, total, previews): called on the model thread after every denoising step.
-# ``previews`` maps an image index (of ``preview_images``) to a small RGB image approximated from
-# the latents (no VAE decode) on the job's preview steps; it is empty on the other steps.
+ErrorKind = Literal["cancelled", "out_of_memory", "failed", "engine_dead"]
+
+
+@dataclass(frozen=True)
+class ErrorEvent:
+    """The job ended without images. ``detail`` is for the log (a traceback), never for users."""
+
+    kind: ErrorKind
+    message: str
+    steps_done: int = 0
+    detail: str = ""
+
+
+ModelEvent = StepEvent | InferenceResult | ErrorEvent
+TERMINAL = (InferenceResult, ErrorEvent)
+
+
+class StopFlag(Protocol):
+    """A one-way stop signal read at every step boundary (``threading.Event`` satisfies it)."""
+
+    def is_set(self) -> bool: ...
+
+
+# on_step(step, total, previews): called on the model thread after every denoising step, inside the
+# model side only (it never crosses the boundary). ``previews`` maps an image index (of
+# ``job.preview_images``) to a small RGB image on the job's preview steps; it is empty otherwise.
 StepCallback = Callable[[int, int, "Mapping[int, Image.Image]"], None]
 
 
 class Model(Protocol):
+    """A loaded model, hosted by the engine's model thread (``engine.runner.ModelRunner``)."""
+
     profile: ModelProfile
 
     def count_tokens(self, text: str) -> int:
         """Tokens ``text`` takes in the text encoder, without the start/end tokens. Thread-safe."""
         ...
 
-    def generate(
-        self, job: InferenceJob, stop: threading.Event, on_step: StepCallback
-    ) -> InferenceResult:
-        """Run ``job``; check ``stop`` after every step and raise ``Cancelled`` when it is set."""
+    def generate(self, job: InferenceJob, stop: StopFlag, on_step: StepCallback) -> InferenceResult:
+        """Run ``job``; check ``stop`` after every step and raise ``errors.Cancelled`` when it is set."""
         ...
+
+
+class ModelSide(Protocol):
+    """What the serving side drives: a profile, a token counter and the boundary's event stream."""
+
+    @property
+    def profile(self) -> ModelProfile: ...
+
+    @property
+    def alive(self) -> bool: ...
+
+    def count_tokens(self, text: str) -> int: ...
+
+    def stream(self, job: InferenceJob, stop: StopFlag) -> Generator[ModelEvent, None, None]:
+        """Run ``job`` and yield its events, ending with exactly one terminal event.
+
+        Blocking: iterate it off the event loop. Closing the iterator early stops the job at its
+        next step and returns only once the model side has left it.
+        """
+        ...
+
+    def shutdown(self, timeout: float | None = None) -> None: ...

@@ -181,6 +181,10 @@ def _size(field: str, value: Any, limits: Limits) -> int:
     return number
 
 
+def _steps(raw: Mapping[str, Any], limits: Limits) -> int:
+    return _whole_number("num_inference_steps", raw.get("num_inference_steps"), limits.min_steps, limits.max_steps)
+
+
 def validate(
     raw: Mapping[str, Any],
     limits: Limits,
@@ -218,7 +222,7 @@ def validate(
             "width",
             f"width × height must be at most {limits.max_pixels} pixels; got {width}×{height} = {width * height}",
         )
-    steps = _whole_number("num_inference_steps", raw.get("num_inference_steps"), limits.min_steps, limits.max_steps)
+    steps = _steps(raw, limits)
     guidance = _real_number("guidance_scale", raw.get("guidance_scale"), limits.min_guidance, limits.max_guidance)
     num_images = _whole_number("num_images", raw.get("num_images", 1), 1, limits.max_images)
     live_preview = raw.get("live_preview", False)
@@ -248,7 +252,7 @@ def validate(
     )
 
 
-def limits_for(settings: "Settings", profile: ModelProfile) -> Limits:
+def limits_for(settings: Settings, profile: ModelProfile) -> Limits:
     """The limits the app applies: the model's, narrowed by the settings (front end and replicas alike)."""
     return Limits.for_model(
         profile,

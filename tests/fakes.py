@@ -12,7 +12,7 @@ from typing import Callable
 from PIL import Image
 
 from pipeline.errors import Cancelled
-from pipeline.protocol import InferenceJob, InferenceResult, ModelProfile, StepCallback
+from pipeline.protocol import InferenceJob, InferenceResult, ModelProfile, StepCallback, StopFlag
 
 FAKE_PROFILE = ModelProfile(
     name="fake-model",
@@ -50,15 +50,22 @@ class FakeModel:
     log: list[tuple[str, str]] = field(default_factory=list)  # ("enter"|"return", request id)
     decodes: int = 0  # images "decoded" (a cancelled job must not get here)
     decodes_by_id: dict[str, int] = field(default_factory=dict)
-    stops: dict[str, threading.Event] = field(default_factory=dict)  # each job's stop event
+    stops: dict[str, StopFlag] = field(default_factory=dict)  # each job's stop, as the model sees it
+    previews: bool = False  # a small preview image for each previewed image on its preview steps
+    step_seconds: float = 0.0  # compute time per step (where no gate can reach: a forked GPU process)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _previews(self, job: InferenceJob, step: int) -> dict[int, Image.Image]:
+        if not (self.previews and job.preview_every and step % job.preview_every == 0):
+            return {}
+        return {i: Image.new("RGB", (8, 8), (step % 256, 0, 0)) for i in job.preview_images}
 
     def count_tokens(self, text: str) -> int:
         if self.prepare_hook is not None:
             self.prepare_hook(text)
         return len(text.split())
 
-    def generate(self, job: InferenceJob, stop: threading.Event, on_step: StepCallback) -> InferenceResult:
+    def generate(self, job: InferenceJob, stop: StopFlag, on_step: StepCallback) -> InferenceResult:
         import time
 
         with self._lock:
@@ -74,9 +81,11 @@ class FakeModel:
             for i in range(job.num_inference_steps):
                 if self.step_gate is not None:
                     assert self.step_gate.acquire(timeout=self.permit_wait), "step permit never came"
+                if self.step_seconds:
+                    time.sleep(self.step_seconds)
                 steps = i + 1
                 self.steps_run[job.request_id] = steps
-                on_step(steps, job.num_inference_steps, {})
+                on_step(steps, job.num_inference_steps, self._previews(job, steps))
                 if stop.is_set():
                     raise Cancelled(steps_done=steps)
             if self.hold:

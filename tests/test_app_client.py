@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.conftest import running_app
+from tests.helpers import running_app
+
+pytestmark = pytest.mark.server
 
 INFO_KEYS = {
     "request_id", "model", "prompt", "negative_prompt", "seed", "seeds", "width", "height",

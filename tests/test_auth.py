@@ -5,8 +5,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import raw_request, running_app
+from tests.helpers import raw_request, running_app
 from tests.fakes import FakeModel
+
+pytestmark = pytest.mark.server
 
 
 def test_auth_protects_the_app_and_the_api(tmp_path: Path) -> None:

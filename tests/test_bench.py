@@ -79,6 +79,7 @@ def test_a_figure_that_is_not_finite_is_caught() -> None:
         check(results)
 
 
+@pytest.mark.server
 def test_quick_mode_end_to_end(tmp_path: Path) -> None:
     """``python -m bench --quick`` runs every section (under two minutes on 2 cores)."""
     out = tmp_path / "bench.json"
@@ -88,6 +89,7 @@ def test_quick_mode_end_to_end(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.server
 def test_ray_quick_mode_end_to_end(tmp_path: Path) -> None:
     """``python -m bench --backend ray --quick`` (about 2 minutes on 2 cores, most of it starting Ray)."""
     pytest.importorskip("ray")
@@ -138,8 +140,8 @@ def test_the_gpu_benchmarks_sd15_model_builds_and_runs_on_the_cpu(tmp_path: Path
 
     from bench.sd15 import build
     from pipeline.config import Settings
-    from pipeline.model import load_model
-    from pipeline.request import InferenceJob
+    from pipeline.engine.loading import load_model
+    from pipeline.protocol import InferenceJob
 
     folder = build(tmp_path / "sd15", dtype="float16")
     model = load_model(Settings(model=str(folder), device="cpu"), warmup=False)

@@ -13,10 +13,11 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from tests.conftest import running_app
+from tests.helpers import running_app
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 pytestmark = [
+    pytest.mark.server,
     pytest.mark.browser,
     pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (.ci/run installs it)"),
 ]

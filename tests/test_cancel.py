@@ -13,127 +13,109 @@ from typing import Any
 
 import pytest
 
-from pipeline.adapter import Done, Step, Waiting
+from pipeline.serving.events import Done, Step, Waiting
 from pipeline.errors import ShuttingDown
-from tests.conftest import collect, raw_request, wait_until
+from tests.helpers import collect, raw_request, wait_until
 from tests.fakes import FakeModel
 
+pytestmark = pytest.mark.anyio
 
-def test_cancel_while_waiting_never_reaches_the_model(make_adapter: Any) -> None:
+
+async def test_cancel_while_waiting_never_reaches_the_model(make_adapter: Any) -> None:
     adapter, model = make_adapter(FakeModel(hold=True))
-
-    async def main() -> None:
-        first = asyncio.create_task(collect(adapter, raw_request(), request_id="first"))
-        await wait_until(lambda: model.active == 1, "the first request is inferring")
-        waiting = asyncio.create_task(collect(adapter, raw_request(), request_id="waiting"))
-        await wait_until(lambda: adapter.gpu_queue_depth == 1, "the second request waits at the gate")
-        waiting.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await waiting
-        assert adapter.gpu_queue_depth == 0
-        model.release.release()
-        assert isinstance((await first)[-1], Done)
-        third = asyncio.create_task(collect(adapter, raw_request(), request_id="third"))  # the line still moves
-        await wait_until(lambda: model.active == 1, "the third request is inferring")
-        model.release.release()
-        assert isinstance((await third)[-1], Done)
-
-    asyncio.run(main())
+    first = asyncio.create_task(collect(adapter, raw_request(), request_id="first"))
+    await wait_until(lambda: model.active == 1, "the first request is inferring")
+    waiting = asyncio.create_task(collect(adapter, raw_request(), request_id="waiting"))
+    await wait_until(lambda: adapter.gpu_queue_depth == 1, "the second request waits at the gate")
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert adapter.gpu_queue_depth == 0
+    model.release.release()
+    assert isinstance((await first)[-1], Done)
+    third = asyncio.create_task(collect(adapter, raw_request(), request_id="third"))  # the line still moves
+    await wait_until(lambda: model.active == 1, "the third request is inferring")
+    model.release.release()
+    assert isinstance((await third)[-1], Done)
     assert [job.request_id for job in model.calls] == ["first", "third"]
     assert _jobs(adapter, "cancelled") == 1 and _jobs(adapter, "completed") == 2
 
 
-def test_cancel_mid_inference_stops_within_one_step_and_holds_the_gate(make_adapter: Any) -> None:
+async def test_cancel_mid_inference_stops_within_one_step_and_holds_the_gate(make_adapter: Any) -> None:
     steps = threading.Semaphore(0)
     adapter, model = make_adapter(FakeModel(step_gate=steps))
+    seen: list[int] = []
 
-    async def main() -> None:
-        seen: list[int] = []
+    async def consume() -> None:
+        async for event in adapter.run(raw_request(num_inference_steps=20), request_id="victim"):
+            if isinstance(event, Step):
+                seen.append(event.step)
 
-        async def consume() -> None:
-            async for event in adapter.run(raw_request(num_inference_steps=20), request_id="victim"):
-                if isinstance(event, Step):
-                    seen.append(event.step)
-
-        victim = asyncio.create_task(consume())
-        for _ in range(3):
-            steps.release()
-        await wait_until(lambda: seen[-1:] == [3], "the victim ran 3 steps")
-        nxt = asyncio.create_task(collect(adapter, raw_request(num_inference_steps=2), request_id="next"))
-        await wait_until(lambda: adapter.gpu_queue_depth == 1, "the next request waits at the gate")
-        victim.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await asyncio.wait_for(victim, 5)  # the request leaves at once...
-        await asyncio.sleep(0.05)  # (time for a gate that opens too early to let the next job in)
-        # ...but the model thread is still inside step 4: the gate must still be held.
-        assert adapter.inference_in_progress and [j.request_id for j in model.calls] == ["victim"]
-        for _ in range(10):
-            steps.release()  # enough permits for the victim's next step and all of the next job's
-        result = await asyncio.wait_for(nxt, timeout=20)
-        assert isinstance(result[-1], Done)
-
-    asyncio.run(main())
+    victim = asyncio.create_task(consume())
+    for _ in range(3):
+        steps.release()
+    await wait_until(lambda: seen[-1:] == [3], "the victim ran 3 steps")
+    nxt = asyncio.create_task(collect(adapter, raw_request(num_inference_steps=2), request_id="next"))
+    await wait_until(lambda: adapter.gpu_queue_depth == 1, "the next request waits at the gate")
+    victim.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(victim, 5)  # the request leaves at once...
+    await asyncio.sleep(0.05)  # (time for a gate that opens too early to let the next job in)
+    # ...but the model thread is still inside step 4: the gate must still be held.
+    assert adapter.inference_in_progress and [j.request_id for j in model.calls] == ["victim"]
+    for _ in range(10):
+        steps.release()  # enough permits for the victim's next step and all of the next job's
+    result = await asyncio.wait_for(nxt, timeout=20)
+    assert isinstance(result[-1], Done)
     assert model.steps_run["victim"] <= 4, "more than one step ran after the cancel"
     assert model.max_active == 1
     assert model.decodes == 1  # the next job's; the victim never decoded
     assert model.log.index(("return", "victim")) < model.log.index(("enter", "next"))
 
 
-def test_close_at_a_yield_stops_the_model_thread(make_adapter: Any) -> None:
+async def test_close_at_a_yield_stops_the_model_thread(make_adapter: Any) -> None:
     """A disconnect closes the handler's generator at a yield (GeneratorExit, not CancelledError)."""
     steps = threading.Semaphore(0)
     adapter, model = make_adapter(FakeModel(step_gate=steps))
-
-    async def main() -> None:
-        gen = adapter.run(raw_request(num_inference_steps=20), request_id="closed")
-        steps.release()
-        async for event in gen:
-            if isinstance(event, Step):
-                break
-        await gen.aclose()  # the request leaves at once, while the model thread is mid-step...
-        assert adapter.inference_in_progress  # ...which still holds the gate
-        steps.release(5)  # the step in progress ends; the job stops there
-        await wait_until(lambda: not adapter.inference_in_progress, "the job stops and the gate opens")
-
-    asyncio.run(main())
+    gen = adapter.run(raw_request(num_inference_steps=20), request_id="closed")
+    steps.release()
+    async for event in gen:
+        if isinstance(event, Step):
+            break
+    await gen.aclose()  # the request leaves at once, while the model thread is mid-step...
+    assert adapter.inference_in_progress  # ...which still holds the gate
+    steps.release(5)  # the step in progress ends; the job stops there
+    await wait_until(lambda: not adapter.inference_in_progress, "the job stops and the gate opens")
     assert model.steps_run["closed"] <= 2 and model.decodes == 0
     assert _jobs(adapter, "cancelled") == 1
 
 
-def test_waiting_reports_how_many_are_ahead_as_the_line_moves(make_adapter: Any) -> None:
+async def test_waiting_reports_how_many_are_ahead_as_the_line_moves(make_adapter: Any) -> None:
     adapter, model = make_adapter(FakeModel(hold=True))
-
-    async def main() -> list[Any]:
-        tasks = [asyncio.create_task(collect(adapter, raw_request(), request_id=f"r{i}")) for i in range(3)]
-        for i in range(3):
-            await wait_until(lambda: len(model.calls) == i + 1, f"call {i} entered")
-            model.release.release()
-        return await asyncio.gather(*tasks)
-
-    results = asyncio.run(main())
+    tasks = [asyncio.create_task(collect(adapter, raw_request(), request_id=f"r{i}")) for i in range(3)]
+    for i in range(3):
+        await wait_until(lambda: len(model.calls) == i + 1, f"call {i} entered")
+        model.release.release()
+    results = await asyncio.gather(*tasks)
     ahead = {r[-1].info["request_id"]: [e.ahead for e in r if isinstance(e, Waiting)] for r in results}
     assert ahead["r0"] == [0]
     assert ahead["r1"] == [1, 0]
     assert ahead["r2"] == [2, 1, 0]
 
 
-def test_shutdown_answers_the_waiting_and_stops_the_running_job(make_adapter: Any) -> None:
+async def test_shutdown_answers_the_waiting_and_stops_the_running_job(make_adapter: Any) -> None:
     steps = threading.Semaphore(0)
     adapter, model = make_adapter(FakeModel(step_gate=steps))
-
-    async def main() -> list[Any]:
-        running = asyncio.create_task(collect(adapter, raw_request(num_inference_steps=50), request_id="running"))
-        steps.release()
-        await wait_until(lambda: model.steps_run.get("running") == 1, "the job runs")
-        waiting = [asyncio.create_task(collect(adapter, raw_request(), request_id=f"w{i}")) for i in range(3)]
-        await wait_until(lambda: adapter.gpu_queue_depth == 3, "three wait at the gate")
-        adapter.begin_shutdown()
-        steps.release(5)
-        outcomes = await asyncio.gather(running, *waiting, return_exceptions=True)
-        late = await asyncio.gather(collect(adapter, raw_request()), return_exceptions=True)
-        return [*outcomes, *late]
-
-    outcomes = asyncio.run(main())
+    running = asyncio.create_task(collect(adapter, raw_request(num_inference_steps=50), request_id="running"))
+    steps.release()
+    await wait_until(lambda: model.steps_run.get("running") == 1, "the job runs")
+    waiting = [asyncio.create_task(collect(adapter, raw_request(), request_id=f"w{i}")) for i in range(3)]
+    await wait_until(lambda: adapter.gpu_queue_depth == 3, "three wait at the gate")
+    adapter.begin_shutdown()
+    steps.release(5)
+    outcomes = await asyncio.gather(running, *waiting, return_exceptions=True)
+    late = await asyncio.gather(collect(adapter, raw_request()), return_exceptions=True)
+    outcomes = [*outcomes, *late]
     assert all(isinstance(o, ShuttingDown) for o in outcomes), outcomes
     assert "shutting down" in str(outcomes[0]) and "retry" in str(outcomes[0])
     assert [j.request_id for j in model.calls] == ["running"] and model.steps_run["running"] <= 2

@@ -50,7 +50,7 @@ def test_ray_settings_from_flags_and_environment() -> None:
 
 def test_replica_resources_split_the_cluster() -> None:
     from pipeline.config import Settings
-    from pipeline.ray_backend import replica_resources
+    from pipeline.ray.cluster import replica_resources
 
     two = Settings(backend="ray", replicas=2)
     assert replica_resources(two, {"CPU": 2}) == (1.0, 0.0)

@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import shapes
-from pipeline.default_model import DEFAULT_MODEL_DIR, DefaultModelMissing, ensure_default_model
-from pipeline.eval_default import SHOWCASE, generate, guidance_of, load, prompt_set
+from pipeline.default_model import DEFAULT_MODEL_DIR, DefaultModelMissing, ensure_default_model, shapes
+from pipeline.default_model.evaluate import SHOWCASE, generate, guidance_of, load, prompt_set
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,7 +49,7 @@ def test_the_shipped_weights_are_trained_small_and_loadable() -> None:
 
 
 def test_a_missing_default_model_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(DefaultModelMissing, match="train_default"):
+    with pytest.raises(DefaultModelMissing, match=r"python -m pipeline\.default_model\.train"):
         ensure_default_model(tmp_path / "nothing-here")
 
 
@@ -95,8 +94,8 @@ def test_training_is_deterministic_and_writes_a_loadable_model(tmp_path: Path) -
     """The training script, end to end on a tiny configuration, twice: the same bytes, and the app's
     loader reads the result (with the defaults saved next to it)."""
     from pipeline.config import Settings
-    from pipeline.model import load_model
-    from pipeline.train_default import train
+    from pipeline.engine.loading import load_model
+    from pipeline.default_model.train import train
 
     tiny = dict(vae_images=32, vae_steps=3, vae_batch=4, images=64, unet_steps=3, unet_batch=8)
     train(tmp_path / "a", seed=5, config=tiny, threads=1)

@@ -10,7 +10,9 @@ from typing import Iterator
 import pytest
 from PIL import Image
 
-from tests.conftest import running_app
+from tests.helpers import running_app
+
+pytestmark = pytest.mark.server
 
 ROOT = Path(__file__).resolve().parent.parent
 

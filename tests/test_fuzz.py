@@ -14,8 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import api_fn_index, queue_call, raw_request, running_app
+from tests.helpers import api_fn_index, queue_call, raw_request, running_app
 from tests.fakes import FakeModel
+
+pytestmark = pytest.mark.server
 
 FIELDS = ["prompt", "negative_prompt", "seed", "randomize_seed", "width", "height", "num_inference_steps",
           "guidance_scale", "num_images", "live_preview"]

@@ -12,57 +12,53 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from pipeline.adapter import Done, Step, Waiting
-from tests.conftest import collect, raw_request, wait_until
+import pytest
+
+from pipeline.serving.events import Done, Step, Waiting
+from tests.helpers import collect, raw_request, wait_until
 from tests.fakes import FakeModel
 
+pytestmark = pytest.mark.anyio
 
-def test_eight_concurrent_requests_never_overlap_in_inference(make_adapter: Any) -> None:
+
+async def test_eight_concurrent_requests_never_overlap_in_inference(make_adapter: Any) -> None:
     adapter, model = make_adapter(FakeModel(hold=True))
     n = 8
-
-    async def main() -> list[list[Any]]:
-        tasks = [asyncio.create_task(collect(adapter, raw_request(seed=i))) for i in range(n)]
-        for released in range(n):
-            # Quiescent: every unfinished request is either in the model or waiting at the gate.
-            await wait_until(
-                lambda: len(model.calls) > released and model.active + adapter.gpu_queue_depth >= n - released,
-                f"the next call entered and all {n - released} unfinished requests reach the model or the gate",
-            )
-            assert model.active == 1, f"{model.active} inferences at once"
-            model.release.release()
-            await wait_until(lambda: len(model.returned) > released, "the released call returns")
-        return await asyncio.gather(*tasks)
-
-    results = asyncio.run(main())
+    tasks = [asyncio.create_task(collect(adapter, raw_request(seed=i))) for i in range(n)]
+    for released in range(n):
+        # Quiescent: every unfinished request is either in the model or waiting at the gate.
+        await wait_until(
+            lambda: len(model.calls) > released and model.active + adapter.gpu_queue_depth >= n - released,
+            f"the next call entered and all {n - released} unfinished requests reach the model or the gate",
+        )
+        assert model.active == 1, f"{model.active} inferences at once"
+        model.release.release()
+        await wait_until(lambda: len(model.returned) > released, "the released call returns")
+    results = await asyncio.gather(*tasks)
     assert model.max_active == 1
     assert len(model.calls) == n
     assert all(isinstance(r[-1], Done) for r in results)
     assert sorted(r[-1].info["seed"] for r in results) == list(range(n))
 
 
-def test_preparation_overlaps_another_inference(make_adapter: Any) -> None:
+async def test_preparation_overlaps_another_inference(make_adapter: Any) -> None:
     adapter, model = make_adapter(FakeModel(hold=True))
-
-    async def main() -> None:
-        first = asyncio.create_task(collect(adapter, raw_request(seed=1)))
-        await wait_until(lambda: model.active == 1, "the first request is inferring")
-        # The second request's preparation must finish while the first one is still in the model.
-        second = adapter.run(raw_request(seed=2))
-        event = await asyncio.wait_for(second.__anext__(), timeout=10)
-        assert isinstance(event, Waiting)
-        assert event.ahead == 1
-        assert model.active == 1 and len(model.calls) == 1
-        model.release.release()
-        model.release.release()
-        rest = [e async for e in second]
-        assert isinstance(rest[-1], Done)
-        assert isinstance((await first)[-1], Done)
-
-    asyncio.run(main())
+    first = asyncio.create_task(collect(adapter, raw_request(seed=1)))
+    await wait_until(lambda: model.active == 1, "the first request is inferring")
+    # The second request's preparation must finish while the first one is still in the model.
+    second = adapter.run(raw_request(seed=2))
+    event = await asyncio.wait_for(second.__anext__(), timeout=10)
+    assert isinstance(event, Waiting)
+    assert event.ahead == 1
+    assert model.active == 1 and len(model.calls) == 1
+    model.release.release()
+    model.release.release()
+    rest = [e async for e in second]
+    assert isinstance(rest[-1], Done)
+    assert isinstance((await first)[-1], Done)
 
 
-def test_finalize_overlaps_the_next_inference(make_adapter: Any) -> None:
+async def test_finalize_overlaps_the_next_inference(make_adapter: Any) -> None:
     """The first request's PNG encoding runs while the second request is in the model."""
     next_in_model = threading.Event()
     encode_saw_next: list[bool] = []
@@ -71,36 +67,32 @@ def test_finalize_overlaps_the_next_inference(make_adapter: Any) -> None:
         if request_id == "first":
             # Blocks until the second request is inferring: impossible if finalize were gated.
             encode_saw_next.append(next_in_model.wait(timeout=10))
-        from pipeline.postprocess import encode_pngs
+        from pipeline.serving.postprocess import encode_pngs
 
         return encode_pngs(images, out_dir, request_id, *args)
 
     model = FakeModel(hold=True)
     adapter, _ = make_adapter(model, encode=encode)
-
-    async def main() -> None:
-        first = asyncio.create_task(collect(adapter, raw_request(seed=1), request_id="first"))
-        await wait_until(lambda: model.active == 1, "the first request is inferring")
-        second = asyncio.create_task(collect(adapter, raw_request(seed=2), request_id="second"))
-        await wait_until(lambda: adapter.gpu_queue_depth == 1, "the second request waits at the gate")
-        model.release.release()  # the first leaves the model and starts finalizing
-        await wait_until(lambda: len(model.calls) == 2 and model.active == 1, "the second request is inferring")
-        next_in_model.set()
-        first_events = await asyncio.wait_for(first, timeout=10)
-        assert model.active == 1, "the first finished while the second was still in the model"
-        model.release.release()
-        second_events = await second
-        assert isinstance(first_events[-1], Done) and isinstance(second_events[-1], Done)
-        t1, t2 = first_events[-1].info["timings"], second_events[-1].info["timings"]
-        assert t1["finalize_start"] < t2["infer_end"] and t2["infer_start"] < t1["finalize_end"]
-
-    asyncio.run(main())
+    first = asyncio.create_task(collect(adapter, raw_request(seed=1), request_id="first"))
+    await wait_until(lambda: model.active == 1, "the first request is inferring")
+    second = asyncio.create_task(collect(adapter, raw_request(seed=2), request_id="second"))
+    await wait_until(lambda: adapter.gpu_queue_depth == 1, "the second request waits at the gate")
+    model.release.release()  # the first leaves the model and starts finalizing
+    await wait_until(lambda: len(model.calls) == 2 and model.active == 1, "the second request is inferring")
+    next_in_model.set()
+    first_events = await asyncio.wait_for(first, timeout=10)
+    assert model.active == 1, "the first finished while the second was still in the model"
+    model.release.release()
+    second_events = await second
+    assert isinstance(first_events[-1], Done) and isinstance(second_events[-1], Done)
+    t1, t2 = first_events[-1].info["timings"], second_events[-1].info["timings"]
+    assert t1["finalize_start"] < t2["infer_end"] and t2["infer_start"] < t1["finalize_end"]
     assert encode_saw_next == [True]
 
 
-def test_progress_events_in_order_and_timings_in_order(make_adapter: Any) -> None:
+async def test_progress_events_in_order_and_timings_in_order(make_adapter: Any) -> None:
     adapter, _ = make_adapter()
-    events = asyncio.run(collect(adapter, raw_request(num_inference_steps=5, num_images=2)))
+    events = await collect(adapter, raw_request(num_inference_steps=5, num_images=2))
     assert isinstance(events[0], Waiting) and events[0].ahead == 0
     steps = [e for e in events if isinstance(e, Step)]
     assert [(s.step, s.total) for s in steps] == [(i, 5) for i in range(1, 6)]

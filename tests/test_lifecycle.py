@@ -12,7 +12,7 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from tests.conftest import raw_request, running_app, wait_for
+from tests.helpers import raw_request, running_app, wait_for
 from tests.fakes import WAIT, FakeModel
 
 PARAMS = ["prompt", "negative_prompt", "seed", "randomize_seed", "width", "height", "num_inference_steps",
@@ -51,6 +51,7 @@ def metric(url: str, name: str, labels: str = "") -> float:
     return float(match.group(1))
 
 
+@pytest.mark.server
 def test_client_follows_progress_in_order_to_n_of_n(client: Any) -> None:
     job = client.submit(**raw_request(num_inference_steps=6), api_name="/generate")
     gallery, info = job.result(timeout=WAIT)
@@ -64,6 +65,7 @@ def test_client_follows_progress_in_order_to_n_of_n(client: Any) -> None:
     assert job.status().progress_data is None or all(p.index <= 6 for p in job.status().progress_data)
 
 
+@pytest.mark.server
 def test_health_reports_idle_then_busy(url: str, fake: FakeModel, client: Any) -> None:
     body = httpx.get(url + "health", timeout=10).json()
     assert body["status"] == "ok" and body["model"] == "fake-model"
@@ -76,6 +78,7 @@ def test_health_reports_idle_then_busy(url: str, fake: FakeModel, client: Any) -
     job.result(timeout=WAIT)
 
 
+@pytest.mark.server
 def test_metrics_count_completed_cancelled_and_rejected(url: str, fake: FakeModel, client: Any) -> None:
     from gradio_client.exceptions import AppError
 
@@ -110,6 +113,7 @@ def test_metrics_count_completed_cancelled_and_rejected(url: str, fake: FakeMode
     assert metric(url, "gpu_queue_depth") == 0 and metric(url, "inference_in_progress") == 0
 
 
+@pytest.mark.server
 def test_cancel_while_waiting_leaves_without_touching_the_model(url: str, fake: FakeModel, client: Any) -> None:
     from gradio_client import Client
 
@@ -140,6 +144,7 @@ def test_cancel_while_waiting_leaves_without_touching_the_model(url: str, fake: 
     assert len(fake.calls) == calls and all(c.seeds != (32,) for c in fake.calls)
 
 
+@pytest.mark.server
 def test_a_dropped_connection_stops_the_job(url: str, fake: FakeModel, served: tuple[str, Any, Any]) -> None:
     """A raw HTTP client joins the queue, reads progress, then drops the connection mid-job."""
     config = httpx.get(url + "config", timeout=10).json()
@@ -177,13 +182,14 @@ def _last_id(fake: FakeModel) -> str:
     return fake.calls[-1].request_id
 
 
+@pytest.mark.server
 def test_progress_outputs_never_rebuild_a_component(served: tuple[str, Any, Any], client: Any,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """A prop update (``gr.skip()``, ``gr.update()``) makes Gradio rebuild the component and its JSON
     schema on the event loop; progress outputs must not send one (issue 5: half the loop's GIL time)."""
     import gradio.state_holder
 
-    import app
+    from pipeline.web.gradio_internals import QUEUE_POLL_SECONDS
 
     rebuilt: list[int] = []
     original = gradio.state_holder.SessionState._update_config
@@ -199,37 +205,35 @@ def test_progress_outputs_never_rebuild_a_component(served: tuple[str, Any, Any]
     assert rebuilt == []
     # And Gradio's idle polling is slowed from 1 ms to QUEUE_POLL_SECONDS.
     queue = served[1]._queue
-    assert queue.sleep_when_free == app.QUEUE_POLL_SECONDS and queue.progress_update_sleep_when_free >= 0.1
+    assert queue.sleep_when_free == QUEUE_POLL_SECONDS and queue.progress_update_sleep_when_free >= 0.1
 
 
-def test_page_jobs_tells_stop_when_the_sessions_job_has_ended() -> None:
-    """Stop waits on this (see ``app.PageJobs``); the browser test drives it through the page."""
+@pytest.mark.anyio
+async def test_page_jobs_tells_stop_when_the_sessions_job_has_ended() -> None:
+    """Stop waits on this (see ``pipeline.web.handler.PageJobs``); the browser test drives it through the page."""
     import asyncio
 
-    from app import PageJobs
+    from pipeline.web.handler import PageJobs
 
-    async def scenario() -> list[Any]:
-        jobs = PageJobs()
-        seen: list[Any] = [await jobs.wait_ended("a", 0.01)]  # nothing running: at once
-        release = asyncio.Event()
+    jobs = PageJobs()
+    seen: list[Any] = [await jobs.wait_ended("a", 0.01)]  # nothing running: at once
+    release = asyncio.Event()
 
-        async def job(session: str) -> None:
-            with jobs.running(session):
-                await release.wait()
+    async def job(session: str) -> None:
+        with jobs.running(session):
+            await release.wait()
 
-        tasks = [asyncio.create_task(job("a")), asyncio.create_task(job("a")), asyncio.create_task(job("b"))]
-        await asyncio.sleep(0)
-        seen += [jobs.count("a"), jobs.count("b"), await jobs.wait_ended("a", 0.05)]  # still running
-        waiter = asyncio.create_task(jobs.wait_ended("a", 5))
-        await asyncio.sleep(0.01)
-        seen.append(waiter.done())
-        release.set()
-        seen += [await waiter, jobs.count("a"), jobs.count("b")]
-        await asyncio.gather(*tasks)
-        with pytest.raises(RuntimeError):  # a failing handler is still counted as ended
-            with jobs.running("c"):
-                raise RuntimeError("boom")
-        seen.append(jobs.count("c"))
-        return seen
-
-    assert asyncio.run(scenario()) == [True, 2, 1, False, False, True, 0, 0, 0]
+    tasks = [asyncio.create_task(job("a")), asyncio.create_task(job("a")), asyncio.create_task(job("b"))]
+    await asyncio.sleep(0)
+    seen += [jobs.count("a"), jobs.count("b"), await jobs.wait_ended("a", 0.05)]  # still running
+    waiter = asyncio.create_task(jobs.wait_ended("a", 5))
+    await asyncio.sleep(0.01)
+    seen.append(waiter.done())
+    release.set()
+    seen += [await waiter, jobs.count("a"), jobs.count("b")]
+    await asyncio.gather(*tasks)
+    with pytest.raises(RuntimeError):  # a failing handler is still counted as ended
+        with jobs.running("c"):
+            raise RuntimeError("boom")
+    seen.append(jobs.count("c"))
+    assert seen == [True, 2, 1, False, False, True, 0, 0, 0]

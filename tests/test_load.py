@@ -18,8 +18,10 @@ import httpx
 import psutil
 import pytest
 
-from tests.conftest import free_port, raw_request, running_app, wait_for
+from tests.helpers import free_port, raw_request, running_app, wait_for
 from tests.fakes import WAIT, FakeModel
+
+pytestmark = pytest.mark.server
 
 ROOT = Path(__file__).resolve().parent.parent
 OUTPUT_BUDGET_MB = 1

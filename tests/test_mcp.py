@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any, Iterator
 
 import pytest
 
-from tests.conftest import running_app
+from tests.helpers import running_app
 
 pytest.importorskip("mcp")
+
+pytestmark = [pytest.mark.anyio, pytest.mark.server]
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +30,8 @@ async def _session(url: str, work: Any) -> Any:
             return await work(session)
 
 
-def test_generate_is_listed_as_a_described_typed_tool(url: str) -> None:
-    tools = asyncio.run(_session(url, lambda s: s.list_tools())).tools
+async def test_generate_is_listed_as_a_described_typed_tool(url: str) -> None:
+    tools = (await _session(url, lambda s: s.list_tools())).tools
     by_name = {t.name: t for t in tools}
     assert [n for n in by_name if "generate" in n] == ["generate"], list(by_name)  # the UI's event stays private
     tool = by_name["generate"]
@@ -41,11 +42,11 @@ def test_generate_is_listed_as_a_described_typed_tool(url: str) -> None:
     assert props["randomize_seed"]["type"] == "boolean"
 
 
-def test_the_tool_generates(url: str) -> None:
+async def test_the_tool_generates(url: str) -> None:
     args = {"prompt": "a red circle on a blue background", "negative_prompt": "", "seed": 3, "randomize_seed": False,
             "width": 64, "height": 64, "num_inference_steps": 4, "guidance_scale": 4.0, "num_images": 1,
             "live_preview": False}
-    result = asyncio.run(_session(url, lambda s: s.call_tool("generate", args)))
+    result = await _session(url, lambda s: s.call_tool("generate", args))
     assert not result.isError, result.content
     texts = " ".join(getattr(c, "text", "") for c in result.content)
     kinds = {c.type for c in result.content}

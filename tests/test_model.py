@@ -12,12 +12,14 @@ from typing import Any
 
 import pytest
 
-from pipeline.adapter import Done, LocalAdapter
+from pipeline.engine.runner import ModelRunner
+from pipeline.serving.events import Done
+from pipeline.serving.local import LocalAdapter
 from pipeline.config import Settings
-from pipeline.default_model import DEFAULT_MODEL_DIR, build_untrained, ensure_default_model, model_defaults
+from pipeline.default_model import DEFAULT_MODEL_DIR, ensure_default_model, model_defaults
+from pipeline.default_model.architecture import build_untrained
 from pipeline.request import Limits
-from pipeline.worker import GpuWorker
-from tests.conftest import collect, raw_request
+from tests.helpers import collect, raw_request
 
 ROOT = Path(__file__).resolve().parent.parent
 RACE_ATTEMPTS = 30
@@ -25,11 +27,12 @@ RACE_ATTEMPTS = 30
 
 @pytest.fixture(scope="module")
 def model() -> Any:
-    from pipeline.model import load_model
+    from pipeline.engine.loading import load_model
 
     return load_model(Settings(), warmup=False)
 
 
+@pytest.mark.server
 def test_embedded_model_loads_from_disk_through_from_pretrained_offline() -> None:
     path = ensure_default_model()
     index = json.loads((path / "model_index.json").read_text())
@@ -99,24 +102,20 @@ def test_unguarded_threads_race_the_euler_scheduler(model: Any) -> None:
     pipe.scheduler.set_timesteps(1)  # leave the shared pipeline in a sane state
 
 
-def test_the_same_load_through_the_adapter_never_races(model: Any, tmp_path: Path) -> None:
-    worker = GpuWorker(lambda: model)
-    worker.start(timeout=30)
-    adapter = LocalAdapter(worker, Limits.for_model(model.profile), tmp_path)
-
-    async def main() -> list[list[Any]]:
-        runs = []
+@pytest.mark.anyio
+async def test_the_same_load_through_the_adapter_never_races(model: Any, tmp_path: Path) -> None:
+    runner = ModelRunner(lambda: model)
+    runner.start(timeout=30)
+    adapter = LocalAdapter(runner, Limits.for_model(model.profile), tmp_path)
+    runs: list[list[Any]] = []
+    try:
         for attempt in range(RACE_ATTEMPTS // 3):
             runs += await asyncio.gather(*(
                 collect(adapter, raw_request(prompt="a cat", seed=attempt * 2 + s, num_inference_steps=20))
                 for s in (1, 2)
             ))
-        return runs
-
-    try:
-        runs = asyncio.run(main())
     finally:
-        worker.shutdown(timeout=30)
+        adapter.shutdown_model(timeout=30)
         adapter.close()
     assert len(runs) == 2 * (RACE_ATTEMPTS // 3)
     assert all(isinstance(r[-1], Done) and r[-1].info["steps_done"] == 20 for r in runs)
@@ -154,7 +153,7 @@ def test_cancel_stops_at_the_next_step_without_decoding(model: Any) -> None:
     [("stabilityai/sd-turbo", 1, 0.0), ("black-forest-labs/FLUX.1-schnell", 4, 0.0), ("runwayml/stable-diffusion-v1-5", 25, 7.5)],
 )
 def test_defaults_follow_the_model(model: Any, name: str, steps: int, guidance: float) -> None:
-    from pipeline.model import build_profile
+    from pipeline.engine.loading import build_profile
 
     class Unet:
         config = type("C", (), {"sample_size": 64})
@@ -171,7 +170,7 @@ def test_defaults_follow_the_model(model: Any, name: str, steps: int, guidance: 
 def test_device_and_dtype_choice() -> None:
     import torch
 
-    from pipeline.model import pick_device, pick_dtype
+    from pipeline.engine.loading import pick_device, pick_dtype
 
     assert pick_device("cpu") == "cpu"
     assert pick_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
@@ -208,19 +207,19 @@ def test_out_of_memory_frees_memory_and_says_what_to_do(model: Any) -> None:
                           lambda *_: None).steps_done == 2
 
 
-def test_a_request_draws_the_same_images_alone_and_in_a_batch(model: Any, tmp_path: Path) -> None:
+@pytest.mark.anyio
+async def test_a_request_draws_the_same_images_alone_and_in_a_batch(model: Any, tmp_path: Path) -> None:
     """Dynamic batching on the real pipeline: per-image generators keep each request's own noise."""
     import numpy as np
     from PIL import Image
 
-    worker = GpuWorker(lambda: model)
-    worker.start(timeout=30)
-    adapter = LocalAdapter(worker, Limits.for_model(model.profile), tmp_path, max_batch_size=4)
+    runner = ModelRunner(lambda: model)
+    runner.start(timeout=30)
+    adapter = LocalAdapter(runner, Limits.for_model(model.profile), tmp_path, max_batch_size=4)
     common = dict(num_inference_steps=8, width=64, height=64, guidance_scale=7.5)
     mine = raw_request(prompt="a red circle", negative_prompt="blurry", seed=1234, num_images=2, **common)
     other = raw_request(prompt="a blue square on a green background", seed=99, **common)
-
-    async def main() -> tuple[Done, Done, Done]:
+    try:
         alone = (await collect(adapter, mine))[-1]
         # A long blocker holds the gate while the two compatible requests line up behind it.
         blocker = asyncio.create_task(collect(adapter, raw_request(num_inference_steps=60, width=128, height=128)))
@@ -228,12 +227,9 @@ def test_a_request_draws_the_same_images_alone_and_in_a_batch(model: Any, tmp_pa
             await asyncio.sleep(0.005)
         together = await asyncio.gather(collect(adapter, other), collect(adapter, mine))
         await blocker
-        return alone, together[0][-1], together[1][-1]
-
-    try:
-        alone, theirs, batched = asyncio.run(main())
+        theirs, batched = together[0][-1], together[1][-1]
     finally:
-        worker.shutdown(timeout=30)
+        adapter.shutdown_model(timeout=30)
         adapter.close()
     assert alone.info["batch_size"] == 2 and alone.info["batch_requests"] == 1
     assert batched.info["batch_size"] == 3 and batched.info["batch_requests"] == 2, "the two did not share a job"

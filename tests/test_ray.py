@@ -16,25 +16,26 @@ from typing import Any, Iterator
 
 import pytest
 
-from pipeline.adapter import Done, Step, Waiting
+from pipeline.serving.events import Done, Step, Waiting
 from pipeline.config import Settings
 from pipeline.errors import Cancelled, GenerationFailed, InvalidRequest, QueueFull, ReplicaDead
 
 ray = pytest.importorskip("ray")
 
-from pipeline import ray_backend  # noqa: E402
+from pipeline.ray import cluster as ray_cluster  # noqa: E402
+from pipeline.ray.adapter import RayAdapter  # noqa: E402
 
 QUEUE = 6  # a burst is admitted up to this many calls (see the queue-full test)
 pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture(scope="module")
-def side(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ray_backend.RayAdapter]:
+def side(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayAdapter]:
     tmp = tmp_path_factory.mktemp("ray")
     settings = Settings(backend="ray", replicas=2, torch_threads=1, replica_cpus=1, max_batch_size=2,
                         queue_size=QUEUE, output_dir=tmp / "out", sweep_interval=3600)
-    cluster = ray_backend.start(settings)
-    adapter = ray_backend.RayAdapter(cluster, settings)
+    cluster = ray_cluster.start(settings)
+    adapter = RayAdapter(cluster, settings)
     try:
         yield adapter
     finally:
@@ -49,7 +50,7 @@ def req(k: int, *, size: int = 64, steps: int = 20, **over: Any) -> dict[str, An
     return {**raw, **over}
 
 
-async def collect(adapter: ray_backend.RayAdapter, raw: dict[str, Any]) -> tuple[list[Any], Done]:
+async def collect(adapter: RayAdapter, raw: dict[str, Any]) -> tuple[list[Any], Done]:
     events: list[Any] = []
     async with contextlib.aclosing(adapter.run(raw)) as stream:
         async for event in stream:
@@ -59,7 +60,7 @@ async def collect(adapter: ray_backend.RayAdapter, raw: dict[str, Any]) -> tuple
     raise AssertionError(f"no result: {events}")
 
 
-def stats_of(adapter: ray_backend.RayAdapter, replica: str, tries: int = 60) -> dict[str, Any]:
+def stats_of(adapter: RayAdapter, replica: str, tries: int = 60) -> dict[str, Any]:
     """The named replica's counters (Serve routes each call to some replica: ask until it answers)."""
     for _ in range(tries):
         stats = adapter.cluster.handle.stats.remote().result(timeout_s=30)
@@ -68,12 +69,11 @@ def stats_of(adapter: ray_backend.RayAdapter, replica: str, tries: int = 60) -> 
     raise AssertionError(f"replica {replica} never answered")
 
 
-def test_requests_spread_over_both_replicas_one_inference_each_at_a_time(side: ray_backend.RayAdapter) -> None:
-    async def main() -> list[dict[str, Any]]:
-        results = await asyncio.gather(*(collect(side, req(k)) for k in range(QUEUE)))
-        return [done.info for _, done in results]
-
-    infos = asyncio.run(main())
+@pytest.mark.anyio
+@pytest.mark.server
+async def test_requests_spread_over_both_replicas_one_inference_each_at_a_time(side: RayAdapter) -> None:
+    results = await asyncio.gather(*(collect(side, req(k)) for k in range(QUEUE)))
+    infos = [done.info for _, done in results]
     by_replica: dict[str, set[tuple[float, float]]] = {}
     for info in infos:
         assert info["backend"] == "ray" and info["steps_done"] == 20
@@ -88,8 +88,10 @@ def test_requests_spread_over_both_replicas_one_inference_each_at_a_time(side: r
     assert sum(len(v) for v in by_replica.values()) <= len(infos)
 
 
-def test_progress_and_images_cross_the_boundary(side: ray_backend.RayAdapter) -> None:
-    events, done = asyncio.run(collect(side, req(7, steps=8, num_images=2)))
+@pytest.mark.anyio
+@pytest.mark.server
+async def test_progress_and_images_cross_the_boundary(side: RayAdapter) -> None:
+    events, done = await collect(side, req(7, steps=8, num_images=2))
     steps = [e.step for e in events if isinstance(e, Step)]
     assert steps == list(range(1, 9))
     assert any(isinstance(e, Waiting) for e in events)
@@ -101,42 +103,45 @@ def test_progress_and_images_cross_the_boundary(side: ray_backend.RayAdapter) ->
         assert "Seed: 7" in image.text["parameters"]
 
 
-def test_bad_input_is_answered_by_the_front_end(side: ray_backend.RayAdapter) -> None:
+@pytest.mark.anyio
+@pytest.mark.server
+async def test_bad_input_is_answered_by_the_front_end(side: RayAdapter) -> None:
     with pytest.raises(InvalidRequest) as err:
-        asyncio.run(collect(side, req(0, size=65)))
+        await collect(side, req(0, size=65))
     assert err.value.field == "width" and "multiple of" in str(err.value)
 
 
-def test_cancel_stops_the_remote_job_at_the_next_step(side: ray_backend.RayAdapter) -> None:
-    async def main() -> tuple[str, int]:
-        stream = side.run(req(1, size=128, steps=100))
-        seen = 0
-        replica = ""
-        async for event in stream:
-            if isinstance(event, Step):
-                seen = event.step
-                replica = next(iter(side.started.values())).replica
-                if seen >= 3:
-                    break
-        await stream.aclose()  # what Gradio does when its client cancels
-        return replica, seen
-
-    before = {r: stats_of(side, r)["jobs"]["cancelled"] for r in {s["replica"] for s in _both(side)}}
-    replica, seen = asyncio.run(main())
+@pytest.mark.anyio
+@pytest.mark.server
+async def test_cancel_stops_the_remote_job_at_the_next_step(side: RayAdapter) -> None:
+    # Serve's blocking ``.result()`` refuses to run on an event loop: the stats helpers run on a thread.
+    before = await asyncio.to_thread(
+        lambda: {r: stats_of(side, r)["jobs"]["cancelled"] for r in {s["replica"] for s in _both(side)}}
+    )
+    stream = side.run(req(1, size=128, steps=100))
+    seen = 0
+    replica = ""
+    async for event in stream:
+        if isinstance(event, Step):
+            seen = event.step
+            replica = next(iter(side.started.values())).replica
+            if seen >= 3:
+                break
+    await stream.aclose()  # what Gradio does when its client cancels
     deadline = time.monotonic() + 30
     while True:
-        stats = stats_of(side, replica)
+        stats = await asyncio.to_thread(stats_of, side, replica)
         if stats["jobs"]["cancelled"] > before[replica] and not stats["inference_in_progress"]:
             break
         assert time.monotonic() < deadline, f"the remote job was not stopped: {stats}"
-        time.sleep(0.2)
+        await asyncio.sleep(0.2)
     assert stats["steps_after_stop_count"] >= 1
     # The model checks the stop event after every step: at most one more step once it was set.
     assert stats["steps_after_stop_sum"] <= stats["steps_after_stop_count"]
     assert seen >= 3
 
 
-def _both(side: ray_backend.RayAdapter) -> list[dict[str, Any]]:
+def _both(side: RayAdapter) -> list[dict[str, Any]]:
     seen: dict[str, dict[str, Any]] = {}
     for _ in range(60):
         stats = side.cluster.handle.stats.remote().result(timeout_s=30)
@@ -146,12 +151,11 @@ def _both(side: ray_backend.RayAdapter) -> list[dict[str, Any]]:
     raise AssertionError(f"only {list(seen)} answered")
 
 
-def test_a_full_line_gets_a_clear_error_and_the_rest_finish(side: ray_backend.RayAdapter) -> None:
-    async def main() -> list[Any]:
-        return await asyncio.gather(*(collect(side, req(k)) for k in range(2 * 2 + QUEUE + 8)),
+@pytest.mark.anyio
+@pytest.mark.server
+async def test_a_full_line_gets_a_clear_error_and_the_rest_finish(side: RayAdapter) -> None:
+    outcomes = await asyncio.gather(*(collect(side, req(k)) for k in range(2 * 2 + QUEUE + 8)),
                                     return_exceptions=True)
-
-    outcomes = asyncio.run(main())
     full = [o for o in outcomes if isinstance(o, QueueFull)]
     done = [o for o in outcomes if isinstance(o, tuple)]
     assert full, "nobody was told the queue is full"
@@ -162,15 +166,18 @@ def test_a_full_line_gets_a_clear_error_and_the_rest_finish(side: ray_backend.Ra
     assert len(done) >= QUEUE
 
 
-def test_the_gradio_app_runs_unchanged_on_the_ray_backend(side: ray_backend.RayAdapter, tmp_path: Path) -> None:
+@pytest.mark.server
+def test_the_gradio_app_runs_unchanged_on_the_ray_backend(side: RayAdapter, tmp_path: Path) -> None:
     import httpx
     from gradio_client import Client
 
     import app
-    from tests.conftest import free_port
+    from tests.helpers import free_port
 
     settings = Settings(backend="ray", port=free_port(), output_dir=side.output_dir)
-    demo = app.build_demo(side, settings)
+    from pipeline.web.layout import build_demo
+
+    demo = build_demo(side, settings)
     app.launch(demo, side, settings)
     try:
         client = Client(f"http://127.0.0.1:{settings.port}/", verbose=False, download_files=str(tmp_path))
@@ -185,7 +192,9 @@ def test_the_gradio_app_runs_unchanged_on_the_ray_backend(side: ray_backend.RayA
         demo.close()
 
 
-def test_a_replica_killed_mid_job_fails_that_job_and_the_next_jobs_succeed(side: ray_backend.RayAdapter) -> None:
+@pytest.mark.anyio
+@pytest.mark.server
+async def test_a_replica_killed_mid_job_fails_that_job_and_the_next_jobs_succeed(side: RayAdapter) -> None:
     async def doomed() -> tuple[BaseException | None, str]:
         killed = ""
         try:
@@ -199,7 +208,7 @@ def test_a_replica_killed_mid_job_fails_that_job_and_the_next_jobs_succeed(side:
             return exc, killed
         return None, killed
 
-    error, killed = asyncio.run(asyncio.wait_for(doomed(), 120))
+    error, killed = await asyncio.wait_for(doomed(), 120)
     assert killed, "the job never started"
     assert isinstance(error, ReplicaDead), repr(error)
     assert isinstance(error, GenerationFailed) and "stopped" in str(error)
@@ -208,13 +217,13 @@ def test_a_replica_killed_mid_job_fails_that_job_and_the_next_jobs_succeed(side:
         results = await asyncio.gather(*(collect(side, req(k)) for k in range(4)))
         return [done.info for _, done in results]
 
-    infos = asyncio.run(asyncio.wait_for(next_jobs(), 120))
+    infos = await asyncio.wait_for(next_jobs(), 120)
     assert all(i["steps_done"] == 20 for i in infos)
     assert killed not in {i["replica"] for i in infos}
     deadline = time.monotonic() + 120
     while side.health()["replicas_running"] != 2:  # Ray replaces the dead replica
         assert time.monotonic() < deadline, side.health()
-        time.sleep(1)
+        await asyncio.sleep(1)
     assert not isinstance(error, Cancelled)
 
 
@@ -224,9 +233,10 @@ def test_rays_errors_become_ours() -> None:
     from ray.serve import exceptions as sx
 
     from pipeline.errors import OutOfMemory
+    from pipeline.ray import adapter as ray_adapter
 
     def classify(error: BaseException) -> BaseException:
-        return ray_backend.classify(error, "abc123", queue_size=32)
+        return ray_adapter.classify(error, "abc123", queue_size=32)
 
     full = classify(sx.BackPressureError(num_queued_requests=32, max_queued_requests=32))
     assert isinstance(full, QueueFull) and "queue is full (32 requests" in str(full)

@@ -8,7 +8,7 @@ import pytest
 
 from pipeline.errors import InvalidRequest
 from pipeline.request import Limits, validate
-from tests.conftest import raw_request
+from tests.helpers import raw_request
 from tests.fakes import FAKE_PROFILE
 
 LIMITS = Limits.for_model(FAKE_PROFILE, max_images=4, max_prompt_chars=100)

@@ -13,7 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import free_port, raw_request
+from tests.helpers import free_port, raw_request
+
+pytestmark = pytest.mark.server
 
 ROOT = Path(__file__).resolve().parent.parent
 

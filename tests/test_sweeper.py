@@ -3,7 +3,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pipeline.sweeper import Sweeper
+from pipeline.serving.sweeper import Sweeper
 
 NOW = 1_000_000.0
 

@@ -1,10 +1,10 @@
-"""Train the embedded default model on shapes drawn by ``pipeline.shapes``, on the CPU.
+"""Train the embedded default model on shapes drawn by ``shapes``, on the CPU.
 
-    python -m pipeline.train_default [--out assets/default-model] [--seed 0] [--quick]
+    python -m pipeline.default_model.train [--out assets/default-model] [--seed 0] [--quick]
 
 Two stages, both deterministic given ``--seed`` (same torch version and thread count, same bits):
 
-1. the VAE (``pipeline.default_model``'s architecture: 64 px pictures to 16x16x4 latents) learns to
+1. the VAE (see ``architecture``: 64 px pictures to 16x16x4 latents) learns to
    reconstruct the pictures (MSE, a small KL term);
 2. the UNet and the tiny CLIP text encoder learn together, on the VAE's latents of a fixed set of
    captioned pictures: v-prediction on a zero-terminal-SNR schedule, 10% of captions dropped for
@@ -31,13 +31,14 @@ import torch
 from tqdm import tqdm
 
 from . import shapes
-from .default_model import DEFAULT_MODEL_DIR, SCHEDULER_CONFIG, build_pipeline, save_model
+from .architecture import SCHEDULER_CONFIG, build_pipeline
+from .folder import DEFAULT_MODEL_DIR, save_model
 
 log = logging.getLogger(__name__)
 
 FULL = dict(vae_images=4096, vae_steps=500, vae_batch=16, images=12288, unet_steps=4500, unet_batch=32)
 QUICK = dict(vae_images=256, vae_steps=30, vae_batch=16, images=512, unet_steps=40, unet_batch=32)
-GUIDANCE = 4.0  # the default guidance scale written next to the weights (see eval_default)
+GUIDANCE = 4.0  # the default guidance scale written next to the weights (see evaluate)
 CAPTION_DROP = 0.1
 MIN_SNR_GAMMA = 5.0
 
@@ -83,19 +84,26 @@ def train_vae(vae: Any, pictures: torch.Tensor, steps: int, batch: int, gen: tor
 
 @torch.no_grad()
 def encode(vae: Any, pictures: torch.Tensor) -> torch.Tensor:
-    return torch.cat([vae.encode(pictures[i:i + 256]).latent_dist.mean for i in range(0, len(pictures), 256)])
+    return torch.cat([vae.encode(pictures[i : i + 256]).latent_dist.mean for i in range(0, len(pictures), 256)])
 
 
-def train_unet(pipe: Any, latents: torch.Tensor, captions: list[str], steps: int, batch: int,
-               gen: torch.Generator) -> tuple[Any, Any, list[float]]:
+def train_unet(
+    pipe: Any, latents: torch.Tensor, captions: list[str], steps: int, batch: int, gen: torch.Generator
+) -> tuple[Any, Any, list[float]]:
     """Train the UNet and the text encoder together; returns their EMA copies and the losses."""
     from diffusers import DDPMScheduler
 
     unet, text_encoder, tokenizer = pipe.unet, pipe.text_encoder, pipe.tokenizer
-    noise_schedule = DDPMScheduler(**{k: v for k, v in SCHEDULER_CONFIG.items()
-                                      if k not in ("timestep_spacing", "steps_offset")})
-    ids = tokenizer(captions + [""], padding="max_length", max_length=tokenizer.model_max_length, truncation=True,
-                    return_tensors="pt").input_ids
+    noise_schedule: Any = DDPMScheduler(  # diffusers' configured attributes are invisible to mypy
+        **{k: v for k, v in SCHEDULER_CONFIG.items() if k not in ("timestep_spacing", "steps_offset")}
+    )
+    ids = tokenizer(
+        captions + [""],
+        padding="max_length",
+        max_length=tokenizer.model_max_length,
+        truncation=True,
+        return_tensors="pt",
+    ).input_ids
     alphas_cumprod = noise_schedule.alphas_cumprod
     empty = ids[-1]
     ids = ids[:-1]
@@ -140,8 +148,9 @@ def train_unet(pipe: Any, latents: torch.Tensor, captions: list[str], steps: int
     return ema_unet, ema_text, losses
 
 
-def train(out: Path, seed: int = 0, quick: bool = False, threads: int | None = None,
-          config: dict[str, int] | None = None) -> dict[str, Any]:
+def train(
+    out: Path, seed: int = 0, quick: bool = False, threads: int | None = None, config: dict[str, int] | None = None
+) -> dict[str, Any]:
     """Train and write the pipeline to ``out`` (via a temporary sibling, renamed into place).
 
     ``config`` overrides the stage sizes (tests use a tiny one)."""
@@ -153,8 +162,13 @@ def train(out: Path, seed: int = 0, quick: bool = False, threads: int | None = N
     gen = torch.Generator().manual_seed(seed)
     started = time.monotonic()
     pipe = build_pipeline(seed=seed + 1)
-    report: dict[str, Any] = {"seed": seed, "quick": quick, "config": cfg, "torch_threads": torch.get_num_threads(),
-                              "torch": torch.__version__}
+    report: dict[str, Any] = {
+        "seed": seed,
+        "quick": quick,
+        "config": cfg,
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
 
     log.info("drawing %d + %d pictures", cfg["vae_images"], cfg["images"])
     vae_pictures = _pictures(list(shapes.training_specs(cfg["vae_images"], seed=seed + 2)))
@@ -168,21 +182,28 @@ def train(out: Path, seed: int = 0, quick: bool = False, threads: int | None = N
     pipe.vae.register_to_config(scaling_factor=scaling)
     latents = raw_latents * scaling
     with torch.no_grad():
-        recon = torch.cat([pipe.vae.decode(raw_latents[i:i + 256]).sample for i in range(0, min(1024, len(raw_latents)), 256)])
-    report["vae"] = {"final_loss": float(np.mean(vae_losses[-50:])), "scaling_factor": scaling,
-                     "reconstruction_mse": float(torch.nn.functional.mse_loss(recon, pictures[:len(recon)]))}
+        recon = torch.cat(
+            [pipe.vae.decode(raw_latents[i : i + 256]).sample for i in range(0, min(1024, len(raw_latents)), 256)]
+        )
+    report["vae"] = {
+        "final_loss": float(np.mean(vae_losses[-50:])),
+        "scaling_factor": scaling,
+        "reconstruction_mse": float(torch.nn.functional.mse_loss(recon, pictures[: len(recon)])),
+    }
     log.info("vae: %s", report["vae"])
 
     ema_unet, ema_text, unet_losses = train_unet(pipe, latents, captions, cfg["unet_steps"], cfg["unet_batch"], gen)
     pipe.unet, pipe.text_encoder = ema_unet, ema_text
-    report["unet"] = {"final_loss": float(np.mean(unet_losses[-200:])),
-                      "loss_curve": [round(float(np.mean(unet_losses[i:i + 200])), 4)
-                                     for i in range(0, len(unet_losses), 200)]}
+    report["unet"] = {
+        "final_loss": float(np.mean(unet_losses[-200:])),
+        "loss_curve": [round(float(np.mean(unet_losses[i : i + 200])), 4) for i in range(0, len(unet_losses), 200)],
+    }
     report["train_seconds"] = round(time.monotonic() - started, 1)
     log.info("trained in %.0f s", report["train_seconds"])
 
-    save_model(pipe, out, {"trained": True, "seed": seed, "defaults": {"guidance": GUIDANCE, "steps": 20},
-                           "training": report})
+    save_model(
+        pipe, out, {"trained": True, "seed": seed, "defaults": {"guidance": GUIDANCE, "steps": 20}, "training": report}
+    )
     return report
 
 
@@ -195,7 +216,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     report = train(args.out, seed=args.seed, quick=args.quick, threads=args.threads)
-    print(json.dumps({k: v for k, v in report.items() if k != "unet"} | {"unet_final_loss": report["unet"]["final_loss"]}))
+    print(
+        json.dumps({k: v for k, v in report.items() if k != "unet"} | {"unet_final_loss": report["unet"]["final_loss"]})
+    )
 
 
 if __name__ == "__main__":

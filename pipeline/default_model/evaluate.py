@@ -1,7 +1,7 @@
 """Score the default model (or any model folder) on shapes prompts, with no model in the judging.
 
-    python -m pipeline.eval_default [--model assets/default-model] [--json docs/default-model-eval.json]
-                                    [--grid assets/examples.png]
+    python -m pipeline.default_model.evaluate [--model assets/default-model] [--json docs/default-model-eval.json]
+                                              [--grid assets/examples.png]
 
 For a fixed list of combinations -- every held-out one (never drawn in training) and as many seen
 ones -- it generates with two caption styles and two seeds at 64 px, 20 steps, and scores each
@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from . import shapes
-from .default_model import DEFAULT_MODEL_DIR
+from .folder import DEFAULT_MODEL_DIR, STAMP
+from .prompts import EXAMPLE_PROMPTS
 
 STEPS = 20
 SEEDS = (0, 1)
-SHOWCASE = shapes.EXAMPLE_PROMPTS
+SHOWCASE = EXAMPLE_PROMPTS
 
 
 def seen_combos(n: int = 16) -> list[tuple[str, str, str]]:
@@ -56,22 +57,29 @@ def load(model: str | Path, threads: int | None = None) -> Any:
 
 def guidance_of(model: str | Path, default: float = 4.0) -> float:
     try:
-        stamp = json.loads((Path(model) / "default_model_build.json").read_text())
+        stamp = json.loads((Path(model) / STAMP).read_text())
         return float(stamp["defaults"]["guidance"])
     except (OSError, ValueError, KeyError):
         return default
 
 
-def generate(pipe: Any, prompts: list[str], seeds: list[int], guidance: float, size: int = 64,
-             steps: int = STEPS) -> list[Any]:
+def generate(
+    pipe: Any, prompts: list[str], seeds: list[int], guidance: float, size: int = 64, steps: int = STEPS
+) -> list[Any]:
     """One image per (prompt, seed), in batches of 16, each from its own seeded generator."""
     import torch
 
     images = []
     for i in range(0, len(prompts), 16):
-        gens = [torch.Generator().manual_seed(s) for s in seeds[i:i + 16]]
-        images += pipe(prompts[i:i + 16], num_inference_steps=steps, guidance_scale=guidance, width=size, height=size,
-                       generator=gens).images
+        gens = [torch.Generator().manual_seed(s) for s in seeds[i : i + 16]]
+        images += pipe(
+            prompts[i : i + 16],
+            num_inference_steps=steps,
+            guidance_scale=guidance,
+            width=size,
+            height=size,
+            generator=gens,
+        ).images
     return images
 
 
@@ -90,14 +98,22 @@ def evaluate(pipe: Any, guidance: float) -> dict[str, Any]:
     t0 = time.monotonic()
     images = generate(pipe, [p for p, _, _ in items], [s for _, _, s in items], guidance)
     seconds = time.monotonic() - t0
-    held, seen = [], []
+    held: list[tuple[Any, Any]] = []
+    seen: list[tuple[Any, Any]] = []
     for (_, spec, _), image in zip(items, images):
         (held if spec.combo in shapes.HELD_OUT else seen).append((spec, shapes.score(image)))
     scored = held + seen
-    return {"seen": accuracy(seen), "held_out": accuracy(held), "all": accuracy(scored),
-            "large": accuracy([x for x in scored if x[0].size == "large"]),
-            "small": accuracy([x for x in scored if x[0].size == "small"]),
-            "guidance": guidance, "steps": STEPS, "size": 64, "seconds_per_image": seconds / len(items)}
+    return {
+        "seen": accuracy(seen),
+        "held_out": accuracy(held),
+        "all": accuracy(scored),
+        "large": accuracy([x for x in scored if x[0].size == "large"]),
+        "small": accuracy([x for x in scored if x[0].size == "small"]),
+        "guidance": guidance,
+        "steps": STEPS,
+        "size": 64,
+        "seconds_per_image": seconds / len(items),
+    }
 
 
 def grid(pipe: Any, guidance: float, path: Path, scale: int = 2) -> None:
@@ -116,8 +132,13 @@ def grid(pipe: Any, guidance: float, path: Path, scale: int = 2) -> None:
 
 def render_table(r: dict[str, Any]) -> str:
     lines = ["| combinations | images | background colour | foreground colour | shape |", "|---|---|---|---|---|"]
-    for name, key in (("seen in training", "seen"), ("held out", "held_out"), ("all", "all"),
-                      ("all, large shapes", "large"), ("all, small shapes", "small")):
+    for name, key in (
+        ("seen in training", "seen"),
+        ("held out", "held_out"),
+        ("all", "all"),
+        ("all, large shapes", "large"),
+        ("all, small shapes", "small"),
+    ):
         a = r[key]
         lines.append(f"| {name} | {a['images']} | {a['background']:.1%} | {a['foreground']:.1%} | {a['shape']:.1%} |")
     return "\n".join(lines)
@@ -136,7 +157,10 @@ def main(argv: list[str] | None = None) -> None:
     result = evaluate(pipe, guidance)
     result["model"] = str(args.model)
     print(render_table(result))
-    print(f"guidance {guidance}, {STEPS} steps, 64 px, {result['seconds_per_image'] * 1000:.0f} ms per image (batches of 16)")
+    print(
+        f"guidance {guidance}, {STEPS} steps, 64 px, "
+        f"{result['seconds_per_image'] * 1000:.0f} ms per image (batches of 16)"
+    )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1))

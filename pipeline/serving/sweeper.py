@@ -7,6 +7,7 @@ output folder and Gradio's cache folder itself.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -87,11 +88,10 @@ class Sweeper:
         for mtime, size, path in files:  # oldest first
             too_old = now - mtime > self.max_age
             over_budget = total > self.max_bytes and now - mtime > self.min_age
-            if too_old or over_budget:
-                if _unlink(path):
-                    deleted += 1
-                    total -= size
-                    continue
+            if (too_old or over_budget) and _unlink(path):
+                deleted += 1
+                total -= size
+                continue
             kept.append((mtime, size, path))
         for folder in self.folders:
             _remove_empty_dirs(folder)
@@ -115,7 +115,5 @@ def _unlink(path: Path) -> bool:
 def _remove_empty_dirs(folder: Path) -> None:
     for root, dirs, files in os.walk(folder, topdown=False):
         if Path(root) != folder and not dirs and not files:
-            try:
+            with contextlib.suppress(OSError):  # something was written there meanwhile
                 Path(root).rmdir()
-            except OSError:
-                pass  # something was written there meanwhile

@@ -22,24 +22,35 @@ class Metrics:
         Gauge("inference_in_progress", "1 while the model runs a job", registry=r).set_function(inference_in_progress)
         Gauge("gpu_queue_depth", "Prepared requests waiting for the GPU gate", registry=r).set_function(gpu_queue_depth)
         self.in_flight = Gauge("requests_in_flight", "Requests inside the generate handler", registry=r)
-        self.gate_wait = Histogram("gate_wait_seconds", "Time waiting for the GPU gate", buckets=_TIME_BUCKETS, registry=r)
+        self.gate_wait = Histogram(
+            "gate_wait_seconds", "Time waiting for the GPU gate", buckets=_TIME_BUCKETS, registry=r
+        )
         self.inference = Histogram("inference_seconds", "Time in the model", buckets=_TIME_BUCKETS, registry=r)
         self.steps_after_stop = Histogram(
-            "steps_after_stop", "Denoising steps a cancelled job ran after its stop event was set",
-            buckets=(0, 1, 2, 5, 10), registry=r)
+            "steps_after_stop",
+            "Denoising steps a cancelled job ran after its stop event was set",
+            buckets=(0, 1, 2, 5, 10),
+            registry=r,
+        )
         self.batch_images = Histogram(
-            "batch_images", "Images per inference job (requests batched together)",
-            buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32), registry=r)
-        self.oom_retries = Counter("oom_batch_retries", "Batched jobs retried one request at a time after OOM",
-                                   registry=r)
+            "batch_images",
+            "Images per inference job (requests batched together)",
+            buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32),
+            registry=r,
+        )
+        self.oom_retries = Counter(
+            "oom_batch_retries", "Batched jobs retried one request at a time after OOM", registry=r
+        )
         self.finalize = Histogram("finalize_seconds", "PNG encoding and info record", buckets=_TIME_BUCKETS, registry=r)
 
     def watch_disk(self, stats: Callable[[], object]) -> None:
         """Export the sweeper's last count of kept output files and bytes."""
         Gauge("output_files", "Generated files kept on disk", registry=self.registry).set_function(
-            lambda: float(getattr(stats(), "files", 0)))
+            lambda: float(getattr(stats(), "files", 0))
+        )
         Gauge("output_bytes", "Bytes of generated files kept on disk", registry=self.registry).set_function(
-            lambda: float(getattr(stats(), "bytes", 0)))
+            lambda: float(getattr(stats(), "bytes", 0))
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,8 +1,8 @@
 """The default model's world: coloured shapes on coloured backgrounds, drawn with Pillow and scored
 without a model.
 
-Used three ways: ``pipeline.train_default`` trains on ``render(spec)`` with ``caption(spec)``;
-``pipeline.eval_default`` and the tests score generated images with ``score(image)`` (background
+Used three ways: ``pipeline.default_model.train`` trains on ``render(spec)`` with ``caption(spec)``;
+``pipeline.default_model.evaluate`` and the tests score generated images with ``score(image)`` (background
 colour from the border pixels, foreground colour from the pixels that differ from it, shape by
 matching the foreground's outline against the same shapes drawn here).
 
@@ -42,24 +42,7 @@ POSITIONS: dict[str, tuple[float, float]] = {  # centre, as a fraction of the im
     "bottom right": (0.7, 0.7),
 }
 SIZES: dict[str, float] = {"small": 0.36, "large": 0.62}  # shape extent, as a fraction of the image
-
-# Prompts the default model draws well: the UI's examples, the README's grid and a test's prompts.
-EXAMPLE_PROMPTS = (
-    "a red circle on a blue background",
-    "a yellow star on a purple background",
-    "a small white square in the top left on a black background",
-    "a green triangle on a yellow background",
-    "a large orange circle in the center on a green background",
-    "a blue square on a white background",
-    "a small black star in the bottom right on an orange background",
-    "a purple triangle on a white background",
-)
-# For any other model: ordinary text-to-image prompts.
-GENERIC_PROMPTS = (
-    "an astronaut riding a horse on the moon, detailed illustration",
-    "a watercolor painting of a lighthouse at sunset",
-    "a cozy cabin in a snowy forest, warm light in the windows",
-)
+# The UI's example prompts, in this module's words, are constants in ``prompts.py``.
 
 
 def _held_out() -> frozenset[tuple[str, str, str]]:
@@ -158,8 +141,17 @@ def random_spec(rng: random.Random, combo: tuple[str, str, str]) -> Spec:
         position, size = rng.choice(list(POSITIONS)), rng.choice(list(SIZES))
     else:
         position, size = "center", "large"
-    return Spec(fg, shape, bg, position, size, detailed,
-                dx=rng.uniform(-0.04, 0.04), dy=rng.uniform(-0.04, 0.04), scale=rng.uniform(0.9, 1.1))
+    return Spec(
+        fg,
+        shape,
+        bg,
+        position,
+        size,
+        detailed,
+        dx=rng.uniform(-0.04, 0.04),
+        dy=rng.uniform(-0.04, 0.04),
+        scale=rng.uniform(0.9, 1.1),
+    )
 
 
 def training_specs(n: int, seed: int) -> Iterator[Spec]:
@@ -194,9 +186,13 @@ def _template(shape: str, n: int = 24) -> np.ndarray:
 
 def _bbox_mask(mask: np.ndarray, n: int) -> np.ndarray:
     ys, xs = np.nonzero(mask)
-    crop = mask[ys.min():ys.max() + 1, xs.min():xs.max() + 1]
-    return np.asarray(Image.fromarray(crop.astype(np.uint8) * 255).resize((n, n), Image.Resampling.BILINEAR),
-                      dtype=np.float32) / 255.0
+    crop = mask[ys.min() : ys.max() + 1, xs.min() : xs.max() + 1]
+    return (
+        np.asarray(
+            Image.fromarray(crop.astype(np.uint8) * 255).resize((n, n), Image.Resampling.BILINEAR), dtype=np.float32
+        )
+        / 255.0
+    )
 
 
 _TEMPLATES: dict[str, np.ndarray] = {}
@@ -269,9 +265,9 @@ def score(image: Image.Image) -> Score:
     stray specks and halos (only the largest connected piece counts) and lighter centres (holes are
     filled)."""
     a = to_array(image)
-    h, w, _ = a.shape
-    border = np.concatenate([a[:2].reshape(-1, 3), a[-2:].reshape(-1, 3), a[:, :2].reshape(-1, 3),
-                             a[:, -2:].reshape(-1, 3)])
+    border = np.concatenate(
+        [a[:2].reshape(-1, 3), a[-2:].reshape(-1, 3), a[:, :2].reshape(-1, 3), a[:, -2:].reshape(-1, 3)]
+    )
     bg_rgb = np.median(border, axis=0)
     bg = nearest_colour(bg_rgb)
     found = _shape_mask(a, bg_rgb)
@@ -282,6 +278,8 @@ def score(image: Image.Image) -> Score:
     if not _TEMPLATES:
         _TEMPLATES.update({s: _template(s) for s in SHAPES})
     cropped = _bbox_mask(mask, 24)
-    overlap = {s: float((np.minimum(cropped, t)).sum() / max(1e-6, np.maximum(cropped, t).sum()))
-               for s, t in _TEMPLATES.items()}
-    return Score(bg, fg, max(overlap, key=overlap.get))
+    overlap = {
+        s: float((np.minimum(cropped, t)).sum() / max(1e-6, np.maximum(cropped, t).sum()))
+        for s, t in _TEMPLATES.items()
+    }
+    return Score(bg, fg, max(overlap, key=lambda s: overlap[s]))

@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from PIL import Image, PngImagePlugin
+
+from ..protocol import InferenceResult, ModelProfile
+from ..request import GenerateRequest
+from .events import Timings
 
 _SCHEDULER_NAMES = {
     "EulerDiscreteScheduler": "Euler",
@@ -51,8 +56,7 @@ def encode_pngs(
     scheduler_class: str,
 ) -> list[Path]:
     """Write each image as ``<out_dir>/<YYYYMMDD>/<request_id>-<i>.png`` with its metadata."""
-    day = out_dir / datetime.now(timezone.utc).strftime("%Y%m%d")
-    day.mkdir(parents=True, exist_ok=True)
+    day = day_folder(out_dir)
     safe_id = re.sub(r"[^A-Za-z0-9_-]", "", request_id) or "request"
     paths = []
     for i, (image, seed) in enumerate(zip(images, params["seeds"])):
@@ -61,8 +65,60 @@ def encode_pngs(
         info.add_text("parameters", a1111_parameters(own, seed, model, scheduler_class))
         info.add_text("generation", json.dumps(own, ensure_ascii=False))
         path = day / f"{safe_id}-{i}.png"
-        tmp = path.with_suffix(".png.tmp")
-        image.save(tmp, format="PNG", pnginfo=info, compress_level=4)
-        tmp.replace(path)
+        write_then_rename(path, partial(_save_png, image, info))
         paths.append(path)
     return paths
+
+
+def _save_png(image: Image.Image, info: PngImagePlugin.PngInfo, path: Path) -> None:
+    image.save(path, format="PNG", pnginfo=info, compress_level=4)
+
+
+def day_folder(out_dir: Path) -> Path:
+    """``<out_dir>/<YYYYMMDD>`` (UTC), created if needed: the sweeper ages files out of it."""
+    day = out_dir / datetime.now(UTC).strftime("%Y%m%d")
+    day.mkdir(parents=True, exist_ok=True)
+    return day
+
+
+def write_then_rename(path: Path, write: Callable[[Path], object]) -> Path:
+    """Write through a temporary name, then rename: a reader never sees half a file."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    write(tmp)
+    tmp.replace(path)
+    return path
+
+
+def info_record(
+    request: GenerateRequest,
+    result: InferenceResult,
+    t: Timings,
+    p: ModelProfile,
+    *,
+    batch_size: int,
+    batch_requests: int,
+) -> dict[str, Any]:
+    """The info record a request's caller gets with its images (the API's second output)."""
+    params = request.parameters()
+    return {
+        "request_id": request.request_id,
+        "model": p.name,
+        **params,
+        "scheduler": sampler_name(p.scheduler),
+        "batch_size": batch_size,
+        "batch_requests": batch_requests,
+        "device": p.device,
+        "dtype": p.dtype,
+        "steps_done": result.steps_done,
+        "peak_memory_bytes": result.peak_memory_bytes,
+        "warnings": list(request.warnings),
+        "timings": t.as_dict(),
+        "durations_ms": t.durations_ms(),
+        "reproduce": {
+            "api_name": "/generate",
+            "params": {**{k: v for k, v in params.items() if k != "seeds"}, "randomize_seed": False},
+            "note": "The same parameters and seed give the same pixels on the same machine. "
+            "Image i alone: seed = seeds[i], num_images = 1 (the same noise; batch "
+            "arithmetic may differ by under 1/255 on average).",
+        },
+    }

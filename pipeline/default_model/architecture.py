@@ -1,17 +1,14 @@
-"""The embedded default model: a tiny Stable-Diffusion-family pipeline, trained by this repo.
+"""The default model's architecture: a tiny Stable-Diffusion-family pipeline, seeded weights.
 
-The model hub is not reachable from every machine this app runs on, so the default model lives in
-the repo: ``assets/default-model/``, a ``save_pretrained`` folder (safetensors, 5.4 MB) written by
-``python -m pipeline.train_default``, which trains this module's architecture on coloured shapes
-drawn by ``pipeline.shapes``. The app loads it through the same ``DiffusionPipeline.from_pretrained``
-code as any hub model.
+``python -m pipeline.default_model.train`` trains this architecture on coloured shapes drawn by
+``pipeline.default_model.shapes`` and writes ``assets/default-model/`` (safetensors, 5.4 MB).
 
 The architecture: a small UNet (with the pooled prompt added to its time embedding), a VAE with
 three blocks (it downsamples by 4: 64 px pictures are 16x16x4 latents), a tiny CLIP text encoder
 with a byte-level BPE tokenizer learned here from a fixed word list, and the stateful Euler
 scheduler (v-prediction, zero terminal SNR, trailing timesteps).
 
-    python -m pipeline.default_model --untrained --out DIR   # the same architecture, seeded random weights
+    python -m pipeline.default_model.architecture --untrained --out DIR   # seeded random weights
 
 Random weights draw noise; they remain useful where only the plumbing matters (fast, deterministic
 builds in tests).
@@ -21,33 +18,158 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import logging
-import shutil
-import tempfile
 from pathlib import Path
+from typing import Any
+
+from .folder import save_model
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "assets" / "default-model"
 BUILD_SEED = 20261130
-# Bump when the architecture or the tokenizer changes, so stale builds are rebuilt.
-BUILD_VERSION = 2
-_STAMP = "default_model_build.json"
+# Changing the architecture or the tokenizer here: bump ``folder.BUILD_VERSION``, so stale builds are rebuilt.
 
 # Words the tokenizer learns merges from: what people type into a text-to-image demo.
-_CORPUS = """
-a an the of on in at with and or by from to for under over above below behind near beside
-red orange yellow green blue purple pink brown black white gray grey gold silver cyan magenta
-circle square triangle star heart hexagon diamond cross ring line dot shape shapes
-small large big tiny huge top bottom left right center middle corner background foreground
-photo photograph painting drawing sketch illustration render portrait landscape closeup
-cat dog bird horse fish tree flower forest mountain river lake sea ocean beach sky cloud sun
-moon night day city street house castle car boat robot astronaut dragon person woman man
-beautiful detailed realistic cinematic lighting sharp focus high quality style art digital
-watercolor oil pencil anime cartoon fantasy futuristic vintage colorful dark bright soft
-blurry ugly deformed low resolution noisy text watermark
-""".split()
+_CORPUS = [
+    "a",
+    "an",
+    "the",
+    "of",
+    "on",
+    "in",
+    "at",
+    "with",
+    "and",
+    "or",
+    "by",
+    "from",
+    "to",
+    "for",
+    "under",
+    "over",
+    "above",
+    "below",
+    "behind",
+    "near",
+    "beside",
+    "red",
+    "orange",
+    "yellow",
+    "green",
+    "blue",
+    "purple",
+    "pink",
+    "brown",
+    "black",
+    "white",
+    "gray",
+    "grey",
+    "gold",
+    "silver",
+    "cyan",
+    "magenta",
+    "circle",
+    "square",
+    "triangle",
+    "star",
+    "heart",
+    "hexagon",
+    "diamond",
+    "cross",
+    "ring",
+    "line",
+    "dot",
+    "shape",
+    "shapes",
+    "small",
+    "large",
+    "big",
+    "tiny",
+    "huge",
+    "top",
+    "bottom",
+    "left",
+    "right",
+    "center",
+    "middle",
+    "corner",
+    "background",
+    "foreground",
+    "photo",
+    "photograph",
+    "painting",
+    "drawing",
+    "sketch",
+    "illustration",
+    "render",
+    "portrait",
+    "landscape",
+    "closeup",
+    "cat",
+    "dog",
+    "bird",
+    "horse",
+    "fish",
+    "tree",
+    "flower",
+    "forest",
+    "mountain",
+    "river",
+    "lake",
+    "sea",
+    "ocean",
+    "beach",
+    "sky",
+    "cloud",
+    "sun",
+    "moon",
+    "night",
+    "day",
+    "city",
+    "street",
+    "house",
+    "castle",
+    "car",
+    "boat",
+    "robot",
+    "astronaut",
+    "dragon",
+    "person",
+    "woman",
+    "man",
+    "beautiful",
+    "detailed",
+    "realistic",
+    "cinematic",
+    "lighting",
+    "sharp",
+    "focus",
+    "high",
+    "quality",
+    "style",
+    "art",
+    "digital",
+    "watercolor",
+    "oil",
+    "pencil",
+    "anime",
+    "cartoon",
+    "fantasy",
+    "futuristic",
+    "vintage",
+    "colorful",
+    "dark",
+    "bright",
+    "soft",
+    "blurry",
+    "ugly",
+    "deformed",
+    "low",
+    "resolution",
+    "noisy",
+    "text",
+    "watermark",
+]
 _NUM_MERGES = 400
 
 # v-prediction on a schedule rescaled to zero terminal SNR, sampled with trailing timesteps (Lin et
@@ -68,11 +190,7 @@ SCHEDULER_CONFIG = dict(
 
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2/CLIP's reversible map from bytes to printable unicode characters."""
-    bs = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
-    )
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -113,7 +231,7 @@ def learn_bpe(words: list[str], num_merges: int) -> tuple[dict[str, int], list[t
     return {tok: i for i, tok in enumerate(vocab_list)}, merges
 
 
-def build_pipeline(seed: int = BUILD_SEED):  # -> StableDiffusionPipeline
+def build_pipeline(seed: int = BUILD_SEED) -> Any:  # a StableDiffusionPipeline
     """Build the tiny pipeline in memory with seeded random weights."""
     import torch
     from diffusers import (
@@ -125,7 +243,7 @@ def build_pipeline(seed: int = BUILD_SEED):  # -> StableDiffusionPipeline
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
     vocab, merges = learn_bpe(_CORPUS, _NUM_MERGES)
-    tokenizer = CLIPTokenizer(vocab=vocab, merges=merges)
+    tokenizer = CLIPTokenizer(vocab=vocab, merges=merges)  # type: ignore[arg-type]  # it takes (a, b) pairs too
     tokenizer.model_max_length = 77
 
     torch.manual_seed(seed)
@@ -183,67 +301,21 @@ def build_pipeline(seed: int = BUILD_SEED):  # -> StableDiffusionPipeline
     )
 
 
-class DefaultModelMissing(FileNotFoundError):
-    """The shipped weights are missing or from an older architecture."""
-
-
-def _stamp(path: Path) -> dict:
-    try:
-        return json.loads((path / _STAMP).read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def _is_current(path: Path, trained: bool = True) -> bool:
-    stamp = _stamp(path)
-    return (stamp.get("version") == BUILD_VERSION and bool(stamp.get("trained")) == trained
-            and (path / "model_index.json").exists())
-
-
-def model_defaults(path: Path) -> dict:
-    """The generation defaults saved with a model trained here (guidance, steps); {} for any other."""
-    defaults = _stamp(Path(path)).get("defaults")
-    return dict(defaults) if isinstance(defaults, dict) else {}
-
-
-def ensure_default_model(path: Path = DEFAULT_MODEL_DIR) -> Path:
-    """The shipped, trained default model; a clear error if it is not there."""
-    if _is_current(path):
-        return path
-    raise DefaultModelMissing(
-        f"the embedded default model is missing or stale at {path} (expected trained weights, build "
-        f"version {BUILD_VERSION}). Restore it with `git checkout -- {path.name}` inside assets/, retrain it "
-        "with `python -m pipeline.train_default` (about 42 minutes on 2 CPU cores), or pass --model."
-    )
-
-
 def build_untrained(path: Path, seed: int = BUILD_SEED) -> Path:
     """Write the architecture with seeded random weights to ``path``."""
     log.info("building the untrained default architecture into %s", path)
     return save_model(build_pipeline(seed), path, {"trained": False, "seed": seed})
 
 
-def save_model(pipe, path: Path, stamp: dict) -> Path:  # noqa: ANN001
-    """``save_pretrained`` plus the build stamp, written to a temporary sibling folder and renamed
-    into place, so a crash never leaves a half-written model that later loads."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".default-model-", dir=path.parent))
-    try:
-        pipe.save_pretrained(tmp, safe_serialization=True)
-        (tmp / _STAMP).write_text(json.dumps({"version": BUILD_VERSION, **stamp}, indent=1))
-        if path.exists():
-            shutil.rmtree(path)
-        tmp.rename(path)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return path
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--untrained", action="store_true", required=True,
-                        help="seeded random weights (the trained model: python -m pipeline.train_default)")
+    parser.add_argument(
+        "--untrained",
+        action="store_true",
+        required=True,
+        help="seeded random weights (the trained model: python -m pipeline.default_model.train)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
     print(build_untrained(args.out))

@@ -1,0 +1,1 @@
+"""The model side: the model thread, the diffusers model it owns, and ZeroGPU. Imports ``protocol``."""

@@ -1,0 +1,233 @@
+"""The model thread ("gpu-worker") and the boundary generator ``run_job``.
+
+``ModelRunner`` loads one ``Model`` on one named thread and runs every job there: that thread owns
+the model and the device, in whichever process hosts it. ``ModelRunner.stream(job, stop)`` hands a
+job to the thread and yields its ``ModelEvent`` values as they happen (the model's step callback
+becomes a stream of plain data); closing the stream early stops the job at its next step and
+returns only once the thread has left the job.
+
+``run_job(job)`` is the same stream as a module-level generator of picklable arguments, for hosts
+that pickle the call: ZeroGPU's ``@spaces.GPU`` forks a process, sends it ``job`` and reads back
+each yield. After a fork the model (inherited) gets a fresh thread of its own in the child.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import traceback
+from dataclasses import dataclass
+from typing import Callable, Generator
+
+from ..errors import Cancelled, EngineDead, OutOfMemory
+from ..protocol import (
+    TERMINAL,
+    ErrorEvent,
+    InferenceJob,
+    InferenceResult,
+    Model,
+    ModelEvent,
+    ModelProfile,
+    StepEvent,
+    StopFlag,
+)
+
+log = logging.getLogger(__name__)
+
+DEAD_MESSAGE = "the model thread has stopped; the server must be restarted"
+
+
+class _Never:
+    def is_set(self) -> bool:
+        return False
+
+
+NEVER: StopFlag = _Never()
+
+
+class _JobStop:
+    """The job's stop as the model sees it: the caller's flag, or the stream being closed."""
+
+    def __init__(self, caller: StopFlag) -> None:
+        self.caller = caller
+        self.closed = threading.Event()
+
+    def is_set(self) -> bool:
+        return self.closed.is_set() or self.caller.is_set()
+
+
+@dataclass(frozen=True)
+class _Task:
+    job: InferenceJob
+    stop: _JobStop
+    events: queue.SimpleQueue[ModelEvent]
+
+
+_SHUTDOWN = object()
+
+
+class ModelRunner:
+    """Owns one ``Model`` on one named thread. ``stream`` may be called from any thread."""
+
+    def __init__(self, load: Callable[[], Model], *, name: str = "gpu-worker") -> None:
+        self._load = load
+        self._name = name
+        self._model: Model | None = None
+        self._dead: BaseException | None = None
+        self._ready = threading.Event()
+        self._start_thread(load_first=True)
+
+    def _start_thread(self, *, load_first: bool) -> None:
+        self._pid = os.getpid()
+        self._tasks: queue.SimpleQueue[_Task | object] = queue.SimpleQueue()
+        self._lock = threading.Lock()  # guards _dead against a submit racing the thread's death
+        self._thread = threading.Thread(target=self._main, args=(load_first,), name=self._name, daemon=True)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self, timeout: float | None = None) -> ModelProfile:
+        """Start the thread and wait until the model is loaded; raise ``EngineDead`` if it failed."""
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise EngineDead(f"the model did not load within {timeout} s")
+        if self._model is None:
+            raise EngineDead(f"the model failed to load: {self._dead!r}")
+        return self._model.profile
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Finish the current job (its stop is the caller's to set), then end the thread."""
+        self._tasks.put(_SHUTDOWN)
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and self._dead is None
+
+    @property
+    def model(self) -> Model:
+        if self._model is None:
+            raise EngineDead("the model is not loaded")
+        return self._model
+
+    @property
+    def profile(self) -> ModelProfile:
+        return self.model.profile
+
+    def count_tokens(self, text: str) -> int:
+        return self.model.count_tokens(text)
+
+    # -- jobs --------------------------------------------------------------------------------
+    def stream(self, job: InferenceJob, stop: StopFlag = NEVER) -> Generator[ModelEvent, None, None]:
+        """Run ``job`` on the model thread; yield its steps, then one result or error value."""
+        self._after_fork()
+        task = _Task(job, _JobStop(stop), queue.SimpleQueue())
+        with self._lock:
+            if self._dead is not None or not self._thread.is_alive():
+                yield ErrorEvent("engine_dead", DEAD_MESSAGE)
+                return
+            self._tasks.put(task)
+        ended = False
+        try:
+            while not ended:
+                event = task.events.get()
+                ended = isinstance(event, TERMINAL)
+                yield event
+        finally:
+            if not ended:  # closed early: stop at the next step, and wait until the thread has left
+                task.stop.closed.set()
+                while not isinstance(task.events.get(), TERMINAL):
+                    pass
+
+    def _after_fork(self) -> None:
+        """In a forked child (ZeroGPU) the thread is gone but the model is here: give it a new thread."""
+        if self._pid != os.getpid() and self._model is not None:
+            log.info("in a new process (pid %d): starting a model thread for the inherited model", os.getpid())
+            self._start_thread(load_first=False)
+            self._dead = None
+            self._thread.start()
+
+    # -- the thread --------------------------------------------------------------------------
+    def _main(self, load_first: bool) -> None:
+        if load_first:
+            try:
+                self._model = self._load()
+            except BaseException as exc:
+                log.exception("model load failed")
+                self._dead = exc
+                self._ready.set()
+                return
+            self._ready.set()
+        try:
+            while (task := self._tasks.get()) is not _SHUTDOWN:
+                assert isinstance(task, _Task)
+                self._run(task)
+        except BaseException as exc:  # the thread is dying: nobody may be left waiting
+            log.critical("model thread died: %r", exc, exc_info=True)
+            with self._lock:
+                self._dead = exc
+        finally:
+            self._fail_pending()
+
+    def _run(self, task: _Task) -> None:
+        """One job; exactly one terminal event, whatever happens."""
+        job, events = task.job, task.events
+
+        def on_step(step: int, total: int, previews: object) -> None:
+            items = tuple(previews.items()) if isinstance(previews, dict) else ()
+            events.put(StepEvent(step, total, items))
+
+        try:
+            result = self.model.generate(job, task.stop, on_step)
+        except Cancelled as exc:
+            events.put(ErrorEvent("cancelled", str(exc), exc.steps_done))
+        except (OutOfMemory, MemoryError) as exc:
+            events.put(ErrorEvent("out_of_memory", str(exc)))
+        except Exception as exc:  # one job's fault; the thread carries on
+            events.put(ErrorEvent("failed", f"{type(exc).__name__}: {exc}", detail=traceback.format_exc()))
+        except BaseException:
+            events.put(ErrorEvent("engine_dead", DEAD_MESSAGE))
+            raise
+        else:
+            events.put(
+                result
+                if isinstance(result, InferenceResult)
+                else ErrorEvent("failed", f"the model returned {type(result).__name__}, not a result")
+            )
+
+    def _fail_pending(self) -> None:
+        with self._lock:
+            if self._dead is None:
+                self._dead = RuntimeError("shut down")
+        while True:
+            try:
+                task = self._tasks.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(task, _Task):
+                task.events.put(ErrorEvent("engine_dead", DEAD_MESSAGE))
+
+
+# -- the boundary as a module-level generator (picklable arguments only) ----------------------------
+_RUNNER: ModelRunner | None = None
+
+
+def install(runner: ModelRunner) -> None:
+    """Make ``runner`` this process's model side for ``run_job`` (a forked child inherits it)."""
+    global _RUNNER
+    _RUNNER = runner
+
+
+def run_job(job: InferenceJob, stop: StopFlag | None = None) -> Generator[ModelEvent, None, None]:
+    """The boundary generator: one ``InferenceJob`` in, ``ModelEvent`` values out.
+
+    ``stop``, where the host can pass one (a ``multiprocessing.Event`` inherited by a model
+    process), is read at every step. Stop also reaches the job as the closing of this generator at
+    a yield (what ``spaces.GPU`` does in its child when its caller leaves): the job stops at its
+    next step, and the close returns once the model thread has left it.
+    """
+    if _RUNNER is None:
+        yield ErrorEvent("engine_dead", "no model is loaded in this process")
+        return
+    yield from _RUNNER.stream(job, stop if stop is not None else NEVER)

@@ -1,0 +1,137 @@
+"""A Ray Serve replica: one device, the model loaded once, the same ``LocalAdapter`` inside.
+
+Each replica owns one device, loads the model on its own ``gpu-worker`` thread (the same
+``ModelRunner`` and boundary stream as the one-GPU app) and runs a ``LocalAdapter`` around it: the
+same validation, the same ``asyncio.Semaphore(1)`` gate around the inference only, the same
+dynamic batching and PNG encoding. What it sends the front end is plain picklable records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, AsyncGenerator
+
+from ..config import Settings
+from ..protocol import ModelProfile
+from ..request import limits_for
+from ..serving.events import Done, Step
+
+log = logging.getLogger(__name__)
+
+
+# -- what crosses the boundary (plain picklable records) -----------------------------------------
+@dataclass(frozen=True)
+class Started:
+    """The replica took the request: who it is."""
+
+    replica: str
+    actor_name: str
+    pid: int
+
+
+@dataclass(frozen=True)
+class RemoteDone:
+    """The request's PNGs (encoded in the replica, with their parameters) and its info record."""
+
+    names: tuple[str, ...]
+    pngs: tuple[bytes, ...]
+    info: dict[str, Any]
+
+
+# -- the replica ---------------------------------------------------------------------------------
+class ModelReplica:
+    """One replica: one device, the model loaded once, one inference at a time (its own gate).
+
+    Wrapped by ``serve.deployment`` in ``deployment()``; kept a plain class so it imports without
+    Ray and its logic is the ``LocalAdapter``'s.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        from ..engine.loading import load_model
+        from ..engine.runner import ModelRunner
+        from ..serving.local import LocalAdapter
+
+        self.name, self.actor_name = _replica_identity()
+        out = Path(tempfile.mkdtemp(prefix="t2i-replica-"))
+        runner = ModelRunner(lambda: load_model(settings))
+        profile = runner.start()
+        self.adapter = LocalAdapter(
+            runner,
+            limits_for(settings, profile),
+            out,
+            job_timeout=settings.job_timeout,
+            max_batch_size=settings.max_batch_size,
+        )
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="replica-io")
+        log.info("replica %s ready: %s on %s", self.name, profile.name, profile.device)
+
+    def profile(self) -> ModelProfile:
+        return self.adapter.profile
+
+    def health(self) -> dict[str, Any]:
+        return {**self.adapter.health(), "replica": self.name, "pid": os.getpid()}
+
+    def stats(self) -> dict[str, Any]:
+        """This replica's counters (tests and operators: which replica ran what, and how a cancel ended)."""
+        registry = self.adapter.metrics.registry
+
+        def value(name: str, **labels: str) -> float:
+            return float(registry.get_sample_value(name, labels) or 0.0)
+
+        return {
+            "replica": self.name,
+            "pid": os.getpid(),
+            "denoise_steps": value("denoise_steps_total"),
+            "jobs": {o: value("jobs_total", outcome=o) for o in ("completed", "cancelled", "failed", "rejected")},
+            "steps_after_stop_count": value("steps_after_stop_count"),
+            "steps_after_stop_sum": value("steps_after_stop_sum"),
+            "inference_in_progress": self.adapter.inference_in_progress,
+        }
+
+    async def generate(self, raw: dict[str, Any], request_id: str) -> AsyncGenerator[Started | Step | RemoteDone, None]:
+        """Stream one request: ``Started``, its ``Step``s, then ``RemoteDone`` (or raise a ``ServingError``).
+
+        When the caller cancels, Ray cancels this task; closing ``adapter.run`` sets the job's stop
+        event, and the model thread stops at the end of the step in progress.
+        """
+        yield Started(self.name, self.actor_name, os.getpid())
+        loop = asyncio.get_running_loop()
+        async with contextlib.aclosing(self.adapter.run(raw, request_id=request_id)) as events:
+            async for event in events:
+                if isinstance(event, Step):
+                    yield event
+                elif isinstance(event, Done):
+                    pngs = await loop.run_in_executor(self._pool, _take_files, event.paths)
+                    info = {**event.info, "replica": self.name}
+                    yield RemoteDone(tuple(p.name for p in event.paths), pngs, info)
+                # Waiting: the front end reports the line it can see (see RayAdapter).
+
+    def shutdown(self) -> None:
+        self.adapter.begin_shutdown()
+        self.adapter.shutdown_model(timeout=5)
+        self.adapter.close()
+
+
+def _take_files(paths: list[Path]) -> tuple[bytes, ...]:
+    blobs = []
+    for path in paths:
+        blobs.append(path.read_bytes())
+        path.unlink(missing_ok=True)
+    return tuple(blobs)
+
+
+def _replica_identity() -> tuple[str, str]:
+    try:
+        from ray import get_runtime_context, serve
+
+        replica_id = serve.get_replica_context().replica_id
+        return str(getattr(replica_id, "unique_id", replica_id)), get_runtime_context().get_actor_name() or ""
+    except Exception:
+        return f"local-{os.getpid()}", ""

@@ -1,0 +1,247 @@
+"""The ``Adapter`` protocol, and what every adapter shares: accounting, health, close, liveness.
+
+An adapter is what the web layer drives: ``run(raw)`` streams one request's ``Waiting``/``Step``
+events and one ``Done``, or raises a ``ServingError``. ``LocalAdapter`` runs the model in this
+process; ``ray.RayAdapter`` runs it on Ray Serve replicas. ``AdapterBase`` holds the parts they
+share, so each adapter is only its own request path (``_request``).
+
+Owners: the event loop owns ``in_flight``, ``consecutive_failures``, ``closing`` and the liveness
+watch; another thread (a signal handler's, the app's shutdown) reaches them through ``on_loop``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import itertools
+import logging
+import threading
+from typing import Any, AsyncGenerator, Callable, Iterator, Mapping, Protocol
+
+from ..errors import Cancelled, InvalidRequest, RetryLater, ShuttingDown
+from ..protocol import ModelProfile
+from ..request import Limits
+from .events import Event
+from .metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+DEGRADED_AFTER = 3  # consecutive failed requests
+SHUTDOWN_MESSAGE = "The server is shutting down; please retry in a moment."
+ALIVE_POLL_SECONDS = 0.02  # how often the one liveness watch checks every caller
+
+
+class Adapter(Protocol):
+    """What the web layer needs from a backend."""
+
+    limits: Limits
+    metrics: Metrics
+    closing: bool
+    in_flight: int
+
+    @property
+    def profile(self) -> ModelProfile: ...
+
+    def run(
+        self, raw: Mapping[str, Any], *, request_id: str | None = None, alive: Callable[[], bool] | None = None
+    ) -> AsyncGenerator[Event, None]: ...
+
+    def health(self) -> dict[str, Any]: ...
+
+    def begin_shutdown(self) -> None: ...
+
+    def on_close(self, callback: Callable[[], None]) -> None: ...
+
+    def shutdown_model(self, timeout: float | None = None) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class LivenessWatch:
+    """One task on the loop checks every watched caller; a caller found gone gets its ``on_gone`` once.
+
+    Gradio marks an event dead the moment its client goes away, but a handler hears of it only at
+    its next yield (a whole denoising step later, or never while it waits in line). One watch for
+    all in-flight requests replaces a poll task per request; it sleeps when nobody is watched.
+    """
+
+    def __init__(self, every: float = ALIVE_POLL_SECONDS) -> None:
+        self.every = every
+        self._watched: dict[int, tuple[Callable[[], bool], Callable[[], None]]] = {}
+        self._keys = itertools.count()
+        self._task: asyncio.Task[None] | None = None
+
+    @contextlib.contextmanager
+    def watching(self, alive: Callable[[], bool] | None, on_gone: Callable[[], None]) -> Iterator[None]:
+        if alive is None:
+            yield
+            return
+        key = next(self._keys)
+        self._watched[key] = (alive, on_gone)
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._watch(), name="liveness-watch")
+        try:
+            yield
+        finally:
+            self._watched.pop(key, None)
+
+    async def _watch(self) -> None:
+        while self._watched:
+            for key, (alive, on_gone) in list(self._watched.items()):
+                if not alive() and self._watched.pop(key, None) is not None:
+                    log.info("a caller went away: stopping its request")
+                    on_gone()
+            await asyncio.sleep(self.every)
+
+
+class AdapterBase:
+    """Accounting, health, close hooks, shutdown and the liveness watch, for every adapter."""
+
+    profile: ModelProfile
+    limits: Limits
+
+    def __init__(self, metrics: Metrics, *, pool_threads: int = 2) -> None:
+        self.metrics = metrics
+        self.closing = False
+        self.consecutive_failures = 0
+        self.in_flight = 0
+        self.liveness = LivenessWatch()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._on_close: list[Callable[[], None]] = []
+        # Short CPU work (validation, token counting, PNG encoding) off the event loop, on threads
+        # the adapter names and owns.
+        self._pool = concurrent.futures.ThreadPoolExecutor(pool_threads, thread_name_prefix="prep-finalize")
+
+    # -- what each adapter provides ------------------------------------------------------------
+    def _request(
+        self, raw: Mapping[str, Any], request_id: str | None, alive: Callable[[], bool] | None
+    ) -> AsyncGenerator[Event, None]:
+        raise NotImplementedError
+
+    def _health_fields(self) -> tuple[bool, bool, dict[str, Any]]:
+        """(dead, degraded, the adapter's own fields) for ``health``."""
+        raise NotImplementedError
+
+    def _stop_all(self) -> None:
+        """Stop every running job at its next step (on the loop)."""
+
+    @property
+    def gpu_queue_depth(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def inference_in_progress(self) -> bool:
+        raise NotImplementedError
+
+    # -- the request -------------------------------------------------------------------------
+    async def run(
+        self,
+        raw: Mapping[str, Any],
+        *,
+        request_id: str | None = None,
+        alive: Callable[[], bool] | None = None,
+    ) -> AsyncGenerator[Event, None]:
+        """Yield ``Waiting``/``Step`` progress, then one ``Done``; or raise a ``ServingError``.
+
+        ``alive`` (optional) says whether the caller is still there; the liveness watch reads it
+        while the request waits or infers, so a caller that vanished without a cancel leaves the
+        line, or stops the model at the next step, without waiting for the next yield.
+        """
+        self._loop = asyncio.get_running_loop()
+        async with contextlib.aclosing(self._accounted(self._request(raw, request_id, alive))) as events:
+            async for event in events:
+                yield event
+
+    async def _accounted(self, stages: AsyncGenerator[Event, None]) -> AsyncGenerator[Event, None]:
+        """Stream one request's events, counting it: in flight, its outcome, failures in a row."""
+        self.in_flight += 1
+        self.metrics.in_flight.inc()
+        outcome = "failed"
+        try:
+            if self.closing:
+                raise ShuttingDown(SHUTDOWN_MESSAGE)
+            async with contextlib.aclosing(stages):
+                async for event in stages:
+                    yield event
+            outcome = "completed"
+        except (InvalidRequest, RetryLater):
+            outcome = "rejected"
+            raise
+        except (Cancelled, asyncio.CancelledError, GeneratorExit):
+            outcome = "cancelled"
+            raise
+        finally:
+            self.in_flight -= 1
+            self.metrics.in_flight.dec()
+            self.metrics.jobs.labels(outcome).inc()
+            if outcome == "failed":
+                self.consecutive_failures += 1
+            elif outcome == "completed":
+                self.consecutive_failures = 0
+
+    # -- health and lifecycle ------------------------------------------------------------------
+    def health(self) -> dict[str, Any]:
+        """ok, busy, degraded (shutting down, or 3+ failures in a row) or dead (no model side)."""
+        dead, degraded, own = self._health_fields()
+        if dead:
+            status = "dead"
+        elif self.closing or degraded or self.consecutive_failures >= DEGRADED_AFTER:
+            status = "degraded"
+        elif self.inference_in_progress or self.in_flight:
+            status = "busy"
+        else:
+            status = "ok"
+        return {
+            "status": status,
+            "model": None if dead else self.profile.name,
+            **own,
+            "gpu_queue_depth": self.gpu_queue_depth,
+            "inference_in_progress": self.inference_in_progress,
+            "requests_in_flight": self.in_flight,
+            "consecutive_failures": self.consecutive_failures,
+            "shutting_down": self.closing,
+        }
+
+    def on_loop(self, fn: Callable[[], None], timeout: float = 5.0) -> None:
+        """Run ``fn`` on the event loop that serves requests, and wait for it (from any thread)."""
+        loop = self._loop
+        if loop is None or loop.is_closed() or not loop.is_running() or _on_thread_of(loop):
+            fn()
+            return
+        done = threading.Event()
+
+        def call() -> None:
+            try:
+                fn()
+            finally:
+                done.set()
+
+        loop.call_soon_threadsafe(call)
+        if not done.wait(timeout):
+            log.warning("the event loop did not run %s within %.0f s", getattr(fn, "__name__", fn), timeout)
+
+    def begin_shutdown(self) -> None:
+        """Stop admitting, answer everyone waiting, stop running jobs at their next step. Any thread."""
+
+        def begin() -> None:
+            self.closing = True
+            self._stop_all()
+
+        self.on_loop(begin)
+
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` when the adapter closes (the app hangs its helpers' shutdown here)."""
+        self._on_close.append(callback)
+
+    def close(self) -> None:
+        for callback in self._on_close:
+            callback()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _on_thread_of(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False

@@ -1,0 +1,181 @@
+"""One job on the model side, for the task that owns the gate: steps out, one end per member.
+
+``GpuJobs.run(batch)`` submits the batch's ``InferenceJob`` to the model-stream thread, relays each
+step to every member (one event-loop wake-up per step for the whole batch), and ends every
+member's stream with its share of the images or the job's error. It returns only when the model
+side has left the job (or, past the time limit, has been given up on), so the gate it runs under
+is never released while a job is still denoising. An out-of-memory error in a job of several
+requests is retried once, one request at a time, before anyone gets an error.
+
+Owners: the event loop owns ``running`` and ``model_hung``; the model-stream thread's callbacks
+reach the loop through ``call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import logging
+from typing import Any, Callable
+
+from ..errors import Cancelled, EngineDead, OutOfMemory
+from ..protocol import ErrorEvent, InferenceResult, ModelEvent, StepEvent
+from .events import Step
+from .line import Batch, End, Member, StopSignal
+from .metrics import Metrics
+from .streamer import ModelStreamer
+
+log = logging.getLogger(__name__)
+
+TIMEOUT_GRACE_SECONDS = 2.0  # after a time limit, how long to wait for the model side to stop
+
+
+class TimedOut(Exception):
+    """A job ran past the adapter's time limit (each request gets its own ``JobTimedOut``)."""
+
+
+class ModelFailed(Exception):
+    """The model side failed the job (its detail is in the log; each request gets ``GenerationFailed``)."""
+
+
+def error_of(event: ErrorEvent, request_id: str) -> BaseException:
+    """An error value from the model side as the exception the serving side raises."""
+    if event.kind == "cancelled":
+        return Cancelled(event.message, steps_done=event.steps_done)
+    if event.kind == "out_of_memory":
+        return OutOfMemory(request_id)
+    if event.kind == "engine_dead":
+        return EngineDead(event.message)
+    return ModelFailed(event.message)
+
+
+class GpuJobs:
+    """Runs batches on the model side; the caller holds the gate around ``run``."""
+
+    def __init__(
+        self,
+        streamer: ModelStreamer,
+        metrics: Metrics,
+        *,
+        job_timeout: float | None,
+        closing: Callable[[], bool],
+    ) -> None:
+        self.streamer = streamer
+        self.metrics = metrics
+        self.job_timeout = job_timeout
+        self._closing = closing
+        self.running: dict[int, StopSignal] = {}  # id(batch) -> the stop of the job on the model side
+        self.model_hung = False  # a job ran past its limit and the model side has not returned yet
+
+    def stop_all(self) -> None:
+        for stop in list(self.running.values()):
+            stop.set()
+
+    async def run(self, batch: Batch) -> None:
+        """Run ``batch`` and end every member's stream. Never raises."""
+        error = await self._attempt(batch)
+        if self.retry_alone(error, batch):
+            log.warning(
+                "out of memory in a job of %d requests (%d images); retrying one request at a time",
+                len(batch.members),
+                batch.images,
+            )
+            self.metrics.oom_retries.inc()
+            for member in batch.members:
+                if member.stop.is_set():
+                    member.deliver(End(error=Cancelled("cancelled before the retry")))
+                elif (alone := await self._attempt(Batch([member]))) is not None:
+                    member.deliver(End(error=alone))
+        elif error is not None:
+            for member in batch.members:
+                member.deliver(End(error=error))
+
+    @staticmethod
+    def retry_alone(error: BaseException | None, batch: Batch) -> bool:
+        return isinstance(error, (OutOfMemory, MemoryError)) and len(batch.members) > 1
+
+    async def _attempt(self, batch: Batch) -> BaseException | None:
+        """One job on the model side. On success every member gets its images; else returns the error."""
+        loop = asyncio.get_running_loop()
+        job, members, stop, offsets = batch.job(), batch.members, batch.stop, batch.offsets
+
+        def deliver(event: ModelEvent) -> None:  # model-stream thread
+            if not isinstance(event, StepEvent):
+                return
+            self.metrics.denoise_steps.inc()
+            steps = [Step(event.step, event.total, event.preview(offsets[i])) for i in range(len(members))]
+            try:
+                loop.call_soon_threadsafe(_deliver_all, members, steps)
+            except RuntimeError:  # the loop is closed: nobody is listening any more
+                stop.set()
+
+        self.running[id(batch)] = stop
+        self.metrics.batch_images.observe(job.num_images)
+        if self._closing():
+            stop.set()
+        # Steps are posted with call_soon_threadsafe before the terminal future resolves, so every
+        # step reaches its member before the end does.
+        terminal = self.streamer.submit(job, stop, deliver, context=members[0].context)  # the head's user
+        try:
+            if not await wait_for_model(terminal, timeout=self.job_timeout):
+                # Past the limit: stop at the next step. A model stuck inside one step cannot be
+                # interrupted; the callers are answered anyway, and the one model-stream thread
+                # still keeps the next job from running beside the stuck one.
+                stop.set()
+                if not await wait_for_model(terminal, timeout=TIMEOUT_GRACE_SECONDS):
+                    self._mark_hung(terminal)
+                return TimedOut()
+        finally:
+            self.running.pop(id(batch), None)
+        event = terminal.result()
+        if isinstance(event, InferenceResult):
+            for i, member in enumerate(members):
+                share = dataclasses.replace(event, images=event.images[offsets[i] : offsets[i + 1]])
+                member.deliver(End(result=share, batch_size=job.num_images, batch_requests=len(members)))
+            return None
+        assert isinstance(event, ErrorEvent)
+        if event.kind == "cancelled" and stop.steps_at_set is not None:
+            self.metrics.steps_after_stop.observe(event.steps_done - stop.steps_at_set)
+        if event.kind == "failed":
+            log.error("job %s failed on the model side: %s\n%s", job.request_id, event.message, event.detail)
+        return error_of(event, job.request_id)
+
+    def _mark_hung(self, terminal: concurrent.futures.Future[ModelEvent]) -> None:
+        log.error("the model side is stuck in a job past its time limit")
+        self.model_hung = True
+        loop = asyncio.get_running_loop()
+
+        def recovered() -> None:  # on the loop, the owner of model_hung
+            self.model_hung = False
+            log.warning("the stuck job has returned; the model side is free again")
+
+        terminal.add_done_callback(lambda _f: loop.call_soon_threadsafe(recovered))
+
+
+def _deliver_all(members: list[Member], steps: list[Step]) -> None:  # event loop
+    for member, step in zip(members, steps):
+        member.deliver(step)
+
+
+async def wait_for_model(future: concurrent.futures.Future[Any], timeout: float | None = None) -> bool:
+    """Wait for the model side to finish ``future``, even if this task is cancelled meanwhile.
+
+    Returns whether it finished (False only when ``timeout`` ran out).
+    """
+    waiter = asyncio.wrap_future(future)
+    loop = asyncio.get_running_loop()
+    end = None if timeout is None else loop.time() + timeout
+    while not waiter.done():
+        try:
+            remaining = None if end is None else max(0.0, end - loop.time())
+            await asyncio.wait_for(asyncio.shield(waiter), remaining)
+        except TimeoutError:
+            return False
+        except asyncio.CancelledError:
+            continue
+        except BaseException:
+            break
+    if not waiter.cancelled():
+        waiter.exception()  # mark it retrieved
+    return True

@@ -1,0 +1,201 @@
+"""The line for the GPU: who waits, in arrival order, how many are ahead, and who shares a job.
+
+``WaitLine`` is the "k ahead" both adapters report. ``Line`` adds dynamic batching for the local
+adapter: the head of the line takes the compatible requests waiting behind it into one job
+(``Batch``). Everything here is owned by the event loop; other threads reach it through the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import itertools
+import threading
+from dataclasses import dataclass, field
+from typing import AsyncGenerator, Callable, Generic, TypeVar
+
+from ..protocol import InferenceJob, InferenceResult
+from ..request import GenerateRequest
+from .events import Step, Waiting
+
+T = TypeVar("T")
+
+
+class StopSignal(threading.Event):
+    """A stop event that remembers how many steps had run when it was first set.
+
+    ``steps`` is written by whoever relays the job's steps; ``set`` (from any thread) notes it, so
+    a cancelled job can report how many steps it ran after being told to stop (at most 1 by design).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps = 0
+        self.steps_at_set: int | None = None
+        self._listeners: list[Callable[[], None]] = []
+
+    def set(self) -> None:
+        if self.steps_at_set is None:
+            self.steps_at_set = self.steps
+        super().set()
+        for listener in list(self._listeners):
+            listener()
+
+    def on_set(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` (on the setting thread) whenever this signal is set."""
+        self._listeners.append(listener)
+
+
+class WaitLine(Generic[T]):
+    """Tickets in arrival order, and a wake-up (``moved``) whenever the line or what it waits for moves."""
+
+    def __init__(self) -> None:
+        self.tickets: dict[int, T] = {}
+        self._counter = itertools.count()
+        self.moved = asyncio.Event()
+
+    def join(self, item: T) -> int:
+        ticket = next(self._counter)
+        self.tickets[ticket] = item
+        return ticket
+
+    def leave(self, ticket: int) -> None:
+        if self.tickets.pop(ticket, None) is not None:
+            self.notify()
+
+    def before(self, ticket: int) -> int:
+        return sum(1 for t in self.tickets if t < ticket)
+
+    def notify(self) -> None:
+        self.moved.set()
+        self.moved = asyncio.Event()
+
+    async def turn(
+        self, ticket: int, busy: Callable[[], int], done: Callable[[int], bool]
+    ) -> AsyncGenerator[Waiting, None]:
+        """``Waiting(k)`` whenever k (tickets ahead plus ``busy()``) changes, until ``done(k)``."""
+        reported = -1
+        while True:
+            moved = self.moved  # taken before the check, so no wake-up is missed
+            ahead = self.before(ticket) + busy()
+            if done(ahead):
+                return
+            if ahead != reported:
+                reported = ahead
+                yield Waiting(ahead)
+            await moved.wait()
+
+
+@dataclass(frozen=True)
+class End:
+    """The last item on a member's stream: its share of the job's images, or the job's error."""
+
+    result: InferenceResult | None = None
+    error: BaseException | None = None
+    batch_size: int = 1  # images in the job this request ran in
+    batch_requests: int = 1  # requests in that job
+
+
+@dataclass(eq=False)
+class Member:
+    """A prepared request in line for the GPU, and then in a job."""
+
+    request: GenerateRequest
+    stop: StopSignal
+    context: contextvars.Context | None = None  # the request's own (a batch runs in its head's)
+    events: asyncio.Queue[Step | End] = field(default_factory=asyncio.Queue)
+    ticket: int = -1
+    batch: Batch | None = None  # set when a job takes this request
+
+    def deliver(self, item: Step | End) -> None:
+        """Put a step or the end on this request's stream (on the event loop's thread)."""
+        self.events.put_nowait(item)
+
+    @property
+    def key(self) -> tuple[int, int, int, float]:
+        """Requests with equal keys can share a job: the same size, steps and guidance."""
+        r = self.request
+        return (r.width, r.height, r.num_inference_steps, r.guidance_scale)
+
+    async def relay(self) -> AsyncGenerator[Step | End, None]:
+        """This request's steps as its job runs, then its ``End``."""
+        while True:
+            item = await self.events.get()
+            yield item
+            if isinstance(item, End):
+                return
+
+
+class Batch:
+    """Requests that run as one job. Its stop is set when every member has stopped (or by force)."""
+
+    def __init__(self, members: list[Member]) -> None:
+        self.members = members
+        self.stop = StopSignal()
+        for member in members:
+            member.batch = self
+            member.stop.on_set(self._member_stopped)
+        self._member_stopped()
+
+    def _member_stopped(self) -> None:
+        if self.all_stopped():
+            self.stop.set()
+
+    def all_stopped(self) -> bool:
+        return all(m.stop.is_set() for m in self.members)
+
+    @property
+    def images(self) -> int:
+        return sum(m.request.num_images for m in self.members)
+
+    @property
+    def offsets(self) -> list[int]:
+        """Where each member's images start in the job (and, last, the job's image count)."""
+        return list(itertools.accumulate((m.request.num_images for m in self.members), initial=0))
+
+    def job(self) -> InferenceJob:
+        jobs = [m.request.to_job() for m in self.members]
+        offsets = self.offsets
+        first = jobs[0]
+        return InferenceJob(
+            request_id=",".join(j.request_id for j in jobs),
+            prompts=tuple(p for j in jobs for p in j.prompts),
+            negative_prompts=tuple(p for j in jobs for p in j.negative_prompts),
+            seeds=tuple(seed for j in jobs for seed in j.seeds),
+            width=first.width,
+            height=first.height,
+            num_inference_steps=first.num_inference_steps,
+            guidance_scale=first.guidance_scale,
+            preview_every=max(j.preview_every for j in jobs),
+            preview_images=tuple(offsets[i] for i, j in enumerate(jobs) if j.preview_every),
+        )
+
+
+class Line(WaitLine[Member]):
+    """The local adapter's line: ``take_batch`` forms the head's job (dynamic batching)."""
+
+    def join_member(self, member: Member) -> None:
+        member.ticket = self.join(member)
+
+    @staticmethod
+    def fits(images: int, member: Member, max_images: int) -> bool:
+        return images + member.request.num_images <= max_images
+
+    def take_batch(self, head: Member, max_images: int) -> Batch:
+        """``head`` and, in arrival order, the waiting requests compatible with it that still fit.
+
+        The head is always first in line, so FIFO holds for it; a request passed over here moves
+        up when this job starts and is never overtaken forever.
+        """
+        members, images = [head], head.request.num_images
+        for ticket, member in list(self.tickets.items()):
+            if member is head or member.stop.is_set() or member.key != head.key:
+                continue
+            if self.fits(images, member, max_images):
+                members.append(member)
+                images += member.request.num_images
+                del self.tickets[ticket]
+        self.tickets.pop(head.ticket, None)
+        batch = Batch(members)
+        self.notify()
+        return batch

@@ -1,0 +1,244 @@
+"""The adapter between many concurrent requests and the one model side in this process.
+
+``LocalAdapter.run`` walks one request through four numbered steps (``_request``):
+
+1. prepare   (concurrent) validate the raw values, resolve the seed, count prompt tokens
+2. wait      in line for the GPU, reporting "k ahead" whenever k changes
+3. infer     (serial) the head of the line takes the gate, an ``asyncio.Semaphore(1)``, and the
+             compatible requests waiting behind it (dynamic batching); one job runs on the model
+             side and each request streams its own steps back
+4. finalize  (concurrent) encode PNGs with their parameters, build the info record
+
+Only step 3 is inside the gate, and the gate belongs to the job: the ``gpu-job`` task that holds it
+releases it when the model side has left the job, never earlier. Steps 1 and 4 run in the
+adapter's small thread pool, so the event loop only keeps the books. A request whose consumer
+stops (cancel, disconnect, close) leaves at once; its job's stop is set when nobody is left in the
+job, and the model stops at the end of the step in progress.
+
+State and owners: the event loop owns the gate, the line, the jobs' ``running`` stops and every
+request's stream; the model-stream thread only posts to the loop; ``begin_shutdown`` from another
+thread goes through the loop (``AdapterBase.on_loop``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import time
+from pathlib import Path
+from typing import Any, AsyncGenerator, Callable, Mapping
+
+from ..errors import Cancelled, GenerationFailed, JobTimedOut, OutOfMemory, ServingError, ShuttingDown
+from ..protocol import InferenceResult, ModelProfile, ModelSide
+from ..request import GenerateRequest, Limits, validate
+from .base import SHUTDOWN_MESSAGE, AdapterBase
+from .events import Done, Event, Timings, Waiting
+from .jobs import GpuJobs, ModelFailed, TimedOut
+from .line import Batch, End, Line, Member, StopSignal
+from .metrics import Metrics
+from .postprocess import encode_pngs, info_record
+from .streamer import ModelStreamer
+
+log = logging.getLogger(__name__)
+
+
+class LocalAdapter(AdapterBase):
+    """Runs requests against one ``ModelSide``; the gate wraps only the inference."""
+
+    def __init__(
+        self,
+        side: ModelSide,
+        limits: Limits,
+        output_dir: Path,
+        *,
+        pool_threads: int = 2,
+        clock: Callable[[], float] = time.time,
+        encode: Callable[..., list[Path]] = encode_pngs,
+        job_timeout: float | None = None,
+        max_batch_size: int = 1,
+    ) -> None:
+        self._line = Line()
+        self._gate = self.make_gate()
+        super().__init__(
+            Metrics(lambda: self.gpu_queue_depth, lambda: int(self.inference_in_progress)), pool_threads=pool_threads
+        )
+        self.side = side
+        self.streamer = ModelStreamer(side)
+        self.limits = limits
+        self.output_dir = output_dir
+        self.max_batch_size = max_batch_size
+        self.job_timeout = job_timeout
+        self._clock = clock
+        self._encode_pngs = encode
+        self.jobs = GpuJobs(self.streamer, self.metrics, job_timeout=job_timeout, closing=lambda: self.closing)
+        self._job_tasks: set[asyncio.Task[None]] = set()  # the job holding the gate (at most one)
+
+    @staticmethod
+    def make_gate() -> asyncio.Semaphore:
+        """The GPU's capacity: one inference at a time."""
+        return asyncio.Semaphore(1)
+
+    @property
+    def profile(self) -> ModelProfile:  # type: ignore[override]
+        return self.side.profile
+
+    @property
+    def gpu_queue_depth(self) -> int:
+        """Prepared requests waiting for the gate."""
+        return len(self._line.tickets)
+
+    @property
+    def inference_in_progress(self) -> bool:
+        return self._gate.locked()
+
+    @property
+    def model_hung(self) -> bool:
+        return self.jobs.model_hung
+
+    def _health_fields(self) -> tuple[bool, bool, dict[str, Any]]:
+        return not self.streamer.alive, self.model_hung, {"model_hung": self.model_hung}
+
+    def _stop_all(self) -> None:
+        self.jobs.stop_all()
+        self._line.notify()
+
+    def shutdown_model(self, timeout: float | None = None) -> None:
+        """End the model side (after its current job, whose stop ``begin_shutdown`` has set)."""
+        self.streamer.shutdown(timeout=timeout)
+
+    # -- the request -------------------------------------------------------------------------
+    async def _request(
+        self, raw: Mapping[str, Any], request_id: str | None, alive: Callable[[], bool] | None
+    ) -> AsyncGenerator[Event, None]:
+        loop = asyncio.get_running_loop()
+        t = Timings(received=self._clock())
+        stop = StopSignal()  # set: this request leaves; its job stops when nobody is left in it
+
+        def caller_gone() -> None:
+            stop.set()
+            self._line.notify()
+
+        with self.liveness.watching(alive, caller_gone):
+            # 1. Prepare: concurrent, off the loop. A bad field fails here, before any GPU work.
+            t.prepare_start = self._clock()
+            request = await loop.run_in_executor(self._pool, self._prepare, raw, request_id)
+            t.prepare_end = t.gpu_wait_start = self._clock()
+
+            # 2. Wait in line for the GPU. The head of the line may take this request into its job.
+            member = Member(request, stop, contextvars.copy_context())
+            self._line.join_member(member)
+            end: End | None = None
+            try:
+                async for waiting in self._wait_turn(member):
+                    yield waiting
+                # 3. Infer: this request's steps from its job (its own, or a head's that took it along).
+                try:
+                    async for item in member.relay():
+                        if isinstance(item, End):
+                            end = item
+                        else:
+                            yield item
+                except BaseException:
+                    stop.set()  # this request leaves; its job stops if nobody else is left in it
+                    raise
+            finally:
+                self._line.leave(member.ticket)
+                self._line.notify()  # the gate may have opened: wake the line
+        assert end is not None
+        result = self._outcome(request, end)
+        t.infer_start, t.infer_end = result.started, result.ended
+
+        # 4. Finalize: concurrent, off the loop.
+        t.finalize_start = self._clock()
+        paths = await loop.run_in_executor(self._pool, self._encode, request, result)
+        t.finalize_end = self._clock()
+        p = self.profile
+        info = info_record(request, result, t, p, batch_size=end.batch_size, batch_requests=end.batch_requests)
+        self._observe(info, len(paths))
+        yield Done(paths, info)
+
+    async def _wait_turn(self, member: Member) -> AsyncGenerator[Waiting, None]:
+        """Report "k ahead" until a job takes ``member``; as the head with the gate free, start one."""
+        async for waiting in self._line.turn(
+            member.ticket,
+            busy=lambda: int(self._gate.locked()),
+            done=lambda ahead: member.batch is not None or not ahead or self.closing or member.stop.is_set(),
+        ):
+            yield waiting
+        if member.batch is None:
+            if self.closing:
+                raise ShuttingDown(SHUTDOWN_MESSAGE)
+            if member.stop.is_set():
+                raise Cancelled("the caller went away while waiting")
+        yield Waiting(0)
+        if member.batch is None:
+            # Head of the line and the gate is free: take it now (a free semaphore never suspends,
+            # so nobody can overtake) and hand it to this job's task, which releases it only when
+            # the model side has left the job. The gate belongs to the job, not to any request.
+            await self._gate.acquire()
+            try:
+                batch = self._line.take_batch(member, self.max_batch_size)
+                task = asyncio.create_task(self._own_gate(batch), name="gpu-job")
+                self._job_tasks.add(task)  # a reference, so the task is not garbage-collected
+                task.add_done_callback(self._job_tasks.discard)
+            except BaseException:
+                self._gate.release()
+                raise
+
+    async def _own_gate(self, batch: Batch) -> None:
+        """The task that holds the gate for one job; the gate opens when the model side is done."""
+        try:
+            await self.jobs.run(batch)
+        finally:
+            self._gate.release()
+            self._line.notify()  # the gate opened: wake the line
+
+    # -- stages ------------------------------------------------------------------------------
+    def _prepare(self, raw: Mapping[str, Any], request_id: str | None) -> GenerateRequest:
+        return validate(raw, self.limits, self.side.count_tokens, request_id=request_id)
+
+    def _outcome(self, request: GenerateRequest, end: End) -> InferenceResult:
+        """This request's images, or its job's error in this request's words."""
+        error = end.error
+        if error is None:
+            assert end.result is not None
+            return end.result
+        if isinstance(error, Cancelled):
+            if self.closing:
+                raise ShuttingDown(SHUTDOWN_MESSAGE + " Your job was stopped.") from None
+            raise error
+        if isinstance(error, TimedOut):
+            assert self.job_timeout is not None
+            raise JobTimedOut(request.request_id, self.job_timeout) from None
+        if isinstance(error, (OutOfMemory, MemoryError)):
+            raise OutOfMemory(request.request_id) from None
+        if isinstance(error, ServingError):
+            raise error
+        if not isinstance(error, ModelFailed):
+            log.error("request %s failed", request.request_id, exc_info=error)
+        raise GenerationFailed(request.request_id) from None
+
+    def _encode(self, request: GenerateRequest, result: InferenceResult) -> list[Path]:
+        p = self.profile
+        return self._encode_pngs(
+            result.images, self.output_dir, request.request_id, request.parameters(), p.name, p.scheduler
+        )
+
+    def _observe(self, info: dict[str, Any], images: int) -> None:
+        d = info["durations_ms"]
+        self.metrics.gate_wait.observe(d["gpu_wait"] / 1000)
+        self.metrics.inference.observe(d["inference"] / 1000)
+        self.metrics.finalize.observe(d["finalize"] / 1000)
+        self.metrics.images.inc(images)
+        log.info(
+            "request %s done: %d image(s) %dx%d, %d steps, wait %.0f ms, infer %.0f ms, total %.0f ms",
+            info["request_id"],
+            images,
+            info["width"],
+            info["height"],
+            info["num_inference_steps"],
+            d["gpu_wait"],
+            d["inference"],
+            d["total"],
+        )

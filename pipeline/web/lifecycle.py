@@ -1,0 +1,48 @@
+"""Launch the server in the background, and shut it down in order."""
+
+from __future__ import annotations
+
+import time
+
+import gradio as gr
+
+from ..config import Settings
+from ..serving.base import Adapter
+from .gradio_internals import queued, tune_queue
+from .handler import PROGRESS_INTERVAL
+from .routes import service_routes
+
+
+def launch(demo: gr.Blocks, adapter: Adapter, settings: Settings) -> None:
+    """Start serving in the background (the server runs on its own thread and event loop)."""
+    tune_queue(demo, PROGRESS_INTERVAL)
+    demo.launch(
+        server_name=settings.host,
+        server_port=settings.port,
+        share=settings.share,
+        ssr_mode=False,
+        show_error=False,
+        max_file_size="1mb",
+        prevent_thread_lock=True,
+        app_kwargs={"routes": service_routes(demo, adapter)},
+        auth=settings.auth_pair(),
+        mcp_server=settings.mcp,
+    )
+
+
+def shutdown(demo: gr.Blocks, adapter: Adapter, deadline: float = 8.0) -> None:
+    """Stop admitting, answer the queued, stop the running job at its next step, then close.
+
+    A plain ``demo.close()`` mid-job gives clients ``KeyError('unexpected_error')``; here every
+    queued or running request is answered with "the server is shutting down, please retry" first.
+    """
+    end = time.monotonic() + deadline
+    adapter.begin_shutdown()
+    while time.monotonic() < end:
+        if queued(demo) == 0 and adapter.in_flight == 0:
+            break
+        time.sleep(0.05)
+    time.sleep(min(0.5, max(0.0, end - time.monotonic())))  # let the last error messages go out
+    demo.close()
+    adapter.shutdown_model(timeout=max(0.5, end - time.monotonic()))
+    adapter.close()

@@ -1,0 +1,130 @@
+"""Helpers shared by the tests: requests, waits, launched apps. Fixtures live in ``conftest.py``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from pipeline.serving.local import LocalAdapter
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def raw_request(**overrides: Any) -> dict[str, Any]:
+    raw: dict[str, Any] = {
+        "prompt": "a red circle",
+        "negative_prompt": "",
+        "seed": 1,
+        "randomize_seed": False,
+        "width": 64,
+        "height": 64,
+        "num_inference_steps": 4,
+        "guidance_scale": 7.5,
+        "num_images": 1,
+    }
+    raw.update(overrides)
+    return raw
+
+
+async def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    """Poll a condition the code under test reaches on its own (no sleep decides the order)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting until {what}")
+        await asyncio.sleep(0.002)
+
+
+async def collect(adapter: LocalAdapter, raw: dict[str, Any], **kwargs: Any) -> list[Any]:
+    return [event async for event in adapter.run(raw, **kwargs)]
+
+
+@contextlib.contextmanager
+def running_app(tmp: Path, *args: str, load: Callable[[], Any] | None = None) -> Iterator[tuple[str, Any, LocalAdapter]]:
+    """The real app launched on a free port (real model unless ``load`` injects one); closed after."""
+    import app
+    from pipeline.config import load_settings
+
+    port = free_port()
+    settings = load_settings(["--port", str(port), "--output-dir", str(tmp / "outputs"), *args], environ={})
+    demo, adapter = app.create_app(settings, load=load)
+    app.launch(demo, adapter, settings)
+    try:
+        yield f"http://127.0.0.1:{port}/", demo, adapter
+    finally:
+        demo.close()
+        adapter.shutdown_model(timeout=10)
+        adapter.close()
+
+
+def queue_call(url: str, fn_index: int, data: list[Any], timeout: float = 60.0) -> dict[str, Any]:
+    """One request through Gradio's queue over raw HTTP; see ``bench.probe.raw_http_predict``."""
+    from bench.probe import raw_http_predict
+
+    return raw_http_predict(url, fn_index, data, timeout)
+
+
+def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 30.0, every: float = 0.005) -> None:
+    """Poll, from a test thread, a condition the code under test reaches on its own."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(every)
+
+
+def api_fn_index(url: str, api_name: str = "generate") -> int:
+    import httpx
+
+    config = httpx.get(url + "config", timeout=10).json()
+    return next(d["id"] for d in config["dependencies"] if d.get("api_name") == api_name)
+
+
+@contextlib.contextmanager
+def app_process(tmp: Path, *args: str, env: dict[str, str] | None = None,
+                ready_timeout: float = 120.0) -> Iterator[tuple[str, subprocess.Popen[bytes], Path]]:
+    """``python app.py`` in a subprocess on a free port, as a user starts it; killed afterwards.
+
+    Yields (url, process, log path) once ``/health`` answers ok; the log is in the assertion on failure.
+    """
+    import httpx
+
+    port = free_port()
+    log_path = tmp / f"server-{port}.log"
+    full_env = {**os.environ, "GRADIO_TEMP_DIR": str(tmp / "gradio"), "T2I_OUTPUT_DIR": str(tmp / "out"),
+                "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+    url = f"http://127.0.0.1:{port}/"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port), *args],
+                                cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + ready_timeout
+            while True:
+                assert proc.poll() is None, f"the app exited ({proc.returncode}):\n{log_path.read_text()[-4000:]}"
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(url + "health", timeout=2).json()["status"] == "ok":
+                        break
+                assert time.monotonic() < deadline, f"the app never became ready:\n{log_path.read_text()[-4000:]}"
+                time.sleep(0.1)
+            yield url, proc, log_path
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()

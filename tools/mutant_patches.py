@@ -1,0 +1,216 @@
+"""The mutants: each breaks one guarantee by replacing a named seam (a method, a function, a hook).
+
+Applied at interpreter start by ``tools/mutant_site/sitecustomize.py`` when ``T2I_MUTANT`` names one,
+so the pytest process and every process it starts (``python app.py``, Ray's workers) run the same
+broken code. Seams are names, not source text: they survive reformatting and moves within a module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import importlib.abc
+import sys
+import threading
+from typing import Any, Callable
+
+
+def _no_gate() -> None:
+    from pipeline.serving.local import LocalAdapter
+
+    LocalAdapter.make_gate = staticmethod(lambda: asyncio.Semaphore(10**6))  # type: ignore[method-assign]
+
+
+def _thread_per_job() -> None:
+    """No single model thread: every job gets a fresh thread, and the pipeline is called from it."""
+    from pipeline.engine.runner import ModelRunner
+    from pipeline.protocol import ErrorEvent, InferenceResult, StepEvent
+    from pipeline.serving.streamer import ModelStreamer
+
+    def stream(self: Any, job: Any, stop: Any = None) -> Any:
+        events: list[Any] = []
+        try:
+            result = self.model.generate(job, stop or threading.Event(), lambda s, t, p: events.append(StepEvent(s, t)))
+        except Exception as exc:  # noqa: BLE001
+            yield from events
+            yield ErrorEvent("failed", repr(exc))
+            return
+        yield from events
+        yield result if isinstance(result, InferenceResult) else ErrorEvent("failed", "no result")
+
+    def submit(self: Any, job: Any, stop: Any, deliver: Any, context: Any = None) -> Any:
+        import concurrent.futures
+
+        from pipeline.serving.streamer import _Task
+
+        task = _Task(job, stop, context or contextvars.copy_context(), deliver, concurrent.futures.Future())
+        threading.Thread(target=lambda: task.terminal.set_result(task.context.run(self._drive, task))).start()
+        return task.terminal
+
+    ModelRunner.stream = stream  # type: ignore[method-assign]
+    ModelStreamer.submit = submit  # type: ignore[method-assign]
+
+
+def _gate_wraps_whole_request() -> None:
+    from pipeline.serving.local import LocalAdapter
+
+    original = LocalAdapter._request
+
+    async def _request(self: Any, *args: Any) -> Any:
+        whole = self.__dict__.setdefault("_mutant_whole", asyncio.Semaphore(1))
+        async with whole:
+            async for event in original(self, *args):
+                yield event
+
+    LocalAdapter._request = _request  # type: ignore[method-assign]
+
+
+def _release_gate_on_cancel() -> None:
+    """The plain ``async with gate: await to_thread(infer)``: the gate opens when the waiter is told to stop."""
+    from pipeline.serving.local import LocalAdapter
+
+    async def _own_gate(self: Any, batch: Any) -> None:
+        job = asyncio.create_task(self.jobs.run(batch))
+        while not job.done() and not batch.stop.is_set():
+            await asyncio.sleep(0.001)
+        self._gate.release()
+        self._line.notify()
+        await job
+
+    LocalAdapter._own_gate = _own_gate  # type: ignore[method-assign]
+
+
+def _patch(module: str, name: str, value: Callable[..., Any]) -> Callable[[], None]:
+    def apply() -> None:
+        import importlib
+
+        owner: Any = importlib.import_module(module)
+        *path, attribute = name.split(".")
+        for part in path:
+            owner = getattr(owner, part)
+        setattr(owner, attribute, value)
+
+    return apply
+
+
+def _key_is_constant() -> None:
+    from pipeline.serving.line import Member
+
+    Member.key = property(lambda self: 0)  # type: ignore[assignment,method-assign]
+
+
+async def _stopped_at_once(self: Any, session: str, timeout: float) -> bool:
+    return True
+
+
+def _pass_the_stop_event() -> None:
+    from pipeline.engine.zerogpu import ZeroGpuSide
+
+    def stream(self: Any, job: Any, stop: Any) -> Any:
+        yield from self._gpu_stream(job, stop)  # the old boundary: a threading.Event crosses
+
+    ZeroGpuSide.stream = stream  # type: ignore[method-assign]
+
+
+def _no_user_context() -> None:
+    from pipeline.serving.streamer import ModelStreamer
+
+    original = ModelStreamer.submit
+
+    def submit(self: Any, job: Any, stop: Any, deliver: Any, context: Any = None) -> Any:
+        return original(self, job, stop, deliver, contextvars.Context())  # not the user's context
+
+    ModelStreamer.submit = submit  # type: ignore[method-assign]
+
+
+def _ray_replica_admits_eight() -> None:
+    from pipeline.ray import cluster
+
+    original = cluster.deployment_options
+    cluster.deployment_options = lambda *a: {**original(*a), "max_ongoing_requests": 8}  # type: ignore[assignment]
+
+
+Patch = tuple[str, Callable[[], None]]  # (the module it patches, the patch), applied once that module is loaded
+
+
+def _on(module: str, fn: Callable[[], None]) -> list[Patch]:
+    return [(module, fn)]
+
+
+def _attr(module: str, name: str, value: Any) -> list[Patch]:
+    return [(module, _patch(module, name, value))]
+
+
+NO_GATE = _on("pipeline.serving.local", _no_gate)
+THREAD_PER_JOB = [("pipeline.engine.runner", _thread_per_job)]
+
+MUTANTS: dict[str, list[Patch]] = {
+    "no-gate": NO_GATE,
+    "gate-wraps-whole-request": _on("pipeline.serving.local", _gate_wraps_whole_request),
+    "no-gate-and-a-thread-per-job": NO_GATE + THREAD_PER_JOB,
+    "to-thread-releases-the-gate-on-cancel": THREAD_PER_JOB + _on("pipeline.serving.local", _release_gate_on_cancel),
+    "batch-ignores-compatibility": _on("pipeline.serving.line", _key_is_constant),
+    "no-batching": _attr("pipeline.serving.line", "Line.fits", staticmethod(lambda *a: False)),
+    "batch-ignores-max-size": _attr("pipeline.serving.line", "Line.fits", staticmethod(lambda *a: True)),
+    "one-cancel-stops-the-batch": _attr(
+        "pipeline.serving.line", "Batch.all_stopped", lambda self: any(m.stop.is_set() for m in self.members)
+    ),
+    "oom-no-retry": _attr("pipeline.serving.jobs", "GpuJobs.retry_alone", staticmethod(lambda *a: False)),
+    "skip-in-progress": _attr("pipeline.web.handler", "progress_gallery", lambda: __import__("gradio").skip()),
+    "ray-replica-without-a-gate": NO_GATE + THREAD_PER_JOB + _on("pipeline.ray.cluster", _ray_replica_admits_eight),
+    "ray-cancel-not-forwarded": _attr("pipeline.ray.adapter", "_cancel", lambda call: None),
+    "no-disconnect-watch": _attr("pipeline.web.handler", "caller_alive", lambda demo: None),
+    "stop-answers-at-once": _attr("pipeline.web.handler", "PageJobs.wait_ended", _stopped_at_once),
+    "no-steps-validation": _attr("pipeline.request", "_steps", lambda raw, limits: raw.get("num_inference_steps")),
+    "no-sweeper": _attr("pipeline.serving.sweeper", "Sweeper.start", lambda self: None),
+    "plain-close-on-signal": _attr(
+        "pipeline.web.lifecycle", "shutdown", lambda demo, adapter, deadline=8.0: demo.close()
+    ),
+    "zerogpu-passes-the-stop-event": _on("pipeline.engine.zerogpu", _pass_the_stop_event),
+    "zerogpu-runs-outside-the-users-context": _on("pipeline.serving.streamer", _no_user_context),
+    "liveness-watch-never-looks": _attr(
+        "pipeline.serving.base",
+        "LivenessWatch.watching",
+        lambda self, alive, on_gone: __import__("contextlib").nullcontext(),
+    ),
+}
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs each patch right after its module has been executed (before anyone imports from it)."""
+
+    def __init__(self, patches: list[Patch]) -> None:
+        self.pending = patches
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if not any(module == name for module, _ in self.pending):
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None and spec.loader is not None:
+                run_module = spec.loader.exec_module
+
+                def exec_module(module: Any, run_module: Any = run_module, name: str = name) -> None:
+                    run_module(module)
+                    self.loaded(name)
+
+                spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+                return spec
+        return None
+
+    def loaded(self, name: str) -> None:
+        for module, patch in [p for p in self.pending if p[0] == name]:
+            self.pending.remove((module, patch))
+            patch()
+
+
+def apply(name: str) -> None:
+    """Patch each seam of mutant ``name`` now if its module is loaded, else as soon as it is."""
+    patches = list(MUTANTS[name])
+    hook = _AfterImport([p for p in patches if p[0] not in sys.modules])
+    for module, patch in patches:
+        if module in sys.modules:
+            patch()
+    sys.meta_path.insert(0, hook)
