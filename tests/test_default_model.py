@@ -101,7 +101,7 @@ def test_training_is_deterministic_and_writes_a_loadable_model(tmp_path: Path) -
     train(tmp_path / "a", seed=5, config=tiny, threads=1)
     train(tmp_path / "b", seed=5, config=tiny, threads=1)
     files = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*.safetensors"))
-    assert len(files) == 3  # unet, vae, text encoder
+    assert len(files) == 4  # unet, vae, text encoder, and the live-preview map fitted to this VAE
     for f in files:
         assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes(), f
     model = load_model(Settings(model=str(tmp_path / "a")), warmup=False)

@@ -204,7 +204,23 @@ def train(
     save_model(
         pipe, out, {"trained": True, "seed": seed, "defaults": {"guidance": GUIDANCE, "steps": 20}, "training": report}
     )
+    report["preview"] = fit_preview_map(out, quick=quick or config is not None)
     return report
+
+
+def fit_preview_map(out: Path, *, quick: bool) -> dict[str, float]:
+    """The live-preview map for the trained model, saved in its folder (see ``preview``)."""
+    from diffusers import DiffusionPipeline
+
+    from ..engine.previews import PREVIEW_FOLDER
+    from .preview import fit
+
+    pipe = DiffusionPipeline.from_pretrained(str(out))
+    pipe.set_progress_bar_config(disable=True)
+    preview_map, preview_report = fit(pipe, GUIDANCE, n=8 if quick else 48, mlp_steps=200 if quick else 1500)
+    preview_map.save(out / PREVIEW_FOLDER)
+    log.info("preview map: last preview vs final image %.3f", preview_report["step_18"])
+    return preview_report
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -13,37 +13,20 @@ import time
 from typing import Any
 
 import torch
-from PIL import Image
 
 from ..errors import Cancelled, OutOfMemory
 from ..protocol import InferenceJob, InferenceResult, ModelProfile, StepCallback, StopFlag
-
-
-class _Stop(Exception):
-    """Raised inside diffusers' step callback to leave ``__call__`` at once: no more steps, no decode."""
-
-
-# SD 1.x/2.x latent -> RGB approximation (a linear map of the 4 latent channels): a preview for
-# the price of a 4x3 matmul, never a VAE decode.
-_LATENT_RGB = ((0.298, 0.207, 0.208), (0.187, 0.286, 0.173), (-0.158, 0.189, 0.264), (-0.184, -0.271, -0.473))
-
-
-def latent_preview(latents: Any, width: int, height: int, index: int = 0) -> Image.Image | None:
-    """Image ``index`` of the batch as a rough RGB preview; None for latents of another shape (FLUX packs them)."""
-    if latents is None or latents.ndim != 4 or latents.shape[1] != 4 or index >= latents.shape[0]:
-        return None
-    factors = torch.tensor(_LATENT_RGB, dtype=torch.float32)
-    rgb = latents[index].detach().float().cpu().permute(1, 2, 0) @ factors
-    array = ((rgb + 1) * 127.5).clamp(0, 255).to(torch.uint8).numpy()
-    return Image.fromarray(array, "RGB").resize((width, height), Image.Resampling.BILINEAR)
+from .previews import PreviewMap
+from .stepping import StepWatch, Stop
 
 
 class DiffusersModel:
     """A loaded diffusers pipeline that runs one ``InferenceJob`` at a time on the model thread."""
 
-    def __init__(self, pipe: Any, profile: ModelProfile) -> None:
+    def __init__(self, pipe: Any, profile: ModelProfile, preview_map: PreviewMap | None = None) -> None:
         self.pipe = pipe
         self.profile = profile
+        self.preview_map = preview_map
         self._device = profile.device
         # A private copy for prepare-time token counting, so no other thread touches the tokenizer
         # the model thread uses (fast tokenizers raise "Already borrowed" under concurrent use).
@@ -59,23 +42,7 @@ class DiffusersModel:
 
     def generate(self, job: InferenceJob, stop: StopFlag, on_step: StepCallback) -> InferenceResult:
         pipe = self.pipe
-        steps_done = 0
-
-        def callback(_pipe: Any, i: int, _t: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
-            nonlocal steps_done
-            steps_done = i + 1
-            total = int(getattr(_pipe, "num_timesteps", 0) or job.num_inference_steps)
-            previews: dict[int, Image.Image] = {}
-            if job.preview_every and (steps_done % job.preview_every == 0) and steps_done < total:
-                for index in job.preview_images:
-                    preview = latent_preview(kwargs.get("latents"), job.width, job.height, index)
-                    if preview is not None:
-                        previews[index] = preview
-            on_step(steps_done, total, previews)
-            if stop.is_set():
-                raise _Stop
-            return {}
-
+        watch = StepWatch(pipe, job, stop, on_step, self.preview_map)
         # 1. Per-image CPU generators: the same seed gives the same noise on any device and batch.
         generators = [torch.Generator("cpu").manual_seed(s) for s in job.seeds]
         kwargs: dict[str, Any] = dict(
@@ -85,8 +52,7 @@ class DiffusersModel:
             num_inference_steps=job.num_inference_steps,
             guidance_scale=job.guidance_scale,
             generator=generators,
-            callback_on_step_end=callback,
-            callback_on_step_end_tensor_inputs=["latents"],
+            **watch.kwargs(),
         )
         if self.profile.supports_negative_prompt:
             kwargs["negative_prompt"] = list(job.negative_prompts)
@@ -100,10 +66,10 @@ class DiffusersModel:
         oom = False
         started = time.time()
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), watch:
                 images = pipe(**kwargs).images
-        except _Stop:
-            raise Cancelled(steps_done=steps_done) from None
+        except Stop:
+            raise Cancelled(steps_done=watch.steps_done) from None
         except (torch.OutOfMemoryError, MemoryError):
             oom = True
         if oom:
@@ -111,7 +77,7 @@ class DiffusersModel:
             raise OutOfMemory(job.request_id)
         ended = time.time()
         peak = torch.cuda.max_memory_allocated() if cuda else None
-        return InferenceResult(tuple(images), steps_done, started, ended, peak)
+        return InferenceResult(tuple(images), watch.steps_done, started, ended, peak)
 
     def free_memory(self) -> None:
         gc.collect()

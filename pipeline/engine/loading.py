@@ -22,6 +22,7 @@ from ..config import Settings
 from ..default_model import ensure_default_model, model_defaults
 from ..protocol import InferenceJob, ModelProfile
 from .diffusers_model import DiffusersModel
+from .previews import load_preview_map
 from .zerogpu import zero_gpu_active
 
 log = logging.getLogger(__name__)
@@ -125,7 +126,11 @@ def load_model(settings: Settings, *, warmup: bool = True) -> DiffusersModel:
         pipe.vae.enable_tiling()
     pipe.set_progress_bar_config(disable=True)
     saved = model_defaults(Path(source)) if Path(source).is_dir() else {}
-    model = DiffusersModel(pipe, build_profile(pipe, name, device, dtype, saved))
+    folder = Path(source) if Path(source).is_dir() else None
+    # Previews: the map saved with the model, else one fitted to its VAE now (not on ZeroGPU, whose
+    # device exists only inside a request's GPU call).
+    preview_map = load_preview_map(pipe, folder, fit=not zero_gpu_active())
+    model = DiffusersModel(pipe, build_profile(pipe, name, device, dtype, saved), preview_map)
     log.info(
         "loaded %s (%s, %s on %s, %d torch threads) in %.2fs",
         name,

@@ -12,6 +12,7 @@ from ..default_model import EXAMPLE_PROMPTS, GENERIC_PROMPTS
 from ..request import MAX_SEED
 from ..serving.base import Adapter
 from .handler import PageJobs, make_generate, reuse_seed, selected_index, status_html
+from .mcp_tool import serve_images
 
 log = logging.getLogger(__name__)
 
@@ -159,5 +160,7 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
             concurrency_limit=None,
         )
         demo.load(fn=None, outputs=[live_preview], js="() => true", api_visibility="private")
+    if settings.mcp:  # the `generate` MCP tool answers with image content and the info as JSON text
+        serve_images(demo)
     demo.queue(max_size=settings.queue_size, api_open=False, default_concurrency_limit=1)
     return demo

@@ -1,0 +1,188 @@
+"""Live previews: the scheduler's denoised estimate, mapped to RGB by a map fitted to this VAE.
+
+A preview must look like the picture it announces, so two things matter:
+
+- **What is previewed:** the denoised estimate (the scheduler's predicted clean latents, x0), not the
+  noisy latents of the step; two steps before the end of a 20-step Euler run the noisy latents still
+  differ from the final ones by 20-35 %. ``denoised`` reads it from the scheduler's output where the
+  scheduler reports it, and derives it from the model output where it does not (flow matching:
+  x0 = x - sigma * v; DDPM-family: from alphas_cumprod and the prediction type).
+- **How latents become colours:** a per-pixel map fitted to *this* VAE. The embedded model ships a
+  small 4 -> 32 -> 3 network fitted when it was trained (``preview/`` in its folder); any other VAE
+  gets a linear map fitted once at load by encoding a few smooth colour pictures (``fit_from_vae``).
+  Factors fitted for one VAE draw the wrong colours on another.
+
+FLUX's packed latents are unpacked first. Runs on the model thread; a preview costs a few small
+matrix products on the CPU, never a VAE decode.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+
+log = logging.getLogger(__name__)
+
+PREVIEW_FOLDER = "preview"  # inside a model folder: preview.safetensors + preview.json
+
+
+class PreviewMap:
+    """A per-pixel map from C latent channels to RGB in [0, 1]: linear layers with ReLU between."""
+
+    def __init__(self, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self.layers = [(w.float().cpu(), b.float().cpu()) for w, b in layers]
+
+    @property
+    def channels(self) -> int:
+        return int(self.layers[0][0].shape[1])
+
+    def rgb(self, latents: torch.Tensor) -> torch.Tensor:
+        """(C, h, w) latents -> (3, h, w) colours in [0, 1]."""
+        x = latents.detach().float().cpu().flatten(1).T  # (h*w, C)
+        for i, (weight, bias) in enumerate(self.layers):
+            x = x @ weight.T + bias
+            if i < len(self.layers) - 1:
+                x = torch.relu(x)
+        return x.T.reshape(3, *latents.shape[1:]).clamp(0, 1)
+
+    def image(self, latents: torch.Tensor, width: int, height: int) -> Image.Image:
+        array = (self.rgb(latents).permute(1, 2, 0) * 255).round().to(torch.uint8).numpy()
+        return Image.fromarray(array, "RGB").resize((width, height), Image.Resampling.BILINEAR)
+
+    def save(self, folder: Path) -> None:
+        from safetensors.torch import save_file
+
+        folder.mkdir(parents=True, exist_ok=True)
+        tensors = {
+            f"{kind}.{i}": t.contiguous()
+            for i, pair in enumerate(self.layers)
+            for kind, t in zip(("weight", "bias"), pair)
+        }
+        save_file(tensors, str(folder / "preview.safetensors"))
+        (folder / "preview.json").write_text(json.dumps({"layers": len(self.layers), "channels": self.channels}))
+
+    @classmethod
+    def load(cls, folder: Path) -> PreviewMap:
+        from safetensors.torch import load_file
+
+        tensors = load_file(str(folder / "preview.safetensors"))
+        count = json.loads((folder / "preview.json").read_text())["layers"]
+        return cls([(tensors[f"weight.{i}"], tensors[f"bias.{i}"]) for i in range(count)])
+
+
+def fit_linear(latents: torch.Tensor, targets: torch.Tensor) -> PreviewMap:
+    """Least squares: (N, C, h, w) latents -> (N, 3, h, w) colours, with a bias."""
+    x = latents.float().permute(0, 2, 3, 1).reshape(-1, latents.shape[1])
+    y = targets.float().permute(0, 2, 3, 1).reshape(-1, 3)
+    x1 = torch.cat([x, torch.ones(len(x), 1)], dim=1)
+    solution = torch.linalg.lstsq(x1, y).solution  # (C + 1, 3)
+    return PreviewMap([(solution[:-1].T.contiguous(), solution[-1].contiguous())])
+
+
+def fit_mlp(
+    latents: torch.Tensor, targets: torch.Tensor, hidden: int = 32, steps: int = 1500, seed: int = 0
+) -> PreviewMap:
+    """A per-pixel C -> hidden -> 3 network (seconds on a CPU), fitted with L1 on the colours."""
+    x = latents.float().permute(0, 2, 3, 1).reshape(-1, latents.shape[1])
+    y = targets.float().permute(0, 2, 3, 1).reshape(-1, 3)
+    gen = torch.Generator().manual_seed(seed)
+    first, last = torch.nn.Linear(x.shape[1], hidden), torch.nn.Linear(hidden, 3)
+    net = torch.nn.Sequential(first, torch.nn.ReLU(), last)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
+    for _ in range(steps):
+        batch = torch.randint(0, len(x), (4096,), generator=gen)
+        loss = (net(x[batch]).clamp(0, 1) - y[batch]).abs().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+    return PreviewMap([(first.weight.detach(), first.bias.detach()), (last.weight.detach(), last.bias.detach())])
+
+
+def _smooth_pictures(count: int, size: int, seed: int = 0) -> torch.Tensor:
+    """Smooth colour fields with a few flat shapes: what pictures look like to a VAE, in [0, 1]."""
+    gen = torch.Generator().manual_seed(seed)
+    coarse = torch.rand(count, 3, 4, 4, generator=gen)
+    pictures = torch.nn.functional.interpolate(coarse, size=(size, size), mode="bicubic", align_corners=False)
+    ys, xs = torch.meshgrid(torch.arange(size), torch.arange(size), indexing="ij")
+    for n in range(count):
+        for _ in range(3):
+            cy, cx, r = (torch.rand(3, generator=gen) * torch.tensor([size, size, size / 4])).tolist()
+            mask = (ys - cy) ** 2 + (xs - cx) ** 2 < (r + size / 16) ** 2
+            pictures[n, :, mask] = torch.rand(3, 1, generator=gen)
+    return pictures.clamp(0, 1)
+
+
+def to_latent_space(vae: Any, z: torch.Tensor) -> torch.Tensor:
+    """A VAE's raw latents as the pipeline sees them: shifted and scaled by its config."""
+    shift = getattr(vae.config, "shift_factor", None) or 0.0
+    scale = getattr(vae.config, "scaling_factor", None) or 1.0
+    return (z - shift) * scale
+
+
+@torch.inference_mode()
+def fit_from_vae(vae: Any, count: int = 8, size: int = 256) -> PreviewMap:
+    """A linear map for any VAE, fitted from a few encoded pictures (once, at load, on the model thread)."""
+    pictures = _smooth_pictures(count, size)
+    param = next(vae.parameters())
+    encoded = vae.encode(pictures.to(param.device, param.dtype) * 2 - 1)
+    dist = getattr(encoded, "latent_dist", None)
+    z = dist.mode() if dist is not None else encoded.latent
+    latents = to_latent_space(vae, z.float().cpu())
+    targets = torch.nn.functional.adaptive_avg_pool2d(pictures, (latents.shape[-2], latents.shape[-1]))
+    return fit_linear(latents, targets)
+
+
+def load_preview_map(pipe: Any, source: Path | None, *, fit: bool = True) -> PreviewMap | None:
+    """The map saved with the model, else (``fit``) one fitted to its VAE now; None without either."""
+    if source is not None and (source / PREVIEW_FOLDER / "preview.safetensors").exists():
+        return PreviewMap.load(source / PREVIEW_FOLDER)
+    vae = getattr(pipe, "vae", None)
+    if not fit or vae is None or not hasattr(vae, "encode"):
+        return None
+    try:
+        return fit_from_vae(vae)
+    except Exception:  # a VAE we cannot encode with: previews off, serving on
+        log.exception("could not fit a preview map to this VAE; live previews are off")
+        return None
+
+
+def denoised(scheduler: Any, out: Any, model_output: torch.Tensor, timestep: Any, sample: torch.Tensor) -> torch.Tensor:
+    """The scheduler's estimate of the clean latents at this step (see the module docstring)."""
+    x0 = getattr(out, "pred_original_sample", None)
+    if x0 is None and isinstance(out, tuple) and len(out) > 1 and isinstance(out[1], torch.Tensor):
+        x0 = out[1]
+    if x0 is not None:
+        return x0
+    config = scheduler.config
+    t = float(timestep.flatten()[0]) if isinstance(timestep, torch.Tensor) else float(timestep)
+    if "FlowMatch" in type(scheduler).__name__:
+        sigma = t / float(getattr(config, "num_train_timesteps", 1000))
+        return sample - sigma * model_output
+    alphas = getattr(scheduler, "alphas_cumprod", None)
+    if alphas is not None:
+        a = float(alphas[min(round(t), len(alphas) - 1)])
+        kind = getattr(config, "prediction_type", "epsilon")
+        if kind == "v_prediction":
+            return math.sqrt(a) * sample - math.sqrt(1 - a) * model_output
+        if kind == "sample":
+            return model_output
+        return (sample - math.sqrt(1 - a) * model_output) / math.sqrt(a)
+    return out[0] if isinstance(out, tuple) else out.prev_sample
+
+
+def unpack(pipe: Any, latents: torch.Tensor, width: int, height: int) -> torch.Tensor:
+    """(B, C, h, w) latents; FLUX's packed (B, tokens, C*4) are unpacked with the pipeline's own helper."""
+    if latents.ndim == 3 and hasattr(pipe, "_unpack_latents"):
+        return pipe._unpack_latents(latents, height, width, pipe.vae_scale_factor)
+    return latents

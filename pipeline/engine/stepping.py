@@ -1,0 +1,98 @@
+"""Every denoising step of one pipeline call: progress, stop and the denoised estimate, for every family.
+
+``StepWatch`` wraps the pipeline's scheduler ``step`` for the duration of one call (an instance
+attribute on the model thread's own pipeline, removed afterwards), so it sees every step of every
+family: it keeps the step's denoised estimate for previews. Progress and stop go through diffusers'
+``callback_on_step_end`` where the pipeline has it; where it does not (PixArt), the wrapped
+``step`` reports progress and checks stop itself. Stop raises ``Stop`` out of the pipeline's
+``__call__``: no more steps and no VAE decode.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+from PIL import Image
+
+from ..protocol import InferenceJob, StepCallback, StopFlag
+from .previews import PreviewMap, denoised, unpack
+
+
+class Stop(Exception):
+    """Raised inside a step to leave the pipeline's ``__call__`` at once: no more steps, no decode."""
+
+
+def has_step_callback(pipe: Any) -> bool:
+    return "callback_on_step_end" in inspect.signature(pipe.__call__).parameters
+
+
+class StepWatch:
+    """Progress, stop and previews for one call of ``pipe`` (a context manager)."""
+
+    def __init__(
+        self, pipe: Any, job: InferenceJob, stop: StopFlag, on_step: StepCallback, preview_map: PreviewMap | None
+    ) -> None:
+        self.pipe = pipe
+        self.job = job
+        self.stop = stop
+        self.on_step = on_step
+        self.preview_map = preview_map
+        self.steps_done = 0
+        self.uses_callback = has_step_callback(pipe)
+        self._x0: torch.Tensor | None = None
+        self._scheduler: Any = None
+
+    def __enter__(self) -> StepWatch:
+        self._scheduler = self.pipe.scheduler
+        original = type(self._scheduler).step.__get__(self._scheduler)
+
+        def step(model_output: torch.Tensor, timestep: Any, sample: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            out = original(model_output, timestep, sample, *args, **kwargs)
+            if self._preview_due(self.steps_done + 1):
+                self._x0 = denoised(self._scheduler, out, model_output, timestep, sample)
+            if not self.uses_callback:
+                self.report()
+            return out
+
+        self._scheduler.step = step
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._scheduler.__dict__.pop("step", None)
+
+    def kwargs(self) -> dict[str, Any]:
+        """What the pipeline call needs for progress and stop."""
+        if not self.uses_callback:
+            return {}
+        return {"callback_on_step_end": self.callback, "callback_on_step_end_tensor_inputs": ["latents"]}
+
+    def callback(self, _pipe: Any, _i: int, _t: Any, _kwargs: dict[str, Any]) -> dict[str, Any]:
+        self.report()
+        return {}
+
+    def _total(self) -> int:
+        return int(
+            getattr(self.pipe, "num_timesteps", 0)
+            or len(getattr(self._scheduler, "timesteps", ()))
+            or self.job.num_inference_steps
+        )
+
+    def _preview_due(self, step: int) -> bool:
+        every = self.job.preview_every
+        return bool(self.preview_map is not None and every and step % every == 0)
+
+    def report(self) -> None:
+        self.steps_done += 1
+        total = self._total()
+        previews: dict[int, Image.Image] = {}
+        if self._preview_due(self.steps_done) and self.steps_done < total and self._x0 is not None:
+            assert self.preview_map is not None
+            latents = unpack(self.pipe, self._x0, self.job.width, self.job.height)
+            for index in self.job.preview_images:
+                if index < latents.shape[0] and latents.shape[1] == self.preview_map.channels:
+                    previews[index] = self.preview_map.image(latents[index], self.job.width, self.job.height)
+        self.on_step(self.steps_done, total, previews)
+        if self.stop.is_set():
+            raise Stop
