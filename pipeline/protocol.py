@@ -40,8 +40,10 @@ class ModelProfile:
     size_multiple: int = 8
     min_size: int = 64
     max_size: int = 1024
-    max_prompt_tokens: int = 75
+    # (encoder, text tokens it reads), e.g. (("CLIP", 75), ("T5", 255)): the long-prompt note names the one that cut
+    text_encoders: tuple[tuple[str, int], ...] = (("CLIP", 75),)
     supports_negative_prompt: bool = True
+    family: str = "sd"  # sd, sdxl, sd3, flux, pixart, sana, other (see engine.families)
 
 
 @dataclass(frozen=True)
@@ -125,8 +127,8 @@ class Model(Protocol):
 
     profile: ModelProfile
 
-    def count_tokens(self, text: str) -> int:
-        """Tokens ``text`` takes in the text encoder, without the start/end tokens. Thread-safe."""
+    def count_tokens(self, text: str) -> Mapping[str, int]:
+        """Tokens ``text`` takes in each text encoder (by name), without special tokens. Thread-safe."""
         ...
 
     def generate(self, job: InferenceJob, stop: StopFlag, on_step: StepCallback) -> InferenceResult:
@@ -143,7 +145,7 @@ class ModelSide(Protocol):
     @property
     def alive(self) -> bool: ...
 
-    def count_tokens(self, text: str) -> int: ...
+    def count_tokens(self, text: str) -> Mapping[str, int]: ...
 
     def stream(self, job: InferenceJob, stop: StopFlag) -> Generator[ModelEvent, None, None]:
         """Run ``job`` and yield its events, ending with exactly one terminal event.

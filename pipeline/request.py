@@ -48,7 +48,8 @@ class Limits:
     max_guidance: float
     max_images: int
     max_prompt_chars: int
-    max_prompt_tokens: int
+    text_encoders: tuple[tuple[str, int], ...]
+    negative_prompt: bool = True  # False: the model does not use one (FLUX), so a non-empty one is refused
 
     @classmethod
     def for_model(
@@ -73,7 +74,8 @@ class Limits:
             max_guidance=profile.max_guidance,
             max_images=max_images,
             max_prompt_chars=max_prompt_chars,
-            max_prompt_tokens=profile.max_prompt_tokens,
+            text_encoders=profile.text_encoders,
+            negative_prompt=profile.supports_negative_prompt,
         )
 
 
@@ -181,6 +183,20 @@ def _size(field: str, value: Any, limits: Limits) -> int:
     return number
 
 
+def _truncation_notes(field: str, tokens: Mapping[str, int], encoders: tuple[tuple[str, int], ...]) -> list[str]:
+    """One note per text encoder that cut the text, naming it (CLIP reads 75 tokens, T5 its own length)."""
+    notes = []
+    for encoder, limit in dict(encoders).items():
+        if (n := tokens.get(encoder, 0)) > limit:
+            others = [f"{e} reads up to {lim}" for e, lim in dict(encoders).items() if e != encoder and lim >= n]
+            rest = f" ({'; '.join(others)})" if others else ""
+            notes.append(
+                f"{field} is {n} tokens; the {encoder} text encoder reads the first {limit}, "
+                f"so it ignored the rest{rest}"
+            )
+    return notes
+
+
 def _steps(raw: Mapping[str, Any], limits: Limits) -> int:
     return _whole_number("num_inference_steps", raw.get("num_inference_steps"), limits.min_steps, limits.max_steps)
 
@@ -188,7 +204,7 @@ def _steps(raw: Mapping[str, Any], limits: Limits) -> int:
 def validate(
     raw: Mapping[str, Any],
     limits: Limits,
-    count_tokens: Callable[[str], int] | None = None,
+    count_tokens: Callable[[str], Mapping[str, int]] | None = None,
     *,
     request_id: str | None = None,
 ) -> GenerateRequest:
@@ -205,6 +221,12 @@ def validate(
     if not prompt.strip():
         raise InvalidRequest("prompt", "prompt must not be empty")
     negative_prompt = _text("negative_prompt", raw.get("negative_prompt"), limits.max_prompt_chars)
+    if negative_prompt and not limits.negative_prompt:
+        raise InvalidRequest(
+            "negative_prompt",
+            "negative_prompt must be empty: this model does not use one (FLUX reads it only with "
+            "true_cfg_scale > 1); describe what you want in the prompt instead",
+        )
     randomize = raw.get("randomize_seed", False)
     if not isinstance(randomize, bool):
         raise InvalidRequest("randomize_seed", f"randomize_seed must be true or false; got {_show(randomize)}")
@@ -232,11 +254,8 @@ def validate(
     warnings: list[str] = []
     if count_tokens is not None:
         for field, text in (("prompt", prompt), ("negative_prompt", negative_prompt)):
-            if text and (n := count_tokens(text)) > limits.max_prompt_tokens:
-                warnings.append(
-                    f"{field} is {n} tokens; the text encoder reads the first {limits.max_prompt_tokens}, "
-                    "so the rest was ignored"
-                )
+            if text:
+                warnings.extend(_truncation_notes(field, count_tokens(text), limits.text_encoders))
     return GenerateRequest(
         request_id=request_id or new_request_id(),
         prompt=prompt,

@@ -26,7 +26,7 @@ FAKE_PROFILE = ModelProfile(
     default_guidance=7.5,
     max_steps=50,
     max_size=512,
-    max_prompt_tokens=75,
+    text_encoders=(("CLIP", 75),),
 )
 
 WAIT = 30.0  # generous bound on any gate wait: a deadlock fails instead of hanging
@@ -60,10 +60,10 @@ class FakeModel:
             return {}
         return {i: Image.new("RGB", (8, 8), (step % 256, 0, 0)) for i in job.preview_images}
 
-    def count_tokens(self, text: str) -> int:
+    def count_tokens(self, text: str) -> dict[str, int]:
         if self.prepare_hook is not None:
             self.prepare_hook(text)
-        return len(text.split())
+        return {"CLIP": len(text.split())}
 
     def generate(self, job: InferenceJob, stop: StopFlag, on_step: StepCallback) -> InferenceResult:
         import time

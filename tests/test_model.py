@@ -68,8 +68,8 @@ def test_default_model_profile_and_speed_settings(model: Any) -> None:
         "StableDiffusionPipeline", "EulerDiscreteScheduler", "cpu", "float32")
     assert (p.default_width, p.default_height, p.default_steps, p.size_multiple) == (64, 64, 20, 4)
     assert p.default_guidance == model_defaults(DEFAULT_MODEL_DIR)["guidance"]  # saved with the trained weights
-    assert p.max_prompt_tokens == 75 and p.supports_negative_prompt
-    assert model.count_tokens("a red circle on a blue background") == 7
+    assert p.text_encoders == (("CLIP", 75),) and p.supports_negative_prompt and p.family == "sd"
+    assert model.count_tokens("a red circle on a blue background") == {"CLIP": 7}
 
 
 def test_unguarded_threads_race_the_euler_scheduler(model: Any) -> None:
@@ -146,25 +146,6 @@ def test_cancel_stops_at_the_next_step_without_decoding(model: Any) -> None:
     assert info.value.steps_done == 3 and seen == [1, 2, 3] and decodes == []
     done = model.generate(job, threading.Event(), lambda *_: None)  # the pipeline still works
     assert done.steps_done == 10 and done.images[0].size == (64, 64)
-
-
-@pytest.mark.parametrize(
-    ("name", "steps", "guidance"),
-    [("stabilityai/sd-turbo", 1, 0.0), ("black-forest-labs/FLUX.1-schnell", 4, 0.0), ("runwayml/stable-diffusion-v1-5", 25, 7.5)],
-)
-def test_defaults_follow_the_model(model: Any, name: str, steps: int, guidance: float) -> None:
-    from pipeline.engine.loading import build_profile
-
-    class Unet:
-        config = type("C", (), {"sample_size": 64})
-
-    pipe = type("StableDiffusionPipeline", (), {
-        "vae_scale_factor": 8, "unet": Unet(), "scheduler": model.pipe.scheduler,
-        "tokenizer": model.pipe.tokenizer, "__call__": lambda self, prompt, negative_prompt=None: None,
-    })()
-    p = build_profile(pipe, name, "cuda", __import__("torch").float16)
-    assert (p.default_steps, p.default_guidance) == (steps, guidance)
-    assert p.default_width == 512 and p.dtype == "float16"
 
 
 def test_device_and_dtype_choice() -> None:

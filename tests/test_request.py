@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 
 import pytest
@@ -77,6 +79,19 @@ def test_randomize_seed_picks_a_fresh_seed() -> None:
 
 def test_long_prompt_is_accepted_with_a_visible_note() -> None:
     roomy = Limits.for_model(FAKE_PROFILE, max_prompt_chars=2000)
-    r = validate(raw_request(prompt="word " * 80), roomy, lambda text: len(text.split()))
-    assert r.warnings == ("prompt is 80 tokens; the text encoder reads the first 75, so the rest was ignored",)
-    assert validate(raw_request(), LIMITS, lambda text: len(text.split())).warnings == ()
+    r = validate(raw_request(prompt="word " * 80), roomy, lambda text: {"CLIP": len(text.split())})
+    assert r.warnings == ("prompt is 80 tokens; the CLIP text encoder reads the first 75, so it ignored the rest",)
+    assert validate(raw_request(), LIMITS, lambda text: {"CLIP": len(text.split())}).warnings == ()
+
+
+def test_the_long_prompt_note_names_the_encoder_that_cut_it() -> None:
+    """SD3 reads a prompt with CLIP (75 tokens) and T5 (255): a 100-token prompt is cut by CLIP only."""
+    sd3 = Limits.for_model(dataclasses.replace(FAKE_PROFILE, text_encoders=(("CLIP", 75), ("T5", 255))))
+    r = validate(raw_request(prompt="word " * 100), sd3, lambda text: {"CLIP": 100, "T5": 100})
+    assert r.warnings == (
+        "prompt is 100 tokens; the CLIP text encoder reads the first 75, so it ignored the rest (T5 reads up to 255)",
+    )
+    t5_only = Limits.for_model(dataclasses.replace(FAKE_PROFILE, text_encoders=(("T5", 119),)))
+    long = validate(raw_request(prompt="word " * 150), t5_only, lambda text: {"T5": 150})
+    assert long.warnings == ("prompt is 150 tokens; the T5 text encoder reads the first 119, so it ignored the rest",)
+    assert validate(raw_request(prompt="word " * 100), t5_only, lambda text: {"T5": 100}).warnings == ()

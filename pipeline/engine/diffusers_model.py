@@ -16,6 +16,7 @@ import torch
 
 from ..errors import Cancelled, OutOfMemory
 from ..protocol import InferenceJob, InferenceResult, ModelProfile, StepCallback, StopFlag
+from .families import call_arguments
 from .previews import PreviewMap
 from .stepping import StepWatch, Stop
 
@@ -28,17 +29,21 @@ class DiffusersModel:
         self.profile = profile
         self.preview_map = preview_map
         self._device = profile.device
-        # A private copy for prepare-time token counting, so no other thread touches the tokenizer
+        # Private copies for prepare-time token counting, so no other thread touches the tokenizers
         # the model thread uses (fast tokenizers raise "Already borrowed" under concurrent use).
-        self._count_tokenizer = copy.deepcopy(getattr(pipe, "tokenizer", None))
+        tokenizers = [getattr(pipe, a, None) for a in ("tokenizer", "tokenizer_2", "tokenizer_3")]
+        self._count_tokenizers = [
+            (name, copy.deepcopy(t)) for (name, _), t in zip(profile.text_encoders, [t for t in tokenizers if t])
+        ]
         self._count_lock = threading.Lock()
 
-    def count_tokens(self, text: str) -> int:
-        if self._count_tokenizer is None:
-            return 0
+    def count_tokens(self, text: str) -> dict[str, int]:
+        counts: dict[str, int] = {}
         with self._count_lock:
-            ids = self._count_tokenizer(text, truncation=False, add_special_tokens=False).input_ids
-        return len(ids)
+            for name, tokenizer in self._count_tokenizers:
+                ids = tokenizer(text, truncation=False, add_special_tokens=False).input_ids
+                counts[name] = max(counts.get(name, 0), len(ids))
+        return counts
 
     def generate(self, job: InferenceJob, stop: StopFlag, on_step: StepCallback) -> InferenceResult:
         pipe = self.pipe
@@ -52,10 +57,8 @@ class DiffusersModel:
             num_inference_steps=job.num_inference_steps,
             guidance_scale=job.guidance_scale,
             generator=generators,
-            **watch.kwargs(),
         )
-        if self.profile.supports_negative_prompt:
-            kwargs["negative_prompt"] = list(job.negative_prompts)
+        kwargs.update(call_arguments(self.profile.family, job.negative_prompts, self.profile.supports_negative_prompt))
         if stop.is_set():
             raise Cancelled(steps_done=0)
         cuda = self._device == "cuda"

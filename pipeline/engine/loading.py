@@ -6,8 +6,6 @@ the embedded default model, a hub id or a local path; it runs on the model threa
 
 from __future__ import annotations
 
-import inspect
-import json
 import logging
 import re
 import threading
@@ -22,6 +20,7 @@ from ..config import Settings
 from ..default_model import ensure_default_model, model_defaults
 from ..protocol import InferenceJob, ModelProfile
 from .diffusers_model import DiffusersModel
+from .families import pick_dtype_name, pipeline_class_of, traits
 from .previews import load_preview_map
 from .zerogpu import zero_gpu_active
 
@@ -44,65 +43,40 @@ def pick_device(requested: str) -> str:
 
 
 def pick_dtype(requested: str, device: str, pipeline_class: str) -> torch.dtype:
-    if requested != "auto":
-        return getattr(torch, requested)
-    if device == "cpu":
-        return torch.float32
-    # Flow-matching transformers (FLUX, SD3) are trained in bf16 and overflow in fp16.
-    if device == "cuda" and re.search(r"Flux|StableDiffusion3|Sana|Lumina", pipeline_class):
-        return torch.bfloat16
-    return torch.float16
-
-
-def _pipeline_class(source: str) -> str:
-    index = Path(source) / "model_index.json"
-    if index.exists():
-        return str(json.loads(index.read_text()).get("_class_name", ""))
-    return ""
+    """See ``families.pick_dtype_name``: bf16 for FLUX, SD3 and Sana on a GPU, fp16 for the rest."""
+    return getattr(torch, pick_dtype_name(requested, device, pipeline_class))
 
 
 def build_profile(pipe: Any, name: str, device: str, dtype: torch.dtype, saved: dict | None = None) -> ModelProfile:
     """Defaults and limits that follow the loaded model (``saved``: defaults written with a model trained here)."""
+    t = traits(pipe, name)
     scale = int(getattr(pipe, "vae_scale_factor", 8) or 8)
     denoiser = getattr(pipe, "unet", None) or getattr(pipe, "transformer", None)
     sample = getattr(getattr(denoiser, "config", None), "sample_size", None)
     if isinstance(sample, (list, tuple)):
         sample = sample[0]
     default_size = int(getattr(pipe, "default_sample_size", None) or sample or 64) * scale
-    pipeline_class = type(pipe).__name__
-    # Packed-latent transformers (FLUX) need sizes divisible by 2 * the VAE factor.
-    multiple = scale * 2 if "Flux" in pipeline_class else scale
-    default_size = max(multiple, default_size // multiple * multiple)
-    params = inspect.signature(pipe.__call__).parameters
-    tokenizer = getattr(pipe, "tokenizer", None)
-    max_tokens = int(getattr(tokenizer, "model_max_length", 77) or 77) - 2
-    steps, guidance, max_steps, max_guidance = 25, 7.5, 100, 20.0
-    if default_size <= 128:  # the tiny embedded model: fast, so a modest default
-        steps = 20
-    for pattern, few in _FEW_STEP:
-        if pattern.search(name):
-            steps, guidance, max_steps, max_guidance = few, 0.0, 8, 2.0
-            break
+    default_size = max(t.size_multiple, default_size // t.size_multiple * t.size_multiple)
     saved = saved or {}
-    steps = int(saved.get("steps", steps))
-    guidance = float(saved.get("guidance", guidance))
     return ModelProfile(
         name=name,
-        pipeline_class=pipeline_class,
+        pipeline_class=type(pipe).__name__,
         scheduler=type(pipe.scheduler).__name__,
         device=device,
         dtype=str(dtype).removeprefix("torch."),
         default_width=default_size,
         default_height=default_size,
-        default_steps=steps,
-        default_guidance=guidance,
-        max_steps=max_steps,
-        max_guidance=max_guidance,
-        size_multiple=multiple,
-        min_size=max(64, multiple),
+        default_steps=int(saved.get("steps", t.default_steps)),
+        default_guidance=float(saved.get("guidance", t.default_guidance)),
+        min_steps=t.min_steps,
+        max_steps=t.max_steps,
+        max_guidance=t.max_guidance,
+        size_multiple=t.size_multiple,
+        min_size=max(64, t.size_multiple),
         max_size=min(2048, max(256, default_size * 2)),
-        max_prompt_tokens=max_tokens,
-        supports_negative_prompt="negative_prompt" in params,
+        text_encoders=t.encoders or (("CLIP", 75),),
+        supports_negative_prompt=t.negative_prompt,
+        family=t.family,
     )
 
 
@@ -113,7 +87,7 @@ def load_model(settings: Settings, *, warmup: bool = True) -> DiffusersModel:
     device = pick_device(settings.device)
     if device == "cpu":
         torch.set_num_threads(settings.resolved_torch_threads())
-    dtype = pick_dtype(settings.dtype, device, _pipeline_class(source))
+    dtype = pick_dtype(settings.dtype, device, pipeline_class_of(source))
     t0 = time.time()
     pipe = DiffusionPipeline.from_pretrained(source, dtype=dtype)
     if settings.cpu_offload and device == "cuda":
@@ -148,8 +122,8 @@ def load_model(settings: Settings, *, warmup: bool = True) -> DiffusersModel:
 
 def _warm_up(model: DiffusersModel) -> None:
     """One tiny step, so the first user's request does not pay for lazy initialisation."""
-    p = model.profile
-    job = InferenceJob("warmup", ("warm up",), ("",), (0,), p.min_size, p.min_size, 1, p.default_guidance)
+    p = model.profile  # the family's fewest valid steps (PixArt's scheduler fails a 1-step run)
+    job = InferenceJob("warmup", ("warm up",), ("",), (0,), p.min_size, p.min_size, p.min_steps, p.default_guidance)
     t0 = time.time()
     try:
         model.generate(job, threading.Event(), lambda *_: None)

@@ -19,7 +19,7 @@ import queue
 import threading
 import traceback
 from dataclasses import dataclass
-from typing import Callable, Generator
+from typing import Callable, Generator, Mapping
 
 from ..errors import Cancelled, EngineDead, OutOfMemory
 from ..protocol import (
@@ -115,7 +115,7 @@ class ModelRunner:
     def profile(self) -> ModelProfile:
         return self.model.profile
 
-    def count_tokens(self, text: str) -> int:
+    def count_tokens(self, text: str) -> Mapping[str, int]:
         return self.model.count_tokens(text)
 
     # -- jobs --------------------------------------------------------------------------------

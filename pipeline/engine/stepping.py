@@ -2,15 +2,14 @@
 
 ``StepWatch`` wraps the pipeline's scheduler ``step`` for the duration of one call (an instance
 attribute on the model thread's own pipeline, removed afterwards), so it sees every step of every
-family: it keeps the step's denoised estimate for previews. Progress and stop go through diffusers'
-``callback_on_step_end`` where the pipeline has it; where it does not (PixArt), the wrapped
-``step`` reports progress and checks stop itself. Stop raises ``Stop`` out of the pipeline's
-``__call__``: no more steps and no VAE decode.
+family the same way: it reports progress, keeps the step's denoised estimate for previews, and
+checks stop. diffusers' ``callback_on_step_end`` is not enough: PixArt accepts it and never calls
+it (no progress, no cancel), and FLUX hands it packed latents. Stop raises ``Stop`` out of the
+pipeline's ``__call__``: no more steps and no VAE decode.
 """
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import torch
@@ -22,10 +21,6 @@ from .previews import PreviewMap, denoised, unpack
 
 class Stop(Exception):
     """Raised inside a step to leave the pipeline's ``__call__`` at once: no more steps, no decode."""
-
-
-def has_step_callback(pipe: Any) -> bool:
-    return "callback_on_step_end" in inspect.signature(pipe.__call__).parameters
 
 
 class StepWatch:
@@ -40,7 +35,6 @@ class StepWatch:
         self.on_step = on_step
         self.preview_map = preview_map
         self.steps_done = 0
-        self.uses_callback = has_step_callback(pipe)
         self._x0: torch.Tensor | None = None
         self._scheduler: Any = None
 
@@ -52,8 +46,7 @@ class StepWatch:
             out = original(model_output, timestep, sample, *args, **kwargs)
             if self._preview_due(self.steps_done + 1):
                 self._x0 = denoised(self._scheduler, out, model_output, timestep, sample)
-            if not self.uses_callback:
-                self.report()
+            self.report()
             return out
 
         self._scheduler.step = step
@@ -61,16 +54,6 @@ class StepWatch:
 
     def __exit__(self, *exc: object) -> None:
         self._scheduler.__dict__.pop("step", None)
-
-    def kwargs(self) -> dict[str, Any]:
-        """What the pipeline call needs for progress and stop."""
-        if not self.uses_callback:
-            return {}
-        return {"callback_on_step_end": self.callback, "callback_on_step_end_tensor_inputs": ["latents"]}
-
-    def callback(self, _pipe: Any, _i: int, _t: Any, _kwargs: dict[str, Any]) -> dict[str, Any]:
-        self.report()
-        return {}
 
     def _total(self) -> int:
         return int(

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from typing import Any, Callable, Generator
+from typing import Any, Callable, Generator, Mapping
 
 from ..protocol import TERMINAL, ErrorEvent, InferenceJob, ModelEvent, ModelProfile, ModelSide, StepEvent, StopFlag
 from .runner import ModelRunner, install, run_job
@@ -65,7 +65,7 @@ class ZeroGpuSide:
     def alive(self) -> bool:
         return self.runner.alive
 
-    def count_tokens(self, text: str) -> int:
+    def count_tokens(self, text: str) -> Mapping[str, int]:
         return self.runner.count_tokens(text)
 
     def shutdown(self, timeout: float | None = None) -> None:

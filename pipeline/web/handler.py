@@ -162,6 +162,7 @@ def make_generate(
         }
         request_id = new_request_id()
         last_yield = 0.0
+        previewed = False  # a preview is on screen
         tracking = page_jobs.running(current_session()) if page_jobs is not None else contextlib.nullcontext()
         with tracking:
             try:
@@ -180,16 +181,18 @@ def make_generate(
                             progress((event.step, event.total), desc=text, unit="steps")
                             # Every yield costs Gradio a diff and a message on the event loop, taking the
                             # GIL from the model thread: stream at most one progress output per
-                            # PROGRESS_INTERVAL, always the last step and every preview. With previews
-                            # on, only preview steps yield, so the gallery keeps the latest preview.
+                            # PROGRESS_INTERVAL, always the last step and every preview. Once a preview
+                            # is on screen only preview steps yield, so the gallery keeps it (a
+                            # progress output sends no picture); before that, "step k/N" still flows.
                             now = time.monotonic()
                             if (
                                 event.step < event.total
                                 and event.preview is None
-                                and (live_preview is True or now - last_yield < PROGRESS_INTERVAL)
+                                and (previewed or now - last_yield < PROGRESS_INTERVAL)
                             ):
                                 continue
                             last_yield = now
+                            previewed = previewed or event.preview is not None
                             preview = [event.preview] if event.preview is not None else None
                             record = {
                                 "status": "running",
