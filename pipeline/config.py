@@ -25,6 +25,7 @@ class Settings:
     cpu_offload: bool = False
     attention_slicing: bool = False
     vae_tiling: bool = False
+    preview_decoder: Path | None = None  # an AutoencoderTiny folder (TAESD, TAEF1, ...) for sharper previews
     torch_threads: int | None = None  # None: one fewer than the machine's cores (at least 1)
     concurrency: int = 8  # requests in flight inside the generate handler
     queue_size: int = 32  # requests admitted beyond those, waiting in Gradio's queue
@@ -70,6 +71,12 @@ _OPTIONS: tuple[tuple[str, str, type, str], ...] = (
     ("cpu_offload", "T2I_CPU_OFFLOAD", bool, "model CPU offload (saves GPU memory, slower)"),
     ("attention_slicing", "T2I_ATTENTION_SLICING", bool, "attention slicing (saves memory, slower)"),
     ("vae_tiling", "T2I_VAE_TILING", bool, "VAE tiling for large images"),
+    (
+        "preview_decoder",
+        "T2I_PREVIEW_DECODER",
+        Path,
+        "a local AutoencoderTiny folder (TAESD for SD/SDXL, TAESD3, TAEF1) that decodes live previews",
+    ),
     ("torch_threads", "T2I_TORCH_THREADS", int, "torch CPU threads (default: cores - 1, at least 1)"),
     ("concurrency", "T2I_CONCURRENCY", int, "requests in flight in the handler (default 8)"),
     ("queue_size", "T2I_QUEUE_SIZE", int, "requests waiting beyond those (default 32)"),

@@ -245,3 +245,29 @@ def test_live_previews_look_like_the_final_picture(model: Any) -> None:
         diffs.append([float(np.abs(np.asarray(previews[s], dtype=np.float32) / 255 - final).mean()) for s in (10, 18)])
     assert max(last for _, last in diffs) <= 0.12, diffs
     assert max(half for half, _ in diffs) <= 0.12, diffs
+
+
+def test_a_preview_decoder_from_a_local_folder_draws_the_previews(tmp_path: Path) -> None:
+    """``--preview-decoder PATH``: a tiny AutoencoderTiny (random weights here) decodes the previews."""
+    import threading
+
+    import torch
+    from diffusers import AutoencoderTiny
+
+    from pipeline.engine.loading import load_model
+    from pipeline.engine.previews import DecoderPreview
+    from pipeline.protocol import InferenceJob
+
+    torch.manual_seed(0)
+    AutoencoderTiny(encoder_block_out_channels=(8, 8, 8, 8), decoder_block_out_channels=(8, 8, 8, 8),
+                    num_encoder_blocks=(1, 1, 1, 1), num_decoder_blocks=(1, 1, 1, 1)).save_pretrained(tmp_path / "taesd")
+    model = load_model(Settings(preview_decoder=tmp_path / "taesd"), warmup=False)
+    assert isinstance(model.preview_map, DecoderPreview)
+    decoded: list[tuple[int, ...]] = []
+    original = model.preview_map.decoder.decode
+    model.preview_map.decoder.decode = lambda z, **kw: (decoded.append(tuple(z.shape)), original(z, **kw))[1]
+    shown: dict[int, Any] = {}
+    job = InferenceJob("d", ("a red circle",), ("",), (1,), 64, 64, 8, 4.0, preview_every=2)
+    model.generate(job, threading.Event(), lambda step, total, previews: shown.update(previews and {step: previews[0]}))
+    assert sorted(shown) == [2, 4, 6] and all(image.size == (64, 64) for image in shown.values())
+    assert decoded == [(1, 4, 16, 16)] * 3  # the denoised estimate, decoded by the tiny decoder

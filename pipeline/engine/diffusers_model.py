@@ -17,14 +17,14 @@ import torch
 from ..errors import Cancelled, OutOfMemory
 from ..protocol import InferenceJob, InferenceResult, ModelProfile, StepCallback, StopFlag
 from .families import call_arguments
-from .previews import PreviewMap
+from .previews import Previewer
 from .stepping import StepWatch, Stop
 
 
 class DiffusersModel:
     """A loaded diffusers pipeline that runs one ``InferenceJob`` at a time on the model thread."""
 
-    def __init__(self, pipe: Any, profile: ModelProfile, preview_map: PreviewMap | None = None) -> None:
+    def __init__(self, pipe: Any, profile: ModelProfile, preview_map: Previewer | None = None) -> None:
         self.pipe = pipe
         self.profile = profile
         self.preview_map = preview_map

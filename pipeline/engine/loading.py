@@ -21,7 +21,7 @@ from ..default_model import ensure_default_model, model_defaults
 from ..protocol import InferenceJob, ModelProfile
 from .diffusers_model import DiffusersModel
 from .families import pick_dtype_name, pipeline_class_of, traits
-from .previews import load_preview_map
+from .previews import Previewer, load_decoder, load_preview_map
 from .zerogpu import zero_gpu_active
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,10 @@ def load_model(settings: Settings, *, warmup: bool = True) -> DiffusersModel:
     folder = Path(source) if Path(source).is_dir() else None
     # Previews: the map saved with the model, else one fitted to its VAE now (not on ZeroGPU, whose
     # device exists only inside a request's GPU call).
-    preview_map = load_preview_map(pipe, folder, fit=not zero_gpu_active())
+    if settings.preview_decoder is not None:  # a tiny autoencoder the user chose for sharper previews
+        preview_map: Previewer | None = load_decoder(settings.preview_decoder, device, dtype)
+    else:
+        preview_map = load_preview_map(pipe, folder, fit=not zero_gpu_active())
     model = DiffusersModel(pipe, build_profile(pipe, name, device, dtype, saved), preview_map)
     log.info(
         "loaded %s (%s, %s on %s, %d torch threads) in %.2fs",

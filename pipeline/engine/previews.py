@@ -76,6 +76,37 @@ class PreviewMap:
         return cls([(tensors[f"weight.{i}"], tensors[f"bias.{i}"]) for i in range(count)])
 
 
+class DecoderPreview:
+    """Previews decoded by a tiny autoencoder (``--preview-decoder``: TAESD, TAESDXL, TAESD3, TAEF1).
+
+    Sharper than a per-pixel map, for a small decode on the model's device. The tiny decoders
+    read the pipeline's latents as they are (their scaling factor is 1 and their shift 0).
+    """
+
+    def __init__(self, decoder: Any) -> None:
+        self.decoder = decoder
+
+    @property
+    def channels(self) -> int:
+        return int(self.decoder.config.latent_channels)
+
+    @torch.inference_mode()
+    def image(self, latents: torch.Tensor, width: int, height: int) -> Image.Image:
+        param = next(self.decoder.parameters())
+        decoded = self.decoder.decode(latents[None].to(param.device, param.dtype)).sample[0]
+        array = ((decoded.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(1, 2, 0).cpu().numpy()
+        return Image.fromarray(array, "RGB").resize((width, height), Image.Resampling.BILINEAR)
+
+
+def load_decoder(path: Path, device: str, dtype: torch.dtype) -> DecoderPreview:
+    from diffusers import AutoencoderTiny
+
+    return DecoderPreview(AutoencoderTiny.from_pretrained(str(path), torch_dtype=dtype).to(device))
+
+
+Previewer = PreviewMap | DecoderPreview
+
+
 def fit_linear(latents: torch.Tensor, targets: torch.Tensor) -> PreviewMap:
     """Least squares: (N, C, h, w) latents -> (N, 3, h, w) colours, with a bias."""
     x = latents.float().permute(0, 2, 3, 1).reshape(-1, latents.shape[1])

@@ -173,8 +173,11 @@ class ModelRunner:
     def _run(self, task: _Task) -> None:
         """One job; exactly one terminal event, whatever happens."""
         job, events = task.job, task.events
+        note = getattr(task.stop.caller, "note", None)  # in-process, the caller's stop counts steps as they end
 
         def on_step(step: int, total: int, previews: object) -> None:
+            if note is not None:
+                note(step)
             items = tuple(previews.items()) if isinstance(previews, dict) else ()
             events.put(StepEvent(step, total, items))
 

@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 from ..protocol import InferenceJob, StepCallback, StopFlag
-from .previews import PreviewMap, denoised, unpack
+from .previews import Previewer, denoised, unpack
 
 
 class Stop(Exception):
@@ -27,7 +27,7 @@ class StepWatch:
     """Progress, stop and previews for one call of ``pipe`` (a context manager)."""
 
     def __init__(
-        self, pipe: Any, job: InferenceJob, stop: StopFlag, on_step: StepCallback, preview_map: PreviewMap | None
+        self, pipe: Any, job: InferenceJob, stop: StopFlag, on_step: StepCallback, preview_map: Previewer | None
     ) -> None:
         self.pipe = pipe
         self.job = job

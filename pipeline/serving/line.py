@@ -24,8 +24,10 @@ T = TypeVar("T")
 class StopSignal(threading.Event):
     """A stop event that remembers how many steps had run when it was first set.
 
-    ``steps`` is written by whoever relays the job's steps; ``set`` (from any thread) notes it, so
-    a cancelled job can report how many steps it ran after being told to stop (at most 1 by design).
+    ``note(step)`` is called as steps complete: in-process by the model thread itself (the runner
+    calls a stop's ``note`` if it has one), else by the thread that relays the job's steps. ``set``
+    (from any thread) records the count, so a cancelled job can report how many steps it ran after
+    being told to stop (at most 1 by design).
     """
 
     def __init__(self) -> None:
@@ -33,6 +35,9 @@ class StopSignal(threading.Event):
         self.steps = 0
         self.steps_at_set: int | None = None
         self._listeners: list[Callable[[], None]] = []
+
+    def note(self, step: int) -> None:
+        self.steps = max(self.steps, step)
 
     def set(self) -> None:
         if self.steps_at_set is None:

@@ -106,7 +106,7 @@ class ModelStreamer:
                     if isinstance(event, TERMINAL):
                         return event
                     if isinstance(event, StepEvent):
-                        task.stop.steps = event.step
+                        task.stop.note(event.step)
                     task.deliver(event)
         except Exception as exc:  # a broken model side answers this job, and the thread carries on
             log.error("the model stream of job %s failed", task.job.request_id, exc_info=True)
