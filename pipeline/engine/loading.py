@@ -22,6 +22,8 @@ from ..protocol import InferenceJob, ModelProfile
 from .diffusers_model import DiffusersModel
 from .families import pick_dtype_name, pipeline_class_of, traits
 from .previews import Previewer, load_decoder, load_preview_map
+from .simulated import PREFIX as SIM_PREFIX
+from .simulated import SimSpec, SimulatedModel
 from .zerogpu import zero_gpu_active
 
 log = logging.getLogger(__name__)
@@ -80,8 +82,10 @@ def build_profile(pipe: Any, name: str, device: str, dtype: torch.dtype, saved: 
     )
 
 
-def load_model(settings: Settings, *, warmup: bool = True) -> DiffusersModel:
+def load_model(settings: Settings, *, warmup: bool = True) -> DiffusersModel | SimulatedModel:
     """Load ``settings.model`` (or the embedded default) through ``from_pretrained``. Runs on the model thread."""
+    if settings.model and settings.model.startswith(SIM_PREFIX):  # a benchmark's simulated device
+        return SimulatedModel(SimSpec.parse(settings.model), settings.model)
     source = settings.model or str(ensure_default_model())
     name = settings.model or DEFAULT_MODEL_NAME
     device = pick_device(settings.device)

@@ -1,0 +1,130 @@
+"""A simulated fast device, as a model: ``--model sim:cpu_ms=5,dev_ms=15,decode_ms=8,size=512,steps=1``.
+
+A slow model hides a slow server. This one behaves like a GPU pipeline as the server sees it:
+
+- per denoising step it holds the GIL for ``cpu_ms`` (busy Python, as eager kernel launches do),
+  then waits ``dev_ms`` with the GIL released while "the device" works; a batch of b images takes
+  ``dev_ms * (1 + 0.6 * (b - 1))`` of device time per step;
+- at the end it "decodes" for ``decode_ms`` per image, GIL released;
+- its images are ``size`` px pictures with realistic content (smooth gradients and mild noise), so
+  that encoding one costs what a real picture costs.
+
+Progress, stop and previews behave like any model's. It is a benchmark tool (issue 17's "fast
+device" profiles), documented in the README, and never the default.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+import numpy as np
+from PIL import Image
+
+from ..errors import Cancelled
+from ..protocol import InferenceJob, InferenceResult, ModelProfile, StepCallback, StopFlag
+
+PREFIX = "sim:"
+POOL = 8  # distinct pictures per size (by seed)
+BATCH_COST = 0.6  # each extra image in a batch costs this fraction of one image's device time
+KEYS = ("cpu_ms", "dev_ms", "decode_ms", "size", "steps")
+
+
+@dataclass(frozen=True)
+class SimSpec:
+    cpu_ms: float = 5.0
+    dev_ms: float = 15.0
+    decode_ms: float = 8.0
+    size: int = 512
+    steps: int = 1
+
+    @classmethod
+    def parse(cls, model: str) -> SimSpec:
+        """``sim:key=value,...``; any key may be left out. A bad key or value raises ``ValueError``."""
+        if not model.startswith(PREFIX):
+            raise ValueError(f"a simulated model is named {PREFIX}key=value,...; got {model!r}")
+        spec = cls()
+        for item in filter(None, model[len(PREFIX) :].split(",")):
+            key, _, value = item.partition("=")
+            if key not in KEYS:
+                raise ValueError(f"unknown key {key!r} in {model!r}; the keys are {', '.join(KEYS)}")
+            number: Any = float(value) if key.endswith("_ms") else int(value)
+            if number < 0 or (key in ("size", "steps") and number < 1) or (key == "size" and number % 8):
+                raise ValueError(f"{key}={value} in {model!r}: times >= 0, steps >= 1, size a multiple of 8")
+            spec = replace(spec, **{key: number})
+        return spec
+
+
+def hold_gil(ms: float) -> None:
+    """Busy Python for ``ms`` milliseconds: the thread keeps the GIL but for the interpreter's switches."""
+    end = time.perf_counter() + ms / 1000
+    while time.perf_counter() < end:
+        pass
+
+
+def picture(size: int, seed: int) -> Image.Image:
+    """A smooth colour field with mild noise: as costly to PNG-encode as a generated picture."""
+    rng = np.random.default_rng(seed)
+    ys, xs = np.mgrid[0:size, 0:size].astype(np.float32) / size
+    a, b, c = rng.uniform(0.5, 3.0, 3), rng.uniform(0, 2 * np.pi, 3), rng.uniform(0, 1, 3)
+    channels = [0.5 + 0.4 * np.sin(a[i] * np.pi * (xs * c[i] + ys * (1 - c[i])) + b[i]) for i in range(3)]
+    image = np.stack(channels, axis=-1) + rng.normal(0, 0.02, (size, size, 3))
+    return Image.fromarray((np.clip(image, 0, 1) * 255).astype(np.uint8), "RGB")
+
+
+class SimulatedModel:
+    """``protocol.Model`` for a simulated device; ``busy`` and ``wait`` are injectable for tests."""
+
+    def __init__(
+        self,
+        spec: SimSpec,
+        name: str,
+        *,
+        busy: Callable[[float], None] = hold_gil,
+        wait: Callable[[float], None] = lambda ms: time.sleep(ms / 1000),
+    ) -> None:
+        self.spec = spec
+        self._busy = busy
+        self._wait = wait
+        self._pictures: dict[tuple[int, int, int], Image.Image] = {}
+        self.profile = ModelProfile(
+            name=name,
+            pipeline_class="SimulatedDevice",
+            scheduler="Simulated",
+            device="sim",
+            dtype="none",
+            default_width=spec.size,
+            default_height=spec.size,
+            default_steps=spec.steps,
+            default_guidance=0.0,
+            max_steps=max(100, spec.steps),
+            max_size=max(1024, spec.size),
+            size_multiple=8,
+            family="other",
+        )
+
+    def count_tokens(self, text: str) -> dict[str, int]:
+        return {"CLIP": len(text.split())}
+
+    def generate(self, job: InferenceJob, stop: StopFlag, on_step: StepCallback) -> InferenceResult:
+        spec, images = self.spec, job.num_images
+        if stop.is_set():
+            raise Cancelled(steps_done=0)
+        started = time.time()
+        for step in range(1, job.num_inference_steps + 1):
+            self._busy(spec.cpu_ms)
+            self._wait(spec.dev_ms * (1 + BATCH_COST * (images - 1)))
+            on_step(step, job.num_inference_steps, {})
+            if stop.is_set():
+                raise Cancelled(steps_done=step)
+        self._wait(spec.decode_ms * images)
+        pictures = tuple(self._picture(job.width, job.height, seed) for seed in job.seeds)
+        return InferenceResult(pictures, job.num_inference_steps, started, time.time())
+
+    def _picture(self, width: int, height: int, seed: int) -> Image.Image:
+        """One of ``POOL`` pictures per size, made once: the device's time is ``decode_ms``, not this."""
+        key = (width, height, seed % POOL)
+        if key not in self._pictures:
+            self._pictures[key] = picture(max(width, height), key[2]).crop((0, 0, width, height))
+        return self._pictures[key]

@@ -1,0 +1,69 @@
+"""The simulated fast device (``--model sim:...``): its arithmetic, pictures, progress and cancel."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pipeline.config import Settings
+from pipeline.engine.loading import load_model
+from pipeline.engine.simulated import SimSpec, SimulatedModel
+from pipeline.errors import Cancelled
+from pipeline.protocol import InferenceJob
+
+
+def job(steps: int = 4, images: int = 1, size: int = 64) -> InferenceJob:
+    return InferenceJob("s", ("p",) * images, ("",) * images, tuple(range(images)), size, size, steps, 0.0)
+
+
+def test_the_spec_takes_any_subset_of_keys_and_names_a_bad_one() -> None:
+    assert SimSpec.parse("sim:") == SimSpec()
+    assert SimSpec.parse("sim:cpu_ms=8,dev_ms=4,decode_ms=4,steps=4") == SimSpec(8, 4, 4, 512, 4)
+    assert SimSpec.parse("sim:size=1024").size == 1024
+    with pytest.raises(ValueError, match="unknown key 'gpu_ms'"):
+        SimSpec.parse("sim:gpu_ms=3")
+    with pytest.raises(ValueError, match="size a multiple of 8"):
+        SimSpec.parse("sim:size=100")
+
+
+def test_per_step_cpu_then_device_time_and_batches_cost_0_6_per_extra_image() -> None:
+    calls: list[tuple[str, float]] = []
+    model = SimulatedModel(SimSpec(cpu_ms=5, dev_ms=10, decode_ms=8, size=64, steps=2), "sim",
+                           busy=lambda ms: calls.append(("gil", ms)), wait=lambda ms: calls.append(("device", ms)))
+    steps: list[int] = []
+    result = model.generate(job(steps=2, images=3), threading.Event(), lambda s, t, p: steps.append(s))
+    assert calls == [("gil", 5), ("device", 10 * (1 + 0.6 * 2))] * 2 + [("device", 24)]
+    assert steps == [1, 2] and len(result.images) == 3
+
+
+def test_pictures_are_real_looking_and_of_the_requested_size() -> None:
+    model = SimulatedModel(SimSpec(0, 0, 0, 512, 1), "sim")
+    result = model.generate(job(steps=1, images=2, size=512), threading.Event(), lambda *_: None)
+    a, b = (np.asarray(im, dtype=np.float32) for im in result.images)
+    assert a.shape == (512, 512, 3) and not np.array_equal(a, b)  # one picture per seed
+    assert 0.005 < np.abs(np.diff(a, axis=1)).mean() / 255 < 0.1  # smooth, with mild noise: not flat, not noise
+    assert model.generate(job(size=128), threading.Event(), lambda *_: None).images[0].size == (128, 128)
+
+
+def test_cancel_stops_at_the_next_step() -> None:
+    model = SimulatedModel(SimSpec(0, 0, 0, 64, 10), "sim")
+    stop = threading.Event()
+
+    def on_step(step: int, total: int, previews: Any) -> None:
+        if step == 3:
+            stop.set()
+
+    with pytest.raises(Cancelled) as info:
+        model.generate(job(steps=10), stop, on_step)
+    assert info.value.steps_done == 3
+
+
+def test_the_app_loads_it_by_name_only() -> None:
+    model = load_model(Settings(model="sim:size=256,steps=1"))
+    assert isinstance(model, SimulatedModel)
+    p = model.profile
+    assert (p.default_width, p.default_steps, p.default_guidance, p.device) == (256, 1, 0.0, "sim")
+    assert not isinstance(load_model(Settings(), warmup=False), SimulatedModel)  # never the default
