@@ -24,7 +24,6 @@ import logging
 import signal
 import sys
 import threading
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import gradio as gr
@@ -36,9 +35,8 @@ from pipeline.serving.base import Adapter
 from pipeline.serving.local import LocalAdapter
 from pipeline.serving.sweeper import Sweeper
 from pipeline.web import lifecycle
-from pipeline.web.gradio_internals import upload_folder
 from pipeline.web.layout import build_demo
-from pipeline.web.lifecycle import launch, shutdown
+from pipeline.web.lifecycle import launch, own_gradio_cache, shutdown
 
 log = logging.getLogger("app")
 
@@ -87,9 +85,11 @@ def start_backend(settings: Settings, load: Callable[[], Model] | None = None) -
 def create_app(settings: Settings, load: Callable[[], Model] | None = None) -> tuple[gr.Blocks, Any]:
     """Start the model side (waits for the model to load) and build the UI around it."""
     adapter = start_backend(settings, load)
-    # The app's own sweeper keeps its outputs and Gradio's copies of them within budget.
+    # The app's own sweeper keeps its outputs and Gradio's copies of them within budget, in a
+    # Gradio cache folder of its own (never Gradio's shared default).
+    gradio_cache = own_gradio_cache(settings, os.environ)
     sweeper = Sweeper(
-        [settings.output_dir, Path(upload_folder())],
+        [settings.output_dir, gradio_cache],
         max_bytes=settings.output_max_mb * 2**20,
         max_age=settings.output_max_age_minutes * 60,
         interval=settings.sweep_interval,

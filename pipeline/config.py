@@ -37,6 +37,7 @@ class Settings:
     max_pixels: int | None = None  # None: max_size squared
     job_timeout: float | None = None  # seconds a job may run on the model; None: no limit
     auth: str | None = None  # "user:password"
+    metrics_token: str | None = None  # under --auth, /metrics also takes "Authorization: Bearer <token>"
     output_max_mb: int = 1024
     output_max_age_minutes: int = 60
     sweep_interval: float = 30.0
@@ -98,6 +99,12 @@ _OPTIONS: tuple[tuple[str, str, type, str], ...] = (
         "seconds a job may run on the model before it is stopped (default: no limit)",
     ),
     ("auth", "T2I_AUTH", str, "user:password required to use the app (recommended with --share)"),
+    (
+        "metrics_token",
+        "T2I_METRICS_TOKEN",
+        str,
+        "under --auth, a bearer token that /metrics also accepts (for a Prometheus scraper); /health stays open",
+    ),
     ("output_max_mb", "T2I_OUTPUT_MAX_MB", int, "disk budget for generated images, in MiB (default 1024)"),
     (
         "output_max_age_minutes",

@@ -23,3 +23,27 @@ def test_auth_protects_the_app_and_the_api(tmp_path: Path) -> None:
             Client(url, verbose=False, auth=("alice", "wrong"))
         _, info = Client(url, verbose=False, auth=("alice", "s3cret")).predict(**raw_request(), api_name="/generate")
         assert info["status"] == "done" and len(model.calls) == 1
+
+
+def test_under_auth_health_stays_open_and_metrics_needs_the_login_or_the_token(tmp_path: Path) -> None:
+    with running_app(tmp_path, "--auth", "alice:s3cret", "--metrics-token", "scrape-me",
+                     load=FakeModel) as (url, _demo, _adapter):
+        assert httpx.get(url + "health", timeout=10).json()["status"] == "ok"
+        assert httpx.get(url + "metrics", timeout=10).status_code == 401
+        assert httpx.get(url + "metrics", auth=("alice", "wrong"), timeout=10).status_code == 401
+        assert "jobs_total" in httpx.get(url + "metrics", auth=("alice", "s3cret"), timeout=10).text
+        bearer = {"Authorization": "Bearer scrape-me"}
+        assert httpx.get(url + "metrics", headers=bearer, timeout=10).status_code == 200
+        assert httpx.get(url + "metrics", headers={"Authorization": "Bearer nope"}, timeout=10).status_code == 401
+
+
+def test_the_app_keeps_its_own_gradio_cache_unless_one_is_set(tmp_path: Path) -> None:
+    """The sweeper deletes old files in Gradio's cache: never in the shared $TMPDIR/gradio of other apps."""
+    from pipeline.config import Settings
+    from pipeline.web.lifecycle import own_gradio_cache
+
+    environ: dict[str, str] = {}
+    path = own_gradio_cache(Settings(output_dir=tmp_path / "out"), environ)
+    assert path == tmp_path / "out-gradio" and environ["GRADIO_TEMP_DIR"] == str(path)
+    chosen = {"GRADIO_TEMP_DIR": "/srv/cache"}
+    assert own_gradio_cache(Settings(output_dir=tmp_path / "out"), chosen) == Path("/srv/cache")

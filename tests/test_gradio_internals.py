@@ -46,7 +46,7 @@ def test_the_context_variables_the_handler_reads() -> None:
     assert isinstance(gradio.context.LocalContext.event_id.get(None), (str, type(None)))
     assert gradio.context.LocalContext.request.get(None) is None  # outside an event
     assert gradio_internals.current_session() is None and gradio_internals.caller_alive(demo_with_queue()) is None
-    assert callable(gradio.utils.get_upload_folder) and gradio_internals.upload_folder()
+    assert callable(gradio.utils.get_upload_folder)
 
 
 def test_the_mcp_servers_output_conversion_the_tool_wraps() -> None:

@@ -67,9 +67,3 @@ def tune_queue(demo: gr.Blocks, progress_interval: float) -> None:
         queue.sleep_when_free = max(queue.sleep_when_free, QUEUE_POLL_SECONDS)
         queue.progress_update_sleep_when_free = max(queue.progress_update_sleep_when_free, progress_interval)
 
-
-def upload_folder() -> str:
-    """Where Gradio keeps its copies of served files (GRADIO_TEMP_DIR), which the sweeper bounds."""
-    from gradio.utils import get_upload_folder
-
-    return str(get_upload_folder())

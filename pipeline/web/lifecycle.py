@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import MutableMapping
+from pathlib import Path
 
 import gradio as gr
 
@@ -11,6 +13,16 @@ from ..serving.base import Adapter
 from .gradio_internals import queued, tune_queue
 from .handler import PROGRESS_INTERVAL
 from .routes import service_routes
+
+
+def own_gradio_cache(settings: Settings, environ: MutableMapping[str, str]) -> Path:
+    """Gradio's cache folder for this app alone: the sweeper deletes old files in it, and Gradio's
+    shared default (``$TMPDIR/gradio``) holds other Gradio apps' files too. Beside the output folder,
+    unless the user set ``GRADIO_TEMP_DIR``."""
+    if not environ.get("GRADIO_TEMP_DIR"):
+        out = settings.output_dir
+        environ["GRADIO_TEMP_DIR"] = str(out.parent / f"{out.name}-gradio")
+    return Path(environ["GRADIO_TEMP_DIR"])
 
 
 def launch(demo: gr.Blocks, adapter: Adapter, settings: Settings) -> None:
@@ -24,7 +36,7 @@ def launch(demo: gr.Blocks, adapter: Adapter, settings: Settings) -> None:
         show_error=False,
         max_file_size="1mb",
         prevent_thread_lock=True,
-        app_kwargs={"routes": service_routes(demo, adapter)},
+        app_kwargs={"routes": service_routes(demo, adapter, settings.auth_pair(), settings.metrics_token)},
         auth=settings.auth_pair(),
         mcp_server=settings.mcp,
     )

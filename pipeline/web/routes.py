@@ -1,8 +1,18 @@
-"""The app's own routes on Gradio's server: ``/health``, ``/metrics``, and no uploads."""
+"""The app's own routes on Gradio's server: ``/health``, ``/metrics``, and no uploads.
+
+Under ``--auth`` ``/health`` stays open (load balancers and Spaces probe it; it shows no user data)
+and ``/metrics`` needs the same user and password (HTTP Basic, as Prometheus' ``basic_auth``) or
+the ``--metrics-token`` as a bearer token.
+"""
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hmac
+
 import gradio as gr
+from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -11,7 +21,25 @@ from ..serving.base import Adapter
 from .gradio_internals import queued
 
 
-def service_routes(demo: gr.Blocks, adapter: Adapter) -> list[APIRoute]:
+def authorized(header: str | None, auth: tuple[str, str] | None, token: str | None) -> bool:
+    """Whether an ``Authorization`` header opens ``/metrics`` (always, when the app has no login)."""
+    if auth is None:
+        return True
+    scheme, _, value = (header or "").partition(" ")
+    if scheme.lower() == "bearer" and token:
+        return hmac.compare_digest(value.encode(), token.encode())
+    if scheme.lower() == "basic":
+        try:
+            user, _, password = base64.b64decode(value, validate=True).decode().partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            return False
+        return hmac.compare_digest(f"{user}:{password}".encode(), ":".join(auth).encode())
+    return False
+
+
+def service_routes(
+    demo: gr.Blocks, adapter: Adapter, auth: tuple[str, str] | None = None, metrics_token: str | None = None
+) -> list[APIRoute]:
     """``/health`` (JSON) and ``/metrics`` (Prometheus text), served by the app's own server."""
 
     async def health() -> JSONResponse:
@@ -19,7 +47,9 @@ def service_routes(demo: gr.Blocks, adapter: Adapter) -> list[APIRoute]:
         body["queue_depth"] = body["gpu_queue_depth"] + queued(demo)
         return JSONResponse(body, status_code=503 if body["status"] == "dead" else 200)
 
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
+        if not authorized(request.headers.get("authorization"), auth, metrics_token):
+            return Response("login required", status_code=401, headers={"WWW-Authenticate": 'Basic realm="metrics"'})
         return Response(adapter.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     async def no_uploads() -> JSONResponse:
