@@ -53,9 +53,9 @@ def _pixel_seed(path: Any) -> int:
 async def test_compatible_waiting_requests_share_one_job_and_keep_their_own_images(make_adapter: Any) -> None:
     adapter, model = make_adapter(FakeModel(hold=True), max_batch_size=4)
     requests = [
-        ("a", raw_request(prompt="a cat", seed=11, num_images=1)),
+        ("a", raw_request(prompt="a cat", negative_prompt="ugly", seed=11, num_images=1)),
         ("b", raw_request(prompt="a dog", negative_prompt="blurry", seed=22, num_images=2)),
-        ("c", raw_request(prompt="a fish", seed=33, num_images=1)),
+        ("c", raw_request(prompt="a fish", negative_prompt="dark", seed=33, num_images=1)),
     ]
     tasks = await _line_up(adapter, model, requests)
     for _ in range(2):
@@ -64,7 +64,7 @@ async def test_compatible_waiting_requests_share_one_job_and_keep_their_own_imag
     assert _jobs(model) == [["blocker"], ["a", "b", "c"]]
     job = model.calls[1]
     assert job.prompts == ("a cat", "a dog", "a dog", "a fish")
-    assert job.negative_prompts == ("", "blurry", "blurry", "")
+    assert job.negative_prompts == ("ugly", "blurry", "blurry", "dark")
     assert job.seeds == (11, 22, 23, 33)
     by_id = {rid: r[-1] for (rid, _), r in zip(requests, results[1:])}
     for rid, seeds in (("a", [11]), ("b", [22, 23]), ("c", [33])):
@@ -80,7 +80,7 @@ async def test_compatible_waiting_requests_share_one_job_and_keep_their_own_imag
 
 
 @pytest.mark.parametrize("different", [{"width": 128}, {"height": 128}, {"num_inference_steps": 5},
-                                       {"guidance_scale": 3.0}])
+                                       {"guidance_scale": 3.0}, {"negative_prompt": "blurry"}])
 async def test_incompatible_requests_are_not_merged(make_adapter: Any, different: dict[str, Any]) -> None:
     adapter, model = make_adapter(FakeModel(hold=True), max_batch_size=8)
     requests = [("a", raw_request(seed=1)), ("b", raw_request(seed=2, **different)), ("c", raw_request(seed=3))]

@@ -117,10 +117,11 @@ class Member:
         self.events.put_nowait(item)
 
     @property
-    def key(self) -> tuple[int, int, int, float]:
-        """Requests with equal keys can share a job: the same size, steps and guidance."""
+    def key(self) -> tuple[int, int, int, float, bool]:
+        """Requests with equal keys can share a job: the same size, steps and guidance, and a negative
+        prompt on all or none (SDXL zeroes an all-empty one; one empty among others is encoded as "")."""
         r = self.request
-        return (r.width, r.height, r.num_inference_steps, r.guidance_scale)
+        return (r.width, r.height, r.num_inference_steps, r.guidance_scale, bool(r.negative_prompt))
 
     async def relay(self) -> AsyncGenerator[Step | End, None]:
         """This request's steps as its job runs, then its ``End``."""

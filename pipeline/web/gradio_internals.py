@@ -66,4 +66,3 @@ def tune_queue(demo: gr.Blocks, progress_interval: float) -> None:
     if queue is not None:
         queue.sleep_when_free = max(queue.sleep_when_free, QUEUE_POLL_SECONDS)
         queue.progress_update_sleep_when_free = max(queue.progress_update_sleep_when_free, progress_interval)
-
