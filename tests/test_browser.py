@@ -66,6 +66,13 @@ def set_steps(page: Any, n: int) -> None:
     steps.press("Enter")
 
 
+def set_size(page: Any, n: int) -> None:
+    for side in ("#width", "#height"):
+        box = page.locator(f"{side} input[type=number]")
+        box.fill(str(n))
+        box.press("Enter")
+
+
 def test_prompt_enter_generates_an_image_and_shows_the_info(page: Any, app_url: str) -> None:
     set_steps(page, 100)  # a job long enough (seconds) for the progress text to be seen
     prompt = page.locator("#prompt textarea")
@@ -121,6 +128,7 @@ def test_stop_cancels_the_running_job(page: Any, app_url: str) -> None:
 
     before = cancelled()
     set_steps(page, 100)
+    set_size(page, 256)  # a job of several seconds: it must outlast the held-back cancel below
     page.locator("#prompt textarea").fill("a long job")
     page.locator("#generate").click()
     page.get_by_text(re.compile(r"step \d+/100")).first.wait_for(timeout=60_000)
@@ -156,6 +164,7 @@ def test_stop_cancels_the_running_job(page: Any, app_url: str) -> None:
     shot(page, "4-stopped")
     assert httpx.get(app_url + "health", timeout=10).json()["inference_in_progress"] is False
     # The next job runs as usual.
+    set_size(page, 64)
     set_steps(page, 6)
     page.locator("#prompt textarea").fill("a green triangle on a yellow background")
     page.locator("#generate").click()

@@ -199,7 +199,8 @@ async def test_a_request_draws_the_same_images_alone_and_in_a_batch(model: Any, 
     adapter = LocalAdapter(runner, Limits.for_model(model.profile), tmp_path, max_batch_size=4)
     common = dict(num_inference_steps=8, width=64, height=64, guidance_scale=7.5)
     mine = raw_request(prompt="a red circle", negative_prompt="blurry", seed=1234, num_images=2, **common)
-    other = raw_request(prompt="a blue square on a green background", seed=99, **common)
+    # Both with a negative prompt: a request with one and a request without never share a job.
+    other = raw_request(prompt="a blue square on a green background", negative_prompt="dark", seed=99, **common)
     try:
         alone = (await collect(adapter, mine))[-1]
         # A long blocker holds the gate while the two compatible requests line up behind it.

@@ -51,10 +51,20 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
                     randomize_seed = gr.Checkbox(label="Randomize seed", value=True)
                 with gr.Row():
                     width = gr.Slider(
-                        lim.min_size, lim.max_size, value=p.default_width, step=lim.size_multiple, label="Width"
+                        lim.min_size,
+                        lim.max_size,
+                        value=p.default_width,
+                        step=lim.size_multiple,
+                        label="Width",
+                        elem_id="width",
                     )
                     height = gr.Slider(
-                        lim.min_size, lim.max_size, value=p.default_height, step=lim.size_multiple, label="Height"
+                        lim.min_size,
+                        lim.max_size,
+                        value=p.default_height,
+                        step=lim.size_multiple,
+                        label="Height",
+                        elem_id="height",
                     )
                 with gr.Row():
                     num_inference_steps = gr.Slider(
