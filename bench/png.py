@@ -1,0 +1,48 @@
+"""PNG encoding cost per compress level, on pictures like the app's (issue 17).
+
+    python -m bench.png [--size 512] [--repeat 10]
+
+Encodes the simulated device's pictures (smooth colour fields with mild noise, as costly to
+compress as generated images) with Pillow at each zlib level, as ``serving.postprocess`` does, and
+prints milliseconds and kilobytes per image (median of the repeats), one thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import statistics
+import time
+
+from pipeline.engine.simulated import picture
+
+
+def measure(size: int, repeat: int, levels: range) -> list[tuple[int, float, float]]:
+    images = [picture(size, seed) for seed in range(4)]
+    rows = []
+    for level in levels:
+        times, sizes = [], []
+        for _ in range(repeat):
+            for image in images:
+                buffer = io.BytesIO()
+                t0 = time.perf_counter()
+                image.save(buffer, format="PNG", compress_level=level)
+                times.append((time.perf_counter() - t0) * 1000)
+                sizes.append(buffer.tell() / 1024)
+        rows.append((level, statistics.median(times), statistics.median(sizes)))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", type=int, default=512)
+    parser.add_argument("--repeat", type=int, default=10)
+    args = parser.parse_args(argv)
+    print(f"| compress_level | ms per {args.size} px image | KiB |")
+    print("|---|---|---|")
+    for level, ms, kib in measure(args.size, args.repeat, range(0, 10)):
+        print(f"| {level} | {ms:.1f} | {kib:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
