@@ -87,7 +87,7 @@ def classify(error: BaseException, request_id: str, queue_size: int | None = Non
 class RayAdapter(AdapterBase):
     """The ``Adapter`` protocol over a Ray Serve deployment of ``ModelReplica``."""
 
-    def __init__(self, cluster: RayCluster, settings: Settings, *, pool_threads: int = 2) -> None:
+    def __init__(self, cluster: RayCluster, settings: Settings, *, pool_threads: int | None = None) -> None:
         self._line: WaitLine[None] = WaitLine()
         self.running = 0  # requests a replica has started
         super().__init__(Metrics(lambda: self.gpu_queue_depth, lambda: self.running), pool_threads=pool_threads)

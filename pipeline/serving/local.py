@@ -52,7 +52,7 @@ class LocalAdapter(AdapterBase):
         limits: Limits,
         output_dir: Path,
         *,
-        pool_threads: int = 2,
+        pool_threads: int | None = None,
         clock: Callable[[], float] = time.time,
         encode: Callable[..., list[Path]] = encode_pngs,
         job_timeout: float | None = None,
