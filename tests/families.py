@@ -81,30 +81,9 @@ def make_t5_tokenizer(model_max_length: int = 512) -> Any:
 
 def _learn_sentencepiece_bpe(words: list[str], num_merges: int) -> list[tuple[str, str]]:
     """BPE merges over "▁word" strings (SentencePiece style); ties break lexicographically."""
-    import collections
+    from pipeline.default_model.architecture import learn_merges
 
-    split = {w: tuple("\u2581" + w) for w in sorted(set(words))}
-    merges: list[tuple[str, str]] = []
-    for _ in range(num_merges):
-        pairs: collections.Counter[tuple[str, str]] = collections.Counter()
-        for symbols in split.values():
-            pairs.update(zip(symbols, symbols[1:]))
-        if not pairs:
-            break
-        best = min(pairs, key=lambda p: (-pairs[p], p))
-        merges.append(best)
-        for w, symbols in split.items():
-            out: list[str] = []
-            i = 0
-            while i < len(symbols):
-                if i + 1 < len(symbols) and (symbols[i], symbols[i + 1]) == best:
-                    out.append(best[0] + best[1])
-                    i += 2
-                else:
-                    out.append(symbols[i])
-                    i += 1
-            split[w] = tuple(out)
-    return merges
+    return learn_merges({w: tuple("\u2581" + w) for w in sorted(set(words))}, num_merges)
 
 
 def make_gemma_tokenizer() -> Any:

@@ -201,22 +201,19 @@ def bytes_to_unicode() -> dict[int, str]:
     return dict(zip(bs, (chr(c) for c in cs)))
 
 
-def learn_bpe(words: list[str], num_merges: int) -> tuple[dict[str, int], list[tuple[str, str]]]:
-    """Learn CLIP-style BPE merges from ``words``; deterministic (ties break lexicographically)."""
-    byte_chars = list(bytes_to_unicode().values())
-    vocab_list = byte_chars + [c + "</w>" for c in byte_chars]
-    words_split = {w: tuple(w[:-1]) + (w[-1] + "</w>",) for w in sorted(set(words))}
+def learn_merges(split: dict[str, tuple[str, ...]], num_merges: int) -> list[tuple[str, str]]:
+    """BPE merges over words already split into symbols; deterministic (ties break lexicographically)."""
+    split = dict(split)
     merges: list[tuple[str, str]] = []
     for _ in range(num_merges):
         pairs: collections.Counter[tuple[str, str]] = collections.Counter()
-        for symbols in words_split.values():
+        for symbols in split.values():
             pairs.update(zip(symbols, symbols[1:]))
         if not pairs:
             break
         best = min(pairs, key=lambda p: (-pairs[p], p))
         merges.append(best)
-        vocab_list.append(best[0] + best[1])
-        for w, symbols in words_split.items():
+        for w, symbols in split.items():
             out: list[str] = []
             i = 0
             while i < len(symbols):
@@ -226,7 +223,16 @@ def learn_bpe(words: list[str], num_merges: int) -> tuple[dict[str, int], list[t
                 else:
                     out.append(symbols[i])
                     i += 1
-            words_split[w] = tuple(out)
+            split[w] = tuple(out)
+    return merges
+
+
+def learn_bpe(words: list[str], num_merges: int) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """Learn CLIP-style BPE merges from ``words``; deterministic (ties break lexicographically)."""
+    byte_chars = list(bytes_to_unicode().values())
+    words_split = {w: tuple(w[:-1]) + (w[-1] + "</w>",) for w in sorted(set(words))}
+    merges = learn_merges(words_split, num_merges)
+    vocab_list = byte_chars + [c + "</w>" for c in byte_chars] + [a + b for a, b in merges]
     vocab_list += ["<|startoftext|>", "<|endoftext|>"]
     return {tok: i for i, tok in enumerate(vocab_list)}, merges
 
