@@ -89,7 +89,7 @@ def create_app(settings: Settings, load: Callable[[], Model] | None = None) -> t
     # Gradio cache folder of its own (never Gradio's shared default).
     gradio_cache = own_gradio_cache(settings, os.environ)
     sweeper = Sweeper(
-        [settings.output_dir, gradio_cache],
+        list(dict.fromkeys([settings.output_dir, gradio_cache])),  # one folder when they are the same
         max_bytes=settings.output_max_mb * 2**20,
         max_age=settings.output_max_age_minutes * 60,
         interval=settings.sweep_interval,

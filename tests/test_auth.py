@@ -44,6 +44,23 @@ def test_the_app_keeps_its_own_gradio_cache_unless_one_is_set(tmp_path: Path) ->
 
     environ: dict[str, str] = {}
     path = own_gradio_cache(Settings(output_dir=tmp_path / "out"), environ)
-    assert path == tmp_path / "out-gradio" and environ["GRADIO_TEMP_DIR"] == str(path)
+    assert path == tmp_path / "out" and environ["GRADIO_TEMP_DIR"] == str(path)
     chosen = {"GRADIO_TEMP_DIR": "/srv/cache"}
     assert own_gradio_cache(Settings(output_dir=tmp_path / "out"), chosen) == Path("/srv/cache")
+
+
+def test_a_png_written_in_gradios_cache_is_served_as_written(tmp_path: Path) -> None:
+    """Encode once: with the output folder as Gradio's cache (the default), Gradio serves our file
+    instead of hashing and copying it; with separate folders it makes a copy."""
+    import os
+
+    from tests.helpers import api_fn_index, queue_call
+
+    fields = list(raw_request())
+    cache = os.environ["GRADIO_TEMP_DIR"]
+    for output_dir, copied in ((cache, False), (str(tmp_path / "elsewhere"), True)):
+        with running_app(tmp_path, "--output-dir", output_dir, load=FakeModel) as (url, _demo, _adapter):
+            message = queue_call(url, api_fn_index(url), [*[raw_request()[f] for f in fields], False])
+            path = Path(message["output"]["data"][0][0]["image"]["path"])
+            assert path.is_relative_to(cache)
+            assert path.is_relative_to(output_dir) != copied, (path, output_dir)

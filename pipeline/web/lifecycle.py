@@ -16,12 +16,12 @@ from .routes import service_routes
 
 
 def own_gradio_cache(settings: Settings, environ: MutableMapping[str, str]) -> Path:
-    """Gradio's cache folder for this app alone: the sweeper deletes old files in it, and Gradio's
-    shared default (``$TMPDIR/gradio``) holds other Gradio apps' files too. Beside the output folder,
-    unless the user set ``GRADIO_TEMP_DIR``."""
+    """Gradio's cache folder for this app alone: the output folder itself, unless the user set
+    ``GRADIO_TEMP_DIR``. The sweeper deletes old files there, and Gradio's shared default
+    (``$TMPDIR/gradio``) holds other Gradio apps' files too; and a PNG already in Gradio's cache is
+    served as written, where one outside it is hashed and copied into it first."""
     if not environ.get("GRADIO_TEMP_DIR"):
-        out = settings.output_dir
-        environ["GRADIO_TEMP_DIR"] = str(out.parent / f"{out.name}-gradio")
+        environ["GRADIO_TEMP_DIR"] = str(settings.output_dir)
     return Path(environ["GRADIO_TEMP_DIR"])
 
 
