@@ -154,3 +154,16 @@ def test_the_gpu_benchmarks_sd15_model_builds_and_runs_on_the_cpu(tmp_path: Path
                             threading.Event(), lambda step, total, *_: steps.append((step, total)))
     assert [image.size for image in result.images] == [(64, 64)]
     assert steps and steps[-1][0] == steps[-1][1]  # progress ends at n of n
+
+
+@pytest.mark.server
+def test_the_fast_device_benchmark_runs_end_to_end(tmp_path: Path) -> None:
+    """``python -m bench.fast --quick``: every row complete and finite (no timing thresholds)."""
+    out = tmp_path / "fast.json"
+    done = subprocess.run([sys.executable, "-m", "bench.fast", "--quick", "--json", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["profile"] for r in rows] == ["null", "sd-turbo-like"]
+    assert rows[0]["app_over_raw"] is None and 0 < rows[1]["app_over_raw"] < 10
+    assert all(r["errors"] == 0 and r["requests"] == 24 and r["server_cpu_ms_per_request"] > 0 for r in rows)
