@@ -39,7 +39,8 @@ def check(results: dict) -> None:
     assert "app / raw throughput" in table and "nan" not in table.lower()
 
 
-PUBLISHED = sorted(p for p in (ROOT / "docs").glob("bench-*.json") if not p.name.startswith("bench-ray-"))
+PUBLISHED = sorted(p for p in (ROOT / "docs").glob("bench-*.json") if not p.name.startswith(("bench-ray-", "bench-fast-")))
+PUBLISHED_FAST = sorted((ROOT / "docs").glob("bench-fast-*.json"))
 PUBLISHED_RAY = sorted((ROOT / "docs").glob("bench-ray-*.json"))
 RAY_FIGURES = {"ray2_over_ray1", "ray1_over_local", "ray_added_ms_per_request", "deploy_seconds", "seconds"}
 
@@ -167,3 +168,13 @@ def test_the_fast_device_benchmark_runs_end_to_end(tmp_path: Path) -> None:
     assert [r["profile"] for r in rows] == ["null", "sd-turbo-like"]
     assert rows[0]["app_over_raw"] is None and 0 < rows[1]["app_over_raw"] < 10
     assert all(r["errors"] == 0 and r["requests"] == 24 and r["server_cpu_ms_per_request"] > 0 for r in rows)
+
+
+@pytest.mark.parametrize("path", PUBLISHED_FAST, ids=[p.name for p in PUBLISHED_FAST])
+def test_the_published_fast_device_runs_are_complete(path: Path) -> None:
+    from bench.fast import PROFILES, render
+
+    result = json.loads(path.read_text())
+    assert finite_figures(result)
+    assert {r["profile"] for r in result["rows"]} == set(PROFILES) and all(r["errors"] == 0 for r in result["rows"])
+    assert "nan" not in render(result).lower()
