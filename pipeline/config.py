@@ -42,7 +42,10 @@ class Settings:
     output_max_age_minutes: int = 60
     sweep_interval: float = 30.0
     output_dir: Path = Path(tempfile.gettempdir()) / "t2i-outputs"
-    backend: str = "local"  # local: the model in this process | ray: Ray Serve replicas
+    backend: str = "local"  # local: one model side for this server | ray: Ray Serve replicas
+    model_side: str = "auto"  # auto | process | thread: where the local backend's model side runs
+    compile: bool = False  # torch.compile the denoiser (CUDA: mode="reduce-overhead", i.e. CUDA graphs)
+    channels_last: bool = False  # the denoiser and VAE in channels_last memory format
     replicas: int = 1  # Ray backend: model replicas, one device each
     ray_address: str | None = (
         None  # Ray backend: an existing cluster ("auto", "ray://host:10001"); None: start one here
@@ -119,6 +122,26 @@ _OPTIONS: tuple[tuple[str, str, type, str], ...] = (
         "T2I_BACKEND",
         str,
         "local (the model in this process) or ray (Ray Serve replicas; pip install 'ray[serve]')",
+    ),
+    (
+        "model_side",
+        "T2I_MODEL_SIDE",
+        str,
+        "local backend: process (the model in its own process, restarted if it dies), thread (in this "
+        "process, for debugging) or auto (process; thread on ZeroGPU, whose @spaces.GPU is the process "
+        "boundary there) (default auto)",
+    ),
+    (
+        "compile",
+        "T2I_COMPILE",
+        bool,
+        "torch.compile the denoiser (on CUDA with mode=reduce-overhead: CUDA graphs); the first jobs are slow",
+    ),
+    (
+        "channels_last",
+        "T2I_CHANNELS_LAST",
+        bool,
+        "channels_last memory format for the denoiser and the VAE (helps convolutional models on some GPUs)",
     ),
     (
         "replicas",
@@ -213,6 +236,8 @@ def _check(s: Settings) -> None:
         raise SystemExit(f"--sweep-interval must be a positive number of seconds; got {s.sweep_interval}")
     if s.backend not in {"local", "ray"}:
         raise SystemExit(f"--backend must be local or ray; got {s.backend!r}")
+    if s.model_side not in {"auto", "process", "thread"}:
+        raise SystemExit(f"--model-side must be auto, process or thread; got {s.model_side!r}")
     if s.replicas < 1:
         raise SystemExit(f"--replicas must be at least 1; got {s.replicas}")
     if s.backend == "local" and (s.replicas != 1 or s.ray_address):
