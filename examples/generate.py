@@ -34,7 +34,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"waiting for the GPU: {info['ahead']} ahead", flush=True)
         elif info.get("status") == "running":
             print(f"step {info['step']}/{info['total']}", flush=True)
-    gallery, info = job.result()  # raises gradio_client.exceptions.AppError with the app's message on a bad input
+    # A bad field is refused when the job joins the queue: gradio_client.exceptions.ValidationError
+    # names the field and its range. A job that fails on the server raises AppError with its message.
+    gallery, info = job.result()
     args.out.mkdir(parents=True, exist_ok=True)
     for k, item in enumerate(gallery):
         target = args.out / f"{info['request_id']}-{k}-seed{info['seeds'][k]}.png"

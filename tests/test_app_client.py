@@ -104,11 +104,16 @@ def test_only_generate_is_in_the_api_and_the_rest_shortcut_is_closed(client: Any
 
 
 def test_invalid_input_gets_a_clear_error_naming_the_field(client: Any) -> None:
-    from gradio_client.exceptions import AppError
+    from gradio_client.exceptions import ValidationError
 
-    with pytest.raises(AppError, match=r"width must be a multiple of 4 between 64 and 256; got 102"):
+    # Refused when the request joins the queue (Gradio's validator=), so gradio_client raises its
+    # ValidationError (not AppError): "<n> parameter(s) failed validation:" and "- <field>: <message>".
+    first_line = r"^1 parameter\(s\) failed validation:\n"
+    width = r"- width: width must be a multiple of 4 between 64 and 256; got 102$"
+    with pytest.raises(ValidationError, match=first_line + width):
         _generate(client, prompt="x", width=102, height=64)
-    with pytest.raises(AppError, match="num_inference_steps must be a whole number between 1 and"):
+    steps = r"- num_inference_steps: num_inference_steps must be a whole number between 1 and \d+; got 0$"
+    with pytest.raises(ValidationError, match=first_line + steps):
         _generate(client, prompt="x", num_inference_steps=0)
 
 

@@ -198,7 +198,8 @@ def _cancelled(app_url: str) -> float:
 def test_generate_button_works_and_validation_errors_are_shown(page: Any) -> None:
     page.locator("#prompt textarea").fill("   ")
     page.locator("#generate").click()
-    page.get_by_text("prompt must not be empty").first.wait_for(timeout=30_000)
+    # Refused when it joins the queue (Gradio's validator=): the message is shown at the field.
+    page.locator("#prompt").get_by_text("prompt must not be empty").wait_for(timeout=30_000)
     shot(page, "6-validation-error")
 
 

@@ -88,7 +88,7 @@ def test_defaults_and_limits_come_from_the_model(served: tuple[str, Any, Any]) -
 
 
 def test_the_negative_prompt_changes_the_image_or_is_refused(served: tuple[str, Any, Any]) -> None:
-    from gradio_client.exceptions import AppError
+    from gradio_client.exceptions import ValidationError
 
     family, client, adapter = served
     size = max(64, adapter.profile.size_multiple * 4)
@@ -100,13 +100,13 @@ def test_the_negative_prompt_changes_the_image_or_is_refused(served: tuple[str, 
         assert np.abs(pixels(without) - pixels(with_negative)).mean() > 1e-3
         record(family, "negative prompt", "changes the image")
     else:
-        with pytest.raises(AppError, match="negative_prompt must be empty"):
+        with pytest.raises(ValidationError, match="negative_prompt must be empty"):
             generate(client, negative_prompt="a blue square", **plain)
         record(family, "negative prompt", "hidden; refused by the API")
 
 
 def test_every_offered_size_works_and_a_wrong_one_names_the_multiple(served: tuple[str, Any, Any]) -> None:
-    from gradio_client.exceptions import AppError
+    from gradio_client.exceptions import ValidationError
 
     family, client, adapter = served
     m = adapter.profile.size_multiple
@@ -115,7 +115,7 @@ def test_every_offered_size_works_and_a_wrong_one_names_the_multiple(served: tup
     with Image.open(gallery[0]["image"]) as image:
         assert image.size == (width, height)
     if m > 8:
-        with pytest.raises(AppError, match=f"height must be a multiple of {m}"):
+        with pytest.raises(ValidationError, match=f"height must be a multiple of {m}"):
             generate(client, width=width, height=height + 8, num_inference_steps=steps_for(family))
     record(family, "sizes", f"multiples of {m}")
 

@@ -2,10 +2,13 @@
 
 Every case is answered with images or with a validation error that names the field; nothing
 opaque, the server keeps serving, and no invalid case reaches the model (its calls are counted).
+Invalid cases are refused when they join the queue (Gradio's ``validator=``): HTTP 422 naming the
+parameter over raw HTTP, ``ValidationError`` in gradio_client; never by the handler's backstop.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from typing import Any, Iterator
@@ -21,7 +24,8 @@ pytestmark = pytest.mark.server
 
 FIELDS = ["prompt", "negative_prompt", "seed", "randomize_seed", "width", "height", "num_inference_steps",
           "guidance_scale", "num_images", "live_preview"]
-NAMES_A_FIELD = re.compile(r"^(unknown field|(" + "|".join(FIELDS) + r")\b|width × height)")
+# gradio_client's ValidationError: one refused parameter, and our message, which starts with its name.
+REFUSED = re.compile(r"1 parameter\(s\) failed validation:\n- (\w+): (.*)", re.S)
 
 weird_numbers = st.one_of(
     st.sampled_from([math.nan, math.inf, -math.inf, 0, -1, -3, 0.5, 1e308, 2**64, 63.9999, 64.0, 8, 1.5, True]),
@@ -60,17 +64,30 @@ def fake() -> FakeModel:
 
 @pytest.fixture(scope="module")
 def url(fake: FakeModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with running_app(tmp_path_factory.mktemp("fuzz"), load=lambda: fake) as (url, _demo, _adapter):
+    tmp = tmp_path_factory.mktemp("fuzz")
+    with running_app(tmp, "--model-side", "thread", load=lambda: fake) as (url, _demo, _adapter):
         yield url
 
 
-def _check(answer_ok: bool, error: str | None, calls_before: int, fake: FakeModel) -> None:
+def _check(answer_ok: bool, refused: tuple[str, str] | None, calls_before: int, fake: FakeModel) -> None:
+    """``refused``: (the parameter Gradio's validator marked, its message), for a rejected request."""
     if answer_ok:
         assert len(fake.calls) == calls_before + 1
     else:
-        assert error is not None and NAMES_A_FIELD.search(error), f"opaque error: {error!r}"
+        assert refused is not None, "a request failed without a validation error"
+        field, error = refused
+        assert field in FIELDS and re.match(rf"{field}\b", error), f"opaque error: {refused!r}"
         assert "Traceback" not in error
         assert len(fake.calls) == calls_before, "an invalid request reached the model"
+
+
+def _refused_at_join(message: dict[str, Any]) -> tuple[str, str]:
+    """The one refused parameter of a join that Gradio's validator answered with 422."""
+    assert message.get("status_code") == 422, f"not refused by the validator: {message!r}"
+    detail = json.loads(message["output"]["error"])["detail"]
+    refused = [(d["parameter_name"], d["message"]) for d in detail if not d["is_valid"]]
+    assert len(refused) == 1, detail
+    return refused[0]
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -79,18 +96,19 @@ def _check(answer_ok: bool, error: str | None, calls_before: int, fake: FakeMode
 def test_raw_http_fuzz(url: str, fake: FakeModel, request: dict[str, Any]) -> None:
     before = len(fake.calls)
     message = queue_call(url, api_fn_index(url), [request[f] for f in FIELDS])
-    output = message.get("output", {})
     if message.get("success"):
-        gallery, info = output["data"]
+        gallery, info = message["output"]["data"]
         assert info["status"] == "done" and len(gallery) == info["num_images"]
-    _check(bool(message.get("success")), output.get("error"), before, fake)
+        _check(True, None, before, fake)
+    else:
+        _check(False, _refused_at_join(message), before, fake)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                 HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(request=case())
 def test_gradio_client_fuzz(url: str, fake: FakeModel, client_cache: dict[str, Any], request: dict[str, Any]) -> None:
-    from gradio_client.exceptions import AppError
+    from gradio_client.exceptions import ValidationError
 
     if any(isinstance(v, float) and not math.isfinite(v) for v in request.values()):
         request = {k: (0 if isinstance(v, float) and not math.isfinite(v) else v) for k, v in request.items()}
@@ -98,8 +116,10 @@ def test_gradio_client_fuzz(url: str, fake: FakeModel, client_cache: dict[str, A
     before = len(fake.calls)
     try:
         gallery, info = client.predict(**request, api_name="/generate")
-    except AppError as exc:
-        _check(False, str(exc), before, fake)
+    except ValidationError as exc:
+        shown = REFUSED.fullmatch(str(exc))
+        assert shown is not None, f"not one refused parameter: {exc}"
+        _check(False, (shown.group(1), shown.group(2)), before, fake)
     else:
         assert info["status"] == "done" and len(gallery) == info["num_images"]
         _check(True, None, before, fake)

@@ -80,14 +80,14 @@ def test_health_reports_idle_then_busy(url: str, fake: FakeModel, client: Any) -
 
 @pytest.mark.server
 def test_metrics_count_completed_cancelled_and_rejected(url: str, fake: FakeModel, client: Any) -> None:
-    from gradio_client.exceptions import AppError
+    from gradio_client.exceptions import ValidationError
 
     before = {o: metric(url, "jobs_total", f'{{outcome="{o}"}}') for o in ("completed", "cancelled", "rejected", "failed")}
     steps_before = metric(url, "denoise_steps_total")
 
     client.predict(**raw_request(num_inference_steps=4, seed=21), api_name="/generate")  # completed: 4 steps
 
-    with pytest.raises(AppError, match="width must be"):  # rejected
+    with pytest.raises(ValidationError, match="width must be"):  # rejected
         client.predict(**raw_request(width=65), api_name="/generate")
 
     fake.step_gate = threading.Semaphore(0)  # cancelled, via gradio_client's job.cancel()

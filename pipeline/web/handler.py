@@ -11,12 +11,12 @@ import html
 import logging
 import time
 from pathlib import Path
-from typing import Any, AsyncGenerator, Callable, Iterator, Sequence
+from typing import Any, AsyncGenerator, Awaitable, Callable, Iterator, Sequence
 
 import gradio as gr
 
 from ..errors import Cancelled, InvalidRequest, RetryLater, ServingError
-from ..request import new_request_id
+from ..request import FIELDS, new_request_id, validate
 from ..serving.base import Adapter
 from ..serving.events import Step, Waiting
 from .gradio_internals import caller_alive, current_session
@@ -80,6 +80,50 @@ def progress_gallery() -> Any:
     return None
 
 
+class ProgressView:
+    """What one request's caller sees of its progress: it says which events would change it.
+
+    Every progress output costs Gradio a diff and a message on the event loop, and takes the GIL
+    from the model thread, so the handler sends one only when a person would see something new:
+
+    - "waiting for the GPU: k ahead" / "starting" when the text changes, never twice the same;
+    - "step k/N" at most once per PROGRESS_INTERVAL, always N/N (the bar is full during the
+      decode) and every preview; once a preview is on screen, only previews, N/N included (a
+      progress output sends no picture: its gallery value, None, would blank the preview);
+    - a 1-step job sends no step at all (its one step is followed by its images; its preview would
+      be replaced by them at once) and no "starting" unless a "k ahead" is on screen to replace.
+    """
+
+    def __init__(self, num_inference_steps: Any, interval: float = PROGRESS_INTERVAL) -> None:
+        self.one_step = num_inference_steps == 1  # a raw value: 1 or 1.0 (a bad one never gets here)
+        self.interval = interval
+        self.text: str | None = None  # the progress text on screen
+        self.previewed = False  # a preview is on screen
+        self.last_sent = 0.0
+
+    def waiting(self, ahead: int) -> str | None:
+        """The text to send for ``Waiting(ahead)``, or None if the screen would not change."""
+        text = f"waiting for the GPU: {ahead} ahead" if ahead else "starting"
+        if text == self.text or (self.one_step and not ahead and self.text is None):
+            return None
+        self.text = text
+        return text
+
+    def step(self, event: Step, now: float) -> bool:
+        """Whether to send ``event`` (its "step k/N", and its preview if it has one)."""
+        if event.total <= 1:
+            return False
+        if self.previewed and event.preview is None:
+            return False  # a progress output sends no picture: it would blank the preview on screen
+        last = event.step >= event.total
+        if not (last or event.preview is not None) and now - self.last_sent < self.interval:
+            return False
+        self.last_sent = now
+        self.previewed = self.previewed or event.preview is not None
+        self.text = f"step {event.step}/{event.total}"
+        return True
+
+
 def status_html(text: str, step: int | None = None, total: int | None = None) -> str:
     """The UI's own progress line: Gradio hides its progress bar once a handler streams outputs."""
     bar = f'<progress max="{total}" value="{step}" style="width:100%"></progress>' if total else ""
@@ -106,13 +150,19 @@ def reuse_seed(info: Any, selected: Any) -> tuple[Any, Any]:
 
 
 def make_generate(
-    adapter: Adapter, demo: gr.Blocks, *, ui: bool = False, page_jobs: PageJobs | None = None
+    adapter: Adapter,
+    demo: gr.Blocks,
+    *,
+    ui: bool = False,
+    page_jobs: PageJobs | None = None,
+    progress_interval: float = PROGRESS_INTERVAL,
 ) -> Callable[..., AsyncGenerator[tuple[Any, ...], None]]:
     """The generate handler. Its parameter names are the API's parameter names.
 
-    It is an async generator that yields at every step, so Gradio reaches it at once when the
-    client cancels or goes away; closing it closes ``adapter.run``, which stops the model thread.
-    Intermediate outputs are progress records (``status`` waiting/running) and, with
+    It is an async generator, so Gradio's cancel reaches it at once (and a caller that goes away
+    is noticed by the adapter's liveness watch); closing it closes ``adapter.run``, which stops
+    the model thread. Intermediate outputs, only those a person would see change (ProgressView),
+    are progress records (``status`` waiting/running) and, with
     ``live_preview``, a rough preview image; the last output has ``status`` done. The UI's
     variant (``ui=True``) adds a third output: a progress bar with "step k/N", and registers
     itself in ``page_jobs`` while it runs, for Stop.
@@ -161,8 +211,7 @@ def make_generate(
             "live_preview": live_preview,
         }
         request_id = new_request_id()
-        last_yield = 0.0
-        previewed = False  # a preview is on screen
+        view = ProgressView(num_inference_steps, progress_interval)
         tracking = page_jobs.running(current_session()) if page_jobs is not None else contextlib.nullcontext()
         with tracking:
             try:
@@ -170,30 +219,22 @@ def make_generate(
                 async with contextlib.aclosing(adapter.run(raw, request_id=request_id, alive=alive)) as events:
                     async for event in events:
                         if isinstance(event, Waiting):
-                            text = f"waiting for the GPU: {event.ahead} ahead" if event.ahead else "starting"
+                            if (text := view.waiting(event.ahead)) is None:
+                                continue
                             progress(0.0, desc=text)
                             record = {"status": "waiting", "ahead": event.ahead, "request_id": request_id}
                             out: tuple[Any, ...] = (progress_gallery(), record, status_html(text))
                         elif isinstance(event, Step):
+                            if event.total <= 1:
+                                continue  # a 1-step job: no progress at all, its images follow
                             text = f"step {event.step}/{event.total}"
-                            # Only records the step: Gradio's progress sender (see tune_queue) sends the
-                            # latest one every PROGRESS_INTERVAL.
+                            # Only records the step, for API callers (their "progress" messages):
+                            # Gradio's progress sender (see tune_queue) sends the latest one every
+                            # PROGRESS_INTERVAL.
                             progress((event.step, event.total), desc=text, unit="steps")
-                            # Every yield costs Gradio a diff and a message on the event loop, taking the
-                            # GIL from the model thread: stream at most one progress output per
-                            # PROGRESS_INTERVAL, always the last step and every preview. Once a preview
-                            # is on screen only preview steps yield, so the gallery keeps it (a
-                            # progress output sends no picture); before that, "step k/N" still flows.
-                            now = time.monotonic()
-                            if (
-                                event.step < event.total
-                                and event.preview is None
-                                and (previewed or now - last_yield < PROGRESS_INTERVAL)
-                            ):
+                            if not view.step(event, time.monotonic()):
                                 continue
-                            last_yield = now
-                            previewed = previewed or event.preview is not None
-                            preview = [event.preview] if event.preview is not None else None
+                            preview = [event.preview] if event.preview is not None else progress_gallery()
                             record = {
                                 "status": "running",
                                 "step": event.step,
@@ -227,3 +268,26 @@ def make_generate(
                 ) from None
 
     return generate
+
+
+def make_validator(adapter: Adapter) -> Callable[..., Awaitable[list[dict[str, Any]]]]:
+    """Gradio's ``validator=`` for the generate events: the handler's own checks, at join time.
+
+    Gradio 6.31 runs it in ``Queue.push``, before the event joins the queue, so a bad request is
+    answered at once (HTTP 422: gradio_client raises ``ValidationError``; the page shows the
+    message at the field) instead of after waiting for a handler slot behind running jobs. The
+    checks and messages are ``request.validate``'s, without token counting (it only adds
+    warnings and may need the model's tokenizer); the handler still validates, as a backstop.
+    Async, so Gradio runs it on the loop (microseconds) rather than hopping to a worker thread.
+    """
+
+    async def check(*values: Any) -> list[dict[str, Any]]:
+        try:
+            validate(dict(zip(FIELDS, values)), adapter.limits)
+        except InvalidRequest as exc:
+            adapter.metrics.jobs.labels("rejected").inc()  # answered here, it never reaches the adapter
+            bad = FIELDS.index(exc.field) if exc.field in FIELDS else 0
+            return [gr.validate(i != bad, str(exc) if i == bad else "") for i in range(len(values))]
+        return [gr.validate(True, "") for _ in values]
+
+    return check

@@ -11,7 +11,7 @@ from ..config import Settings
 from ..default_model import EXAMPLE_PROMPTS, GENERIC_PROMPTS
 from ..request import MAX_SEED
 from ..serving.base import Adapter
-from .handler import PageJobs, make_generate, reuse_seed, selected_index, status_html
+from .handler import PageJobs, make_generate, make_validator, reuse_seed, selected_index, status_html
 from .mcp_tool import serve_images
 
 log = logging.getLogger(__name__)
@@ -114,9 +114,14 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
         # `concurrency_limit` counts requests in flight in the handler (preparing, waiting for the
         # gate, inferring, finalizing); finite, so queue(max_size) really bounds the rest.
         # preprocess=False: raw values reach our own validator, which names the field and the
-        # range (the components' preprocess answers some bad values anonymously).
+        # range (the components' preprocess answers some bad values anonymously). validator=: the
+        # same checks run when the request joins Gradio's queue, so a bad one is answered at once,
+        # not after waiting for a handler slot; the handler validates again, as a backstop.
         shared: dict[str, Any] = dict(
-            concurrency_limit=settings.concurrency, concurrency_id="generate", preprocess=False
+            concurrency_limit=settings.concurrency,
+            concurrency_id="generate",
+            preprocess=False,
+            validator=make_validator(adapter),
         )
         page_jobs = PageJobs()
         generate_event = gr.on(

@@ -1,0 +1,97 @@
+"""The generate handler sends a progress output only when it changes what a person sees.
+
+No server: the handler runs against a scripted adapter, and its outputs and its calls to Gradio's
+progress tracker are counted. A 1-step job needs none; "k ahead" is never sent twice the same.
+A multi-step job still records every step in the tracker (Gradio sends API callers the latest one
+at most every PROGRESS_INTERVAL) but yields an output only when the page would change.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, AsyncGenerator, Sequence
+
+import gradio as gr
+import pytest
+from PIL import Image
+
+from pipeline.request import FIELDS
+from pipeline.serving.events import Done, Event, Step, Waiting
+from pipeline.web.handler import make_generate
+from tests.helpers import raw_request
+
+NEVER = 1e9  # a progress interval no test outlives: only the steps that must be sent are sent
+PREVIEW = Image.new("RGB", (8, 8))
+
+
+class ScriptedAdapter:
+    """Streams a fixed list of events for every request, as ``Adapter.run`` does."""
+
+    def __init__(self, events: Sequence[Event]) -> None:
+        self.events = events
+
+    async def run(self, raw: Any, *, request_id: str | None = None, alive: Any = None) -> AsyncGenerator[Event, None]:
+        for event in self.events:
+            yield event
+
+
+class CountingProgress:
+    def __init__(self) -> None:
+        self.calls: list[str | None] = []
+
+    def __call__(self, progress: Any, desc: str | None = None, **kwargs: Any) -> None:
+        self.calls.append(desc)
+
+
+def done() -> Done:
+    return Done([Path("x.png")], {"warnings": [], "durations_ms": {"total": 12.0}, "seeds": [1]})
+
+
+def steps(total: int, preview_every: int = 0) -> list[Step]:
+    return [Step(k, total, PREVIEW if preview_every and k % preview_every == 0 else None) for k in range(1, total + 1)]
+
+
+async def shown(events: Sequence[Event], num_inference_steps: int, interval: float = NEVER) -> tuple[list[str], int]:
+    """(the status of each output the page's handler yields, its progress tracker calls)."""
+    with gr.Blocks() as demo:
+        pass
+    generate = make_generate(ScriptedAdapter(events), demo, ui=True, progress_interval=interval)  # type: ignore[arg-type]
+    raw = {**raw_request(num_inference_steps=num_inference_steps), "live_preview": True}
+    progress = CountingProgress()
+    outputs = [out async for out in generate(*(raw[f] for f in FIELDS), progress=progress)]
+    assert all(len(out) == 3 for out in outputs)
+    records = [out[1] for out in outputs]
+    statuses = [
+        r["status"] + (f" {r.get('ahead', r.get('step', ''))}" if r["status"] != "done" else "") for r in records
+    ]
+    return statuses, len(progress.calls)
+
+
+@pytest.mark.anyio
+async def test_a_one_step_job_sends_only_its_images() -> None:
+    assert await shown([Waiting(0), Step(1, 1), done()], 1) == (["done"], 0)
+    # Its one preview would be replaced by the images at once; no per-step interval changes that.
+    assert await shown([Waiting(0), Step(1, 1, PREVIEW), done()], 1, interval=0) == (["done"], 0)
+
+
+@pytest.mark.anyio
+async def test_a_one_step_job_in_line_sees_each_change_of_its_place_once() -> None:
+    events = [Waiting(2), Waiting(2), Waiting(1), Waiting(1), Waiting(0), Step(1, 1), done()]
+    # "starting" replaces the "1 ahead" on screen; the repeats are not sent.
+    assert await shown(events, 1) == (["waiting 2", "waiting 1", "waiting 0", "done"], 3)
+
+
+@pytest.mark.anyio
+async def test_a_multi_step_job_sends_starting_the_last_step_and_every_preview() -> None:
+    every_step = 1 + 8  # "starting" and each step, recorded in the tracker (sent by Gradio's timer)
+    # Steps faster than the interval: "starting", N/N (the full bar during the decode), the images.
+    assert await shown([Waiting(0), *steps(8), done()], 8) == (["waiting 0", "running 8", "done"], every_step)
+    # Previews are always sent; after the first one only previews, not even N/N (a progress output
+    # has no picture: it would blank the preview on screen until the images come).
+    events = [Waiting(0), *steps(8, preview_every=3), done()]
+    assert await shown(events, 8) == (["waiting 0", "running 3", "running 6", "done"], every_step)
+    events = [Waiting(0), *steps(8, preview_every=4), done()]
+    assert await shown(events, 8) == (["waiting 0", "running 4", "running 8", "done"], every_step)
+    # Steps slower than the interval: every step, as before.
+    statuses, calls = await shown([Waiting(0), *steps(4), done()], 4, interval=0)
+    assert statuses == ["waiting 0", "running 1", "running 2", "running 3", "running 4", "done"] and calls == 5
