@@ -39,7 +39,9 @@ def check(results: dict) -> None:
     assert "app / raw throughput" in table and "nan" not in table.lower()
 
 
-PUBLISHED = sorted(p for p in (ROOT / "docs").glob("bench-*.json") if not p.name.startswith(("bench-ray-", "bench-fast-")))
+PUBLISHED = sorted(p for p in (ROOT / "docs").glob("bench-*.json")
+                   if not p.name.startswith(("bench-ray-", "bench-fast-", "bench-loadgen-")))
+PUBLISHED_LOADGEN = sorted((ROOT / "docs").glob("bench-loadgen-*.json"))
 PUBLISHED_FAST = sorted((ROOT / "docs").glob("bench-fast-*.json"))
 PUBLISHED_RAY = sorted((ROOT / "docs").glob("bench-ray-*.json"))
 RAY_FIGURES = {"ray2_over_ray1", "ray1_over_local", "ray_added_ms_per_request", "deploy_seconds", "seconds"}
@@ -178,3 +180,19 @@ def test_the_published_fast_device_runs_are_complete(path: Path) -> None:
     assert finite_figures(result)
     assert {r["profile"] for r in result["rows"]} == set(PROFILES) and all(r["errors"] == 0 for r in result["rows"])
     assert "nan" not in render(result).lower()
+
+
+@pytest.mark.parametrize("path", PUBLISHED_LOADGEN, ids=[p.name for p in PUBLISHED_LOADGEN])
+def test_the_published_load_generator_comparisons_are_complete(path: Path) -> None:
+    """Each run of ``bench.fast --client both``: both clients in every cell, no errors, the client's CPU."""
+    from bench.fast import render
+
+    result = json.loads(path.read_text())
+    assert finite_figures(result) and result["runs"]
+    for run in result["runs"]:
+        cells: dict[tuple[str, int], set[str]] = {}
+        for r in run["rows"]:
+            cells.setdefault((r["profile"], r["clients"]), set()).add(r["client"])
+            assert r["errors"] == 0 and r["requests"] > 0 and r["client_cpu_ms_per_request"] > 0
+        assert run["client"] == "both" and all(kinds == {"gradio", "async"} for kinds in cells.values())
+        assert "nan" not in render(run).lower()
