@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 import gradio as gr
 
 from pipeline.config import Settings, load_settings
-from pipeline.protocol import Model
+from pipeline.protocol import Model, ModelProfile, ModelSide
 from pipeline.request import limits_for
 from pipeline.serving.base import Adapter
 from pipeline.serving.local import LocalAdapter
@@ -47,10 +47,9 @@ __all__ = ["create_app", "launch", "main", "shutdown"]
 def start_backend(settings: Settings, load: Callable[[], Model] | None = None) -> Adapter:
     """The backend the settings choose, with its model loaded.
 
-    ``local``: a ``ModelRunner`` (the ``gpu-worker`` thread) in this process, behind ``@spaces.GPU``
-    on ZeroGPU, under a ``LocalAdapter``. ``ray``: Ray Serve replicas under a ``RayAdapter`` (the
-    only place that imports ``pipeline.ray``). ``load`` replaces the real loader (tests inject a
-    fake model through it; local backend only).
+    ``local``: one model side (``start_model_side``) under a ``LocalAdapter``. ``ray``: Ray Serve
+    replicas under a ``RayAdapter`` (the only place that imports ``pipeline.ray``). ``load``
+    replaces the real loader (tests inject a fake model through it; local backend only).
     """
     if settings.backend == "ray":
         from pipeline.ray.adapter import RayAdapter
@@ -62,8 +61,38 @@ def start_backend(settings: Settings, load: Callable[[], Model] | None = None) -
         except BaseException:
             stop(cluster)
             raise
+    side, profile = start_model_side(settings, load)
+    return LocalAdapter(
+        side,
+        limits_for(settings, profile),
+        settings.output_dir,
+        job_timeout=settings.job_timeout,
+        max_batch_size=settings.max_batch_size,
+    )
+
+
+def start_model_side(settings: Settings, load: Callable[[], Model] | None = None) -> tuple[ModelSide, ModelProfile]:
+    """The local backend's model side, loaded: in a model process of its own, or on a thread here.
+
+    ``process`` (the default): ``ProcessSide``, restarted when it dies; the server never imports
+    torch. ``thread``: a ``ModelRunner`` in this process, behind ``@spaces.GPU`` on ZeroGPU (whose
+    wrapper is the process boundary there, so ``auto`` picks ``thread`` on ZeroGPU). An injected
+    ``load`` runs in-thread unless ``--model-side process`` is asked for (then it must pickle).
+    """
+    from pipeline.engine.zerogpu import model_side, zero_gpu_active
+
+    where = settings.model_side
+    if where == "auto":
+        where = "thread" if zero_gpu_active() or load is not None else "process"
+    elif where == "process" and zero_gpu_active():
+        log.warning("ZeroGPU: --model-side process is not possible there (@spaces.GPU is the process); using thread")
+        where = "thread"
+    if where == "process":
+        from pipeline.engine.process import ProcessSide, SettingsLoader
+
+        side = ProcessSide(load if load is not None else SettingsLoader(settings))
+        return side, side.profile
     from pipeline.engine.runner import ModelRunner
-    from pipeline.engine.zerogpu import model_side
 
     if load is None:
         from pipeline.engine.loading import load_model
@@ -73,13 +102,7 @@ def start_backend(settings: Settings, load: Callable[[], Model] | None = None) -
 
     runner = ModelRunner(load)
     profile = runner.start()
-    return LocalAdapter(
-        model_side(runner),
-        limits_for(settings, profile),
-        settings.output_dir,
-        job_timeout=settings.job_timeout,
-        max_batch_size=settings.max_batch_size,
-    )
+    return model_side(runner), profile
 
 
 def create_app(settings: Settings, load: Callable[[], Model] | None = None) -> tuple[gr.Blocks, Any]:

@@ -7,7 +7,8 @@
 - ``GenerationFailed``: an internal fault in one job; the user sees a generic message with the id.
 - ``OutOfMemory``: a recoverable GPU/CPU memory fault; the user is told to shrink the request.
 - ``ReplicaDead``: (Ray backend) the replica running the job died; the others carry on.
-- ``EngineDead``: the model thread is gone; every waiting job fails at once.
+- ``ModelProcessDied``: the model process died during the job; the app restarts it, the others wait.
+- ``EngineDead``: the model side is gone for good; every waiting job fails at once.
 """
 
 from __future__ import annotations
@@ -90,6 +91,17 @@ class ReplicaDead(GenerationFailed):
             request_id,
             f"The server process running your job stopped (request id {request_id}). "
             "Please try again; another replica will take it.",
+        )
+
+
+class ModelProcessDied(GenerationFailed):
+    """The model process died during the job (killed, crashed); the app is starting a new one."""
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(
+            request_id,
+            f"The model process stopped while running your job (request id {request_id}); "
+            "the server is restarting it. Please try again in a minute.",
         )
 
 

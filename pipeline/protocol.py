@@ -93,7 +93,8 @@ class InferenceResult:
     peak_memory_bytes: int | None = None
 
 
-ErrorKind = Literal["cancelled", "out_of_memory", "failed", "engine_dead"]
+# crashed: the model process died during the job (it is being restarted); engine_dead: no model side is left
+ErrorKind = Literal["cancelled", "out_of_memory", "failed", "crashed", "engine_dead"]
 
 
 @dataclass(frozen=True)

@@ -103,3 +103,29 @@ class FakeModel:
                 self.active -= 1
                 self.returned.append(job.request_id)
                 self.log.append(("return", job.request_id))
+
+
+@dataclass(frozen=True)
+class FakeLoader:
+    """A picklable loader for a model process (``engine.process``): a ``FakeModel`` built there.
+
+    The profile's name says where the model was loaded (process id and thread name). With
+    ``fail_marker``, the first load creates that file and every later load fails (a model that can
+    no longer load: the restarts run out).
+    """
+
+    step_seconds: float = 0.0
+    fail_marker: str | None = None
+
+    def __call__(self) -> FakeModel:
+        import dataclasses
+        import os
+        from pathlib import Path
+
+        if self.fail_marker is not None:
+            marker = Path(self.fail_marker)
+            if marker.exists():
+                raise RuntimeError("scripted load failure")
+            marker.touch()
+        where = f"fake-model pid={os.getpid()} thread={threading.current_thread().name}"
+        return FakeModel(dataclasses.replace(FAKE_PROFILE, name=where), step_seconds=self.step_seconds, previews=True)

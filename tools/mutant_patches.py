@@ -133,6 +133,19 @@ def _ray_replica_admits_eight() -> None:
 Patch = tuple[str, Callable[[], None]]  # (the module it patches, the patch), applied once that module is loaded
 
 
+def _model_process_never_hears_stop() -> None:
+    from pipeline.engine.process import _Child
+
+    original = _Child.send
+    _Child.send = lambda self, message: True if message[0] == "stop" else original(self, message)  # type: ignore[method-assign]
+
+
+def _restart_gives_up_at_once(self: Any) -> None:
+    with self._cond:
+        self._state = "dead"
+        self._cond.notify_all()
+
+
 def _on(module: str, fn: Callable[[], None]) -> list[Patch]:
     return [(module, fn)]
 
@@ -168,6 +181,9 @@ MUTANTS: dict[str, list[Patch]] = {
     ),
     "zerogpu-passes-the-stop-event": _on("pipeline.engine.zerogpu", _pass_the_stop_event),
     "zerogpu-runs-outside-the-users-context": _on("pipeline.serving.streamer", _no_user_context),
+    "model-process-never-hears-stop": _on("pipeline.engine.process", _model_process_never_hears_stop),
+    "model-process-not-restarted": _attr("pipeline.engine.process", "ProcessSide._restart", _restart_gives_up_at_once),
+    "recovering-not-reported": _attr("pipeline.serving.local", "LocalAdapter._recovering", lambda self: False),
     "liveness-watch-never-looks": _attr(
         "pipeline.serving.base",
         "LivenessWatch.watching",

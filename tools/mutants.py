@@ -51,6 +51,14 @@ TESTS: dict[str, str] = {
         "tests/test_zerogpu.py::test_the_app_on_zerogpu_serves_each_user_in_their_own_context"
     ),
     "liveness-watch-never-looks": "tests/test_lifecycle.py::test_a_dropped_connection_stops_the_job",
+    "model-process-never-hears-stop": "tests/test_model_process.py::test_stop_reaches_the_model_process_at_its_next_step",
+    "model-process-not-restarted": (
+        "tests/test_model_process.py::test_a_killed_model_process_fails_its_job_at_once_and_the_next_job_waits_for_the_new_one "
+        "tests/test_model_process.py::test_the_running_app_heals_when_its_model_process_is_killed_mid_job"
+    ),
+    "recovering-not-reported": (
+        "tests/test_model_process.py::test_the_running_app_heals_when_its_model_process_is_killed_mid_job"
+    ),
 }
 
 

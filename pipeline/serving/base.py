@@ -126,6 +126,10 @@ class AdapterBase:
         """(dead, degraded, the adapter's own fields) for ``health``."""
         raise NotImplementedError
 
+    def _recovering(self) -> bool:
+        """Whether the model side is restarting (requests wait in line meanwhile)."""
+        return False
+
     def _stop_all(self) -> None:
         """Stop every running job at its next step (on the loop)."""
 
@@ -185,10 +189,13 @@ class AdapterBase:
 
     # -- health and lifecycle ------------------------------------------------------------------
     def health(self) -> dict[str, Any]:
-        """ok, busy, degraded (shutting down, or 3+ failures in a row) or dead (no model side)."""
+        """ok, busy, degraded (shutting down, or 3+ failures in a row), recovering (the model
+        process is restarting; requests wait) or dead (no model side)."""
         dead, degraded, own = self._health_fields()
         if dead:
             status = "dead"
+        elif self._recovering():
+            status = "recovering"
         elif self.closing or degraded or self.consecutive_failures >= DEGRADED_AFTER:
             status = "degraded"
         elif self.inference_in_progress or self.in_flight:

@@ -35,6 +35,10 @@ class TimedOut(Exception):
     """A job ran past the adapter's time limit (each request gets its own ``JobTimedOut``)."""
 
 
+class ModelCrashed(Exception):
+    """The model process died during the job (each request gets ``ModelProcessDied``)."""
+
+
 class ModelFailed(Exception):
     """The model side failed the job (its detail is in the log; each request gets ``GenerationFailed``)."""
 
@@ -45,6 +49,8 @@ def error_of(event: ErrorEvent, request_id: str) -> BaseException:
         return Cancelled(event.message, steps_done=event.steps_done)
     if event.kind == "out_of_memory":
         return OutOfMemory(request_id)
+    if event.kind == "crashed":
+        return ModelCrashed(event.message)
     if event.kind == "engine_dead":
         return EngineDead(event.message)
     return ModelFailed(event.message)

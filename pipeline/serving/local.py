@@ -29,12 +29,20 @@ import time
 from pathlib import Path
 from typing import Any, AsyncGenerator, Callable, Mapping
 
-from ..errors import Cancelled, GenerationFailed, JobTimedOut, OutOfMemory, ServingError, ShuttingDown
+from ..errors import (
+    Cancelled,
+    GenerationFailed,
+    JobTimedOut,
+    ModelProcessDied,
+    OutOfMemory,
+    ServingError,
+    ShuttingDown,
+)
 from ..protocol import InferenceResult, ModelProfile, ModelSide
 from ..request import GenerateRequest, Limits, validate
 from .base import SHUTDOWN_MESSAGE, AdapterBase
 from .events import Done, Event, Timings, Waiting
-from .jobs import GpuJobs, ModelFailed, TimedOut
+from .jobs import GpuJobs, ModelCrashed, ModelFailed, TimedOut
 from .line import Batch, End, Line, Member, StopSignal
 from .metrics import Metrics
 from .postprocess import encode_pngs, info_record
@@ -96,8 +104,21 @@ class LocalAdapter(AdapterBase):
     def model_hung(self) -> bool:
         return self.jobs.model_hung
 
+    @property
+    def model_side_state(self) -> str:
+        """ready, recovering (a model process is restarting), dead or closed; always ready in-thread."""
+        return str(getattr(self.side, "state", "ready" if self.side.alive else "dead"))
+
     def _health_fields(self) -> tuple[bool, bool, dict[str, Any]]:
-        return not self.streamer.alive, self.model_hung, {"model_hung": self.model_hung}
+        own = {
+            "model_hung": self.model_hung,
+            "model_side": self.model_side_state,
+            "model_restarts": int(getattr(self.side, "restarts", 0)),
+        }
+        return not self.streamer.alive, self.model_hung, own
+
+    def _recovering(self) -> bool:
+        return self.model_side_state == "recovering"
 
     def _stop_all(self) -> None:
         self.jobs.stop_all()
@@ -213,6 +234,8 @@ class LocalAdapter(AdapterBase):
             raise JobTimedOut(request.request_id, self.job_timeout) from None
         if isinstance(error, (OutOfMemory, MemoryError)):
             raise OutOfMemory(request.request_id) from None
+        if isinstance(error, ModelCrashed):
+            raise ModelProcessDied(request.request_id) from None
         if isinstance(error, ServingError):
             raise error
         if not isinstance(error, ModelFailed):

@@ -45,7 +45,7 @@ def service_routes(
     async def health() -> JSONResponse:
         body = adapter.health()
         body["queue_depth"] = body["gpu_queue_depth"] + queued(demo)
-        return JSONResponse(body, status_code=503 if body["status"] == "dead" else 200)
+        return JSONResponse(body, status_code=503 if body["status"] in ("dead", "recovering") else 200)
 
     async def metrics(request: Request) -> Response:
         if not authorized(request.headers.get("authorization"), auth, metrics_token):

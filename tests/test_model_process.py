@@ -1,0 +1,203 @@
+"""The model side in a process of its own: plain data across, stop forwarded, healed when killed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from PIL import Image
+
+from pipeline.engine.process import DEAD_MESSAGE, ProcessSide
+from pipeline.protocol import ErrorEvent, InferenceJob, InferenceResult, StepEvent
+from pipeline.serving.line import StopSignal
+from tests.fakes import FakeLoader
+from tests.helpers import ROOT, wait_for
+
+JOB = InferenceJob("j", ("p",), ("",), (300, 301), 48, 32, 3, 7.5, preview_every=1, preview_images=(0, 1))
+LONG = InferenceJob("long", ("p",), ("",), (1,), 32, 32, 500, 7.5)
+WAIT = 60.0
+
+
+def exited(pid: int) -> bool:
+    """Whether ``pid`` has exited (gone, or a zombie nobody has reaped yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+    except (FileNotFoundError, IndexError):
+        return True
+
+
+def test_the_model_loads_and_runs_in_its_own_process_on_the_named_thread() -> None:
+    side = ProcessSide(FakeLoader(), ready_timeout=WAIT)
+    try:
+        assert side.pid != os.getpid() and not exited(side.pid)
+        assert side.profile.name == f"fake-model pid={side.pid} thread=gpu-worker"
+        assert side.count_tokens("three words here") == {"CLIP": 3}
+        events = list(side.stream(JOB, StopSignal()))
+        steps = [e for e in events if isinstance(e, StepEvent)]
+        assert [(s.step, s.total) for s in steps] == [(1, 3), (2, 3), (3, 3)]
+        assert all(isinstance(s.preview(1), Image.Image) for s in steps)
+        result = events[-1]
+        assert isinstance(result, InferenceResult) and result.steps_done == 3
+        assert [im.size for im in result.images] == [(48, 32), (48, 32)]
+        assert [im.getpixel((0, 0)) for im in result.images] == [(300 % 256, 1, 7), (301 % 256, 1, 7)]
+        assert side.state == "ready" and side.alive
+    finally:
+        side.shutdown(timeout=WAIT)
+    assert side.state == "closed" and not side.alive
+    assert side._child.proc.returncode == 0  # it finished and exited by itself
+
+
+@pytest.mark.parametrize("stop_kind", ["StopSignal", "Event"])
+def test_stop_reaches_the_model_process_at_its_next_step(stop_kind: str) -> None:
+    """A ``StopSignal`` is forwarded when set; a plain ``threading.Event`` is polled."""
+    side = ProcessSide(FakeLoader(step_seconds=0.01), ready_timeout=WAIT)
+    try:
+        stop: Any = StopSignal() if stop_kind == "StopSignal" else threading.Event()
+        events = []
+        for event in side.stream(LONG, stop):
+            events.append(event)
+            if isinstance(event, StepEvent) and event.step == 2:
+                stop.set()
+        last = events[-1]
+        assert isinstance(last, ErrorEvent) and last.kind == "cancelled", last
+        assert 2 <= last.steps_done < LONG.num_inference_steps
+        # the stop belonged to that job only: the next one runs to the end
+        assert isinstance(list(side.stream(JOB, StopSignal()))[-1], InferenceResult)
+    finally:
+        side.shutdown(timeout=WAIT)
+
+
+def test_a_killed_model_process_fails_its_job_at_once_and_the_next_job_waits_for_the_new_one() -> None:
+    side = ProcessSide(FakeLoader(step_seconds=0.01), ready_timeout=WAIT, backoff=(1.0, 1.0))
+    try:
+        first = side.pid
+        stream = side.stream(LONG, StopSignal())
+        assert isinstance(next(stream), StepEvent)  # the job is running in the model process
+        os.kill(first, signal.SIGKILL)  # what the OOM killer does
+        rest = list(stream)
+        assert len(rest) <= LONG.num_inference_steps and isinstance(rest[-1], ErrorEvent)
+        assert rest[-1].kind == "crashed" and "SIGKILL" in rest[-1].message, rest[-1]
+        assert side.state == "recovering" and side.alive  # set before the job heard of the crash
+        # A job that arrives meanwhile waits for the new process, then runs there.
+        events = list(side.stream(JOB, StopSignal()))
+        assert isinstance(events[-1], InferenceResult), events[-1]
+        assert side.state == "ready" and side.restarts == 1 and side.pid != first
+        assert side.profile.name == f"fake-model pid={side.pid} thread=gpu-worker"
+        assert side.count_tokens("two words") == {"CLIP": 2}
+    finally:
+        side.shutdown(timeout=WAIT)
+
+
+def test_after_repeated_failed_restarts_the_side_is_dead_and_jobs_get_an_error(tmp_path: Path) -> None:
+    side = ProcessSide(FakeLoader(fail_marker=str(tmp_path / "loaded-once")), ready_timeout=WAIT, backoff=(0, 0.1, 0.1))
+    try:
+        os.kill(side.pid, signal.SIGKILL)
+        wait_for(lambda: side.state != "ready", "the side noticed the death", timeout=WAIT)
+        events = list(side.stream(JOB, StopSignal()))  # waits through the three failed restarts
+        assert events == [ErrorEvent("engine_dead", DEAD_MESSAGE)]
+        assert side.state == "dead" and not side.alive and side.restarts == 0
+        assert side.count_tokens("a b") == {}
+    finally:
+        side.shutdown(timeout=WAIT)
+
+
+def test_a_model_process_exits_when_its_server_is_killed(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        """
+        import sys, time
+        from pipeline.engine.process import ProcessSide
+        from tests.fakes import FakeLoader
+        side = ProcessSide(FakeLoader())
+        print(side.pid, flush=True)
+        time.sleep(600)
+        """
+    )
+    server = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        child = int(server.stdout.readline())
+        assert not exited(child)
+    finally:
+        server.kill()
+        server.wait()
+    wait_for(lambda: exited(child), "the orphaned model process exited", timeout=WAIT)
+
+
+def test_an_unpicklable_loader_is_refused_with_the_way_out() -> None:
+    with pytest.raises(TypeError, match="--model-side thread"):
+        ProcessSide(lambda: None)  # type: ignore[arg-type,return-value]
+
+
+@pytest.mark.server
+def test_the_server_process_does_not_import_torch_in_process_mode(tmp_path: Path) -> None:
+    """The server stays lean: torch and diffusers load in the model process only."""
+    script = textwrap.dedent(
+        f"""
+        import sys
+        import app
+        from pipeline.config import load_settings
+        settings = load_settings(["--output-dir", {str(tmp_path)!r}], environ={{}})
+        side, profile = app.start_model_side(settings)
+        try:
+            assert type(side).__name__ == "ProcessSide", side
+            assert profile.pipeline_class == "StableDiffusionPipeline", profile
+            loaded = sorted(m for m in ("torch", "diffusers", "transformers") if m in sys.modules)
+            assert not loaded, loaded
+        finally:
+            side.shutdown(30)
+        print("lean")
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "lean", (out.stdout, out.stderr[-3000:])
+
+
+@pytest.mark.server
+def test_the_running_app_heals_when_its_model_process_is_killed_mid_job(tmp_path: Path) -> None:
+    """The must-show: kill -9 the default model's process during a job. That job gets a clear
+    error at once, /health says recovering, a job sent meanwhile waits in line and gets its image."""
+    import httpx
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError
+
+    from tests.helpers import running_app
+
+    with running_app(tmp_path) as (url, _demo, adapter):
+        assert adapter.health()["model_side"] == "ready"
+        first = adapter.side.pid
+        client = Client(url, verbose=False, download_files=str(tmp_path / "client"))
+        params = dict(prompt="a red circle", randomize_seed=False, width=256, height=256, guidance_scale=7.5,
+                      num_images=1)
+        doomed = client.submit(api_name="/generate", seed=1, num_inference_steps=100, **params)
+        wait_for(lambda: adapter.inference_in_progress and adapter.metrics.denoise_steps._value.get() > 0,
+                 "the job is denoising in the model process", timeout=WAIT)
+        seen: list[str] = []
+        watching = threading.Event()
+
+        def watch_health() -> None:
+            while not watching.is_set():
+                seen.append(httpx.get(url + "health", timeout=5).json()["status"])
+
+        watcher = threading.Thread(target=watch_health, daemon=True)
+        watcher.start()
+        os.kill(first, signal.SIGKILL)
+        with pytest.raises(AppError, match=r"model process stopped while running your job \(request id "):
+            doomed.result(timeout=WAIT)
+        waiting = client.submit(api_name="/generate", seed=2, num_inference_steps=4, **params)
+        gallery, info = waiting.result(timeout=2 * WAIT)  # in line until the new process is up
+        watching.set()
+        watcher.join(timeout=10)
+        with Image.open(gallery[0]["image"]) as image:
+            assert image.size == (256, 256)
+        assert info["seed"] == 2
+        assert "recovering" in seen, seen
+        health = httpx.get(url + "health", timeout=5).json()
+        assert health["status"] == "ok" and health["model_side"] == "ready" and health["model_restarts"] == 1
+        assert adapter.side.pid != first and exited(first)
