@@ -1,10 +1,11 @@
-"""PNG encoding cost per compress level, on pictures like the app's (issue 17).
+"""PNG encoding cost per compress level and encoder, on pictures like the app's (issue 17).
 
     python -m bench.png [--size 512] [--repeat 10]
 
 Encodes the simulated device's pictures (smooth colour fields with mild noise, as costly to
-compress as generated images) with Pillow at each zlib level, as ``serving.postprocess`` does, and
-prints milliseconds and kilobytes per image (median of the repeats), one thread.
+compress as generated images) with Pillow at each zlib level, then with the app's encoder
+(``serving.png``: zlib level 1 with the Z_RLE strategy, through imagecodecs when it is installed,
+else Pillow), and prints milliseconds and kilobytes per image (median of the repeats), one thread.
 """
 
 from __future__ import annotations
@@ -33,6 +34,28 @@ def measure(size: int, repeat: int, levels: range) -> list[tuple[int, float, flo
     return rows
 
 
+def measure_app_encoder(size: int, repeat: int) -> list[tuple[str, float, float]]:
+    from pipeline.serving import png
+
+    images = [picture(size, seed) for seed in range(4)]
+    encoders = [("pillow, level 1, Z_RLE", None), (f"app encoder ({png.encoder_name()})", png.imagecodecs)]
+    rows = []
+    for name, codecs in encoders:
+        saved, png.imagecodecs = png.imagecodecs, codecs
+        try:
+            times, sizes = [], []
+            for _ in range(repeat):
+                for image in images:
+                    t0 = time.perf_counter()
+                    data = png.encode_png(image, (("parameters", "x"),))
+                    times.append((time.perf_counter() - t0) * 1000)
+                    sizes.append(len(data) / 1024)
+            rows.append((name, statistics.median(times), statistics.median(sizes)))
+        finally:
+            png.imagecodecs = saved
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=int, default=512)
@@ -42,6 +65,10 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---|---|")
     for level, ms, kib in measure(args.size, args.repeat, range(0, 10)):
         print(f"| {level} | {ms:.1f} | {kib:.0f} |")
+    print(f"\n| encoder | ms per {args.size} px image | KiB |")
+    print("|---|---|---|")
+    for name, ms, kib in measure_app_encoder(args.size, args.repeat):
+        print(f"| {name} | {ms:.1f} | {kib:.0f} |")
 
 
 if __name__ == "__main__":
