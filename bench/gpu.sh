@@ -1,12 +1,186 @@
 #!/usr/bin/env bash
-# The GPU benchmark as one prepared script (issue 5): a full-size SD 1.5 architecture with random
-# weights (no download), every section of `python -m bench` on CUDA. About 5 minutes on one GPU.
+# The GPU benchmark as one prepared script (issues 5 and 17), within 10 minutes on one GPU.
 #
-#   bash bench/gpu.sh [OUT_DIR]      # JSON and the markdown table land in OUT_DIR (default bench/results)
+#   bash bench/gpu.sh [OUT_DIR]        # default: $OUT, else ./out
+#   STEPS="cuda build compile" bash bench/gpu.sh   # only some steps (a rerun on a warm machine)
+#
+# Steps, in this order (each under `timeout`, its output in OUT_DIR/<step>.log; a failing step is
+# reported and the next one runs):
+#   cuda     the device is there (torch.cuda and nvidia-smi)
+#   build    a full-size SD 1.5 architecture with random weights (bench.sd15; no download; skipped
+#            when the same build is already in $TMPDIR)
+#   compile  --compile against eager, in-process, through the app's own load_model: load + warm-up
+#            time (the warm-up compiles), seconds per image at 512 px (20 steps; 1 step, the turbo
+#            case), then a batch of 2 (a new shape: a recompile), and the images' difference from
+#            eager; compile.json
+#   bench    python -m bench --device cuda --quick on the SD 1.5 build (every section; bench-gpu.json
+#            and bench-gpu.md), if at least 150 s of the budget are left
+#   fast     the fast-device profiles of bench.fast --quick (a simulated device: the serving layer on
+#            this machine's CPUs), 8 and 32 callers; the model side in a process and in a thread for
+#            the SD-Turbo-like and launch-bound profiles; fast-<profile>.json. They need no GPU, so
+#            they come last and get what the GPU steps left (a profile needs 30 s to start)
+# At the end: summary.json (every step's status, exit code, seconds), also printed; the
+# script exits 1 if any step failed or was skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out="${1:-bench/results}"
+out="${1:-${OUT:-out}}"
 mkdir -p "$out"
-python -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name(0))"
-python -m bench.sd15 --out /tmp/sd15-random --dtype float16
-python -m bench --device cuda --model /tmp/sd15-random --quick --json "$out/bench-gpu.json" | tee "$out/bench-gpu.md"
+budget="${GPU_SH_BUDGET_S:-570}"  # every step ends by then: 10 minutes less a margin for the summary
+end=$((SECONDS + budget))
+steps="${STEPS:-cuda build compile bench fast}"
+model="${TMPDIR:-/tmp}/sd15-random"
+export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+summary=()
+failures=0
+
+wanted() { [[ " $steps " == *" $1 "* ]]; }
+
+# step NAME CAP MIN CMD...: run CMD under `timeout` for at most CAP seconds (less if the budget is
+# nearly spent; skipped if under MIN seconds are left), tee its output to $out/NAME.log, record it.
+step() {
+  local name=$1 cap=$2 min=$3 rc=0 t0=$SECONDS status
+  shift 3
+  local left=$((end - SECONDS))
+  local limit=$((cap < left ? cap : left))
+  if ((limit < min)); then
+    echo "== $name: skipped, ${left}s of the budget left (needs ${min}s)"
+    summary+=("{\"step\": \"$name\", \"status\": \"skipped\", \"rc\": null, \"seconds\": 0, \"limit_s\": $limit}")
+    failures=$((failures + 1))
+    return 0
+  fi
+  echo "== $name (limit ${limit}s): $*"
+  timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$out/$name.log" || rc=$?
+  if ((rc == 0)); then
+    status=ok
+  elif ((rc == 124 || rc == 137)); then
+    status=timed_out
+  else
+    status=failed
+  fi
+  ((rc == 0)) || failures=$((failures + 1))
+  echo "== $name: $status (rc $rc, $((SECONDS - t0))s)"
+  summary+=("{\"step\": \"$name\", \"status\": \"$status\", \"rc\": $rc, \"seconds\": $((SECONDS - t0)), \"limit_s\": $limit}")
+}
+
+gpu_ok=0
+if wanted cuda; then
+  step cuda 60 10 bash -c 'nvidia-smi -L; python -c "import torch; assert torch.cuda.is_available(), \"no CUDA device\"; print(torch.cuda.get_device_name(0), torch.__version__)"'
+  [[ "${summary[-1]}" == *'"ok"'* ]] && gpu_ok=1
+else
+  python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" && gpu_ok=1
+fi
+
+# GPU steps without a GPU: recorded as skipped rather than run to fail.
+gpu_step() {
+  if ((gpu_ok)); then
+    step "$@"
+  else
+    echo "== $1: skipped, no CUDA device"
+    summary+=("{\"step\": \"$1\", \"status\": \"skipped\", \"rc\": null, \"seconds\": 0, \"limit_s\": 0}")
+    failures=$((failures + 1))
+  fi
+}
+
+wanted build && gpu_step build 150 30 python -m bench.sd15 --out "$model" --dtype float16
+
+if wanted compile; then
+  gpu_step compile 200 60 python - "$model" "$out/compile.json" <<'PY'
+"""Eager against --compile (mode="reduce-overhead": CUDA graphs), in-process, through load_model."""
+import gc, json, sys, threading, time
+
+import numpy as np
+import torch
+
+from pipeline.config import load_settings
+from pipeline.engine.loading import load_model
+from pipeline.engine.speedups import is_compiled
+from pipeline.protocol import InferenceJob
+
+model_path, out_path = sys.argv[1], sys.argv[2]
+result = {"model": "SD 1.5 architecture, random weights, fp16", "device": torch.cuda.get_device_name(0),
+          "torch": torch.__version__, "dynamo_recompile_limit": None}
+
+
+def save() -> None:
+    with open(out_path, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+def job(steps: int, n: int = 1) -> InferenceJob:  # guidance 7.5: CFG, a UNet batch of 2n
+    return InferenceJob(f"j{steps}-{n}", ("a red circle on a blue background",) * n, ("",) * n,
+                        tuple(range(n)), 512, 512, steps, 7.5)
+
+
+def timed(model, j):
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    images = model.generate(j, threading.Event(), lambda *_: None).images
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0, [np.asarray(i, dtype=np.int16) for i in images]
+
+
+# The warm-up shape first (512 px, one image, CFG), then the batch of two: a new shape.
+JOBS = {"512px_20steps": (job(20), 3), "512px_1step": (job(1), 10), "512px_4steps_batch2": (job(4, 2), 3)}
+reference = {}
+for flags in ([], ["--compile"]):
+    key = "compiled" if flags else "eager"
+    t0 = time.perf_counter()
+    model = load_model(load_settings(["--model", model_path, "--device", "cuda", *flags]))
+    row = {"load_and_warmup_s": round(time.perf_counter() - t0, 2), "denoiser_compiled": is_compiled(model.pipe.unet)}
+    result[key] = row
+    result["dynamo_recompile_limit"] = torch._dynamo.config.recompile_limit
+    save()
+    for name, (j, repeats) in JOBS.items():
+        first, images = timed(model, j)  # compiled: a new shape compiles here
+        times = sorted(timed(model, j)[0] for _ in range(repeats))
+        row[name] = {"first_s": round(first, 3), "median_s": round(times[len(times) // 2], 4)}
+        if key == "eager":
+            reference[name] = images
+        else:
+            diff = np.abs(np.stack(images) - np.stack(reference[name]))
+            row[name] |= {"vs_eager_mean_levels": float(diff.mean()), "vs_eager_max_levels": int(diff.max())}
+            row[name]["speedup"] = round(result["eager"][name]["median_s"] / row[name]["median_s"], 3)
+        save()
+        print(key, name, row[name], flush=True)
+    row["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    save()
+    del model
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+print(json.dumps(result, indent=1))
+PY
+fi
+
+if wanted bench; then
+  gpu_step bench 300 150 bash -c "set -o pipefail; python -m bench --device cuda --model '$model' --quick \
+    --json '$out/bench-gpu.json' | tee '$out/bench-gpu.md'"
+fi
+
+if wanted fast; then
+  # The simulated device needs no GPU: these measure the serving layer on this machine's CPUs, with
+  # what the GPU steps left of the budget, the issue's headline profiles first. profile:cap:sides:callers
+  for plan in sd-turbo-like:90:process,thread:8,32 launch-bound:90:process,thread:8,32 null:60:process:8,32 \
+    sdxl-turbo-like-1024:60:process:8,32 sd15-like:60:process:8; do
+    IFS=: read -r name cap sides clients <<<"$plan"
+    step "fast-$name" "$cap" 30 python -m bench.fast --quick --profiles "$name" --clients "$clients" \
+      --model-side "$sides" --json "$out/fast-$name.json"
+  done
+fi
+
+{
+  echo "["
+  for i in "${!summary[@]}"; do
+    sep=","
+    ((i == ${#summary[@]} - 1)) && sep=""
+    echo "  ${summary[$i]}$sep"
+  done
+  echo "]"
+} >"$out/summary.json"
+echo
+echo "step summary ($SECONDS s of ${budget}s; output in $out):"
+cat "$out/summary.json"
+((failures == 0)) || {
+  echo "$failures step(s) failed, timed out or were skipped"
+  exit 1
+}

@@ -253,3 +253,36 @@ def test_rays_errors_become_ours() -> None:
         error = classify(dead)
         assert isinstance(error, ReplicaDead) and "another replica" in str(error)
     assert isinstance(classify(asyncio.CancelledError()), Cancelled)
+
+
+# -- the replica's Serve health check (no cluster needed: the replica is a plain class) ------------
+class _ThreadKiller:
+    """A job's stop flag whose first read raises a BaseException on the model thread: the thread dies
+    the way a KeyboardInterrupt or a SystemExit raised inside the model would kill it."""
+
+    class Death(BaseException):
+        pass
+
+    def is_set(self) -> bool:
+        raise self.Death("the model thread is killed")
+
+
+def test_check_health_fails_once_the_replicas_model_thread_has_died(tmp_path: Path) -> None:
+    from pipeline.protocol import ErrorEvent, InferenceJob
+    from pipeline.ray.replica import ModelReplica
+
+    settings = Settings(model="sim:cpu_ms=0,dev_ms=1,decode_ms=0,size=64,steps=2", output_dir=tmp_path)
+    replica = ModelReplica(settings)  # what Serve builds inside each replica actor
+    try:
+        replica.check_health()  # alive: Serve keeps it
+        job = InferenceJob("doomed", ("p",), ("",), (0,), 64, 64, 2, 0.0)
+        events = list(replica.runner.stream(job, _ThreadKiller()))
+        assert isinstance(events[-1], ErrorEvent) and events[-1].kind == "engine_dead"
+        deadline = time.monotonic() + 10
+        while replica.runner.alive:  # the thread unwinds right after the job's error
+            assert time.monotonic() < deadline, "the model thread outlived its BaseException"
+            time.sleep(0.01)
+        with pytest.raises(RuntimeError, match="model thread has died"):
+            replica.check_health()  # Serve marks it unhealthy and starts a replacement
+    finally:
+        replica.shutdown()

@@ -24,6 +24,7 @@ from .families import pick_dtype_name, pipeline_class_of, traits
 from .previews import Previewer, load_decoder, load_preview_map
 from .simulated import PREFIX as SIM_PREFIX
 from .simulated import SimSpec, SimulatedModel
+from .speedups import compile_denoiser, denoiser_name, uncompile_denoiser, use_channels_last
 from .zerogpu import zero_gpu_active
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,8 @@ def build_profile(pipe: Any, name: str, device: str, dtype: torch.dtype, saved: 
     """Defaults and limits that follow the loaded model (``saved``: defaults written with a model trained here)."""
     t = traits(pipe, name)
     scale = int(getattr(pipe, "vae_scale_factor", 8) or 8)
-    denoiser = getattr(pipe, "unet", None) or getattr(pipe, "transformer", None)
+    attr = denoiser_name(pipe)
+    denoiser = getattr(pipe, attr) if attr else None
     sample = getattr(getattr(denoiser, "config", None), "sample_size", None)
     if isinstance(sample, (list, tuple)):
         sample = sample[0]
@@ -103,6 +105,8 @@ def load_model(settings: Settings, *, warmup: bool = True) -> DiffusersModel | S
     if settings.vae_tiling and hasattr(getattr(pipe, "vae", None), "enable_tiling"):
         pipe.vae.enable_tiling()
     pipe.set_progress_bar_config(disable=True)
+    if settings.channels_last:  # the weights are on their device in their dtype; before any compile
+        use_channels_last(pipe)
     saved = model_defaults(Path(source)) if Path(source).is_dir() else {}
     folder = Path(source) if Path(source).is_dir() else None
     # Previews: the map saved with the model, else one fitted to its VAE now (not on ZeroGPU, whose
@@ -112,6 +116,14 @@ def load_model(settings: Settings, *, warmup: bool = True) -> DiffusersModel | S
     else:
         preview_map = load_preview_map(pipe, folder, fit=not zero_gpu_active())
     model = DiffusersModel(pipe, build_profile(pipe, name, device, dtype, saved), preview_map)
+    # Compiled last: the profile and previews read the eager modules (an OptimizedModule has no truth
+    # value: ``pipe.unet or pipe.transformer`` raises on it).
+    compiled = False
+    if settings.compile and zero_gpu_active():  # each GPU call is a fresh fork: its compiled code would die with it
+        log.warning("--compile is ignored on ZeroGPU (every GPU call would compile again)")
+    elif settings.compile:
+        offloaded = settings.cpu_offload and device == "cuda"
+        compiled = compile_denoiser(pipe, device, offloaded=offloaded) is not None
     log.info(
         "loaded %s (%s, %s on %s, %d torch threads) in %.2fs",
         name,
@@ -123,18 +135,35 @@ def load_model(settings: Settings, *, warmup: bool = True) -> DiffusersModel | S
     )
     # On ZeroGPU the device exists only inside a request's GPU call: no warm-up outside one.
     if warmup and not zero_gpu_active():
-        _warm_up(model)
+        _warm_up(model, compiled=compiled)
     return model
 
 
-def _warm_up(model: DiffusersModel) -> None:
-    """One tiny step, so the first user's request does not pay for lazy initialisation."""
+def _warm_up(model: DiffusersModel, *, compiled: bool = False) -> None:
+    """One step, so the first user's request does not pay for lazy initialisation.
+
+    Uncompiled: one tiny image. Compiled: one image of the default size and guidance, the shape
+    most requests have, so this call compiles the graph they will use. If compiling fails, the
+    denoiser goes back to eager and the warm-up runs again: the model still serves.
+    """
     p = model.profile  # the family's fewest valid steps (PixArt's scheduler fails a 1-step run)
-    job = InferenceJob("warmup", ("warm up",), ("",), (0,), p.min_size, p.min_size, p.min_steps, p.default_guidance)
+    width, height = (p.default_width, p.default_height) if compiled else (p.min_size, p.min_size)
+    job = InferenceJob("warmup", ("warm up",), ("",), (0,), width, height, p.min_steps, p.default_guidance)
+    if compiled:
+        log.info(
+            "warm-up: the first call compiles the denoiser (%dx%d, guidance %g); this takes a while",
+            width,
+            height,
+            p.default_guidance,
+        )
     t0 = time.time()
     try:
         model.generate(job, threading.Event(), lambda *_: None)
     except Exception:  # a model that cannot warm up may still serve: say so, and carry on
+        if compiled and uncompile_denoiser(model.pipe):
+            log.exception("the compiled warm-up failed; the denoiser runs eagerly instead")
+            _warm_up(model)
+            return
         log.exception("the warm-up step failed; serving anyway")
         return
-    log.info("warm-up took %.2fs", time.time() - t0)
+    log.info("warm-up%s took %.2fs", " (compiling)" if compiled else "", time.time() - t0)

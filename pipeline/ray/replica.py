@@ -60,7 +60,7 @@ class ModelReplica:
 
         self.name, self.actor_name = _replica_identity()
         out = Path(tempfile.mkdtemp(prefix="t2i-replica-"))
-        runner = ModelRunner(lambda: load_model(settings))
+        self.runner = runner = ModelRunner(lambda: load_model(settings))
         profile = runner.start()
         self.adapter = LocalAdapter(
             runner,
@@ -74,6 +74,16 @@ class ModelReplica:
 
     def profile(self) -> ModelProfile:
         return self.adapter.profile
+
+    def check_health(self) -> None:
+        """Ray Serve's health check, called every ``health_check_period_s`` (see ``cluster``).
+
+        Raising marks this replica unhealthy: Serve stops routing to it and starts a replacement.
+        A replica whose model thread has died (a BaseException raised on it, such as SystemExit)
+        can never run a job again -- every job would get "engine dead" -- so it says so here.
+        """
+        if not self.runner.alive:
+            raise RuntimeError(f"replica {self.name}: the model thread has died; this replica cannot serve")
 
     def health(self) -> dict[str, Any]:
         return {**self.adapter.health(), "replica": self.name, "pid": os.getpid()}
