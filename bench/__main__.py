@@ -43,8 +43,11 @@ class Server:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}/"
-        env = {**os.environ, "GRADIO_TEMP_DIR": str(tmp / f"gradio-{design}"), "HF_HUB_OFFLINE": "1",
-               "T2I_OUTPUT_DIR": str(tmp / f"out-{design}")}
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "T2I_OUTPUT_DIR": str(tmp / f"out-{design}")}
+        if design != "gated":  # the app itself keeps Gradio's cache in its output folder, as users run it
+            env["GRADIO_TEMP_DIR"] = str(tmp / f"gradio-{design}")
+        else:
+            env.pop("GRADIO_TEMP_DIR", None)
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "bench.servers", "--design", design, "--port", str(self.port), *extra],
@@ -64,17 +67,27 @@ class Server:
         self._sampling = threading.Event()
         threading.Thread(target=self._sample, name="rss-sampler", daemon=True).start()
 
+    def tree_rss(self) -> int:
+        """Resident memory of the server and every process under it (a model process counts)."""
+        total = 0
+        for proc in [self.ps, *self.ps.children(recursive=True)]:
+            try:
+                total += proc.memory_info().rss
+            except psutil.Error:
+                continue
+        return total
+
     def _sample(self) -> None:
         while self.proc.poll() is None:
             if self._sampling.is_set():
                 try:
-                    self._peak = max(self._peak, self.ps.memory_info().rss)
+                    self._peak = max(self._peak, self.tree_rss())
                 except psutil.Error:
                     return
             time.sleep(0.01)
 
     def peak_rss(self, fn: Any) -> tuple[Any, int]:
-        self._peak = self.ps.memory_info().rss
+        self._peak = self.tree_rss()
         self._sampling.set()
         try:
             result = fn()

@@ -1,7 +1,7 @@
 """The serving layer against a simulated fast device (issue 17): is the server what limits it?
 
     python -m bench.fast [--quick] [--client gradio|async|both] [--profiles a,b] [--clients 8,32] [--fetch]
-                         [--json PATH]
+                         [--model-side process,thread] [--json PATH]
 
 For each profile (``--model sim:...``, see ``pipeline/engine/simulated.py``) it measures, in one run:
 
@@ -12,10 +12,15 @@ For each profile (``--model sim:...``, see ``pipeline/engine/simulated.py``) it 
   same server and gives a row to each);
 - app / raw, and the server's CPU per request, counted over the whole process tree;
 - the load generator's own CPU per request (this process, every thread): on a small machine the
-  callers and the server share the cores, so this says whether the client side is what limits.
+  callers and the server share the cores, so this says whether the client side is what limits;
+- each model side (``--model-side process``, the default, and ``thread``) on its own server: the
+  model's inference time under load over its time alone (``/metrics`` ``inference_seconds``), and
+  the peak resident memory of the whole process tree;
+- on the SD-Turbo-like profile, the latency of a request that validation rejects (width 65), alone
+  and while 16 callers generate: it should be answered at join time, not behind the handler slots.
 
 No thresholds: the figures go to the table (and ``--json``). ``--quick``: two profiles, 8 clients,
-3 requests per client.
+3 requests per client, the default model side only.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import psutil
 
 from bench import loadgen
 from bench.__main__ import Server
-from bench.probe import pct
+from bench.probe import light_request, pct
 
 PROFILES: dict[str, str] = {
     "null": "sim:cpu_ms=0,dev_ms=0,decode_ms=0,size=512,steps=1",
@@ -46,6 +51,59 @@ QUICK = ("null", "sd-turbo-like")
 # (docs/benchmarks.md, "Load generator: gradio_client threads or one asyncio client"); so the default
 # stays the client a user would use, and the published baseline stays comparable.
 DEFAULT_CLIENT = "gradio"
+SIDES = ("process", "thread")
+REJECT_PROFILE, REJECT_CLIENTS = "sd-turbo-like", 16
+
+
+def inference_seconds(url: str) -> tuple[float, float]:
+    """(sum, count) of the app's ``inference_seconds`` histogram: time in the model, per job."""
+    import httpx
+
+    values = {}
+    for line in httpx.get(url + "metrics", timeout=10).text.splitlines():
+        if line.startswith(("inference_seconds_sum", "inference_seconds_count")):
+            name, value = line.split()
+            values[name] = float(value)
+    return values["inference_seconds_sum"], values["inference_seconds_count"]
+
+
+def mean_inference_ms(url: str, fn: Any) -> float | None:
+    before = inference_seconds(url)
+    fn()
+    after = inference_seconds(url)
+    jobs = after[1] - before[1]
+    return (after[0] - before[0]) / jobs * 1000 if jobs else None
+
+
+def rejection_latency(server: Server, sim: Any, n: int) -> dict[str, Any]:
+    """p50/p99 (ms) of a request validation rejects: alone, then while REJECT_CLIENTS callers generate."""
+    import threading
+
+    import httpx
+
+    from bench.probe import api_fn_index
+
+    index = api_fn_index(server.url)
+    with httpx.Client(timeout=60) as http:
+        light_request(server.url, index, http)  # warm the connection
+        idle = [light_request(server.url, index, http) for _ in range(n)]
+        stop = threading.Event()
+
+        def load() -> None:
+            while not stop.is_set():
+                loadgen.run(server.url, REJECT_CLIENTS, client="async", n=REJECT_CLIENTS, size=sim.size,
+                            steps=sim.steps)
+
+        loader = threading.Thread(target=load, daemon=True)
+        loader.start()
+        time.sleep(1.0)  # let the callers fill the handler slots
+        busy = [light_request(server.url, index, http) for _ in range(n)]
+        stop.set()
+        loader.join()
+    idle_p, busy_p = pct(idle), pct(busy)
+    return {"clients": REJECT_CLIENTS, "idle_p50_ms": idle_p["p50"], "idle_p99_ms": idle_p["p99"],
+            "load_p50_ms": busy_p["p50"], "load_p99_ms": busy_p["p99"],
+            "load_p99_minus_idle_p99_ms": busy_p["p99"] - idle_p["p99"]}
 
 
 def device_rate(spec: str, n: int) -> float | None:
@@ -129,26 +187,51 @@ def app_rate(server: Server, spec: str, clients: int, n: int, client: str = DEFA
 
 
 def run(quick: bool, client: str = DEFAULT_CLIENT, profiles: tuple[str, ...] | None = None,
-        client_counts: tuple[int, ...] | None = None, fetch: bool = False) -> dict[str, Any]:
+        client_counts: tuple[int, ...] | None = None, fetch: bool = False,
+        sides: tuple[str, ...] | None = None) -> dict[str, Any]:
+    from pipeline.engine.simulated import POOL, SimSpec
+
     names = profiles or (QUICK if quick else tuple(PROFILES))
     client_counts = client_counts or ((8,) if quick else (8, 32))
+    sides = sides or (SIDES[:1] if quick else SIDES)
     tmp = Path(tempfile.mkdtemp(prefix="bench-fast-"))
-    rows = []
+    rows, servers = [], []
     for name in names:
         spec = PROFILES[name]
+        sim = SimSpec.parse(spec)
         raw = device_rate(spec, 20 if quick else 60)
-        server = Server("gated", tmp / name, "--model", spec, "--max-batch-size", "1", "--concurrency", "64",
-                        "--queue-size", "256")
-        try:
-            for clients in client_counts:
-                n = 3 * clients if quick else max(64, 4 * clients)
-                for kind, app in app_rate(server, spec, clients, n, client, fetch).items():
-                    ratio = app["images_per_second"] / raw if raw else None
-                    rows.append({"profile": name, "spec": spec, "clients": clients, "client": kind,
-                                 "device_images_per_second": raw, **app, "app_over_raw": ratio})
-        finally:
-            server.close()
-    return {"quick": quick, "cores": psutil.cpu_count(), "client": client, "rows": rows}
+        for side in sides:
+            server = Server("gated", tmp / f"{name}-{side}", "--model", spec, "--model-side", side,
+                            "--max-batch-size", "1", "--concurrency", "64", "--queue-size", "256")
+            try:
+                # every picture the device hands out made once (its pool by seed), so none lands in a timing
+                loadgen.run(server.url, 1, client="async", n=POOL, size=sim.size, steps=sim.steps)
+                idle_ms = mean_inference_ms(server.url, lambda: loadgen.run(
+                    server.url, 1, client="async", n=4 if quick else 12, size=sim.size, steps=sim.steps))
+                for clients in client_counts:
+                    n = 3 * clients if quick else max(64, 4 * clients)
+                    measured: dict[str, Any] = {}
+
+                    def load(clients: int = clients, n: int = n, out: dict[str, Any] = measured) -> None:
+                        out["ms"] = mean_inference_ms(
+                            server.url, lambda: out.update(rows=app_rate(server, spec, clients, n, client, fetch)))
+
+                    _, peak = server.peak_rss(load)
+                    load_ms = measured["ms"]
+                    for kind, app in measured["rows"].items():
+                        ratio = app["images_per_second"] / raw if raw else None
+                        rows.append({"profile": name, "spec": spec, "model_side": side, "clients": clients,
+                                     "client": kind, "device_images_per_second": raw, **app, "app_over_raw": ratio,
+                                     "inference_idle_ms": idle_ms, "inference_load_ms": load_ms,
+                                     "inference_load_over_idle": load_ms / idle_ms if idle_ms and load_ms else None,
+                                     "peak_tree_rss_mb": peak / 2**20})
+                entry: dict[str, Any] = {"profile": name, "model_side": side}
+                if name == REJECT_PROFILE or quick and name == names[-1]:
+                    entry["rejected"] = rejection_latency(server, sim, 20 if quick else 60)
+                servers.append(entry)
+            finally:
+                server.close()
+    return {"quick": quick, "cores": psutil.cpu_count(), "client": client, "rows": rows, "servers": servers}
 
 
 def render(result: dict[str, Any]) -> str:
@@ -157,16 +240,27 @@ def render(result: dict[str, Any]) -> str:
                "both": "gradio_client threads and one asyncio loop, ABBA"}[client]
     lines = [f"Fast device ({'quick' if result['quick'] else 'full'}, {result['cores']} cores): "
              f"app = this app (`--max-batch-size 1`), 512 px unless named; {callers}",
-             "", "| profile | clients | client | device's own rate img/s | through the app img/s | app / raw "
-             "| server CPU per request ms | client CPU per request ms | errors |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "", "| profile | model side | clients | client | device's own rate img/s | through the app img/s "
+             "| app / raw | server CPU per request ms (process tree) | client CPU per request ms "
+             "| model inference under load / idle | peak RSS of the process tree MiB | errors |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         raw = "unlimited" if r["device_images_per_second"] is None else f"{r['device_images_per_second']:.1f}"
         ratio = "-" if r["app_over_raw"] is None else f"{r['app_over_raw']:.2f}"
         own = "-" if r.get("client_cpu_ms_per_request") is None else f"{r['client_cpu_ms_per_request']:.1f}"
-        lines.append(f"| {r['profile']} | {r['clients']} | {r.get('client', 'gradio')} | {raw} | "
-                     f"{r['images_per_second']:.1f} | {ratio} | {r['server_cpu_ms_per_request']:.0f} | {own} | "
-                     f"{r['errors']} |")
+        slow = r.get("inference_load_over_idle")
+        lines.append(f"| {r['profile']} | {r.get('model_side', 'thread')} | {r['clients']} | "
+                     f"{r.get('client', 'gradio')} | {raw} | {r['images_per_second']:.1f} | {ratio} | "
+                     f"{r['server_cpu_ms_per_request']:.0f} | {own} | {'-' if slow is None else f'{slow:.2f}'} | "
+                     f"{r.get('peak_tree_rss_mb', 0):.0f} | {r['errors']} |")
+    rejected = [s for s in result.get("servers", []) if "rejected" in s]
+    if rejected:
+        lines += ["", "| rejected request (width 65) | model side | idle p50 / p99 ms | "
+                  "while 16 callers generate p50 / p99 ms | p99 load - idle ms |", "|---|---|---|---|---|"]
+        for s in rejected:
+            j = s["rejected"]
+            lines.append(f"| {s['profile']} | {s['model_side']} | {j['idle_p50_ms']:.1f} / {j['idle_p99_ms']:.1f} | "
+                         f"{j['load_p50_ms']:.1f} / {j['load_p99_ms']:.1f} | {j['load_p99_minus_idle_p99_ms']:.1f} |")
     return "\n".join(lines)
 
 
@@ -181,11 +275,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated caller counts (default 8, or 8,32 in a full run)")
     parser.add_argument("--fetch", action="store_true",
                         help="download every image, as gradio_client does by default (the benchmark's callers don't)")
+    parser.add_argument("--model-side", type=lambda v: tuple(v.split(",")), default=None,
+                        help="comma-separated model sides to serve from (default process,thread; quick: process)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.profiles and not set(args.profiles) <= set(PROFILES):
         parser.error(f"unknown profile in {args.profiles}; choose from {', '.join(PROFILES)}")
-    result = run(args.quick, args.client, args.profiles, args.clients, args.fetch)
+    if args.model_side and not set(args.model_side) <= set(SIDES):
+        parser.error(f"unknown model side in {args.model_side}; choose from {', '.join(SIDES)}")
+    result = run(args.quick, args.client, args.profiles, args.clients, args.fetch, args.model_side)
     print(render(result))
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=1, default=str))

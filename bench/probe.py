@@ -154,3 +154,9 @@ def pct(values: list[float]) -> dict[str, float]:
         return s[min(len(s) - 1, int(round(p * (len(s) - 1))))]
 
     return {"p50": q(0.50), "p95": q(0.95), "p99": q(0.99), "mean": statistics.mean(s), "n": float(len(s))}
+
+
+def api_fn_index(url: str, api_name: str = "generate") -> int:
+    """The ``fn_index`` of the endpoint named ``api_name``, from the app's config."""
+    config = httpx.get(url + "config", timeout=10).json()
+    return next(d["id"] for d in config["dependencies"] if d.get("api_name") == api_name)

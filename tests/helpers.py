@@ -87,10 +87,9 @@ def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 30.0, eve
 
 
 def api_fn_index(url: str, api_name: str = "generate") -> int:
-    import httpx
+    from bench.probe import api_fn_index as index
 
-    config = httpx.get(url + "config", timeout=10).json()
-    return next(d["id"] for d in config["dependencies"] if d.get("api_name") == api_name)
+    return index(url, api_name)
 
 
 @contextlib.contextmanager

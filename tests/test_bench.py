@@ -166,10 +166,16 @@ def test_the_fast_device_benchmark_runs_end_to_end(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "bench.fast", "--quick", "--json", str(out)], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    rows = json.loads(out.read_text())["rows"]
+    result = json.loads(out.read_text())
+    rows = result["rows"]
     assert [r["profile"] for r in rows] == ["null", "sd-turbo-like"]
     assert rows[0]["app_over_raw"] is None and 0 < rows[1]["app_over_raw"] < 10
     assert all(r["errors"] == 0 and r["requests"] == 24 and r["server_cpu_ms_per_request"] > 0 for r in rows)
+    # the default model side, its inference under load over alone, the whole tree's memory
+    assert all(r["model_side"] == "process" and r["inference_load_over_idle"] > 0 for r in rows)
+    assert all(r["peak_tree_rss_mb"] > 100 for r in rows)
+    (rejected,) = [s["rejected"] for s in result["servers"] if "rejected" in s]
+    assert rejected["clients"] == 16 and 0 < rejected["idle_p99_ms"] and 0 < rejected["load_p99_ms"]
 
 
 @pytest.mark.parametrize("path", PUBLISHED_FAST, ids=[p.name for p in PUBLISHED_FAST])

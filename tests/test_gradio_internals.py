@@ -13,6 +13,7 @@ import gradio as gr
 import gradio.context
 import gradio.queueing
 import gradio.utils
+import pytest
 
 from pipeline.web import gradio_internals
 
@@ -56,3 +57,22 @@ def test_the_mcp_servers_output_conversion_the_tool_wraps() -> None:
 
     serve_images(demo_with_queue())
     assert mcp_outputs([({"k": 1},)]) == ['{"k": 1}']
+
+
+def test_without_matplotlib_the_per_event_backend_probe_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gradio looks the probe up as ``utils.MatplotlibBackendMananger`` when it calls a handler."""
+    import importlib.util
+    import inspect
+
+    import gradio.helpers
+    import gradio.route_utils
+    import gradio.utils
+
+    for module in (gradio.route_utils, gradio.helpers):
+        assert "utils.MatplotlibBackendMananger()" in inspect.getsource(module)
+    monkeypatch.setattr(gradio.utils, "MatplotlibBackendMananger", gradio.utils.MatplotlibBackendMananger)
+    assert importlib.util.find_spec("matplotlib") is None  # not a dependency of this app
+    assert gradio_internals.skip_matplotlib_probe() is True
+    with gradio.utils.MatplotlibBackendMananger():
+        pass
+    assert gradio.utils.MatplotlibBackendMananger is gradio_internals._NoBackendSwitch

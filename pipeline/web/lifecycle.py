@@ -10,7 +10,7 @@ import gradio as gr
 
 from ..config import Settings
 from ..serving.base import Adapter
-from .gradio_internals import queued, tune_queue
+from .gradio_internals import queued, skip_matplotlib_probe, tune_queue
 from .handler import PROGRESS_INTERVAL
 from .routes import service_routes
 
@@ -28,6 +28,7 @@ def own_gradio_cache(settings: Settings, environ: MutableMapping[str, str]) -> P
 def launch(demo: gr.Blocks, adapter: Adapter, settings: Settings) -> None:
     """Start serving in the background (the server runs on its own thread and event loop)."""
     tune_queue(demo, PROGRESS_INTERVAL)
+    skip_matplotlib_probe()
     demo.launch(
         server_name=settings.host,
         server_port=settings.port,
