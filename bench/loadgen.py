@@ -52,7 +52,7 @@ CLIENTS = ("async", "gradio")
 
 def generate_data(k: int, size: int, steps: int) -> list[Any]:
     """The ``/generate`` inputs, in the API's order, for the k-th request."""
-    return [f"a red circle {k}", "", k, False, size, size, steps, 7.5, 1, False]
+    return [f"a red circle {k}", "", k, False, size, size, steps, 7.5, 1, False, "default"]
 
 
 @dataclasses.dataclass

@@ -44,14 +44,16 @@ class ModelProfile:
     text_encoders: tuple[tuple[str, int], ...] = (("CLIP", 75),)
     supports_negative_prompt: bool = True
     family: str = "sd"  # sd, sdxl, sd3, flux, pixart, sana, other (see engine.families)
+    # Sampler names a request may ask for ("default": the model's own scheduler; see engine.samplers)
+    schedulers: tuple[str, ...] = ("default",)
 
 
 @dataclass(frozen=True)
 class InferenceJob:
     """One call of the pipeline: one image per entry of ``prompts``/``seeds``.
 
-    A job may carry several requests (dynamic batching): they share size, steps and guidance, and
-    each image keeps its own prompt, negative prompt and seed.
+    A job may carry several requests (dynamic batching): they share size, steps, guidance and
+    scheduler, and each image keeps its own prompt, negative prompt and seed.
     """
 
     request_id: str
@@ -64,6 +66,7 @@ class InferenceJob:
     guidance_scale: float
     preview_every: int = 0  # 0: no previews; k: a cheap latent preview every k steps
     preview_images: tuple[int, ...] = (0,)  # which images get previews (the first of each request)
+    scheduler: str = "default"  # a name from ModelProfile.schedulers; each job gets its own instance
 
     @property
     def num_images(self) -> int:

@@ -33,7 +33,9 @@ FIELDS = (
     "guidance_scale",
     "num_images",
     "live_preview",
+    "scheduler",  # last, so the earlier parameters keep their positions in the API
 )
+DEFAULT_SCHEDULER = "default"  # the model's own scheduler
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,7 @@ class Limits:
     max_prompt_chars: int
     text_encoders: tuple[tuple[str, int], ...]
     negative_prompt: bool = True  # False: the model does not use one (FLUX), so a non-empty one is refused
+    schedulers: tuple[str, ...] = (DEFAULT_SCHEDULER,)  # the sampler names this model offers
 
     @classmethod
     def for_model(
@@ -76,6 +79,7 @@ class Limits:
             max_prompt_chars=max_prompt_chars,
             text_encoders=profile.text_encoders,
             negative_prompt=profile.supports_negative_prompt,
+            schedulers=profile.schedulers,
         )
 
 
@@ -92,6 +96,7 @@ class GenerateRequest:
     num_images: int
     warnings: tuple[str, ...] = ()
     live_preview: bool = False
+    scheduler: str = DEFAULT_SCHEDULER
 
     @property
     def seeds(self) -> tuple[int, ...]:
@@ -109,6 +114,7 @@ class GenerateRequest:
             num_inference_steps=self.num_inference_steps,
             guidance_scale=self.guidance_scale,
             preview_every=max(1, self.num_inference_steps // 8) if self.live_preview else 0,
+            scheduler=self.scheduler,
         )
 
     def parameters(self) -> dict[str, Any]:
@@ -123,6 +129,7 @@ class GenerateRequest:
             "num_inference_steps": self.num_inference_steps,
             "guidance_scale": self.guidance_scale,
             "num_images": self.num_images,
+            "scheduler": self.scheduler,
         }
 
 
@@ -181,6 +188,16 @@ def _size(field: str, value: Any, limits: Limits) -> int:
     if number % m:
         raise InvalidRequest(field, f"{field} must be a multiple of {m} between {lo} and {hi}; got {_show(value)}")
     return number
+
+
+def _scheduler(value: Any, limits: Limits) -> str:
+    """One of the model's sampler names; None or "" means the model's own."""
+    if value is None or value == "":
+        return DEFAULT_SCHEDULER
+    if not isinstance(value, str) or value not in limits.schedulers:
+        choices = html.escape(", ".join(limits.schedulers))
+        raise InvalidRequest("scheduler", f"scheduler must be one of: {choices}; got {_show(value)}")
+    return value
 
 
 def _truncation_notes(field: str, tokens: Mapping[str, int], encoders: tuple[tuple[str, int], ...]) -> list[str]:
@@ -250,6 +267,7 @@ def validate(
     live_preview = raw.get("live_preview", False)
     if not isinstance(live_preview, bool):
         raise InvalidRequest("live_preview", f"live_preview must be true or false; got {_show(live_preview)}")
+    scheduler = _scheduler(raw.get("scheduler"), limits)
 
     warnings: list[str] = []
     if count_tokens is not None:
@@ -268,6 +286,7 @@ def validate(
         num_images=num_images,
         warnings=tuple(warnings),
         live_preview=live_preview,
+        scheduler=scheduler,
     )
 
 

@@ -27,6 +27,7 @@ FAKE_PROFILE = ModelProfile(
     max_steps=50,
     max_size=512,
     text_encoders=(("CLIP", 75),),
+    schedulers=("default", "Euler", "Euler a", "DPM++ 2M Karras", "DDIM", "UniPC"),  # a UNet family's
 )
 
 WAIT = 30.0  # generous bound on any gate wait: a deadlock fails instead of hanging

@@ -34,6 +34,7 @@ def raw_request(**overrides: Any) -> dict[str, Any]:
         "num_inference_steps": 4,
         "guidance_scale": 7.5,
         "num_images": 1,
+        "scheduler": "default",
     }
     raw.update(overrides)
     return raw

@@ -95,10 +95,11 @@ def test_only_generate_is_in_the_api_and_the_rest_shortcut_is_closed(client: Any
     assert set(api["named_endpoints"]) == {"/generate"}
     names = [p["parameter_name"] for p in api["named_endpoints"]["/generate"]["parameters"]]
     assert names == ["prompt", "negative_prompt", "seed", "randomize_seed", "width", "height",
-                     "num_inference_steps", "guidance_scale", "num_images", "live_preview"]
-    live = api["named_endpoints"]["/generate"]["parameters"][-1]
+                     "num_inference_steps", "guidance_scale", "num_images", "live_preview", "scheduler"]
+    live, scheduler = api["named_endpoints"]["/generate"]["parameters"][-2:]
     assert live["parameter_has_default"] and live["parameter_default"] is False  # off for API callers
-    body = {"data": ["x", "", 1, False, 64, 64, 2, 7.5, 1, False]}
+    assert scheduler["parameter_has_default"] and scheduler["parameter_default"] == "default"  # the model's own
+    body = {"data": ["x", "", 1, False, 64, 64, 2, 7.5, 1, False, "default"]}
     response = httpx.post(server + "gradio_api/run/generate", json=body, timeout=30)
     assert response.status_code >= 400, response.text
 
@@ -115,6 +116,47 @@ def test_invalid_input_gets_a_clear_error_naming_the_field(client: Any) -> None:
     steps = r"- num_inference_steps: num_inference_steps must be a whole number between 1 and \d+; got 0$"
     with pytest.raises(ValidationError, match=first_line + steps):
         _generate(client, prompt="x", num_inference_steps=0)
+
+
+def test_the_chosen_sampler_reaches_the_png_metadata_and_the_info_record(client: Any) -> None:
+    common = dict(prompt="a red circle", seed=5, randomize_seed=False, width=64, height=64, num_inference_steps=4)
+    (path,), info = _generate(client, scheduler="DDIM", **common)
+    assert info["scheduler"] == "DDIM" and info["reproduce"]["params"]["scheduler"] == "DDIM"
+    with Image.open(path) as image:
+        assert "Steps: 4, Sampler: DDIM, CFG scale:" in image.text["parameters"]
+        assert json.loads(image.text["generation"])["scheduler"] == "DDIM"
+    (path,), info = _generate(client, **common)  # "default": the model's own scheduler, named as used
+    assert info["scheduler"] == "Euler" and info["reproduce"]["params"]["scheduler"] == "default"
+    with Image.open(path) as image:
+        assert "Sampler: Euler," in image.text["parameters"]
+        assert json.loads(image.text["generation"])["scheduler"] == "Euler"
+        euler = np.asarray(image.convert("RGB"), dtype=np.float64)
+    # (DDIM and Euler are the same ODE step on this model's schedule: their pixels agree.) An ancestral
+    # sampler adds fresh noise at every step: other pixels from the same seed.
+    (path,), info = _generate(client, scheduler="Euler a", **common)
+    with Image.open(path) as image:
+        assert "Sampler: Euler a," in image.text["parameters"] and info["scheduler"] == "Euler a"
+        assert np.abs(np.asarray(image.convert("RGB"), dtype=np.float64) - euler).mean() > 1.0
+
+
+def test_an_unknown_sampler_is_a_validation_error_that_lists_the_choices(client: Any) -> None:
+    from gradio_client.exceptions import ValidationError
+
+    choices = r"default, Euler, Euler a, DPM\+\+ 2M Karras, DDIM, UniPC"
+    with pytest.raises(ValidationError, match=rf"\n- scheduler: scheduler must be one of: {choices}; got &#x27;Heun&#x27;$"):
+        _generate(client, prompt="x", scheduler="Heun")
+
+
+def test_progress_records_carry_eta_seconds(client: Any) -> None:
+    _generate(client, prompt="a red circle", num_inference_steps=20)  # measured: the app is warm
+    # Two at once (different step counts, so they never share a job): one waits while the other runs.
+    jobs = [client.submit(prompt="a red circle", num_inference_steps=steps, api_name="/generate") for steps in (40, 41)]
+    records = [out[1] for job in jobs for out in (job.result(timeout=120), *job.outputs())]
+    waiting = [r for r in records if r.get("status") == "waiting" and r["ahead"] > 0]
+    running = [r for r in records if r.get("status") == "running"]
+    assert waiting and running, records
+    assert all(isinstance(r["eta_seconds"], float) and r["eta_seconds"] > 0 for r in waiting), waiting
+    assert all(isinstance(r["eta_seconds"], float) and r["eta_seconds"] >= 0 for r in running), running
 
 
 def test_public_link_settings_no_uploads_no_ssr_no_tracebacks(server: str) -> None:

@@ -91,6 +91,19 @@ async def test_incompatible_requests_are_not_merged(make_adapter: Any, different
     assert _jobs(model) == [["blocker"], ["a", "c"], ["b"]]
 
 
+async def test_only_requests_with_the_same_scheduler_share_a_job(make_adapter: Any) -> None:
+    """Schedulers are per job (each job builds its own), so a job carries one scheduler for all its images."""
+    adapter, model = make_adapter(FakeModel(hold=True), max_batch_size=8)
+    requests = [("a", raw_request(seed=1, scheduler="DDIM")), ("b", raw_request(seed=2, scheduler="Euler a")),
+                ("c", raw_request(seed=3, scheduler="DDIM")), ("d", raw_request(seed=4))]
+
+    results = await _run_lined_up(adapter, model, requests)
+    assert _jobs(model) == [["blocker"], ["a", "c"], ["b"], ["d"]]
+    assert [job.scheduler for job in model.calls] == ["default", "DDIM", "Euler a", "default"]
+    # The info record names the sampler each request ran with ("default": the model's own, Euler here).
+    assert [r[-1].info["scheduler"] for r in results[1:]] == ["DDIM", "Euler a", "DDIM", "Euler"]
+
+
 async def test_the_head_of_the_line_always_goes_next(make_adapter: Any) -> None:
     adapter, model = make_adapter(FakeModel(hold=True), max_batch_size=8)
     small, large = {"width": 64, "height": 64}, {"width": 128, "height": 128}

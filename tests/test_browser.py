@@ -3,28 +3,17 @@
 from __future__ import annotations
 
 import io
-import os
 import re
-import shutil
 import time
-from pathlib import Path
 from typing import Any, Iterator
 
 import httpx
 import pytest
 
+from tests.browser import BROWSER_MARKS, CHROMIUM, CHROMIUM_ARGS, PHONE, open_ready, set_size, set_steps, shot
 from tests.helpers import running_app
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-pytestmark = [
-    pytest.mark.server,
-    pytest.mark.browser,
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (.ci/run installs it)"),
-]
-# Screenshots are kept as test artifacts (CI can upload the folder); git ignores it.
-ARTIFACTS = Path(os.environ.get("T2I_TEST_ARTIFACTS", Path(__file__).resolve().parent.parent / "test-artifacts"))
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+pytestmark = BROWSER_MARKS
 
 
 @pytest.fixture(scope="module")
@@ -43,34 +32,6 @@ def page(app_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any
         open_ready(page, app_url)
         yield page
         browser.close()
-
-
-def open_ready(page: Any, url: str) -> None:
-    """Load the app and wait until its load event ran (it switches live preview on in browsers)."""
-    page.goto(url)
-    page.locator("#live-preview input").wait_for(timeout=60_000)
-    deadline = time.monotonic() + 60
-    while not page.locator("#live-preview input").is_checked() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert page.locator("#live-preview input").is_checked()
-
-
-def shot(page: Any, name: str) -> None:
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
-
-
-def set_steps(page: Any, n: int) -> None:
-    steps = page.locator("#steps input[type=number]")
-    steps.fill(str(n))
-    steps.press("Enter")
-
-
-def set_size(page: Any, n: int) -> None:
-    for side in ("#width", "#height"):
-        box = page.locator(f"{side} input[type=number]")
-        box.fill(str(n))
-        box.press("Enter")
 
 
 def test_prompt_enter_generates_an_image_and_shows_the_info(page: Any, app_url: str) -> None:
@@ -204,8 +165,7 @@ def test_generate_button_works_and_validation_errors_are_shown(page: Any) -> Non
 
 
 def test_a_phone_sized_screen_fits_and_every_control_is_labelled(app_url: str, page: Any) -> None:
-    phone = page.context.browser.new_page(viewport={"width": 390, "height": 844}, device_scale_factor=2,
-                                          is_mobile=True, has_touch=True)
+    phone = page.context.browser.new_page(**PHONE)
     try:
         open_ready(phone, app_url)
         overflow = phone.evaluate("document.documentElement.scrollWidth - window.innerWidth")

@@ -109,3 +109,35 @@ def test_tokenizers_reload_and_the_build_is_seeded(family: tuple[FamilySpec, Pat
         assert t5(PROMPT).input_ids[-1] == t5.eos_token_id
     name, weight = next(iter(_denoiser(fresh).state_dict().items()))
     assert torch.equal(_denoiser(pipe).state_dict()[name], weight)
+
+
+def test_every_offered_sampler_runs_with_progress_and_previews(family: tuple[FamilySpec, Path, Any]) -> None:
+    """Each sampler the app offers for the family (``engine/samplers.py``) runs through the app's own model
+    class: a step report at every step, a denoised estimate for the preview, the pipeline's scheduler untouched.
+    Flow-matching families offer only their own scheduler; the UNet families and PixArt all five."""
+    import threading
+
+    from pipeline.engine.diffusers_model import DiffusersModel
+    from pipeline.engine.loading import build_profile
+    from pipeline.engine.previews import PreviewMap
+    from pipeline.protocol import InferenceJob
+
+    spec, _, pipe = family
+    profile = build_profile(pipe, spec.name, "cpu", torch.float32)
+    flow = spec.prediction_type == "flow"
+    assert profile.schedulers == (("default",) if flow else ("default", "Euler", "Euler a", "DPM++ 2M Karras",
+                                                              "DDIM", "UniPC"))
+    channels = pipe.vae.config.latent_channels
+    model = DiffusersModel(pipe, profile, PreviewMap([(torch.zeros(3, channels), torch.full((3,), 0.5))]))
+    base, base_config = pipe.scheduler, dict(pipe.scheduler.config)
+    # PixArt-alpha runs PixArt-Sigma's code path (and binning draws it at 1024 px): its own scheduler only.
+    for name in profile.schedulers if spec.name != "pixart-alpha" else ("default",):
+        job = InferenceJob("s", (PROMPT,), ("",), (0,), 64, 64, 2, 4.0, preview_every=1, scheduler=name)
+        seen: list[tuple[int, int, bool]] = []
+        result = model.generate(job, threading.Event(), lambda k, n, shown: seen.append((k, n, 0 in shown)))
+        total = seen[-1][1]  # 2; PNDM (SD 1.5's own) runs one more scheduler step than it was asked for
+        assert total == 2 or (name, spec.name) == ("default", "sd1"), (name, seen)
+        # A report at every step, and a preview (the denoised estimate) on every step but the last.
+        assert seen == [(k, total, k < total) for k in range(1, total + 1)], name
+        assert result.images[0].size == (64, 64) and result.steps_done == total, name
+        assert pipe.scheduler is base and dict(base.config) == base_config, name

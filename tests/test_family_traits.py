@@ -5,7 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from diffusers import DDIMScheduler, EulerDiscreteScheduler, FlowMatchEulerDiscreteScheduler, LCMScheduler
+from diffusers import (
+    DDIMScheduler,
+    DPMSolverMultistepScheduler,
+    EulerDiscreteScheduler,
+    FlowMatchEulerDiscreteScheduler,
+    LCMScheduler,
+    PNDMScheduler,
+)
 
 from pipeline.engine.families import call_arguments, family_of, pick_dtype_name, pipeline_class_of, traits
 
@@ -54,6 +61,33 @@ def test_defaults_and_size_step_come_from_the_configuration(case: str, pipe: Any
                                                             expected: tuple[int, float, bool, int]) -> None:
     t = traits(pipe(), name)
     assert (t.default_steps, t.default_guidance, t.distilled, t.size_multiple) == expected, case
+
+
+UNET_SAMPLERS = ("default", "Euler", "Euler a", "DPM++ 2M Karras", "DDIM", "UniPC")
+
+
+@pytest.mark.parametrize(
+    ("case", "pipe", "expected"),
+    [
+        ("SD 1.5 (PNDM)", lambda: fake_pipe("StableDiffusionPipeline", PNDMScheduler()), UNET_SAMPLERS),
+        ("SDXL (Euler)", lambda: fake_pipe("StableDiffusionXLPipeline", EulerDiscreteScheduler()), UNET_SAMPLERS),
+        ("PixArt (DPM-Solver)", lambda: fake_pipe("PixArtSigmaPipeline", DPMSolverMultistepScheduler(), patch_size=2),
+         UNET_SAMPLERS),
+        ("LCM keeps its own", lambda: fake_pipe("StableDiffusionPipeline", LCMScheduler()), ("default",)),
+        ("SD3", lambda: fake_pipe("StableDiffusion3Pipeline", FlowMatchEulerDiscreteScheduler(shift=3.0),
+                                  patch_size=2), ("default",)),
+        ("FLUX", lambda: fake_pipe("FluxPipeline", FlowMatchEulerDiscreteScheduler(), negative=False,
+                                   guidance_embeds=True, patch_size=1), ("default",)),
+        ("Sana (flow DPM-Solver)", lambda: fake_pipe("SanaPipeline", DPMSolverMultistepScheduler(
+            use_flow_sigmas=True, prediction_type="flow_prediction"), patch_size=1), ("default",)),
+        ("a flow scheduler in an SD-named pipeline", lambda: fake_pipe(
+            "StableDiffusionPipeline", FlowMatchEulerDiscreteScheduler()), ("default",)),
+    ],
+)
+def test_samplers_are_offered_where_the_family_supports_them(case: str, pipe: Any,
+                                                             expected: tuple[str, ...]) -> None:
+    """UNet families and PixArt: A1111's five; flow matching and consistency models: their own only."""
+    assert traits(pipe(), "x").schedulers == expected, case
 
 
 def test_flux_offers_no_negative_prompt_and_sdxl_sends_none_for_an_empty_one() -> None:

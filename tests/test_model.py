@@ -272,3 +272,50 @@ def test_a_preview_decoder_from_a_local_folder_draws_the_previews(tmp_path: Path
     model.generate(job, threading.Event(), lambda step, total, previews: shown.update(previews and {step: previews[0]}))
     assert sorted(shown) == [2, 4, 6] and all(image.size == (64, 64) for image in shown.values())
     assert decoded == [(1, 4, 16, 16)] * 3  # the denoised estimate, decoded by the tiny decoder
+
+
+def test_each_job_gets_its_own_scheduler_and_the_pipelines_own_is_never_stepped(model: Any) -> None:
+    """Schedulers are stateful (step index, multistep history): every job builds its own on the model
+    thread from the model's config, and puts the pipeline's back afterwards, unstepped."""
+    import torch
+
+    from pipeline.protocol import InferenceJob
+
+    pipe = model.pipe
+    base = pipe.scheduler
+    before = (base.timesteps.clone(), base.step_index, dict(base.config), pipe.config["scheduler"])
+    used = []
+    for name in ("DDIM", "Euler a", "default", "default"):
+        job = InferenceJob(name, ("a red circle",), ("",), (1,), 64, 64, 4, 4.0, scheduler=name)
+        during: list[Any] = []
+        model.generate(job, threading.Event(), lambda *_: during.append(pipe.scheduler))
+        assert len(during) == 4 and all(s is during[0] for s in during), name  # one instance for the whole job
+        used.append(during[0])
+    assert [type(s).__name__ for s in used] == [
+        "DDIMScheduler", "EulerAncestralDiscreteScheduler", "EulerDiscreteScheduler", "EulerDiscreteScheduler"]
+    assert len({id(s) for s in [*used, base]}) == 5  # four jobs, four instances, none of them the pipeline's
+    assert all(len(s.timesteps) == 4 for s in used)  # each was set up for its own job
+    assert pipe.scheduler is base and pipe.config["scheduler"] == before[3]
+    assert torch.equal(base.timesteps, before[0]) and base.step_index == before[1]
+    assert dict(base.config) == before[2]
+
+
+@pytest.mark.parametrize("scheduler", ["Euler", "Euler a", "DPM++ 2M Karras", "DDIM", "UniPC"])
+def test_every_sampler_draws_the_prompt_and_its_previews_announce_the_picture(model: Any, scheduler: str) -> None:
+    """Each sampler on the embedded model: the picture scores as the prompt says (colours and shape, by
+    ``shapes.score``), and the preview two steps before the end is within 0.12 of it (as for the default)."""
+    import numpy as np
+
+    from pipeline.default_model import shapes
+    from pipeline.protocol import InferenceJob
+
+    prompt = "a large yellow circle in the center on a blue background"
+    previews: dict[int, Any] = {}
+    job = InferenceJob("p", (prompt,), ("",), (3,), 64, 64, 20, 4.0, preview_every=2, scheduler=scheduler)
+    result = model.generate(job, threading.Event(), lambda step, total, shown: previews.update(
+        {step: shown[0]} if 0 in shown else {}))
+    assert sorted(previews) == list(range(2, 20, 2))
+    score = shapes.score(result.images[0])
+    assert (score.bg, score.fg, score.shape) == ("blue", "yellow", "circle"), score
+    final = np.asarray(result.images[0], dtype=np.float32) / 255
+    assert float(np.abs(np.asarray(previews[18], dtype=np.float32) / 255 - final).mean()) <= 0.12

@@ -91,7 +91,7 @@ async def test_requests_spread_over_both_replicas_one_inference_each_at_a_time(s
 @pytest.mark.anyio
 @pytest.mark.server
 async def test_progress_and_images_cross_the_boundary(side: RayAdapter) -> None:
-    events, done = await collect(side, req(7, steps=8, num_images=2))
+    events, done = await collect(side, req(7, steps=8, num_images=2, scheduler="UniPC"))
     steps = [e.step for e in events if isinstance(e, Step)]
     assert steps == list(range(1, 9))
     assert any(isinstance(e, Waiting) for e in events)
@@ -100,7 +100,9 @@ async def test_progress_and_images_cross_the_boundary(side: RayAdapter) -> None:
     from PIL import Image
 
     with Image.open(done.paths[0]) as image:
-        assert "Seed: 7" in image.text["parameters"]
+        assert "Seed: 7" in image.text["parameters"] and "Sampler: UniPC," in image.text["parameters"]
+    assert done.info["scheduler"] == "UniPC"  # the request's sampler reached the replica's model
+    assert [e.eta_seconds is not None for e in events if isinstance(e, Step)][-1]  # the replica's estimate
 
 
 @pytest.mark.anyio

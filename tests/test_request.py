@@ -37,6 +37,9 @@ LIMITS = Limits.for_model(FAKE_PROFILE, max_images=4, max_prompt_chars=100)
         ("prompt", 42, "prompt must be text of at most 100 characters; got 42"),
         ("prompt", "x" * 101, "prompt must be text of at most 100 characters; got 101 characters"),
         ("negative_prompt", ["a"], "negative_prompt must be text of at most 100 characters; got [&#x27;a&#x27;]"),
+        ("scheduler", "Heun", "scheduler must be one of: default, Euler, Euler a, DPM++ 2M Karras, DDIM, UniPC; "
+                              "got &#x27;Heun&#x27;"),
+        ("scheduler", 3, "scheduler must be one of: default, Euler, Euler a, DPM++ 2M Karras, DDIM, UniPC; got 3"),
     ],
 )
 def test_bad_values_name_the_field_and_the_range(field: str, value: object, message: str) -> None:
@@ -50,6 +53,16 @@ def test_user_text_in_errors_is_escaped() -> None:
     with pytest.raises(InvalidRequest) as info:
         validate(raw_request(width="<img src=x onerror=alert(1)>"), LIMITS)
     assert "<img" not in str(info.value) and "&lt;img" in str(info.value)
+
+
+def test_scheduler_is_one_of_the_models_names_and_defaults_to_its_own() -> None:
+    assert validate(raw_request(scheduler="DPM++ 2M Karras"), LIMITS).to_job().scheduler == "DPM++ 2M Karras"
+    for unset in ({}, {"scheduler": None}):
+        raw = {k: v for k, v in raw_request().items() if k != "scheduler"} | unset
+        assert validate(raw, LIMITS).scheduler == "default"
+    own_only = Limits.for_model(dataclasses.replace(FAKE_PROFILE, schedulers=("default",)))  # FLUX, SD3
+    with pytest.raises(InvalidRequest, match="^scheduler must be one of: default; got &#x27;DDIM&#x27;$"):
+        validate(raw_request(scheduler="DDIM"), own_only)
 
 
 def test_unknown_fields_are_rejected() -> None:

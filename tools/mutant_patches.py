@@ -146,6 +146,12 @@ def _restart_gives_up_at_once(self: Any) -> None:
         self._cond.notify_all()
 
 
+def _fills_nothing(pasted: Any, limits: Any, **kwargs: Any) -> Any:
+    from pipeline.web.a1111 import Fill
+
+    return Fill({}, [])
+
+
 def _on(module: str, fn: Callable[[], None]) -> list[Patch]:
     return [(module, fn)]
 
@@ -189,6 +195,11 @@ MUTANTS: dict[str, list[Patch]] = {
         "LivenessWatch.watching",
         lambda self, alive, on_gone: __import__("contextlib").nullcontext(),
     ),
+    # The page (issue 18): each helper around generate, broken in the browser.
+    "swap-does-nothing": _attr("pipeline.web.page_tools", "swapped", lambda width, height: (width, height)),
+    "history-restores-nothing": _attr("pipeline.web.page_tools", "restore", lambda history, index: None),
+    "paste-fills-nothing": _attr("pipeline.web.page_tools", "fill_from", _fills_nothing),
+    "escape-does-nothing": _attr("pipeline.web.page_tools", "KEYS_JS", "() => {}"),
 }
 
 

@@ -59,6 +59,14 @@ TESTS: dict[str, str] = {
     "recovering-not-reported": (
         "tests/test_model_process.py::test_the_running_app_heals_when_its_model_process_is_killed_mid_job"
     ),
+    "swap-does-nothing": "tests/test_page.py::test_a_preset_sets_the_size_and_swap_exchanges_width_and_height",
+    "history-restores-nothing": (
+        "tests/test_page.py::test_history_keeps_two_generations_restores_one_and_downloads_all"
+    ),
+    "paste-fills-nothing": (
+        "tests/test_page.py::test_pasted_parameters_fill_the_controls_and_say_what_was_not_applied"
+    ),
+    "escape-does-nothing": "tests/test_page.py::test_enter_generates_and_escape_stops",
 }
 
 

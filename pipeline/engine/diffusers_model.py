@@ -16,6 +16,7 @@ import torch
 
 from ..errors import Cancelled, OutOfMemory
 from ..protocol import InferenceJob, InferenceResult, ModelProfile, StepCallback, StopFlag
+from . import samplers
 from .families import call_arguments
 from .previews import Previewer
 from .stepping import StepWatch, Stop
@@ -29,6 +30,8 @@ class DiffusersModel:
         self.profile = profile
         self.preview_map = preview_map
         self._device = profile.device
+        # The model's own scheduler: never stepped, only the config every job's scheduler is built from.
+        self.base_scheduler = pipe.scheduler
         # Private copies for prepare-time token counting, so no other thread touches the tokenizers
         # the model thread uses (fast tokenizers raise "Already borrowed" under concurrent use).
         tokenizers = [getattr(pipe, a, None) for a in ("tokenizer", "tokenizer_2", "tokenizer_3")]
@@ -46,6 +49,15 @@ class DiffusersModel:
         return counts
 
     def generate(self, job: InferenceJob, stop: StopFlag, on_step: StepCallback) -> InferenceResult:
+        # 0. The job's own scheduler (schedulers are stateful: step index, multistep history), built
+        #    from the model's config on this thread and put in the pipeline for this call only.
+        self.pipe.scheduler = samplers.build(self.base_scheduler, job.scheduler)
+        try:
+            return self._generate(job, stop, on_step)
+        finally:
+            self.pipe.scheduler = self.base_scheduler
+
+    def _generate(self, job: InferenceJob, stop: StopFlag, on_step: StepCallback) -> InferenceResult:
         pipe = self.pipe
         watch = StepWatch(pipe, job, stop, on_step, self.preview_map)
         # 1. Per-image CPU generators: the same seed gives the same noise on any device and batch.

@@ -17,6 +17,8 @@ the few facts diffusers' documentation and the model cards state:
   ``max_sequence_length``; the long-prompt note names the encoder that cut the prompt.
 - **dtype:** FLUX, SD3, Sana and Lumina are trained in bf16 and overflow in fp16 (black images);
   the SD families and PixArt run in fp16 on a GPU.
+- **Samplers:** the UNet families and PixArt offer A1111's Euler, Euler a, DPM++ 2M Karras, DDIM
+  and UniPC besides their own; flow-matching and consistency models only their own (``samplers``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from . import samplers
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +54,7 @@ class FamilyTraits:
     negative_prompt: bool
     encoders: tuple[tuple[str, int], ...]  # (encoder, text tokens it reads), in the pipeline's order
     distilled: bool
+    schedulers: tuple[str, ...] = ("default",)  # the sampler names offered (engine.samplers)
 
 
 def family_of(pipeline_class: str) -> str:
@@ -167,6 +172,7 @@ def traits(pipe: Any, name: str) -> FamilyTraits:
         negative_prompt="negative_prompt" in params and family != "flux",
         encoders=_encoders(pipe, params),
         distilled=few is not None,
+        schedulers=samplers.offered(family, scheduler),
     )
 
 

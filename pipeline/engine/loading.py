@@ -81,6 +81,7 @@ def build_profile(pipe: Any, name: str, device: str, dtype: torch.dtype, saved: 
         text_encoders=t.encoders or (("CLIP", 75),),
         supports_negative_prompt=t.negative_prompt,
         family=t.family,
+        schedulers=t.schedulers,
     )
 
 

@@ -11,16 +11,24 @@ from PIL import Image
 
 @dataclass(frozen=True)
 class Waiting:
-    """Prepared and in line for the GPU; ``ahead`` jobs (the running one included) come first."""
+    """Prepared and in line for the GPU; ``ahead`` jobs (the running one included) come first.
+
+    ``eta_seconds``: the estimated time until this request's images (the running job's time left,
+    each job ahead, then its own), from measured rates (``eta.py``); None until a job has been measured.
+    """
 
     ahead: int
+    eta_seconds: float | None = None
 
 
 @dataclass(frozen=True)
 class Step:
+    """Step ``step`` of ``total`` has run; ``eta_seconds``: the job's estimated time left (None: not known yet)."""
+
     step: int
     total: int
     preview: Image.Image | None = None
+    eta_seconds: float | None = None
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,12 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import logging
+import time
 from typing import Any, Callable
 
 from ..errors import Cancelled, EngineDead, OutOfMemory
 from ..protocol import ErrorEvent, InferenceResult, ModelEvent, StepEvent
+from .eta import EtaBook, JobClock, Shape
 from .events import Step
 from .line import Batch, End, Member, StopSignal
 from .metrics import Metrics
@@ -73,6 +75,8 @@ class GpuJobs:
         self._closing = closing
         self.running: dict[int, StopSignal] = {}  # id(batch) -> the stop of the job on the model side
         self.model_hung = False  # a job ran past its limit and the model side has not returned yet
+        self.book = EtaBook()  # measured rates per shape, for the ETA (eta.py)
+        self.clock: JobClock | None = None  # the job on the model side now, as the ETA follows it
 
     def stop_all(self) -> None:
         for stop in list(self.running.values()):
@@ -105,18 +109,19 @@ class GpuJobs:
         """One job on the model side. On success every member gets its images; else returns the error."""
         loop = asyncio.get_running_loop()
         job, members, stop, offsets = batch.job(), batch.members, batch.stop, batch.offsets
+        clock = JobClock(Shape(job.width * job.height, job.num_inference_steps, job.num_images), time.monotonic())
 
         def deliver(event: ModelEvent) -> None:  # model-stream thread
             if not isinstance(event, StepEvent):
                 return
             self.metrics.denoise_steps.inc()
-            steps = [Step(event.step, event.total, event.preview(offsets[i])) for i in range(len(members))]
             try:
-                loop.call_soon_threadsafe(_deliver_all, members, steps)
+                loop.call_soon_threadsafe(self._deliver_step, members, offsets, event, clock)
             except RuntimeError:  # the loop is closed: nobody is listening any more
                 stop.set()
 
         self.running[id(batch)] = stop
+        self.clock = clock
         self.metrics.batch_images.observe(job.num_images)
         if self._closing():
             stop.set()
@@ -134,8 +139,10 @@ class GpuJobs:
                 return TimedOut()
         finally:
             self.running.pop(id(batch), None)
+            self.clock = None
         event = terminal.result()
         if isinstance(event, InferenceResult):
+            clock.finish(self.book, time.monotonic())
             for i, member in enumerate(members):
                 share = dataclasses.replace(event, images=event.images[offsets[i] : offsets[i + 1]])
                 member.deliver(End(result=share, batch_size=job.num_images, batch_requests=len(members)))
@@ -158,10 +165,13 @@ class GpuJobs:
 
         terminal.add_done_callback(lambda _f: loop.call_soon_threadsafe(recovered))
 
-
-def _deliver_all(members: list[Member], steps: list[Step]) -> None:  # event loop
-    for member, step in zip(members, steps):
-        member.deliver(step)
+    def _deliver_step(self, members: list[Member], offsets: list[int], event: StepEvent, clock: JobClock) -> None:
+        """One step to every member (on the event loop), with the job's time left."""
+        now = time.monotonic()
+        clock.on_step(event.step, event.total, now)
+        eta = clock.remaining(self.book, now)
+        for i, member in enumerate(members):
+            member.deliver(Step(event.step, event.total, event.preview(offsets[i]), eta))
 
 
 async def wait_for_model(future: concurrent.futures.Future[Any], timeout: float | None = None) -> bool:

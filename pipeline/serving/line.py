@@ -117,11 +117,11 @@ class Member:
         self.events.put_nowait(item)
 
     @property
-    def key(self) -> tuple[int, int, int, float, bool]:
-        """Requests with equal keys can share a job: the same size, steps and guidance, and a negative
-        prompt on all or none (SDXL zeroes an all-empty one; one empty among others is encoded as "")."""
+    def key(self) -> tuple[int, int, int, float, bool, str]:
+        """Requests with equal keys can share a job: the same size, steps, guidance and scheduler, and a
+        negative prompt on all or none (SDXL zeroes an all-empty one; one empty among others is encoded as "")."""
         r = self.request
-        return (r.width, r.height, r.num_inference_steps, r.guidance_scale, bool(r.negative_prompt))
+        return (r.width, r.height, r.num_inference_steps, r.guidance_scale, bool(r.negative_prompt), r.scheduler)
 
     async def relay(self) -> AsyncGenerator[Step | End, None]:
         """This request's steps as its job runs, then its ``End``."""
@@ -174,6 +174,7 @@ class Batch:
             guidance_scale=first.guidance_scale,
             preview_every=max(j.preview_every for j in jobs),
             preview_images=tuple(offsets[i] for i, j in enumerate(jobs) if j.preview_every),
+            scheduler=first.scheduler,
         )
 
 
@@ -186,6 +187,28 @@ class Line(WaitLine[Member]):
     @staticmethod
     def fits(images: int, member: Member, max_images: int) -> bool:
         return images + member.request.num_images <= max_images
+
+    def jobs_until(self, member: Member, max_images: int) -> list[list[Member]]:
+        """The jobs the line would form, in order, up to the one that takes ``member`` (for the ETA).
+
+        ``take_batch``'s rule applied again and again to the waiting requests, without changing the line.
+        """
+        waiting = [m for m in self.tickets.values() if not m.stop.is_set()]
+        jobs: list[list[Member]] = []
+        while waiting:
+            head, rest = waiting[0], []
+            job, images = [head], head.request.num_images
+            for other in waiting[1:]:
+                if other.key == head.key and self.fits(images, other, max_images):
+                    job.append(other)
+                    images += other.request.num_images
+                else:
+                    rest.append(other)
+            jobs.append(job)
+            if member in job:
+                break
+            waiting = rest
+        return jobs
 
     def take_batch(self, head: Member, max_images: int) -> Batch:
         """``head`` and, in arrival order, the waiting requests compatible with it that still fit.

@@ -3,7 +3,8 @@
 ``LocalAdapter.run`` walks one request through four numbered steps (``_request``):
 
 1. prepare   (concurrent) validate the raw values, resolve the seed, count prompt tokens
-2. wait      in line for the GPU, reporting "k ahead" whenever k changes
+2. wait      in line for the GPU, reporting "k ahead" whenever k changes, with the estimated
+             time until its images (``eta.py``)
 3. infer     (serial) the head of the line takes the gate, an ``asyncio.Semaphore(1)``, and the
              compatible requests waiting behind it (dynamic batching); one job runs on the model
              side and each request streams its own steps back
@@ -41,11 +42,12 @@ from ..errors import (
 from ..protocol import InferenceResult, ModelProfile, ModelSide
 from ..request import GenerateRequest, Limits, validate
 from .base import SHUTDOWN_MESSAGE, AdapterBase
+from .eta import Shape
 from .events import Done, Event, Timings, Waiting
 from .jobs import GpuJobs, ModelCrashed, ModelFailed, TimedOut
 from .line import Batch, End, Line, Member, StopSignal
 from .metrics import Metrics
-from .postprocess import encode_pngs, info_record
+from .postprocess import encode_pngs, info_record, scheduler_used
 from .streamer import ModelStreamer
 
 log = logging.getLogger(__name__)
@@ -186,13 +188,13 @@ class LocalAdapter(AdapterBase):
             busy=lambda: int(self._gate.locked()),
             done=lambda ahead: member.batch is not None or not ahead or self.closing or member.stop.is_set(),
         ):
-            yield waiting
+            yield Waiting(waiting.ahead, self._eta(member))
         if member.batch is None:
             if self.closing:
                 raise ShuttingDown(SHUTDOWN_MESSAGE)
             if member.stop.is_set():
                 raise Cancelled("the caller went away while waiting")
-        yield Waiting(0)
+        yield Waiting(0, self._eta(member))
         if member.batch is None:
             # Head of the line and the gate is free: take it now (a free semaphore never suspends,
             # so nobody can overtake) and hand it to this job's task, which releases it only when
@@ -206,6 +208,26 @@ class LocalAdapter(AdapterBase):
             except BaseException:
                 self._gate.release()
                 raise
+
+    def _eta(self, member: Member) -> float | None:
+        """Seconds until ``member``'s images: the running job's time left, then each job the line
+        will form before and with it (``Line.jobs_until``), from measured rates (``eta.py``)."""
+        book, clock, now = self.jobs.book, self.jobs.clock, time.monotonic()
+        if member.batch is not None:  # taken into the job that holds the gate
+            left = clock.remaining(book, now) if clock is not None else book.job_seconds(_shape(member.batch.members))
+            return None if left is None else round(left, 2)
+        total = 0.0
+        if self._gate.locked() and clock is not None:
+            left = clock.remaining(book, now)
+            if left is None:
+                return None
+            total += left
+        for job in self._line.jobs_until(member, self.max_batch_size):
+            seconds = book.job_seconds(_shape(job))
+            if seconds is None:
+                return None
+            total += seconds
+        return round(total, 2)
 
     async def _own_gate(self, batch: Batch) -> None:
         """The task that holds the gate for one job; the gate opens when the model side is done."""
@@ -245,7 +267,7 @@ class LocalAdapter(AdapterBase):
     def _encode(self, request: GenerateRequest, result: InferenceResult) -> list[Path]:
         p = self.profile
         return self._encode_pngs(
-            result.images, self.output_dir, request.request_id, request.parameters(), p.name, p.scheduler
+            result.images, self.output_dir, request.request_id, request.parameters(), p.name, scheduler_used(request, p)
         )
 
     def _observe(self, info: dict[str, Any], images: int) -> None:
@@ -265,3 +287,9 @@ class LocalAdapter(AdapterBase):
             d["inference"],
             d["total"],
         )
+
+
+def _shape(members: list[Member]) -> Shape:
+    """The shape of a job of these requests (they share size and steps)."""
+    r = members[0].request
+    return Shape(r.width * r.height, r.num_inference_steps, sum(m.request.num_images for m in members))

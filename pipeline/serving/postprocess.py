@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 from PIL import Image
 
 from ..protocol import InferenceResult, ModelProfile
-from ..request import GenerateRequest
+from ..request import DEFAULT_SCHEDULER, GenerateRequest
 from .events import Timings
 from .png import encode_png
 
@@ -25,6 +25,7 @@ _SCHEDULER_NAMES = {
     "EulerAncestralDiscreteScheduler": "Euler a",
     "DPMSolverMultistepScheduler": "DPM++ 2M",
     "DDIMScheduler": "DDIM",
+    "UniPCMultistepScheduler": "UniPC",
     "PNDMScheduler": "PLMS",
     "LCMScheduler": "LCM",
     "FlowMatchEulerDiscreteScheduler": "Euler (flow match)",
@@ -32,7 +33,13 @@ _SCHEDULER_NAMES = {
 
 
 def sampler_name(scheduler_class: str) -> str:
+    """A1111's name for a diffusers scheduler class (a name that is not a class is returned as it is)."""
     return _SCHEDULER_NAMES.get(scheduler_class, scheduler_class)
+
+
+def scheduler_used(request: GenerateRequest, p: ModelProfile) -> str:
+    """The sampler a request ran with: the one it chose, or the model's own for "default"."""
+    return sampler_name(p.scheduler) if request.scheduler == DEFAULT_SCHEDULER else request.scheduler
 
 
 def a1111_parameters(params: dict[str, Any], seed: int, model: str, scheduler_class: str) -> str:
@@ -56,12 +63,16 @@ def encode_pngs(
     model: str,
     scheduler_class: str,
 ) -> list[Path]:
-    """Write each image as ``<out_dir>/<YYYYMMDD>/<request_id>-<i>.png`` with its metadata."""
+    """Write each image as ``<out_dir>/<YYYYMMDD>/<request_id>-<i>.png`` with its metadata.
+
+    ``scheduler_class``: the sampler used, as a diffusers class or A1111 name (``scheduler_used``).
+    """
     day = day_folder(out_dir)
     safe_id = re.sub(r"[^A-Za-z0-9_-]", "", request_id) or "request"
     paths = []
     for i, (image, seed) in enumerate(zip(images, params["seeds"])):
         own = {**params, "seed": seed, "seeds": [seed], "num_images": 1, "image_index": i, "model": model}
+        own["scheduler"] = sampler_name(scheduler_class)
         texts = (
             ("parameters", a1111_parameters(own, seed, model, scheduler_class)),
             ("generation", json.dumps(own, ensure_ascii=False)),
@@ -106,7 +117,7 @@ def info_record(
         "request_id": request.request_id,
         "model": p.name,
         **params,
-        "scheduler": sampler_name(p.scheduler),
+        "scheduler": scheduler_used(request, p),
         "batch_size": batch_size,
         "batch_requests": batch_requests,
         "device": p.device,

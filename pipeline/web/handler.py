@@ -101,9 +101,11 @@ class ProgressView:
         self.previewed = False  # a preview is on screen
         self.last_sent = 0.0
 
-    def waiting(self, ahead: int) -> str | None:
+    def waiting(self, ahead: int, eta_seconds: float | None = None) -> str | None:
         """The text to send for ``Waiting(ahead)``, or None if the screen would not change."""
         text = f"waiting for the GPU: {ahead} ahead" if ahead else "starting"
+        if ahead and eta_seconds is not None:
+            text += f", about {duration_text(eta_seconds)}"
         if text == self.text or (self.one_step and not ahead and self.text is None):
             return None
         self.text = text
@@ -120,8 +122,26 @@ class ProgressView:
             return False
         self.last_sent = now
         self.previewed = self.previewed or event.preview is not None
-        self.text = f"step {event.step}/{event.total}"
+        self.text = step_text(event)
         return True
+
+
+def duration_text(seconds: float) -> str:
+    """ "12 s", "2 min 5 s", "under 1 s": an estimate as a person reads it."""
+    if seconds < 1:
+        return "under 1 s"
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole} s"
+    return f"{whole // 60} min {whole % 60} s" if whole % 60 else f"{whole // 60} min"
+
+
+def step_text(event: Step) -> str:
+    """ "step k/N", and the time left once it is known: "step 3/20 · 12 s left"."""
+    text = f"step {event.step}/{event.total}"
+    if event.eta_seconds is not None and event.step < event.total:
+        text += f" · {duration_text(event.eta_seconds)} left"
+    return text
 
 
 def status_html(text: str, step: int | None = None, total: int | None = None) -> str:
@@ -180,6 +200,7 @@ def make_generate(
         guidance_scale: float,
         num_images: float,
         live_preview: bool,
+        scheduler: str,
         progress: gr.Progress = gr.Progress(),
     ) -> AsyncGenerator[tuple[Any, ...], None]:
         """Generate images from a text prompt with a diffusion model (one GPU, shared through a queue).
@@ -197,6 +218,8 @@ def make_generate(
             guidance_scale: How strictly to follow the prompt (classifier-free guidance).
             num_images: How many images to generate.
             live_preview: Stream rough preview images while denoising.
+            scheduler: The sampler: "default" (the model's own) or one of the names the model offers
+                (Euler, Euler a, DPM++ 2M Karras, DDIM, UniPC where its family supports them).
         """
         raw = {
             "prompt": prompt,
@@ -209,6 +232,7 @@ def make_generate(
             "guidance_scale": guidance_scale,
             "num_images": num_images,
             "live_preview": live_preview,
+            "scheduler": scheduler,
         }
         request_id = new_request_id()
         view = ProgressView(num_inference_steps, progress_interval)
@@ -219,15 +243,20 @@ def make_generate(
                 async with contextlib.aclosing(adapter.run(raw, request_id=request_id, alive=alive)) as events:
                     async for event in events:
                         if isinstance(event, Waiting):
-                            if (text := view.waiting(event.ahead)) is None:
+                            if (text := view.waiting(event.ahead, event.eta_seconds)) is None:
                                 continue
                             progress(0.0, desc=text)
-                            record = {"status": "waiting", "ahead": event.ahead, "request_id": request_id}
+                            record = {
+                                "status": "waiting",
+                                "ahead": event.ahead,
+                                "eta_seconds": event.eta_seconds,
+                                "request_id": request_id,
+                            }
                             out: tuple[Any, ...] = (progress_gallery(), record, status_html(text))
                         elif isinstance(event, Step):
                             if event.total <= 1:
                                 continue  # a 1-step job: no progress at all, its images follow
-                            text = f"step {event.step}/{event.total}"
+                            text = step_text(event)
                             # Only records the step, for API callers (their "progress" messages):
                             # Gradio's progress sender (see tune_queue) sends the latest one every
                             # PROGRESS_INTERVAL.
@@ -239,6 +268,7 @@ def make_generate(
                                 "status": "running",
                                 "step": event.step,
                                 "total": event.total,
+                                "eta_seconds": event.eta_seconds,
                                 "request_id": request_id,
                             }
                             out = (preview, record, status_html(text, event.step, event.total))

@@ -11,8 +11,12 @@ from ..config import Settings
 from ..default_model import EXAMPLE_PROMPTS, GENERIC_PROMPTS
 from ..request import MAX_SEED
 from ..serving.base import Adapter
+from ..serving.postprocess import sampler_name
 from .handler import PageJobs, make_generate, make_validator, reuse_seed, selected_index, status_html
 from .mcp_tool import serve_images
+from .page_tools import Controls, wire_history, wire_keys, wire_paste, wire_sizes
+from .presets import preset_value, size_presets
+from .results import HISTORY_SIZE
 
 log = logging.getLogger(__name__)
 
@@ -21,62 +25,122 @@ STOP_WAIT_SECONDS = 60.0  # how long Stop waits for the session's job to end bef
 
 def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
     p, lim = adapter.profile, adapter.limits
+    presets = size_presets(p.default_width, p.default_height, lim)
     with gr.Blocks(title="Text to image") as demo:
-        gr.Markdown(
-            f"## Text to image\nModel: `{p.name}` on {p.device} ({p.dtype}). "
-            "Many people can queue; the GPU draws one job at a time."
-        )
+        gr.Markdown("## Text to image")  # one line: on a phone the result must be in view under the prompt
+        # Like the best-liked Spaces: the prompt and its buttons in one row, the result large under
+        # it, the settings folded away. On a phone the columns stack, result first.
+        with gr.Row(equal_height=True, elem_id="prompt-row"):
+            prompt = gr.Textbox(
+                label="Prompt",
+                placeholder=EXAMPLE_PROMPTS[0] if settings.model is None else GENERIC_PROMPTS[0],
+                lines=1,  # one line, so Enter submits (Gradio inserts a newline when lines > 1)
+                max_lines=4,
+                max_length=lim.max_prompt_chars,
+                elem_id="prompt",
+                scale=6,
+                min_width=160,  # with the buttons, one row on a 390 px phone
+            )
+            with gr.Column(scale=0, min_width=100):
+                generate_button = gr.Button("Generate", variant="primary", elem_id="generate")
+                stop_button = gr.Button("Stop", variant="stop", size="sm", elem_id="stop")
+        status = gr.HTML(status_html("ready"), elem_id="status")
         with gr.Row():
-            with gr.Column(scale=2):
-                prompt = gr.Textbox(
-                    label="Prompt",
-                    placeholder=EXAMPLE_PROMPTS[0] if settings.model is None else GENERIC_PROMPTS[0],
-                    lines=1,  # one line, so Enter submits (Gradio inserts a newline when lines > 1)
-                    max_lines=4,
-                    max_length=lim.max_prompt_chars,
-                    elem_id="prompt",
+            with gr.Column(scale=3, min_width=300):
+                gallery = gr.Gallery(
+                    label="Images",
+                    format="png",
+                    columns=2,
+                    height=460,  # on a 390x844 phone the whole gallery, thumbnails too, is in view under the prompt
+                    object_fit="contain",
+                    elem_id="gallery",
+                    buttons=["download", "fullscreen"],
                 )
-                negative_prompt = gr.Textbox(
-                    label="Negative prompt",
-                    value="",
-                    max_length=lim.max_prompt_chars,
-                    visible=p.supports_negative_prompt,
-                    elem_id="negative-prompt",
-                )
+                reuse_button = gr.Button("Reuse this image's seed", size="sm", elem_id="reuse-seed")
+                summary = gr.Markdown("", elem_id="summary")
+                with gr.Accordion("Info: the full record (JSON)", open=False, elem_id="info-panel"):
+                    info = gr.JSON(label="Info: seed, parameters and timings", elem_id="info")
+                selected = gr.State(0)
+            with gr.Column(scale=2, min_width=300):
                 with gr.Row():
-                    generate_button = gr.Button("Generate", variant="primary", elem_id="generate", scale=3)
-                    stop_button = gr.Button("Stop", variant="stop", elem_id="stop", scale=1)
-                with gr.Row():
-                    seed = gr.Number(label="Seed", value=0, precision=0, minimum=0, maximum=MAX_SEED)
-                    randomize_seed = gr.Checkbox(label="Randomize seed", value=True)
-                with gr.Row():
-                    width = gr.Slider(
-                        lim.min_size,
-                        lim.max_size,
-                        value=p.default_width,
-                        step=lim.size_multiple,
-                        label="Width",
-                        elem_id="width",
+                    size_preset = gr.Radio(
+                        [(preset.label, preset.value) for preset in presets],
+                        value=preset_value(presets, p.default_width, p.default_height),
+                        label="Aspect ratio and size",
+                        elem_id="size-preset",
+                        scale=4,
                     )
-                    height = gr.Slider(
-                        lim.min_size,
-                        lim.max_size,
-                        value=p.default_height,
-                        step=lim.size_multiple,
-                        label="Height",
-                        elem_id="height",
+                    swap_button = gr.Button("⇄ Swap", size="sm", elem_id="swap", scale=0, min_width=80)
+                with gr.Accordion("Advanced settings", open=False, elem_id="advanced"):
+                    negative_prompt = gr.Textbox(
+                        label="Negative prompt",
+                        value="",
+                        max_length=lim.max_prompt_chars,
+                        visible=p.supports_negative_prompt,
+                        elem_id="negative-prompt",
                     )
-                with gr.Row():
-                    num_inference_steps = gr.Slider(
-                        lim.min_steps, lim.max_steps, value=p.default_steps, step=1, label="Steps", elem_id="steps"
+                    with gr.Row():
+                        seed = gr.Number(
+                            label="Seed", value=0, precision=0, minimum=0, maximum=MAX_SEED, elem_id="seed"
+                        )
+                        randomize_seed = gr.Checkbox(label="Randomize seed", value=True, elem_id="randomize-seed")
+                    with gr.Row():
+                        width = gr.Slider(
+                            lim.min_size,
+                            lim.max_size,
+                            value=p.default_width,
+                            step=lim.size_multiple,
+                            label="Width",
+                            elem_id="width",
+                        )
+                        height = gr.Slider(
+                            lim.min_size,
+                            lim.max_size,
+                            value=p.default_height,
+                            step=lim.size_multiple,
+                            label="Height",
+                            elem_id="height",
+                        )
+                    with gr.Row():
+                        num_inference_steps = gr.Slider(
+                            lim.min_steps, lim.max_steps, value=p.default_steps, step=1, label="Steps", elem_id="steps"
+                        )
+                        guidance_scale = gr.Slider(
+                            lim.min_guidance,
+                            lim.max_guidance,
+                            value=p.default_guidance,
+                            step=0.1,
+                            label="Guidance scale",
+                            elem_id="guidance",
+                        )
+                    # The sampler (the API's `scheduler`): "default" is the model's own; the others
+                    # where its family supports them (engine/samplers.py). Pasted parameters and
+                    # history restore fill it. Hidden where the model offers only its own.
+                    sampler = gr.Dropdown(
+                        [(f"default ({sampler_name(p.scheduler)})", "default")]
+                        + [(name, name) for name in lim.schedulers if name != "default"],
+                        value="default",
+                        label="Sampler",
+                        elem_id="sampler",
+                        visible=len(lim.schedulers) > 1,
                     )
-                    guidance_scale = gr.Slider(
-                        lim.min_guidance, lim.max_guidance, value=p.default_guidance, step=0.1, label="Guidance scale"
+                    with gr.Row():
+                        num_images = gr.Slider(
+                            1, lim.max_images, value=1, step=1, label="Number of images", elem_id="num-images"
+                        )
+                        # Off for API callers (the component's default); the page turns it on on load.
+                        live_preview = gr.Checkbox(label="Live preview", value=False, elem_id="live-preview")
+                with gr.Accordion("Paste parameters", open=False, elem_id="paste"):
+                    paste_text = gr.Textbox(
+                        label="Parameters text (AUTOMATIC1111 format, as in this app's PNGs)",
+                        placeholder="a prompt\nNegative prompt: ...\nSteps: 20, Sampler: Euler, CFG scale: 7, "
+                        "Seed: 1, Size: 512x512",
+                        lines=4,
+                        max_length=4 * lim.max_prompt_chars,
+                        elem_id="paste-text",
                     )
-                with gr.Row():
-                    num_images = gr.Slider(1, lim.max_images, value=1, step=1, label="Number of images")
-                    # Off for API callers (the component's default); the page turns it on on load.
-                    live_preview = gr.Checkbox(label="Live preview", value=False, elem_id="live-preview")
+                    paste_button = gr.Button("Apply to the controls", size="sm", elem_id="paste-apply")
+                    paste_notes = gr.Markdown("", elem_id="paste-notes")
                 # Prompts the embedded model was trained to draw; any other model gets ordinary ones.
                 gr.Examples(
                     examples=[[e] for e in (EXAMPLE_PROMPTS if settings.model is None else GENERIC_PROMPTS)],
@@ -84,19 +148,25 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
                     label="Example prompts",
                     elem_id="examples",
                 )
-            with gr.Column(scale=3):
-                status = gr.HTML(status_html("ready"), elem_id="status")
-                gallery = gr.Gallery(
-                    label="Images",
-                    format="png",
-                    columns=2,
-                    height="auto",
-                    elem_id="gallery",
-                    buttons=["download", "fullscreen"],
-                )
-                reuse_button = gr.Button("Reuse this image's seed", size="sm", elem_id="reuse-seed")
-                info = gr.JSON(label="Info: seed, parameters and timings", elem_id="info")
-                selected = gr.State(0)
+        with gr.Accordion(f"History: this tab's last {HISTORY_SIZE} images", open=True, elem_id="history-panel"):
+            history_gallery = gr.Gallery(
+                label="History (select an image to restore its parameters)",
+                format="png",
+                columns=8,
+                fit_columns=False,
+                height=200,  # one row in view; the rest scroll
+                allow_preview=False,
+                elem_id="history",
+                buttons=["download"],
+            )
+            with gr.Row():
+                download_button = gr.Button("Download all (zip)", size="sm", elem_id="download-all", scale=0)
+                history_zip = gr.File(label="All images (zip)", visible=False, elem_id="history-zip", scale=2)
+        history = gr.State([])
+        gr.Markdown(
+            f"Model: `{p.name}` on {p.device} ({p.dtype}). Many people can queue; the GPU draws one job at a time.",
+            elem_id="about",
+        )
         inputs = [
             prompt,
             negative_prompt,
@@ -108,6 +178,7 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
             guidance_scale,
             num_images,
             live_preview,
+            sampler,  # the API's last parameter, `scheduler`
         ]
         # Two events, one handler, one shared concurrency limit: the page's (with a progress bar
         # as a third output) and the API's `/generate` (images + info, as documented). Their
@@ -174,6 +245,33 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
             concurrency_id="ui",
             concurrency_limit=None,
         )
+        # Size presets and swap, the tab's history (restore, zip), pasted parameters, Escape.
+        controls = Controls(
+            prompt,
+            negative_prompt,
+            seed,
+            randomize_seed,
+            width,
+            height,
+            num_inference_steps,
+            guidance_scale,
+            sampler,
+        )
+        wire_sizes(presets, size_preset, swap_button, width, height)
+        wire_history(
+            generate_event,
+            history,
+            gallery,
+            info,
+            summary,
+            history_gallery,
+            download_button,
+            history_zip,
+            controls,
+            settings.output_dir,
+        )
+        wire_paste(paste_button, paste_text, paste_notes, controls, lim, p.name)
+        wire_keys(demo)
         demo.load(fn=None, outputs=[live_preview], js="() => true", api_visibility="private")
     if settings.mcp:  # the `generate` MCP tool answers with image content and the info as JSON text
         serve_images(demo)

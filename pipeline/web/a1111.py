@@ -1,0 +1,239 @@
+"""AUTOMATIC1111 "parameters" text -> values for the page's controls, and a note for whatever is not applied.
+
+The format is the one ``serving.postprocess.a1111_parameters`` writes into every PNG, and what
+AUTOMATIC1111, Forge, Fooocus' A1111 mode and civitai write::
+
+    a prompt, maybe on
+    several lines
+    Negative prompt: what to avoid
+    Steps: 20, Sampler: DPM++ 2M, Schedule type: Karras, CFG scale: 7, Seed: 1, Size: 512x768, Model: x
+
+Parsing follows A1111's own ``parse_generation_parameters``: the last line is the settings line
+when it holds at least three ``Key: value`` pairs (a value in double quotes may hold commas);
+lines before ``Negative prompt:`` are the prompt, the rest the negative prompt. Pure functions.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from ..request import MAX_SEED, Limits
+
+_PAIR = re.compile(r'\s*(\w[\w \-/+.]*):\s*("(?:\\.|[^\\"])+"|[^,]*)(?:,|$)')
+_SIZE = re.compile(r"^\s*(\d+)\s*[x×]\s*(\d+)\s*$")
+_NEGATIVE = "Negative prompt:"
+# Keys this app reads; every other key of the settings line is listed as "not used".
+_READ = {"Steps", "Sampler", "Schedule type", "CFG scale", "Seed", "Size", "Model"}
+
+
+@dataclass(frozen=True)
+class Pasted:
+    """A parameters text, parsed: the prompt, the negative prompt and the settings line's pairs."""
+
+    prompt: str
+    negative_prompt: str
+    settings: dict[str, str] = field(default_factory=dict)  # in the text's order, quotes removed
+
+
+@dataclass(frozen=True)
+class Fill:
+    """What to put into the controls (the API's field names, plus ``scheduler``) and why not the rest."""
+
+    values: dict[str, Any]
+    notes: list[str]
+
+
+def parse_parameters(text: str) -> Pasted:
+    """Split a parameters text into prompt, negative prompt and the settings line's ``key: value`` pairs."""
+    *lines, last = text.strip().replace("\r\n", "\n").split("\n")
+    if len(_PAIR.findall(last)) < 3:
+        lines.append(last)
+        last = ""
+    prompt: list[str] = []
+    negative: list[str] = []
+    for line in lines:
+        line = line.strip()
+        if not negative and line.startswith(_NEGATIVE):
+            negative.append(line[len(_NEGATIVE) :].strip())
+        elif negative:
+            negative.append(line)
+        else:
+            prompt.append(line)
+    settings: dict[str, str] = {}
+    for key, value in _PAIR.findall(last):
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] == '"':
+            try:
+                value = json.loads(value)
+            except ValueError:
+                value = value[1:-1]
+        settings[key.strip()] = value
+    return Pasted("\n".join(prompt).strip(), "\n".join(negative).strip(), settings)
+
+
+def fill_from(
+    pasted: Pasted,
+    limits: Limits,
+    *,
+    samplers: Sequence[str] | None = None,
+    model: str | None = None,
+) -> Fill:
+    """The values of ``pasted`` this model can take, each checked against ``limits``; a note per other field.
+
+    ``samplers``: the page's sampler choices (None: the page has no sampler control). A value
+    outside this model's range is not applied (the control keeps its value) and gets a note that
+    names the field, the value and the range.
+    """
+    values: dict[str, Any] = {}
+    notes: list[str] = []
+    s = pasted.settings
+    if not pasted.prompt and not s:
+        return Fill(
+            {},
+            [
+                "Nothing to apply: paste a parameters text (a prompt, then a line like "
+                "“Steps: 20, Sampler: Euler, CFG scale: 7, Seed: 1, Size: 512x512”)."
+            ],
+        )
+    _prompt(pasted, limits, values, notes)
+    if not s:
+        notes.append(
+            "No settings line (“Steps: …, Sampler: …, CFG scale: …, Seed: …, Size: …”) was found; "
+            "only the prompt was filled."
+        )
+        return Fill(values, notes)
+    if "Steps" in s:
+        steps = _number(s["Steps"], integer=True)
+        if steps is not None and limits.min_steps <= steps <= limits.max_steps:
+            values["num_inference_steps"] = int(steps)
+        else:
+            notes.append(
+                f"Steps: {s['Steps']!r} not applied: this model takes a whole number "
+                f"from {limits.min_steps} to {limits.max_steps}."
+            )
+    if "CFG scale" in s:
+        cfg = _number(s["CFG scale"])
+        if cfg is not None and limits.min_guidance <= cfg <= limits.max_guidance:
+            values["guidance_scale"] = cfg
+        else:
+            notes.append(
+                f"CFG scale: {s['CFG scale']!r} not applied: this model takes "
+                f"{limits.min_guidance:g} to {limits.max_guidance:g}."
+            )
+    if "Seed" in s:
+        seed = _number(s["Seed"], integer=True)
+        if seed is not None and 0 <= seed <= MAX_SEED:
+            values["seed"], values["randomize_seed"] = int(seed), False
+        else:
+            notes.append(f"Seed: {s['Seed']!r} not applied: a seed is a whole number from 0 to {MAX_SEED}.")
+    if "Size" in s:
+        _size(s["Size"], limits, values, notes)
+    if "Sampler" in s:
+        _sampler(s["Sampler"], s.get("Schedule type", ""), samplers, values, notes)
+    if model and s.get("Model") and s["Model"] != model:
+        notes.append(f"Model: the text names {s['Model']!r}; this app runs {model!r}, so the image will differ.")
+    unused = [key for key in s if key not in _READ]
+    if unused:
+        notes.append("Not used by this app: " + ", ".join(unused) + ".")
+    return Fill(values, notes)
+
+
+_FIELD_NAMES = {
+    "prompt": "prompt",
+    "negative_prompt": "negative prompt",
+    "num_inference_steps": "steps",
+    "guidance_scale": "guidance",
+    "seed": "seed",
+    "width": "size",
+    "scheduler": "sampler",
+}
+
+
+def notes_markdown(fill: Fill) -> str:
+    """What was filled, then one line per field not applied (shown under the paste box)."""
+    filled = [name for key, name in _FIELD_NAMES.items() if key in fill.values]
+    lines = ["**Filled:** " + ", ".join(filled) + "." if filled else "**Nothing was filled.**"]
+    lines += [f"- {note}" for note in fill.notes]
+    return "\n".join(lines)
+
+
+def _prompt(pasted: Pasted, limits: Limits, values: dict[str, Any], notes: list[str]) -> None:
+    if not pasted.prompt:
+        notes.append("Prompt: the text has none; the prompt box keeps its text.")
+    elif len(pasted.prompt) > limits.max_prompt_chars:
+        notes.append(
+            f"Prompt not applied: it is {len(pasted.prompt)} characters; "
+            f"this app takes at most {limits.max_prompt_chars}."
+        )
+    else:
+        values["prompt"] = pasted.prompt
+    negative = pasted.negative_prompt
+    if negative and not limits.negative_prompt:
+        notes.append("Negative prompt not applied: this model does not use one.")
+    elif len(negative) > limits.max_prompt_chars:
+        notes.append(
+            f"Negative prompt not applied: it is {len(negative)} characters; "
+            f"this app takes at most {limits.max_prompt_chars}."
+        )
+    else:
+        values["negative_prompt"] = negative  # none in the text: the image was made without one
+
+
+def _size(text: str, limits: Limits, values: dict[str, Any], notes: list[str]) -> None:
+    match = _SIZE.match(text)
+    m, lo, hi = limits.size_multiple, limits.min_size, limits.max_size
+    rule = f"this model takes multiples of {m} from {lo} to {hi}, at most {limits.max_pixels} pixels"
+    if match is None:
+        notes.append(f"Size: {text!r} not applied: expected WIDTHxHEIGHT, e.g. 512x768.")
+        return
+    width, height = int(match[1]), int(match[2])
+    fits = all(lo <= n <= hi and n % m == 0 for n in (width, height)) and width * height <= limits.max_pixels
+    if fits:
+        values["width"], values["height"] = width, height
+    else:
+        notes.append(f"Size: {width}x{height} not applied: {rule}.")
+
+
+def sampler_key(name: str) -> str:
+    """A sampler's name for matching: "DPM++ 2M (Karras)", "DPM++ 2M Karras" and "dpm++ 2m karras" are one."""
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+def match_sampler(name: str, choices: Sequence[str]) -> str | None:
+    """The choice that is sampler ``name`` (spelling aside); "default (Euler)", the model's own, is also "Euler"."""
+    keyed = {sampler_key(choice): choice for choice in choices}
+    for choice in choices:
+        if (own := re.fullmatch(r"default \((.+)\)", choice)) is not None:
+            keyed.setdefault(sampler_key(own[1]), choice)
+    return keyed.get(sampler_key(name))
+
+
+def _sampler(
+    name: str, schedule: str, samplers: Sequence[str] | None, values: dict[str, Any], notes: list[str]
+) -> None:
+    if samplers is None:
+        notes.append(f"Sampler: {name!r} not applied: this page has no sampler choice.")
+        return
+    wanted = [name]
+    if schedule and schedule.lower() not in ("automatic", "uniform", "normal") and schedule.lower() not in name.lower():
+        wanted.insert(0, f"{name} {schedule}")  # A1111 1.9+ writes "Sampler: DPM++ 2M, Schedule type: Karras"
+    for candidate in wanted:
+        if (choice := match_sampler(candidate, samplers)) is not None:
+            values["scheduler"] = choice
+            return
+    shown = f"{name} ({schedule})" if schedule else name
+    notes.append(f"Sampler: {shown!r} not applied: this model offers {', '.join(samplers) or 'no choice'}.")
+
+
+def _number(text: str, *, integer: bool = False) -> float | None:
+    try:
+        number = float(text)
+    except ValueError:
+        return None
+    if not math.isfinite(number) or (integer and not number.is_integer()):
+        return None
+    return int(number) if integer else number

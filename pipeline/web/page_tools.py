@@ -1,0 +1,173 @@
+"""The page's helpers around generate: size presets and swap, the tab's history, pasted parameters, keys.
+
+Every event here is the page's own (private, on the ``ui`` concurrency group, no progress
+overlay); the logic is in pure modules (``presets``, ``results``, ``a1111``), this module only
+wires it to the components.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+
+from ..request import Limits
+from .a1111 import fill_from, match_sampler, notes_markdown, parse_parameters
+from .presets import SizePreset, parse_value, preset_value
+from .results import add_results, history_items, restore, summary_markdown, write_zip
+
+UI: dict[str, Any] = dict(api_visibility="private", concurrency_id="ui", concurrency_limit=None, show_progress="hidden")
+
+# Escape stops the running job: it clicks Stop while the page's generate event runs (Gradio marks
+# its outputs "pending" or "generating" then), unless the key is meant for a gallery's own preview
+# (Escape closes it). Installed once, on load.
+KEYS_JS = """() => {
+  if (window.__t2iKeys) return;
+  window.__t2iKeys = true;
+  document.addEventListener("keydown", (event) => {
+    if (event.key !== "Escape" || event.defaultPrevented) return;
+    if (event.target instanceof Element && event.target.closest("#gallery, #history")) return;
+    const running = document.querySelector("#status .pending, #status .generating, #gallery .generating");
+    const stop = document.querySelector("#stop");
+    if (running && stop) { stop.click(); event.preventDefault(); }
+  });
+}"""
+
+
+@dataclass
+class Controls:
+    """The controls a set of parameters fills, under the API's names (``scheduler``: the sampler, if any)."""
+
+    prompt: gr.Textbox
+    negative_prompt: gr.Textbox
+    seed: gr.Number
+    randomize_seed: gr.Checkbox
+    width: gr.Slider
+    height: gr.Slider
+    num_inference_steps: gr.Slider
+    guidance_scale: gr.Slider
+    scheduler: gr.Dropdown | None = None
+
+    def names(self) -> list[str]:
+        return [f.name for f in fields(self) if getattr(self, f.name) is not None]
+
+    def components(self) -> list[Any]:
+        return [getattr(self, name) for name in self.names()]
+
+    def samplers(self) -> dict[str, Any] | None:
+        """The sampler choices as {label: value}; None when the page has no sampler control."""
+        if self.scheduler is None:
+            return None
+        pairs = [c if isinstance(c, (tuple, list)) else (c, c) for c in self.scheduler.choices or []]
+        return {str(label): value for label, value in pairs}
+
+    def updates(self, values: dict[str, Any]) -> list[Any]:
+        """One output per control: its new value, or ``gr.skip()`` to leave it as it is."""
+        return [values[name] if name in values else gr.skip() for name in self.names()]
+
+
+def swapped(width: Any, height: Any) -> tuple[Any, Any]:
+    """Swap: the width becomes the height and the height the width."""
+    return height, width
+
+
+def wire_sizes(
+    presets: list[SizePreset], preset: gr.Radio, swap: gr.Button, width: gr.Slider, height: gr.Slider
+) -> None:
+    """A preset sets both sliders; Swap exchanges them; any size change shows its preset (or none)."""
+
+    def choose(value: Any) -> tuple[Any, Any]:
+        size = parse_value(value)
+        return size if size else (gr.skip(), gr.skip())
+
+    def shown(w: Any, h: Any) -> str | None:
+        return preset_value(presets, w, h)
+
+    preset.input(fn=choose, inputs=[preset], outputs=[width, height], **UI)
+    swap.click(fn=swapped, inputs=[width, height], outputs=[width, height], **UI)
+    for side in (width, height):
+        side.change(fn=shown, inputs=[width, height], outputs=[preset], **UI)
+
+
+def _matching_sampler(controls: Controls, name: Any) -> dict[str, Any]:
+    """``{"scheduler": value}`` for the sampler choice that is ``name`` (a label or a value); {} if none is."""
+    choices = controls.samplers()
+    if not choices or not isinstance(name, str):
+        return {}
+    values = {str(value): value for value in choices.values()}
+    if name in values:
+        return {"scheduler": values[name]}
+    label = match_sampler(name, list(choices))
+    return {"scheduler": choices[label]} if label is not None else {}
+
+
+def wire_history(
+    finished: Any,
+    history: gr.State,
+    gallery: gr.Gallery,
+    info: gr.JSON,
+    summary: gr.Markdown,
+    history_gallery: gr.Gallery,
+    download: gr.Button,
+    archive: gr.File,
+    controls: Controls,
+    out_dir: Path,
+) -> None:
+    """After each finished generation: the summary and the history; selecting a past image restores it."""
+
+    def remember(past: Any, images: Any, record: Any) -> tuple[Any, Any, Any]:
+        kept = add_results(past, images, record)
+        return kept, history_items(kept), summary_markdown(record) or gr.skip()
+
+    def restore_selected(past: Any, event: gr.SelectData) -> list[Any]:
+        params = restore(past, event.index)
+        if params is None:
+            return controls.updates({})
+        sampler = _matching_sampler(controls, params.pop("scheduler", None))
+        return controls.updates({**params, **sampler, "randomize_seed": False})
+
+    def zipped(past: Any) -> Any:
+        path = write_zip(past, out_dir)
+        if path is None:
+            gr.Warning("No image to download yet (or they have been cleaned up): generate one first.")
+            return gr.skip()
+        return gr.update(value=str(path), visible=True)
+
+    finished.success(fn=remember, inputs=[history, gallery, info], outputs=[history, history_gallery, summary], **UI)
+    history_gallery.select(fn=restore_selected, inputs=[history], outputs=controls.components(), **UI)
+    download.click(
+        fn=zipped,
+        inputs=[history],
+        outputs=[archive],
+        api_visibility="private",
+        concurrency_id="zip",
+        concurrency_limit=2,
+    )
+
+
+def wire_paste(
+    button: gr.Button, text: gr.Textbox, notes: gr.Markdown, controls: Controls, limits: Limits, model: str
+) -> None:
+    """Apply a pasted AUTOMATIC1111 parameters text to the controls; say what was not applied, and why."""
+
+    def apply(pasted: Any) -> list[Any]:
+        choices = controls.samplers()
+        fill = fill_from(
+            parse_parameters(pasted if isinstance(pasted, str) else ""),
+            limits,
+            samplers=list(choices) if choices is not None else None,
+            model=model,
+        )
+        values = dict(fill.values)
+        if "scheduler" in values and choices is not None:
+            values["scheduler"] = choices[values["scheduler"]]
+        return [*controls.updates(values), notes_markdown(fill)]
+
+    button.click(fn=apply, inputs=[text], outputs=[*controls.components(), notes], **UI)
+
+
+def wire_keys(demo: gr.Blocks) -> None:
+    """Escape stops the running job (Enter in the prompt already generates: the prompt's submit)."""
+    demo.load(fn=None, js=KEYS_JS, api_visibility="private")
