@@ -1,6 +1,7 @@
 """The page people expect from a text-to-image Space (issue 18), in headless chromium: size presets and
-swap, the tab's history (restore, download all), pasted parameters, keys, labels, the phone layout, and
-the README's screenshot (``docs/screenshot.png``, refreshed here mid-generation)."""
+swap, the tab's history (restore, download all), pasted parameters, keys, the ETA while waiting behind
+another job, the sampler in the PNG, labels, the phone layout, and the README's screenshot
+(``docs/screenshot.png``, refreshed here mid-generation)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any, Iterator
 
 import httpx
 import pytest
+from PIL import Image
 
 from tests.browser import (
     BROWSER_MARKS,
@@ -32,6 +34,7 @@ from tests.helpers import running_app, wait_for
 pytestmark = BROWSER_MARKS
 DONE = re.compile(r"done in \d+\.\d\d s")
 SUMMARY = "#summary [data-testid=markdown]"  # the text alone (the status tracker beside it has a timer)
+STATUS = "#status .t2i-status"  # the app's own status line (Gradio's tracker repeats its progress text)
 
 
 @pytest.fixture(scope="module")
@@ -189,6 +192,77 @@ def test_enter_generates_and_escape_stops(page: Any, app_url: str) -> None:
     page.wait_for_timeout(500)
     assert _cancelled(app_url) == before + 1 and "stopped" in page.locator("#status").inner_text()
     set_size(page, 64)
+
+
+def record_status(page: Any) -> None:
+    """Keep every text the app's status line (not Gradio's tracker beside it) shows in ``window.statusTexts``,
+    a short-lived one too."""
+    page.evaluate("""() => {
+        window.statusTexts = [];
+        const status = document.querySelector('#status');
+        const keep = () => window.statusTexts.push(status.querySelector('.t2i-status')?.innerText ?? '');
+        keep();
+        new MutationObserver(keep).observe(status, {subtree: true, childList: true, characterData: true});
+    }""")
+
+
+def test_waiting_behind_another_job_shows_an_eta_then_the_time_left(browser: Any, page: Any, app_url: str) -> None:
+    """Issue 18 §1 on the page: "about N s" while a request waits behind another job, "N s left" as it runs."""
+    about = re.compile(r"waiting for the GPU: 1 ahead, about \d+(\.\d+)? s")
+    left = re.compile(r"step \d+/100 · \d+ s left")
+    set_size(page, 96)  # 100 steps: a job of about a second or more, its "N s left" on screen a while
+    generate(page, "a warm-up job of the same shape", steps=100)  # measured: the ETA is known from now on
+    other = browser.new_page(viewport={"width": 1280, "height": 1080})
+    try:
+        open_ready(other, app_url, panels=("advanced",))
+        set_steps(other, 60)
+        set_size(other, 160)  # a job of seconds, ahead of the page's
+        other.locator("#prompt textarea").fill("a long job ahead in another tab")
+        other.locator("#generate").click()
+        other.locator(STATUS).get_by_text(re.compile(r"step \d+/60")).wait_for(timeout=60_000)
+        record_status(page)
+        page.locator("#prompt textarea").fill("a job that waits its turn")
+        page.locator("#generate").click()
+        page.locator(STATUS).get_by_text(about).wait_for(timeout=30_000)
+        shot(page, "page-8-waiting-eta")
+        page.locator(STATUS).get_by_text(DONE).wait_for(timeout=120_000)
+        other.locator(STATUS).get_by_text(DONE).wait_for(timeout=30_000)  # and the job ahead is done
+    finally:
+        other.close()
+        set_size(page, 64)
+    # Every text the status line showed, in order (recorded as it changed: none missed): it waited
+    # with an estimate, then ran with its time left.
+    texts = page.evaluate("window.statusTexts")
+    waited = [i for i, t in enumerate(texts) if about.search(t)]
+    ran = [i for i, t in enumerate(texts) if left.search(t)]
+    assert waited and ran and waited[0] < ran[0], texts
+
+
+def test_the_chosen_sampler_reaches_the_png_metadata(page: Any, app_url: str) -> None:
+    """Issue 18 §6 on the page: "Euler a" chosen in Advanced settings is named in the image's PNG."""
+    open_accordion(page, "advanced")
+    sampler = page.locator("#sampler")
+    assert sampler.is_visible(), "the default model offers no sampler choice"
+    sampler.locator("input").click()
+    page.get_by_role("option", name="Euler a", exact=True).click()
+    wait_value(sampler.locator("input"), "Euler a")
+    try:
+        generate(page, "a blue square on a white background", steps=4)
+        src = page.locator("#gallery img").first.get_attribute("src")
+        assert src, "no image in the result gallery"
+        response = httpx.get(src if src.startswith("http") else app_url.rstrip("/") + src, timeout=10)
+        response.raise_for_status()
+        image = Image.open(io.BytesIO(response.content))
+        assert image.format == "PNG", image.format
+        assert "Sampler: Euler a," in image.text["parameters"], image.text["parameters"]
+        generation = json.loads(image.text["generation"])
+        assert generation["scheduler"] == "Euler a", generation
+        assert generation["prompt"] == "a blue square on a white background", generation
+        assert "Sampler Euler a" in page.locator(SUMMARY).inner_text(), page.locator(SUMMARY).inner_text()
+    finally:
+        sampler.locator("input").click()
+        page.get_by_role("option", name=re.compile(r"^default")).click()
+        wait_for(lambda: sampler.locator("input").input_value().startswith("default"), "the default sampler again")
 
 
 def test_every_control_has_a_label(page: Any) -> None:
