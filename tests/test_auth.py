@@ -56,11 +56,12 @@ def test_a_png_written_in_gradios_cache_is_served_as_written(tmp_path: Path) -> 
 
     from tests.helpers import api_fn_index, queue_call
 
-    fields = list(raw_request())
+    raw = raw_request()
+    data = [*(raw[f] for f in raw if f != "scheduler"), False, raw["scheduler"]]  # the API's order
     cache = os.environ["GRADIO_TEMP_DIR"]
     for output_dir, copied in ((cache, False), (str(tmp_path / "elsewhere"), True)):
         with running_app(tmp_path, "--output-dir", output_dir, load=FakeModel) as (url, _demo, _adapter):
-            message = queue_call(url, api_fn_index(url), [*[raw_request()[f] for f in fields], False])
+            message = queue_call(url, api_fn_index(url), data)
             path = Path(message["output"]["data"][0][0]["image"]["path"])
             assert path.is_relative_to(cache)
             assert path.is_relative_to(output_dir) != copied, (path, output_dir)
