@@ -31,6 +31,7 @@ class Settings:
     queue_size: int = 32  # requests admitted beyond those, waiting in Gradio's queue
     max_images: int = 4
     max_batch_size: int = 4  # images in one job across requests (dynamic batching); 1: off
+    max_waiting_per_user: int | None = None  # requests one user may have in line; None: half of concurrency
     max_size: int | None = None  # None: follows the model
     max_steps: int | None = None  # None: follows the model
     max_prompt_chars: int = 2000
@@ -58,6 +59,9 @@ class Settings:
             return None
         user, _, password = self.auth.partition(":")
         return user, password
+
+    def resolved_max_waiting_per_user(self) -> int:
+        return self.max_waiting_per_user or max(1, self.concurrency // 2)
 
     def resolved_torch_threads(self) -> int:
         return self.torch_threads or max(1, (os.cpu_count() or 2) - 1)
@@ -90,6 +94,13 @@ _OPTIONS: tuple[tuple[str, str, type, str], ...] = (
         "T2I_MAX_BATCH_SIZE",
         int,
         "most images in one inference across compatible waiting requests (default 4; 1 turns batching off)",
+    ),
+    (
+        "max_waiting_per_user",
+        "T2I_MAX_WAITING_PER_USER",
+        int,
+        "most requests one user may have waiting for the GPU; more are refused at once "
+        "(default: half of --concurrency, so one user cannot fill the handler's slots)",
     ),
     ("max_size", "T2I_MAX_SIZE", int, "largest width/height in pixels (default: follows the model)"),
     ("max_steps", "T2I_MAX_STEPS", int, "most denoising steps (default: follows the model)"),
@@ -225,6 +236,8 @@ def _check(s: Settings) -> None:
     for name in ("concurrency", "queue_size", "max_images", "max_batch_size", "max_prompt_chars"):
         if getattr(s, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be at least 1; got {getattr(s, name)}")
+    if s.max_waiting_per_user is not None and s.max_waiting_per_user < 1:
+        raise SystemExit(f"--max-waiting-per-user must be at least 1; got {s.max_waiting_per_user}")
     if s.auth is not None and (":" not in s.auth or s.auth.startswith(":") or s.auth.endswith(":")):
         raise SystemExit("--auth must be user:password")
     if s.job_timeout is not None and not s.job_timeout > 0:

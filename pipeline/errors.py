@@ -2,7 +2,8 @@
 
 - ``InvalidRequest``: the user's mistake; the message is shown verbatim (it names the field).
 - ``RetryLater``: the server's state, not the user's fault: shutting down, or (Ray backend) the
-  replicas' line is full. (The local app's full queue is answered by Gradio's queue itself.)
+  replicas' line is full, or one user already has ``--max-waiting-per-user`` requests in line.
+  (The local app's full queue is answered by Gradio's queue itself.)
 - ``Cancelled``: the caller asked to stop; not an error to report to anyone else.
 - ``GenerationFailed``: an internal fault in one job; the user sees a generic message with the id.
 - ``OutOfMemory``: a recoverable GPU/CPU memory fault; the user is told to shrink the request.
@@ -43,6 +44,15 @@ class QueueFull(RetryLater):
     def __init__(self, limit: int | None = None) -> None:
         size = f" ({limit} requests are already waiting)" if limit else ""
         super().__init__(f"The queue is full{size}; please retry in a moment.")
+
+
+class TooManyWaiting(RetryLater):
+    """A per-user cap (``--max-waiting-per-user``): this user already has that many requests in line."""
+
+    def __init__(self, waiting: int) -> None:
+        self.waiting = waiting
+        requests = "request" if waiting == 1 else "requests"
+        super().__init__(f"You already have {waiting} {requests} waiting; please wait for them to finish.")
 
 
 class Cancelled(ServingError):

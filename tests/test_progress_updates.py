@@ -30,7 +30,9 @@ class ScriptedAdapter:
     def __init__(self, events: Sequence[Event]) -> None:
         self.events = events
 
-    async def run(self, raw: Any, *, request_id: str | None = None, alive: Any = None) -> AsyncGenerator[Event, None]:
+    async def run(
+        self, raw: Any, *, request_id: str | None = None, alive: Any = None, user: Any = None
+    ) -> AsyncGenerator[Event, None]:
         for event in self.events:
             yield event
 

@@ -152,7 +152,11 @@ class RayAdapter(AdapterBase):
 
     # -- the request -----------------------------------------------------------------------------
     async def _request(
-        self, raw: Mapping[str, Any], request_id: str | None, alive: Callable[[], bool] | None
+        self,
+        raw: Mapping[str, Any],
+        request_id: str | None,
+        alive: Callable[[], bool] | None,
+        user: str | None = None,  # not used: Ray Serve's own queue orders the replicas' requests
     ) -> AsyncGenerator[Event, None]:
         loop = asyncio.get_running_loop()
         # 1. Prepare on the front end: a bad field is answered here, before any replica sees it. The

@@ -45,7 +45,12 @@ class Adapter(Protocol):
     def profile(self) -> ModelProfile: ...
 
     def run(
-        self, raw: Mapping[str, Any], *, request_id: str | None = None, alive: Callable[[], bool] | None = None
+        self,
+        raw: Mapping[str, Any],
+        *,
+        request_id: str | None = None,
+        alive: Callable[[], bool] | None = None,
+        user: str | None = None,
     ) -> AsyncGenerator[Event, None]: ...
 
     def health(self) -> dict[str, Any]: ...
@@ -118,7 +123,11 @@ class AdapterBase:
 
     # -- what each adapter provides ------------------------------------------------------------
     def _request(
-        self, raw: Mapping[str, Any], request_id: str | None, alive: Callable[[], bool] | None
+        self,
+        raw: Mapping[str, Any],
+        request_id: str | None,
+        alive: Callable[[], bool] | None,
+        user: str | None = None,
     ) -> AsyncGenerator[Event, None]:
         raise NotImplementedError
 
@@ -148,15 +157,19 @@ class AdapterBase:
         *,
         request_id: str | None = None,
         alive: Callable[[], bool] | None = None,
+        user: str | None = None,
     ) -> AsyncGenerator[Event, None]:
         """Yield ``Waiting``/``Step`` progress, then one ``Done``; or raise a ``ServingError``.
+
+        ``user`` (optional) says who asked (the web layer's ``request_user``); the local line is
+        fair across users and caps each one's waiting requests. None: a user of its own.
 
         ``alive`` (optional) says whether the caller is still there; the liveness watch reads it
         while the request waits or infers, so a caller that vanished without a cancel leaves the
         line, or stops the model at the next step, without waiting for the next yield.
         """
         self._loop = asyncio.get_running_loop()
-        async with contextlib.aclosing(self._accounted(self._request(raw, request_id, alive))) as events:
+        async with contextlib.aclosing(self._accounted(self._request(raw, request_id, alive, user))) as events:
             async for event in events:
                 yield event
 

@@ -1,4 +1,4 @@
-"""The line for the GPU: who waits, in arrival order, how many are ahead, and who shares a job.
+"""The line for the GPU: who waits, in a fair order across users, how many are ahead, and who shares a job.
 
 ``WaitLine`` is the "k ahead" both adapters report. ``Line`` adds dynamic batching for the local
 adapter: the head of the line takes the compatible requests waiting behind it into one job
@@ -12,7 +12,7 @@ import contextvars
 import itertools
 import threading
 from dataclasses import dataclass, field
-from typing import AsyncGenerator, Callable, Generic, TypeVar
+from typing import AsyncGenerator, Callable, Generic, Hashable, Iterable, TypeVar
 
 from ..protocol import InferenceJob, InferenceResult
 from ..request import GenerateRequest
@@ -52,24 +52,58 @@ class StopSignal(threading.Event):
 
 
 class WaitLine(Generic[T]):
-    """Tickets in arrival order, and a wake-up (``moved``) whenever the line or what it waits for moves."""
+    """Tickets, a fair order over them, and a wake-up (``moved``) whenever the line or what it waits for moves.
+
+    The order is round-robin across users: the user served longest ago (never: first, by arrival)
+    leads, and each user's own tickets stay in arrival order (``order``). A ticket joined without a
+    user is a user of its own, so a line of anonymous tickets is plain FIFO.
+    """
 
     def __init__(self) -> None:
         self.tickets: dict[int, T] = {}
+        self.users: dict[int, Hashable] = {}  # ticket -> its user
+        self._served: dict[Hashable, int] = {}  # user -> when its request last went into a job
+        self._serves = itertools.count()
         self._counter = itertools.count()
         self.moved = asyncio.Event()
 
-    def join(self, item: T) -> int:
+    def join(self, item: T, user: Hashable | None = None) -> int:
         ticket = next(self._counter)
         self.tickets[ticket] = item
+        self.users[ticket] = ("ticket", ticket) if user is None else user
         return ticket
 
     def leave(self, ticket: int) -> None:
+        self.users.pop(ticket, None)
         if self.tickets.pop(ticket, None) is not None:
             self.notify()
 
+    def waiting(self, user: Hashable) -> int:
+        """Tickets ``user`` has in line."""
+        return sum(1 for u in self.users.values() if u == user)
+
+    def served(self, users: Iterable[Hashable]) -> None:
+        """These users' requests went into a job now: they go to the back of the round."""
+        stamp = next(self._serves)
+        for user in users:
+            self._served[user] = stamp
+        if len(self._served) > 4 * len(self.tickets) + 64:  # forget users long gone
+            waiting = set(self.users.values())
+            self._served = {u: s for u, s in self._served.items() if u in waiting}
+
+    def order(self) -> list[int]:
+        """The tickets in fair order: round-robin across users, each user's own in arrival order."""
+        queues: dict[Hashable, list[int]] = {}
+        for ticket in self.tickets:  # arrival order
+            queues.setdefault(self.users[ticket], []).append(ticket)
+        rotation = sorted(queues.values(), key=lambda q: (self._served.get(self.users[q[0]], -1), q[0]))
+        return [q[i] for i in range(max(map(len, rotation), default=0)) for q in rotation if i < len(q)]
+
     def before(self, ticket: int) -> int:
-        return sum(1 for t in self.tickets if t < ticket)
+        """Tickets ahead of ``ticket`` in the fair order (one that left: those that joined before it)."""
+        if ticket not in self.tickets:
+            return sum(1 for t in self.tickets if t < ticket)
+        return self.order().index(ticket)
 
     def notify(self) -> None:
         self.moved.set()
@@ -111,6 +145,7 @@ class Member:
     events: asyncio.Queue[Step | End] = field(default_factory=asyncio.Queue)
     ticket: int = -1
     batch: Batch | None = None  # set when a job takes this request
+    user: Hashable | None = None  # who asked (None: a user of its own); the line is fair across users
 
     def deliver(self, item: Step | End) -> None:
         """Put a step or the end on this request's stream (on the event loop's thread)."""
@@ -182,7 +217,7 @@ class Line(WaitLine[Member]):
     """The local adapter's line: ``take_batch`` forms the head's job (dynamic batching)."""
 
     def join_member(self, member: Member) -> None:
-        member.ticket = self.join(member)
+        member.ticket = self.join(member, member.user)
 
     @staticmethod
     def fits(images: int, member: Member, max_images: int) -> bool:
@@ -193,7 +228,7 @@ class Line(WaitLine[Member]):
 
         ``take_batch``'s rule applied again and again to the waiting requests, without changing the line.
         """
-        waiting = [m for m in self.tickets.values() if not m.stop.is_set()]
+        waiting = [m for m in map(self.tickets.__getitem__, self.order()) if not m.stop.is_set()]
         jobs: list[list[Member]] = []
         while waiting:
             head, rest = waiting[0], []
@@ -211,20 +246,24 @@ class Line(WaitLine[Member]):
         return jobs
 
     def take_batch(self, head: Member, max_images: int) -> Batch:
-        """``head`` and, in arrival order, the waiting requests compatible with it that still fit.
+        """``head`` and, in the line's fair order, the waiting requests compatible with it that still fit.
 
-        The head is always first in line, so FIFO holds for it; a request passed over here moves
-        up when this job starts and is never overtaken forever.
+        The head is always first in the fair order; a request passed over here keeps its place in its
+        user's own order, and its user moves up the round when the users taken here go to its back.
         """
         members, images = [head], head.request.num_images
-        for ticket, member in list(self.tickets.items()):
+        for ticket in self.order():
+            member = self.tickets[ticket]
             if member is head or member.stop.is_set() or member.key != head.key:
                 continue
             if self.fits(images, member, max_images):
                 members.append(member)
                 images += member.request.num_images
                 del self.tickets[ticket]
+                self.users.pop(ticket, None)
         self.tickets.pop(head.ticket, None)
+        self.users.pop(head.ticket, None)
+        self.served(m.user for m in members if m.user is not None)
         batch = Batch(members)
         self.notify()
         return batch

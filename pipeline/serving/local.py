@@ -38,6 +38,7 @@ from ..errors import (
     OutOfMemory,
     ServingError,
     ShuttingDown,
+    TooManyWaiting,
 )
 from ..protocol import InferenceResult, ModelProfile, ModelSide
 from ..request import GenerateRequest, Limits, validate
@@ -67,6 +68,7 @@ class LocalAdapter(AdapterBase):
         encode: Callable[..., list[Path]] = encode_pngs,
         job_timeout: float | None = None,
         max_batch_size: int = 1,
+        max_waiting_per_user: int | None = None,
     ) -> None:
         self._line = Line()
         self._gate = self.make_gate()
@@ -78,6 +80,7 @@ class LocalAdapter(AdapterBase):
         self.limits = limits
         self.output_dir = output_dir
         self.max_batch_size = max_batch_size
+        self.max_waiting_per_user = max_waiting_per_user  # None: no cap
         self.job_timeout = job_timeout
         self._clock = clock
         self._encode_pngs = encode
@@ -132,7 +135,11 @@ class LocalAdapter(AdapterBase):
 
     # -- the request -------------------------------------------------------------------------
     async def _request(
-        self, raw: Mapping[str, Any], request_id: str | None, alive: Callable[[], bool] | None
+        self,
+        raw: Mapping[str, Any],
+        request_id: str | None,
+        alive: Callable[[], bool] | None,
+        user: str | None = None,
     ) -> AsyncGenerator[Event, None]:
         loop = asyncio.get_running_loop()
         t = Timings(received=self._clock())
@@ -148,8 +155,12 @@ class LocalAdapter(AdapterBase):
             request = await loop.run_in_executor(self._pool, self._prepare, raw, request_id)
             t.prepare_end = t.gpu_wait_start = self._clock()
 
-            # 2. Wait in line for the GPU. The head of the line may take this request into its job.
-            member = Member(request, stop, contextvars.copy_context())
+            # 2. Wait in line for the GPU, in a fair order across users (round-robin, ``Line.order``);
+            #    a user already at the cap is answered at once. The head may take this request into its job.
+            cap = self.max_waiting_per_user
+            if user is not None and cap is not None and (n := self._line.waiting(user)) >= cap:
+                raise TooManyWaiting(n)
+            member = Member(request, stop, contextvars.copy_context(), user=user)
             self._line.join_member(member)
             end: End | None = None
             try:

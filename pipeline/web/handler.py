@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import html
+import ipaddress
 import logging
 import time
 from pathlib import Path
@@ -156,6 +157,33 @@ def gallery_items(paths: Sequence[Path], info: dict[str, Any]) -> list[tuple[str
     return [(str(p), f"seed {seed} · {each:.2f} s") for p, seed in zip(paths, info["seeds"])]
 
 
+def request_user(request: gr.Request | None, profile: gr.OAuthProfile | None = None) -> str | None:
+    """Who is asking, the strongest identity available: the line is fair across these users.
+
+    A logged-in Hugging Face user (OAuth) or ``--auth`` user, else the client address (the first
+    of ``x-forwarded-for``, as behind Spaces' proxy), else the Gradio session. Loopback clients
+    (local use, tests) are told apart by their session. None: no request (a direct call).
+    """
+    if profile is not None and getattr(profile, "username", None):
+        return f"hf:{profile.username}"
+    if request is None:
+        return None
+    if request.username:
+        return f"user:{request.username}"
+    session = request.session_hash
+    headers = getattr(request, "headers", None)  # starlette's Headers, or a rebuilt request's mapping
+    forwarded = str(headers["x-forwarded-for"]) if headers is not None and "x-forwarded-for" in headers else ""
+    client = getattr(request, "client", None)
+    host = forwarded.split(",")[0].strip() or (getattr(client, "host", None) or "")
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host in ("localhost", "testclient")
+    if host and not (loopback and session):
+        return f"addr:{host}"
+    return f"session:{session}" if session else None
+
+
 def selected_index(event: gr.SelectData) -> int:
     return int(event.index) if isinstance(event.index, int) else 0
 
@@ -202,6 +230,8 @@ def make_generate(
         live_preview: bool,
         scheduler: str,
         progress: gr.Progress = gr.Progress(),
+        request: gr.Request | None = None,  # injected by Gradio, not an API parameter
+        profile: gr.OAuthProfile | None = None,  # injected by Gradio: the logged-in HF user, if any
     ) -> AsyncGenerator[tuple[Any, ...], None]:
         """Generate images from a text prompt with a diffusion model (one GPU, shared through a queue).
 
@@ -239,8 +269,9 @@ def make_generate(
         tracking = page_jobs.running(current_session()) if page_jobs is not None else contextlib.nullcontext()
         with tracking:
             try:
-                alive = caller_alive(demo)
-                async with contextlib.aclosing(adapter.run(raw, request_id=request_id, alive=alive)) as events:
+                user = request_user(request, profile)
+                events = adapter.run(raw, request_id=request_id, alive=caller_alive(demo), user=user)
+                async with contextlib.aclosing(events):
                     async for event in events:
                         if isinstance(event, Waiting):
                             if (text := view.waiting(event.ahead, event.eta_seconds)) is None:
