@@ -68,6 +68,11 @@ def test_stop_reaches_the_model_process_at_its_next_step(stop_kind: str) -> None
         last = events[-1]
         assert isinstance(last, ErrorEvent) and last.kind == "cancelled", last
         assert 2 <= last.steps_done < LONG.num_inference_steps
+        if stop_kind == "StopSignal":  # the model process's own count when the stop reached it
+            assert stop.steps_at_set is not None and 0 <= last.steps_done - stop.steps_at_set <= 1, (
+                last.steps_done,
+                stop.steps_at_set,
+            )
         # the stop belonged to that job only: the next one runs to the end
         assert isinstance(list(side.stream(JOB, StopSignal()))[-1], InferenceResult)
     finally:

@@ -21,9 +21,27 @@ from multiprocessing.connection import Connection
 from typing import Any, Mapping
 
 from ..errors import EngineDead
-from ..protocol import InferenceJob
+from ..protocol import ErrorEvent, InferenceJob
 
 log = logging.getLogger(__name__)
+
+
+class _JobStop(threading.Event):
+    """A job's stop inside the model process; it counts the steps the model has run (the runner
+    calls ``note``), so a stop reports how many steps had run when it arrived here."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps = 0
+        self.steps_at_set: int | None = None
+
+    def note(self, step: int) -> None:
+        self.steps = max(self.steps, step)
+
+    def set(self) -> None:
+        if self.steps_at_set is None:
+            self.steps_at_set = self.steps
+        super().set()
 
 
 def main(fd: int) -> None:
@@ -50,13 +68,17 @@ def main(fd: int) -> None:
         return
     send(("ready", profile))
     jobs: queue.SimpleQueue[tuple[int, InferenceJob] | None] = queue.SimpleQueue()
-    stops: dict[int, threading.Event] = {}
+    stops: dict[int, _JobStop] = {}
 
     def drive() -> None:  # "job-relay": one job at a time, its events back to the server as they come
         while (item := jobs.get()) is not None:
             serial, job = item
             try:
-                for event in runner.stream(job, stops[serial]):
+                stop = stops[serial]
+                for event in runner.stream(job, stop):
+                    if isinstance(event, ErrorEvent) and event.kind == "cancelled" and stop.steps_at_set is not None:
+                        # the model's own count when the stop reached it (the server's lags by the steps in flight)
+                        send(("stopped_at", serial, stop.steps_at_set))
                     send(("event", serial, event))
             except OSError:
                 return  # the server has gone
@@ -70,7 +92,7 @@ def main(fd: int) -> None:
             message = conn.recv()
             kind = message[0]
             if kind == "job":
-                stops[message[1]] = threading.Event()
+                stops[message[1]] = _JobStop()
                 jobs.put((message[1], message[2]))
             elif kind == "stop":
                 if (flag := stops.get(message[1])) is not None:

@@ -97,6 +97,7 @@ class _Child:
         self.lock = threading.Lock()  # guards sending, ``pending``, ``counts`` and ``exited``
         self.pending: dict[int, queue.SimpleQueue[ModelEvent]] = {}  # job serial -> its events
         self.counts: dict[int, queue.SimpleQueue[Mapping[str, int] | None]] = {}
+        self.stopped_at: dict[int, int] = {}  # job serial -> steps the model had run when its stop arrived
         self.exited = False
         self.profile: ModelProfile | None = None
         self._ready = threading.Event()
@@ -155,6 +156,9 @@ class _Child:
                         events = self.pending.get(message[1])
                     if events is not None:
                         events.put(message[2])
+                elif kind == "stopped_at":
+                    with self.lock:
+                        self.stopped_at[message[1]] = message[2]
                 elif kind == "count":
                     with self.lock:
                         answer = self.counts.pop(message[1], None)
@@ -307,6 +311,11 @@ class ProcessSide:
                 except queue.Empty:
                     continue
                 ended = isinstance(event, TERMINAL)
+                if ended:
+                    with child.lock:
+                        at = child.stopped_at.pop(serial, None)
+                    if at is not None and hasattr(stop, "steps_at_set"):
+                        stop.steps_at_set = at  # the model's own count when the stop reached it
                 yield event
         finally:
             if not ended:  # closed early: stop the job and wait until the model process has left it
