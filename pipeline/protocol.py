@@ -14,6 +14,7 @@ in a Ray replica, and in a model process of our own.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Callable, Generator, Literal, Mapping, Protocol
 
@@ -118,6 +119,28 @@ class StopFlag(Protocol):
     """A one-way stop signal read at every step boundary (``threading.Event`` satisfies it)."""
 
     def is_set(self) -> bool: ...
+
+
+class CountingStop(threading.Event):
+    """A stop that remembers how many steps had run when it was first set.
+
+    ``note(step)`` is called as steps complete (the runner calls a stop's ``note`` if it has one);
+    ``set`` (from any thread) records the count, so a cancelled job can report how many steps it
+    ran after being told to stop (at most 1 by design).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps = 0
+        self.steps_at_set: int | None = None
+
+    def note(self, step: int) -> None:
+        self.steps = max(self.steps, step)
+
+    def set(self) -> None:
+        if self.steps_at_set is None:
+            self.steps_at_set = self.steps
+        super().set()
 
 
 # on_step(step, total, previews): called on the model thread after every denoising step, inside the

@@ -21,27 +21,9 @@ from multiprocessing.connection import Connection
 from typing import Any, Mapping
 
 from ..errors import EngineDead
-from ..protocol import ErrorEvent, InferenceJob
+from ..protocol import CountingStop, ErrorEvent, InferenceJob
 
 log = logging.getLogger(__name__)
-
-
-class _JobStop(threading.Event):
-    """A job's stop inside the model process; it counts the steps the model has run (the runner
-    calls ``note``), so a stop reports how many steps had run when it arrived here."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.steps = 0
-        self.steps_at_set: int | None = None
-
-    def note(self, step: int) -> None:
-        self.steps = max(self.steps, step)
-
-    def set(self) -> None:
-        if self.steps_at_set is None:
-            self.steps_at_set = self.steps
-        super().set()
 
 
 def main(fd: int) -> None:
@@ -68,7 +50,7 @@ def main(fd: int) -> None:
         return
     send(("ready", profile))
     jobs: queue.SimpleQueue[tuple[int, InferenceJob] | None] = queue.SimpleQueue()
-    stops: dict[int, _JobStop] = {}
+    stops: dict[int, CountingStop] = {}
 
     def drive() -> None:  # "job-relay": one job at a time, its events back to the server as they come
         while (item := jobs.get()) is not None:
@@ -92,7 +74,7 @@ def main(fd: int) -> None:
             message = conn.recv()
             kind = message[0]
             if kind == "job":
-                stops[message[1]] = _JobStop()
+                stops[message[1]] = CountingStop()
                 jobs.put((message[1], message[2]))
             elif kind == "stop":
                 if (flag := stops.get(message[1])) is not None:

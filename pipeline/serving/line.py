@@ -10,38 +10,28 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import itertools
-import threading
 from dataclasses import dataclass, field
 from typing import AsyncGenerator, Callable, Generic, Hashable, Iterable, TypeVar
 
-from ..protocol import InferenceJob, InferenceResult
+from ..protocol import CountingStop, InferenceJob, InferenceResult
 from ..request import GenerateRequest
 from .events import Step, Waiting
 
 T = TypeVar("T")
 
 
-class StopSignal(threading.Event):
-    """A stop event that remembers how many steps had run when it was first set.
+class StopSignal(CountingStop):
+    """A request's or job's stop (``protocol.CountingStop``) that also calls listeners when set.
 
-    ``note(step)`` is called as steps complete: in-process by the model thread itself (the runner
-    calls a stop's ``note`` if it has one), else by the thread that relays the job's steps. ``set``
-    (from any thread) records the count, so a cancelled job can report how many steps it ran after
-    being told to stop (at most 1 by design).
+    ``note(step)`` is called in-process by the model thread itself, else by the thread that relays
+    the job's steps; a model process forwards the stop through an ``on_set`` listener.
     """
 
     def __init__(self) -> None:
         super().__init__()
-        self.steps = 0
-        self.steps_at_set: int | None = None
         self._listeners: list[Callable[[], None]] = []
 
-    def note(self, step: int) -> None:
-        self.steps = max(self.steps, step)
-
     def set(self) -> None:
-        if self.steps_at_set is None:
-            self.steps_at_set = self.steps
         super().set()
         for listener in list(self._listeners):
             listener()
