@@ -31,6 +31,7 @@ class Settings:
     queue_size: int = 32  # requests admitted beyond those, waiting in Gradio's queue
     max_images: int = 4
     max_batch_size: int = 4  # images in one job across requests (dynamic batching); 1: off
+    step_joining: str = "on"  # on: requests join a running denoising loop at step boundaries where the model can; off
     max_waiting_per_user: int | None = None  # requests one user may have in line; None: half of concurrency
     max_size: int | None = None  # None: follows the model
     max_steps: int | None = None  # None: follows the model
@@ -94,6 +95,13 @@ _OPTIONS: tuple[tuple[str, str, type, str], ...] = (
         "T2I_MAX_BATCH_SIZE",
         int,
         "most images in one inference across compatible waiting requests (default 4; 1 turns batching off)",
+    ),
+    (
+        "step_joining",
+        "T2I_STEP_JOINING",
+        str,
+        "on or off (default on): compatible requests join a running denoising loop at a step boundary, "
+        "up to --max-batch-size images (SD and flow-matching families); off: they batch only when a job starts",
     ),
     (
         "max_waiting_per_user",
@@ -251,6 +259,8 @@ def _check(s: Settings) -> None:
         raise SystemExit(f"--backend must be local or ray; got {s.backend!r}")
     if s.model_side not in {"auto", "process", "thread"}:
         raise SystemExit(f"--model-side must be auto, process or thread; got {s.model_side!r}")
+    if s.step_joining not in {"on", "off"}:
+        raise SystemExit(f"--step-joining must be on or off; got {s.step_joining!r}")
     if s.replicas < 1:
         raise SystemExit(f"--replicas must be at least 1; got {s.replicas}")
     if s.backend == "local" and (s.replicas != 1 or s.ray_address):

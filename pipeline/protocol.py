@@ -45,6 +45,8 @@ class ModelProfile:
     text_encoders: tuple[tuple[str, int], ...] = (("CLIP", 75),)
     supports_negative_prompt: bool = True
     family: str = "sd"  # sd, sdxl, sd3, flux, pixart, sana, other (see engine.families)
+    # Whether jobs may run step-level: enter a running denoising loop at a step boundary (engine.joining)
+    step_joining: bool = False
     # Sampler names a request may ask for ("default": the model's own scheduler; see engine.samplers)
     schedulers: tuple[str, ...] = ("default",)
 
@@ -68,6 +70,9 @@ class InferenceJob:
     preview_every: int = 0  # 0: no previews; k: a cheap latent preview every k steps
     preview_images: tuple[int, ...] = (0,)  # which images get previews (the first of each request)
     scheduler: str = "default"  # a name from ModelProfile.schedulers; each job gets its own instance
+    # True: the job may enter a running denoising loop of compatible jobs at a step boundary, and
+    # others may enter its loop (step-level batching, ``engine.joining``); False: it runs as one call.
+    joinable: bool = False
 
     @property
     def num_images(self) -> int:
@@ -95,6 +100,11 @@ class InferenceResult:
     started: float
     ended: float
     peak_memory_bytes: int | None = None
+    # Step-level runs only (``engine.joining``): the most images and jobs its loop held while this job
+    # was in it, and how many loop steps had run when it joined (0: it opened or started with the loop).
+    batch_images: int = 0
+    batch_jobs: int = 0
+    joined_at_step: int | None = None
 
 
 # crashed: the model process died during the job (it is being restarted); engine_dead: no model side is left

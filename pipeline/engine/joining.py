@@ -1,0 +1,229 @@
+"""Step-level batching on the model side: one denoising loop that jobs enter and leave at step boundaries.
+
+Job-level batching forms a batch only when the GPU frees up, so a burst's first request runs alone
+and a request that arrives one step into a job waits for the whole job. Here the model thread owns
+the denoising loop instead of calling the pipeline once per job:
+
+- **Members.** Every job in the loop (an ``InferenceJob`` with ``joinable=True``) keeps its own
+  timestep or sigma index, its own scheduler instance, its own generators and its own guidance, so
+  it can enter at any step boundary and leave when its own steps are done. Members share what the
+  loop's key says (size and sampler); they may differ in prompt, negative prompt, seed, image
+  count, steps and guidance.
+- **One step.** ``Loop.step`` runs one denoiser call for every member, each at its own timestep,
+  then each member's own scheduler ``step`` on its own slice: the per-sample arithmetic is the
+  scheduler's own, so a member's pixels are the same as alone (within batch arithmetic).
+- **Joining.** Between steps, ``LoopDriver`` takes every waiting task the model thread's queue
+  holds that shares the loop's key (the serving side sends only what its gate admits: compatible
+  requests, in its fair order, up to ``max_batch_size`` images); the text encoders run then, on
+  this thread, for the joiners only.
+- **Leaving.** A member whose steps are done is decoded then (with any others finishing at the
+  same step); a member whose stop is set leaves at the next boundary without a decode, and the
+  others are untouched. Every member gets exactly one terminal event of its own.
+
+``Loop`` is what a model implements to take part (``DiffusersModel`` for the SD family and the
+flow-matching families, ``SimulatedModel``, the tests' fake); a model without ``loop_key`` or with
+``loop_key(job) is None`` runs the job as one call, as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Callable, Hashable, Mapping, Protocol, Sequence
+
+from PIL import Image
+
+from ..errors import OutOfMemory
+from ..protocol import ErrorEvent, InferenceJob, InferenceResult, ModelEvent, StepEvent, StopFlag
+
+log = logging.getLogger(__name__)
+
+
+class Loop(Protocol):
+    """A running denoising loop, owned by the model thread (never called from any other)."""
+
+    def add(self, job: InferenceJob) -> int:
+        """Take ``job`` in: encode its prompts, draw its starting latents from its seeds (one CPU
+        generator per image, as the pipeline does), build its own scheduler (``job.scheduler``,
+        ``job.num_inference_steps``). Returns its slot; its first step runs at the next ``step``."""
+        ...
+
+    def step(self) -> Mapping[int, Mapping[int, Image.Image]]:
+        """One denoising step of every member, each at its own timestep and guidance.
+
+        Returns previews by slot (image index in the member's job -> a small RGB picture) for the
+        members on a preview step (``job.preview_every``, ``job.preview_images``).
+        """
+        ...
+
+    def steps_done(self, slot: int) -> int: ...
+
+    def total_steps(self, slot: int) -> int: ...
+
+    def decode(self, slots: Sequence[int]) -> Mapping[int, tuple[Image.Image, ...]]:
+        """Decode these members' latents together and drop them from the loop: slot -> its images."""
+        ...
+
+    def remove(self, slot: int) -> None:
+        """Drop a member without decoding it (it was cancelled)."""
+        ...
+
+    @property
+    def images(self) -> int:
+        """Images in the loop now."""
+        ...
+
+    def peak_memory_bytes(self) -> int | None: ...
+
+
+class JoiningModel(Protocol):
+    """A model that can run jobs step-level (see the module docstring)."""
+
+    def loop_key(self, job: InferenceJob) -> Hashable | None:
+        """Jobs with equal keys may share a loop; ``None``: this job runs as one plain call."""
+        ...
+
+    def open_loop(self, job: InferenceJob) -> Loop:
+        """A new, empty loop for jobs with ``job``'s key."""
+        ...
+
+
+def loop_key(model: object, job: InferenceJob) -> Hashable | None:
+    """``job``'s loop key on ``model``, or ``None`` when it runs as one call (not joinable, or unsupported)."""
+    key_of = getattr(model, "loop_key", None)
+    if not job.joinable or key_of is None:
+        return None
+    key: Hashable | None = key_of(job)
+    return key
+
+
+class Task(Protocol):
+    """A job as the model thread holds it: the job, its stop, and where its events go."""
+
+    @property
+    def job(self) -> InferenceJob: ...
+
+    @property
+    def stop(self) -> StopFlag: ...
+
+    def emit(self, event: ModelEvent) -> None: ...
+
+
+@dataclass
+class _Member:
+    task: Task
+    slot: int
+    joined_at: int  # loop steps run before it joined
+    started: float
+    note: Callable[[int], None] | None
+    most_images: int = 0
+    most_jobs: int = 0
+
+
+class LoopDriver:
+    """Runs one loop until its last member has left. ``pull()`` hands over the next waiting task
+    with this loop's key, or ``None`` (the runner keeps the others for after the loop)."""
+
+    def __init__(self, loop: Loop, pull: Callable[[], Task | None]) -> None:
+        self.loop = loop
+        self._pull = pull
+        self.members: list[_Member] = []
+        self.steps = 0  # loop steps run so far
+
+    def run(self, first: Task) -> None:
+        self._admit(first)
+        while True:
+            # 1. Join: every waiting compatible task enters now, before this step.
+            while (task := self._pull()) is not None:
+                self._admit(task)
+            # 2. Leave: members stopped since the last boundary go without another step.
+            self._leave_stopped()
+            if not self.members:
+                return
+            images, jobs = self.loop.images, len(self.members)
+            for m in self.members:
+                m.most_images, m.most_jobs = max(m.most_images, images), max(m.most_jobs, jobs)
+            # 3. One step for everyone; its progress to each member.
+            try:
+                previews = self.loop.step()
+            except BaseException as exc:
+                self._fail_all(exc)
+                if not isinstance(exc, Exception):
+                    raise
+                return
+            self.steps += 1
+            for m in self.members:
+                done = self.loop.steps_done(m.slot)
+                if m.note is not None:
+                    m.note(done)
+                own = previews.get(m.slot, {})
+                m.task.emit(StepEvent(done, self.loop.total_steps(m.slot), tuple(own.items())))
+            # 4. Members told to stop leave now (at most this one step after the stop, no decode).
+            self._leave_stopped()
+            # 5. Members whose own steps are done are decoded together and leave.
+            finished = [m for m in self.members if self.loop.steps_done(m.slot) >= self.loop.total_steps(m.slot)]
+            if finished:
+                self._finish(finished)
+
+    def _admit(self, task: Task) -> None:
+        if task.stop.is_set():
+            task.emit(ErrorEvent("cancelled", "stopped before its first step", 0))
+            return
+        try:
+            slot = self.loop.add(task.job)
+        except Exception as exc:  # this job's fault (its prompt, its sampler): the others carry on
+            task.emit(_error_of(exc))
+            return
+        note = getattr(task.stop, "note", None)
+        self.members.append(_Member(task, slot, self.steps, time.time(), note if callable(note) else None))
+
+    def _leave_stopped(self) -> None:
+        for m in [m for m in self.members if m.task.stop.is_set()]:
+            self.members.remove(m)
+            done = self.loop.steps_done(m.slot)
+            self.loop.remove(m.slot)
+            m.task.emit(ErrorEvent("cancelled", "stopped", done))
+
+    def _finish(self, finished: list[_Member]) -> None:
+        for m in finished:
+            self.members.remove(m)
+        try:
+            images = self.loop.decode([m.slot for m in finished])
+        except Exception as exc:
+            for m in finished:
+                m.task.emit(_error_of(exc))
+            return
+        ended, peak = time.time(), self.loop.peak_memory_bytes()
+        for m in finished:
+            m.task.emit(
+                InferenceResult(
+                    tuple(images[m.slot]),
+                    m.task.job.num_inference_steps,
+                    m.started,
+                    ended,
+                    peak,
+                    batch_images=m.most_images,
+                    batch_jobs=m.most_jobs,
+                    joined_at_step=m.joined_at,
+                )
+            )
+
+    def _fail_all(self, exc: BaseException) -> None:
+        members, self.members = self.members, []
+        event = _error_of(exc) if isinstance(exc, Exception) else ErrorEvent("engine_dead", repr(exc))
+        if event.kind == "failed":
+            log.error("a step of a loop of %d jobs failed", len(members), exc_info=exc)
+        for m in members:
+            try:
+                self.loop.remove(m.slot)
+            except Exception:
+                pass
+            m.task.emit(event)
+
+
+def _error_of(exc: Exception) -> ErrorEvent:
+    if isinstance(exc, (OutOfMemory, MemoryError)):
+        return ErrorEvent("out_of_memory", str(exc))
+    return ErrorEvent("failed", f"{type(exc).__name__}: {exc}", detail=traceback.format_exc())
