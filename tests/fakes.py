@@ -5,9 +5,12 @@ Ordering in tests comes from these gates (``threading.Event``/``Semaphore``), ne
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import threading
+import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Hashable, Sequence
 
 from PIL import Image
 
@@ -54,7 +57,22 @@ class FakeModel:
     stops: dict[str, StopFlag] = field(default_factory=dict)  # each job's stop, as the model sees it
     previews: bool = False  # a small preview image for each previewed image on its preview steps
     step_seconds: float = 0.0  # compute time per step (where no gate can reach: a forked GPU process)
+    joining: bool = False  # joinable jobs run step-level in a FakeLoop (engine.joining)
+    loop_steps: list[tuple[tuple[str, int], ...]] = field(default_factory=list)  # per loop step: (id, its step)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        if self.joining:
+            self.profile = dataclasses.replace(self.profile, step_joining=True)
+
+    def loop_key(self, job: InferenceJob) -> Hashable | None:
+        return (job.width, job.height, job.scheduler) if self.joining else None
+
+    def open_loop(self, job: InferenceJob) -> FakeLoop:
+        return FakeLoop(self)
+
+    def image(self, job: InferenceJob, seed: int) -> Image.Image:
+        return Image.new("RGB", (job.width, job.height), (seed % 256, (seed >> 8) % 256, 7))
 
     def _previews(self, job: InferenceJob, step: int) -> dict[int, Image.Image]:
         if not (self.previews and job.preview_every and step % job.preview_every == 0):
@@ -95,9 +113,7 @@ class FakeModel:
                 self.outcome(job)
             self.decodes += 1
             self.decodes_by_id[job.request_id] = self.decodes_by_id.get(job.request_id, 0) + 1
-            images = tuple(
-                Image.new("RGB", (job.width, job.height), (seed % 256, (seed >> 8) % 256, 7)) for seed in job.seeds
-            )
+            images = tuple(self.image(job, seed) for seed in job.seeds)
             return InferenceResult(images, steps, started, time.time())
         finally:
             with self._lock:
@@ -130,3 +146,83 @@ class FakeLoader:
             marker.touch()
         where = f"fake-model pid={os.getpid()} thread={threading.current_thread().name}"
         return FakeModel(dataclasses.replace(FAKE_PROFILE, name=where), step_seconds=self.step_seconds, previews=True)
+
+
+class FakeLoop:
+    """``engine.joining.Loop`` for ``FakeModel``: the same gates, counters and images as its ``generate``.
+
+    Every ``step`` takes one ``step_gate`` permit for all members together (one denoiser call) and
+    records which members it ran at which of their own steps (``FakeModel.loop_steps``).
+    """
+
+    def __init__(self, model: FakeModel) -> None:
+        self.model = model
+        self.members: dict[int, list] = {}  # slot -> [job, steps done]
+        self._slots = itertools.count()
+
+    def add(self, job: InferenceJob) -> int:
+        m = self.model
+        with m._lock:
+            m.active += 1
+            m.max_active = max(m.max_active, 1)
+            m.calls.append(job)
+            m.log.append(("enter", job.request_id))
+        m.entered.set()
+        slot = next(self._slots)
+        self.members[slot] = [job, 0]
+        return slot
+
+    def step(self) -> dict[int, dict[int, Image.Image]]:
+        m = self.model
+        if m.step_gate is not None:
+            assert m.step_gate.acquire(timeout=m.permit_wait), "step permit never came"
+        if m.step_seconds:
+            time.sleep(m.step_seconds)
+        previews = {}
+        for slot, member in self.members.items():
+            member[1] += 1
+            job, done = member
+            m.steps_run[job.request_id] = done
+            if own := m._previews(job, done):
+                previews[slot] = own
+        m.loop_steps.append(tuple((job.request_id, done) for job, done in self.members.values()))
+        return previews
+
+    def steps_done(self, slot: int) -> int:
+        return int(self.members[slot][1])
+
+    def total_steps(self, slot: int) -> int:
+        return int(self.members[slot][0].num_inference_steps)
+
+    def decode(self, slots: Sequence[int]) -> dict[int, tuple[Image.Image, ...]]:
+        m, out = self.model, {}
+        try:
+            for slot in slots:
+                job = self.members[slot][0]
+                if m.hold:
+                    assert m.release.acquire(timeout=WAIT), "release never came"
+                if m.outcome is not None:
+                    m.outcome(job)
+                m.decodes += 1
+                m.decodes_by_id[job.request_id] = m.decodes_by_id.get(job.request_id, 0) + 1
+                out[slot] = tuple(m.image(job, seed) for seed in job.seeds)
+        finally:
+            for slot in slots:
+                self.remove(slot)
+        return out
+
+    def remove(self, slot: int) -> None:
+        member = self.members.pop(slot, None)
+        if member is not None:
+            m = self.model
+            with m._lock:
+                m.active -= 1
+                m.returned.append(member[0].request_id)
+                m.log.append(("return", member[0].request_id))
+
+    @property
+    def images(self) -> int:
+        return sum(job.num_images for job, _ in self.members.values())
+
+    def peak_memory_bytes(self) -> int | None:
+        return None

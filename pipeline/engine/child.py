@@ -5,8 +5,9 @@ It reads a pickled loader from the socket ``FD``, loads the model on a ``ModelRu
 serves messages until ``shutdown`` or until the server goes away (its socket closes: the process
 exits, so a killed server leaves no model process behind). See ``engine.process`` for the messages.
 
-Threads: the main thread reads messages (jobs, stops, token counts, which it answers itself);
-``job-relay`` streams one job at a time from the runner and sends each event back as it comes.
+Threads: the main thread reads messages (jobs, stops, token counts, which it answers itself) and
+submits each job to the runner; ``job-relay`` sends every job's events back as they come (several
+jobs may be in flight: joinable ones share a step-level loop, ``engine.joining``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from multiprocessing.connection import Connection
 from typing import Any, Mapping
 
 from ..errors import EngineDead
-from ..protocol import CountingStop, ErrorEvent, InferenceJob
+from ..protocol import TERMINAL, CountingStop, ErrorEvent, ModelEvent
 
 log = logging.getLogger(__name__)
 
@@ -49,33 +50,34 @@ def main(fd: int) -> None:
         send(("failed", str(exc)))
         return
     send(("ready", profile))
-    jobs: queue.SimpleQueue[tuple[int, InferenceJob] | None] = queue.SimpleQueue()
+    out: queue.SimpleQueue[tuple[int, ModelEvent] | None] = queue.SimpleQueue()
     stops: dict[int, CountingStop] = {}
 
-    def drive() -> None:  # "job-relay": one job at a time, its events back to the server as they come
-        while (item := jobs.get()) is not None:
-            serial, job = item
+    def relay_events() -> None:  # "job-relay": every job's events back to the server, in order, as they come
+        while (item := out.get()) is not None:
+            serial, event = item
             try:
-                stop = stops[serial]
-                for event in runner.stream(job, stop):
-                    if isinstance(event, ErrorEvent) and event.kind == "cancelled" and stop.steps_at_set is not None:
-                        # the model's own count when the stop reached it (the server's lags by the steps in flight)
-                        send(("stopped_at", serial, stop.steps_at_set))
-                    send(("event", serial, event))
+                stop = stops.get(serial)
+                cancelled = isinstance(event, ErrorEvent) and event.kind == "cancelled"
+                if cancelled and stop is not None and stop.steps_at_set is not None:
+                    # the model's own count when the stop reached it (the server's lags by the steps in flight)
+                    send(("stopped_at", serial, stop.steps_at_set))
+                send(("event", serial, event))
             except OSError:
                 return  # the server has gone
-            finally:
+            if isinstance(event, TERMINAL):
                 stops.pop(serial, None)
 
-    relay = threading.Thread(target=drive, name="job-relay", daemon=True)
+    relay = threading.Thread(target=relay_events, name="job-relay", daemon=True)
     relay.start()
     try:
         while True:
             message = conn.recv()
             kind = message[0]
             if kind == "job":
-                stops[message[1]] = CountingStop()
-                jobs.put((message[1], message[2]))
+                serial, stop = message[1], CountingStop()
+                stops[serial] = stop
+                runner.submit(message[2], stop, lambda event, serial=serial: out.put((serial, event)))
             elif kind == "stop":
                 if (flag := stops.get(message[1])) is not None:
                     flag.set()
@@ -93,9 +95,9 @@ def main(fd: int) -> None:
         for flag in list(stops.values()):
             flag.set()
         os._exit(0)
-    jobs.put(None)
+    runner.shutdown()  # after the jobs it holds; their events are on ``out`` by then
+    out.put(None)
     relay.join()
-    runner.shutdown()
 
 
 if __name__ == "__main__":

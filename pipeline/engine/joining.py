@@ -27,6 +27,7 @@ flow-matching families, ``SimulatedModel``, the tests' fake); a model without ``
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import traceback
@@ -216,10 +217,8 @@ class LoopDriver:
         if event.kind == "failed":
             log.error("a step of a loop of %d jobs failed", len(members), exc_info=exc)
         for m in members:
-            try:
+            with contextlib.suppress(Exception):
                 self.loop.remove(m.slot)
-            except Exception:
-                pass
             m.task.emit(event)
 
 

@@ -1,22 +1,17 @@
 """The model side in a process of its own (``--model-side process``, the default), healed when it dies.
 
-Why a process: the server's event loop, its PNG encoders and the model's Python-side work (kernel
-launches, the scheduler, the step callback) all want the GIL. In one process the model thread
-loses time to the server whenever the server is busy; in its own process it has a GIL of its own,
-and the server process stays lean (it never imports torch).
-
-The boundary is unchanged: the server's gate and its one ``model-stream`` thread call
-``ProcessSide.stream(job, stop)`` exactly as they call the in-process ``ModelRunner``. Across the
-process boundary travel only plain, pickled messages on one socket pair
-(``multiprocessing.connection``), the images inside the ``InferenceResult`` included:
+Why a process: the server's event loop, its PNG encoders and the model's Python-side work all want
+the GIL; in its own process the model has a GIL of its own, and the server never imports torch.
+The server's gate and its ``model-stream`` thread call ``ProcessSide.submit``/``stream`` as they
+call the in-process ``ModelRunner``; only plain, pickled messages cross, on one socket pair:
 
     server -> model process   ("job", serial, InferenceJob) | ("stop", serial) | ("count", id, text) | ("shutdown",)
     model process -> server   ("ready", ModelProfile) | ("failed", message)
                               | ("event", serial, ModelEvent) | ("count", id, counts or None)
 
 Inside the model process one named thread owns the model and the device: the same ``ModelRunner``
-(``gpu-worker``) that runs in-process under ``--model-side thread``. Stop is forwarded the moment
-the job's ``StopSignal`` is set, and the model reads it at its next step boundary.
+(``gpu-worker``) as under ``--model-side thread``. Several jobs may be in flight (joinable ones share
+a step-level loop there, ``engine.joining``); each job's stop is forwarded the moment it is set.
 
 Healing. When the model process dies (the OOM killer's SIGKILL, a segfault, a poisoned CUDA
 context that exits), the server's ``model-pipe`` reader sees the socket close:
@@ -27,8 +22,7 @@ context that exits), the server's ``model-pipe`` reader sees the socket close:
   process, with bounded retries and backoff; after ``max_restarts`` failures in a row it is
   ``dead``, and every job gets an ``engine_dead`` error.
 
-A model process also exits by itself when the server goes away (its socket closes), so a killed
-server leaves no model process behind.
+A model process exits by itself when the server goes away (its socket closes).
 """
 
 from __future__ import annotations
@@ -88,6 +82,14 @@ def exit_reason(returncode: int | None) -> str:
     return f"exit code {returncode}"
 
 
+def _poll_stop(stop: StopFlag, ended: threading.Event, forward: Callable[[], None]) -> None:
+    """For a stop without ``on_set``: forward it when it is set, until the job ends."""
+    while not ended.wait(STOP_POLL_SECONDS):
+        if stop.is_set():
+            forward()
+            return
+
+
 class _Child:
     """One model process, its connection and the ``model-pipe`` thread that reads it."""
 
@@ -95,7 +97,7 @@ class _Child:
         self.generation = generation
         self._on_exit = on_exit
         self.lock = threading.Lock()  # guards sending, ``pending``, ``counts`` and ``exited``
-        self.pending: dict[int, queue.SimpleQueue[ModelEvent]] = {}  # job serial -> its events
+        self.pending: dict[int, Callable[[ModelEvent], None]] = {}  # job serial -> where its events go
         self.counts: dict[int, queue.SimpleQueue[Mapping[str, int] | None]] = {}
         self.stopped_at: dict[int, int] = {}  # job serial -> steps the model had run when its stop arrived
         self.exited = False
@@ -153,9 +155,9 @@ class _Child:
                 kind = message[0]
                 if kind == "event":
                     with self.lock:
-                        events = self.pending.get(message[1])
-                    if events is not None:
-                        events.put(message[2])
+                        sink = self.pending.get(message[1])
+                    if sink is not None:
+                        sink(message[2])
                 elif kind == "stopped_at":
                     with self.lock:
                         self.stopped_at[message[1]] = message[2]
@@ -192,8 +194,8 @@ class _Child:
         self._ready.set()
         self.conn.close()
         self._on_exit(self)  # first, so whoever hears of the crash finds the side recovering
-        for events in pending.values():
-            events.put(ErrorEvent("crashed", f"the model process stopped during the job ({reason}); it is restarting"))
+        for sink in pending.values():
+            sink(ErrorEvent("crashed", f"the model process stopped during the job ({reason}); it is restarting"))
         for answer in counts.values():
             answer.put(None)
 
@@ -266,32 +268,45 @@ class ProcessSide:
             return {}
         return answer.get() or {}
 
-    def stream(self, job: InferenceJob, stop: StopFlag) -> Generator[ModelEvent, None, None]:
-        """Send ``job`` to the model process and yield its events (one terminal, whatever happens)."""
+    def submit(self, job: InferenceJob, stop: StopFlag, emit: Callable[[ModelEvent], None]) -> Callable[[], None]:
+        """Send ``job`` to the model process; ``emit`` gets its events on the ``model-pipe`` thread, the
+        last one terminal (exactly one, whatever happens). Several jobs may be in flight (a joinable
+        one enters the running loop there, ``engine.joining``).
+
+        Blocks only while the model process restarts. The stop is forwarded the moment it is set
+        (through ``stop.on_set``; a plain flag is polled). Returns a function that forwards it now.
+        """
+        forwarded = threading.Event()
+        ended = threading.Event()
         while True:
             child = self._wait_ready(stop)
             if child is None:
-                if stop.is_set():
-                    yield ErrorEvent("cancelled", "stopped while the model process restarted")
-                else:
-                    yield ErrorEvent("engine_dead", DEAD_MESSAGE)
-                return
+                emit(
+                    ErrorEvent("cancelled", "stopped while the model process restarted")
+                    if stop.is_set()
+                    else ErrorEvent("engine_dead", DEAD_MESSAGE)
+                )
+                return lambda: None
             serial = next(self._serials)
-            events: queue.SimpleQueue[ModelEvent] = queue.SimpleQueue()
+
+            def sink(event: ModelEvent, child: _Child = child, serial: int = serial) -> None:  # model-pipe thread
+                if isinstance(event, TERMINAL):
+                    forwarded.set()  # a late stop must not be sent for a job that has ended
+                    ended.set()
+                    with child.lock:
+                        at = child.stopped_at.pop(serial, None)
+                        child.pending.pop(serial, None)
+                    if at is not None and hasattr(stop, "steps_at_set"):
+                        stop.steps_at_set = at  # the model's own count when the stop reached it
+                emit(event)
+
             with child.lock:
-                registered = not child.exited
-                if registered:
-                    child.pending[serial] = events
+                if registered := not child.exited:
+                    child.pending[serial] = sink
             if registered and child.send(("job", serial, job)):
                 break
             with child.lock:  # it died before the job reached it: the job waits for the next process
                 child.pending.pop(serial, None)
-        yield from self._relay(child, serial, events, stop)
-
-    def _relay(
-        self, child: _Child, serial: int, events: queue.SimpleQueue[ModelEvent], stop: StopFlag
-    ) -> Generator[ModelEvent, None, None]:
-        forwarded = threading.Event()
 
         def forward_stop() -> None:  # on whichever thread sets the stop (the event loop, usually)
             if not forwarded.is_set():
@@ -301,30 +316,27 @@ class ProcessSide:
         on_set = getattr(stop, "on_set", None)
         if on_set is not None:
             on_set(forward_stop)
+        else:
+            threading.Thread(target=_poll_stop, args=(stop, ended, forward_stop), name="stop-poll", daemon=True).start()
+        if stop.is_set():
+            forward_stop()
+        return forward_stop
+
+    def stream(self, job: InferenceJob, stop: StopFlag) -> Generator[ModelEvent, None, None]:
+        """``submit`` as a stream of events (one terminal, whatever happens)."""
+        events: queue.SimpleQueue[ModelEvent] = queue.SimpleQueue()
+        forward_stop = self.submit(job, stop, events.put)
         ended = False
         try:
             while not ended:
-                if stop.is_set():
-                    forward_stop()
-                try:
-                    event = events.get(timeout=None if on_set is not None else STOP_POLL_SECONDS)
-                except queue.Empty:
-                    continue
+                event = events.get()
                 ended = isinstance(event, TERMINAL)
-                if ended:
-                    with child.lock:
-                        at = child.stopped_at.pop(serial, None)
-                    if at is not None and hasattr(stop, "steps_at_set"):
-                        stop.steps_at_set = at  # the model's own count when the stop reached it
                 yield event
         finally:
             if not ended:  # closed early: stop the job and wait until the model process has left it
                 forward_stop()
                 while not isinstance(events.get(), TERMINAL):
                     pass
-            forwarded.set()  # a late stop must not reach the next job
-            with child.lock:
-                child.pending.pop(serial, None)
 
     def shutdown(self, timeout: float | None = None) -> None:
         """Let the current job finish (its stop is the caller's to set), then end the model process."""

@@ -6,6 +6,10 @@ job to the thread and yields its ``ModelEvent`` values as they happen (the model
 becomes a stream of plain data); closing the stream early stops the job at its next step and
 returns only once the thread has left the job.
 
+``ModelRunner.submit(job, stop, emit)`` is the same without a stream: ``emit`` is called on the
+model thread with each event (several jobs may be in flight: a job marked ``joinable`` enters a
+running denoising loop of compatible jobs at its next step boundary, ``engine.joining``).
+
 ``run_job(job)`` is the same stream as a module-level generator of picklable arguments, for hosts
 that pickle the call: ZeroGPU's ``@spaces.GPU`` forks a process, sends it ``job`` and reads back
 each yield. After a fork the model (inherited) gets a fresh thread of its own in the child.
@@ -18,8 +22,9 @@ import os
 import queue
 import threading
 import traceback
+from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Generator, Mapping
+from typing import Callable, Generator, Hashable, Mapping
 
 from ..errors import Cancelled, EngineDead, OutOfMemory
 from ..protocol import (
@@ -33,6 +38,7 @@ from ..protocol import (
     StepEvent,
     StopFlag,
 )
+from .joining import LoopDriver, loop_key
 
 log = logging.getLogger(__name__)
 
@@ -57,12 +63,18 @@ class _JobStop:
     def is_set(self) -> bool:
         return self.closed.is_set() or self.caller.is_set()
 
+    def note(self, step: int) -> None:
+        """In-process, the caller's stop counts steps as they end (``protocol.CountingStop``)."""
+        note = getattr(self.caller, "note", None)
+        if note is not None:
+            note(step)
+
 
 @dataclass(frozen=True)
 class _Task:
     job: InferenceJob
     stop: _JobStop
-    events: queue.SimpleQueue[ModelEvent]
+    emit: Callable[[ModelEvent], None]  # called on the model thread with each of the job's events
 
 
 _SHUTDOWN = object()
@@ -82,6 +94,7 @@ class ModelRunner:
     def _start_thread(self, *, load_first: bool) -> None:
         self._pid = os.getpid()
         self._tasks: queue.SimpleQueue[_Task | object] = queue.SimpleQueue()
+        self._later: deque[_Task | object] = deque()  # taken off the queue during a loop, not for it
         self._lock = threading.Lock()  # guards _dead against a submit racing the thread's death
         self._thread = threading.Thread(target=self._main, args=(load_first,), name=self._name, daemon=True)
 
@@ -119,10 +132,21 @@ class ModelRunner:
         return self.model.count_tokens(text)
 
     # -- jobs --------------------------------------------------------------------------------
+    def submit(self, job: InferenceJob, stop: StopFlag, emit: Callable[[ModelEvent], None]) -> None:
+        """Queue ``job``; ``emit`` gets its events on the model thread, the last one terminal. Never blocks."""
+        self._after_fork()
+        task = _Task(job, _JobStop(stop), emit)
+        with self._lock:
+            if self._dead is None and self._thread.is_alive():
+                self._tasks.put(task)
+                return
+        emit(ErrorEvent("engine_dead", DEAD_MESSAGE))
+
     def stream(self, job: InferenceJob, stop: StopFlag = NEVER) -> Generator[ModelEvent, None, None]:
         """Run ``job`` on the model thread; yield its steps, then one result or error value."""
         self._after_fork()
-        task = _Task(job, _JobStop(stop), queue.SimpleQueue())
+        events: queue.SimpleQueue[ModelEvent] = queue.SimpleQueue()
+        task = _Task(job, _JobStop(stop), events.put)
         with self._lock:
             if self._dead is not None or not self._thread.is_alive():
                 yield ErrorEvent("engine_dead", DEAD_MESSAGE)
@@ -131,13 +155,13 @@ class ModelRunner:
         ended = False
         try:
             while not ended:
-                event = task.events.get()
+                event = events.get()
                 ended = isinstance(event, TERMINAL)
                 yield event
         finally:
             if not ended:  # closed early: stop at the next step, and wait until the thread has left
                 task.stop.closed.set()
-                while not isinstance(task.events.get(), TERMINAL):
+                while not isinstance(events.get(), TERMINAL):
                     pass
 
     def _after_fork(self) -> None:
@@ -160,9 +184,12 @@ class ModelRunner:
                 return
             self._ready.set()
         try:
-            while (task := self._tasks.get()) is not _SHUTDOWN:
+            while (task := self._next()) is not _SHUTDOWN:
                 assert isinstance(task, _Task)
-                self._run(task)
+                if (key := loop_key(self.model, task.job)) is not None:
+                    self._run_loop(task, key)
+                else:
+                    self._run(task)
         except BaseException as exc:  # the thread is dying: nobody may be left waiting
             log.critical("model thread died: %r", exc, exc_info=True)
             with self._lock:
@@ -170,30 +197,51 @@ class ModelRunner:
         finally:
             self._fail_pending()
 
+    def _next(self) -> _Task | object:
+        return self._later.popleft() if self._later else self._tasks.get()
+
+    def _run_loop(self, first: _Task, key: Hashable) -> None:
+        """A step-level loop (``engine.joining``): ``first``, and every task queued meanwhile with its key."""
+
+        def pull() -> _Task | None:  # at a step boundary: the next joiner; anything else waits its turn
+            while True:
+                try:
+                    task = self._tasks.get_nowait()
+                except queue.Empty:
+                    return None
+                if isinstance(task, _Task) and not self._later and loop_key(self.model, task.job) == key:
+                    return task
+                self._later.append(task)
+
+        try:
+            loop = self.model.open_loop(first.job)  # type: ignore[attr-defined]
+        except Exception as exc:
+            first.emit(ErrorEvent("failed", f"{type(exc).__name__}: {exc}", detail=traceback.format_exc()))
+            return
+        LoopDriver(loop, pull).run(first)
+
     def _run(self, task: _Task) -> None:
         """One job; exactly one terminal event, whatever happens."""
-        job, events = task.job, task.events
-        note = getattr(task.stop.caller, "note", None)  # in-process, the caller's stop counts steps as they end
+        job, emit = task.job, task.emit
 
         def on_step(step: int, total: int, previews: object) -> None:
-            if note is not None:
-                note(step)
+            task.stop.note(step)
             items = tuple(previews.items()) if isinstance(previews, dict) else ()
-            events.put(StepEvent(step, total, items))
+            emit(StepEvent(step, total, items))
 
         try:
             result = self.model.generate(job, task.stop, on_step)
         except Cancelled as exc:
-            events.put(ErrorEvent("cancelled", str(exc), exc.steps_done))
+            emit(ErrorEvent("cancelled", str(exc), exc.steps_done))
         except (OutOfMemory, MemoryError) as exc:
-            events.put(ErrorEvent("out_of_memory", str(exc)))
+            emit(ErrorEvent("out_of_memory", str(exc)))
         except Exception as exc:  # one job's fault; the thread carries on
-            events.put(ErrorEvent("failed", f"{type(exc).__name__}: {exc}", detail=traceback.format_exc()))
+            emit(ErrorEvent("failed", f"{type(exc).__name__}: {exc}", detail=traceback.format_exc()))
         except BaseException:
-            events.put(ErrorEvent("engine_dead", DEAD_MESSAGE))
+            emit(ErrorEvent("engine_dead", DEAD_MESSAGE))
             raise
         else:
-            events.put(
+            emit(
                 result
                 if isinstance(result, InferenceResult)
                 else ErrorEvent("failed", f"the model returned {type(result).__name__}, not a result")
@@ -203,13 +251,17 @@ class ModelRunner:
         with self._lock:
             if self._dead is None:
                 self._dead = RuntimeError("shut down")
+        while self._later:
+            task = self._later.popleft()
+            if isinstance(task, _Task):
+                task.emit(ErrorEvent("engine_dead", DEAD_MESSAGE))
         while True:
             try:
                 task = self._tasks.get_nowait()
             except queue.Empty:
                 return
             if isinstance(task, _Task):
-                task.events.put(ErrorEvent("engine_dead", DEAD_MESSAGE))
+                task.emit(ErrorEvent("engine_dead", DEAD_MESSAGE))
 
 
 # -- the boundary as a module-level generator (picklable arguments only) ----------------------------

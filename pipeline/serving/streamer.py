@@ -5,6 +5,11 @@ one job at a time: in-process it hands the job to the model thread; on ZeroGPU i
 ``@spaces.GPU`` call into the GPU process. Each job runs inside the ``contextvars`` context it was
 submitted with (the head request's copy), so ``spaces`` sees that user's Gradio request.
 
+A model side with a callback API of its own (``submit``: the in-process ``ModelRunner``, a model
+process's ``ProcessSide``) is handed each job here and calls back as events happen, so several jobs
+can be in flight (step-level joining, ``engine.joining``) and no thread iterates a stream. A side
+with only ``stream`` (ZeroGPU's ``@spaces.GPU`` call) runs one job at a time on this thread.
+
 Every event is passed to the job's ``deliver`` callback (the adapter posts it to the event loop)
 and the job's future resolves with its terminal event, after its last step has been delivered.
 Exactly one terminal per job, whatever happens: if this thread dies, every job fails with an
@@ -58,6 +63,11 @@ class ModelStreamer:
     def alive(self) -> bool:
         return self._thread.is_alive() and not self._dead and self.side.alive
 
+    @property
+    def concurrent(self) -> bool:
+        """Whether several jobs can be in flight on the side at once (it has ``submit``)."""
+        return callable(getattr(self.side, "submit", None))
+
     def submit(
         self,
         job: InferenceJob,
@@ -87,7 +97,10 @@ class ModelStreamer:
         try:
             while (task := self._tasks.get()) is not _SHUTDOWN:
                 assert isinstance(task, _Task)
-                task.terminal.set_result(task.context.run(self._drive, task))
+                if self.concurrent:
+                    task.context.run(self._hand_over, task)
+                else:
+                    task.terminal.set_result(task.context.run(self._drive, task))
         except BaseException as exc:  # dying: nobody may be left waiting, the running job included
             log.critical("the model-stream thread died: %r", exc, exc_info=True)
             if isinstance(task, _Task) and not task.terminal.done():
@@ -97,6 +110,24 @@ class ModelStreamer:
             with self._lock:
                 self._dead = True
             self._fail_pending()
+
+    def _hand_over(self, task: _Task) -> None:
+        """Give the job to a side with callbacks; its events arrive on the side's own thread."""
+
+        def emit(event: ModelEvent) -> None:
+            if isinstance(event, TERMINAL):
+                if not task.terminal.done():
+                    task.terminal.set_result(event)
+                return
+            if isinstance(event, StepEvent):
+                task.stop.note(event.step)
+            task.deliver(event)
+
+        try:
+            self.side.submit(task.job, task.stop, emit)  # type: ignore[attr-defined]
+        except Exception as exc:
+            log.error("handing job %s to the model side failed", task.job.request_id, exc_info=True)
+            emit(ErrorEvent("failed", f"{type(exc).__name__}: {exc}", 0, traceback.format_exc()))
 
     def _drive(self, task: _Task) -> ModelEvent:
         """Iterate the job's stream, delivering each step; return its terminal event."""
