@@ -69,6 +69,7 @@ def start_backend(settings: Settings, load: Callable[[], Model] | None = None) -
         job_timeout=settings.job_timeout,
         max_batch_size=settings.max_batch_size,
         max_waiting_per_user=settings.resolved_max_waiting_per_user(),
+        step_joining=settings.step_joining == "on",
     )
 
 

@@ -59,6 +59,7 @@ class FakeModel:
     step_seconds: float = 0.0  # compute time per step (where no gate can reach: a forked GPU process)
     joining: bool = False  # joinable jobs run step-level in a FakeLoop (engine.joining)
     loop_steps: list[tuple[tuple[str, int], ...]] = field(default_factory=list)  # per loop step: (id, its step)
+    loop_step_started: int = 0  # loop steps begun (a step waiting for its permit counts)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -133,9 +134,9 @@ class FakeLoader:
 
     step_seconds: float = 0.0
     fail_marker: str | None = None
+    joining: bool = False
 
     def __call__(self) -> FakeModel:
-        import dataclasses
         import os
         from pathlib import Path
 
@@ -145,7 +146,8 @@ class FakeLoader:
                 raise RuntimeError("scripted load failure")
             marker.touch()
         where = f"fake-model pid={os.getpid()} thread={threading.current_thread().name}"
-        return FakeModel(dataclasses.replace(FAKE_PROFILE, name=where), step_seconds=self.step_seconds, previews=True)
+        profile = dataclasses.replace(FAKE_PROFILE, name=where)
+        return FakeModel(profile, step_seconds=self.step_seconds, previews=True, joining=self.joining)
 
 
 class FakeLoop:
@@ -164,7 +166,7 @@ class FakeLoop:
         m = self.model
         with m._lock:
             m.active += 1
-            m.max_active = max(m.max_active, 1)
+            m.max_active = max(m.max_active, m.active)
             m.calls.append(job)
             m.log.append(("enter", job.request_id))
         m.entered.set()
@@ -174,6 +176,7 @@ class FakeLoop:
 
     def step(self) -> dict[int, dict[int, Image.Image]]:
         m = self.model
+        m.loop_step_started += 1
         if m.step_gate is not None:
             assert m.step_gate.acquire(timeout=m.permit_wait), "step permit never came"
         if m.step_seconds:

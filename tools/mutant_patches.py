@@ -152,6 +152,38 @@ def _fills_nothing(pasted: Any, limits: Any, **kwargs: Any) -> Any:
     return Fill({}, [])
 
 
+def _loop_key_is_constant() -> None:
+    """A join that ignores compatibility, on both sides: any waiting request joins, any job enters the loop."""
+    from pipeline.engine import joining
+
+    joining.loop_key = lambda model, job: 0 if job.joinable and getattr(model, "loop_key", None) else None
+
+
+def _serving_loop_key_is_constant() -> None:
+    from pipeline.serving.line import Member
+
+    Member.loop_key = property(lambda self: 0)  # type: ignore[assignment,method-assign]
+
+
+def _leave_drops_another() -> None:
+    """A leave that drops another member: when one member stops, the next one in the loop goes too."""
+    from pipeline.engine.joining import LoopDriver
+    from pipeline.protocol import ErrorEvent
+
+    def _leave_stopped(self: Any) -> None:
+        for m in [m for m in self.members if m.task.stop.is_set()]:
+            if m not in self.members:
+                continue
+            gone = [m] + [o for o in self.members if o is not m][:1]
+            for o in gone:
+                self.members.remove(o)
+                done = self.loop.steps_done(o.slot)
+                self.loop.remove(o.slot)
+                o.task.emit(ErrorEvent("cancelled", "stopped", done))
+
+    LoopDriver._leave_stopped = _leave_stopped  # type: ignore[method-assign]
+
+
 def _on(module: str, fn: Callable[[], None]) -> list[Patch]:
     return [(module, fn)]
 
@@ -196,6 +228,9 @@ MUTANTS: dict[str, list[Patch]] = {
         lambda self, alive, on_gone: __import__("contextlib").nullcontext(),
     ),
     # The page (issue 18): each helper around generate, broken in the browser.
+    "join-ignores-compatibility": _on("pipeline.engine.joining", _loop_key_is_constant)
+    + _on("pipeline.serving.line", _serving_loop_key_is_constant),
+    "leave-drops-another-member": _on("pipeline.engine.joining", _leave_drops_another),
     "swap-does-nothing": _attr("pipeline.web.page_tools", "swapped", lambda width, height: (width, height)),
     "history-restores-nothing": _attr("pipeline.web.page_tools", "restore", lambda history, index: None),
     "paste-fills-nothing": _attr("pipeline.web.page_tools", "fill_from", _fills_nothing),

@@ -59,6 +59,9 @@ TESTS: dict[str, str] = {
     "recovering-not-reported": (
         "tests/test_model_process.py::test_the_running_app_heals_when_its_model_process_is_killed_mid_job"
     ),
+    "join-ignores-compatibility": "tests/test_joining.py::test_different_samplers_never_share_a_loop "
+    "tests/test_joining.py::test_joiners_enter_in_fifo_order_and_an_incompatible_head_is_never_overtaken",
+    "leave-drops-another-member": "tests/test_joining.py::test_cancelling_one_member_leaves_the_others_untouched",
     "swap-does-nothing": "tests/test_page.py::test_a_preset_sets_the_size_and_swap_exchanges_width_and_height",
     "history-restores-nothing": (
         "tests/test_page.py::test_history_keeps_two_generations_restores_one_and_downloads_all"

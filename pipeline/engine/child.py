@@ -18,6 +18,7 @@ import pickle
 import queue
 import sys
 import threading
+from functools import partial
 from multiprocessing.connection import Connection
 from typing import Any, Mapping
 
@@ -25,6 +26,10 @@ from ..errors import EngineDead
 from ..protocol import TERMINAL, CountingStop, ErrorEvent, ModelEvent
 
 log = logging.getLogger(__name__)
+
+
+def _post(out: queue.SimpleQueue[tuple[int, ModelEvent] | None], serial: int, event: ModelEvent) -> None:
+    out.put((serial, event))
 
 
 def main(fd: int) -> None:
@@ -77,7 +82,7 @@ def main(fd: int) -> None:
             if kind == "job":
                 serial, stop = message[1], CountingStop()
                 stops[serial] = stop
-                runner.submit(message[2], stop, lambda event, serial=serial: out.put((serial, event)))
+                runner.submit(message[2], stop, partial(_post, out, serial))
             elif kind == "stop":
                 if (flag := stops.get(message[1])) is not None:
                     flag.set()

@@ -10,7 +10,7 @@ import copy
 import gc
 import threading
 import time
-from typing import Any
+from typing import Any, Hashable
 
 import torch
 
@@ -18,6 +18,7 @@ from ..errors import Cancelled, OutOfMemory
 from ..protocol import InferenceJob, InferenceResult, ModelProfile, StepCallback, StopFlag
 from . import samplers
 from .families import call_arguments
+from .loop_base import MemberLoop, loop_kind
 from .previews import Previewer
 from .stepping import StepWatch, Stop
 
@@ -93,6 +94,32 @@ class DiffusersModel:
         ended = time.time()
         peak = torch.cuda.max_memory_allocated() if cuda else None
         return InferenceResult(tuple(images), watch.steps_done, started, ended, peak)
+
+    def loop_key(self, job: InferenceJob) -> Hashable | None:
+        """Step-level joining (``engine.joining``) for SD 1.x/2.x, FLUX and SD3; ``None`` for the rest.
+
+        Members of one loop share the latent shape (width, height) and the sampler name; prompts,
+        negative prompts, seeds, image counts, steps and guidance (with or without CFG) may differ.
+        """
+        kind = loop_kind(self.pipe)
+        if kind is None or not self.profile.step_joining:
+            return None
+        return (kind, job.width, job.height, job.scheduler)
+
+    def open_loop(self, job: InferenceJob) -> MemberLoop:
+        """A new, empty loop for jobs with ``job``'s key (the family's ``loop_sd``/``loop_flow`` loop)."""
+        kind = loop_kind(self.pipe)
+        if kind == "sd":
+            from .loop_sd import SDLoop
+
+            return SDLoop(self)
+        from .loop_flow import FluxLoop, SD3Loop
+
+        if kind == "flux":
+            return FluxLoop(self)
+        if kind == "sd3":
+            return SD3Loop(self)
+        raise ValueError(f"{type(self.pipe).__name__} runs job-level only (loop_key is None)")
 
     def free_memory(self) -> None:
         gc.collect()

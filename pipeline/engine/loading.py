@@ -21,6 +21,7 @@ from ..default_model import ensure_default_model, model_defaults
 from ..protocol import InferenceJob, ModelProfile
 from .diffusers_model import DiffusersModel
 from .families import pick_dtype_name, pipeline_class_of, traits
+from .loop_base import loop_kind
 from .previews import Previewer, load_decoder, load_preview_map
 from .simulated import PREFIX as SIM_PREFIX
 from .simulated import SimSpec, SimulatedModel
@@ -82,6 +83,7 @@ def build_profile(pipe: Any, name: str, device: str, dtype: torch.dtype, saved: 
         supports_negative_prompt=t.negative_prompt,
         family=t.family,
         schedulers=t.schedulers,
+        step_joining=loop_kind(pipe) is not None,  # SD 1.x/2.x, FLUX, SD3: engine.loop_sd / loop_flow
     )
 
 

@@ -10,6 +10,7 @@ pipeline's ``__call__``: no more steps and no VAE decode.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -42,6 +43,10 @@ class StepWatch:
         self._scheduler = self.pipe.scheduler
         original = type(self._scheduler).step.__get__(self._scheduler)
 
+        # ``wraps``: the pipeline's ``prepare_extra_step_kwargs`` inspects ``scheduler.step`` for
+        # ``generator``; without the original signature an ancestral sampler (Euler a) got none and
+        # drew its noise from the global RNG (a seed did not give the same picture twice).
+        @functools.wraps(original)
         def step(model_output: torch.Tensor, timestep: Any, sample: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             out = original(model_output, timestep, sample, *args, **kwargs)
             if self._preview_due(self.steps_done + 1):

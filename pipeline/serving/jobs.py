@@ -1,5 +1,10 @@
 """One job on the model side, for the task that owns the gate: steps out, one end per member.
 
+Step-level (``run_session``): the task that owns the gate runs a ``Session`` instead, a loop on
+the model side that requests enter (``Line.take_joiners``, whenever the line moves) and leave on
+their own: each member is its own joinable job there, with its own steps, stop, time limit and
+end, and the gate opens when the last member has left.
+
 ``GpuJobs.run(batch)`` submits the batch's ``InferenceJob`` to the model-stream thread, relays each
 step to every member (one event-loop wake-up per step for the whole batch), and ends every
 member's stream with its share of the images or the job's error. It returns only when the model
@@ -24,7 +29,7 @@ from ..errors import Cancelled, EngineDead, OutOfMemory
 from ..protocol import ErrorEvent, InferenceResult, ModelEvent, StepEvent
 from .eta import EtaBook, JobClock, Shape
 from .events import Step
-from .line import Batch, End, Member, StopSignal
+from .line import Batch, End, Line, Member, Session, StopSignal
 from .metrics import Metrics
 from .streamer import ModelStreamer
 
@@ -153,6 +158,95 @@ class GpuJobs:
         if event.kind == "failed":
             log.error("job %s failed on the model side: %s\n%s", job.request_id, event.message, event.detail)
         return error_of(event, job.request_id)
+
+    # -- step-level: a session of members that enter and leave a loop on the model side --------
+    async def run_session(self, session: Session, line: Line) -> None:
+        """Run ``session`` until nobody is left in it, taking joiners whenever the line moves. Never raises."""
+        tasks: set[asyncio.Task[None]] = set()
+
+        def start(members: list[Member]) -> None:
+            for peer in session.members:  # who shared the loop (an out-of-memory error is retried alone)
+                peer.peers = max(peer.peers, len(session.members))
+            for member in members:
+                task = asyncio.create_task(self._member(member, session, line), name="gpu-member")
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+
+        start(list(session.members))
+        while True:
+            moved = line.moved
+            if self._closing():
+                session.open = False
+            start(line.take_joiners(session))
+            if not session.members:
+                session.open = False
+                break
+            await moved.wait()
+        if tasks:  # members' tasks end after they leave; nothing is left on the model side
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _member(self, member: Member, session: Session, line: Line) -> None:
+        """One member's job in the loop: its steps, its time limit, its end. Then it leaves the session."""
+        try:
+            end = await self._member_attempt(member, joinable=True)
+            if isinstance(end.error, (OutOfMemory, MemoryError)) and member.peers > 1 and not member.stop.is_set():
+                self.metrics.oom_retries.inc()
+                log.warning("out of memory in a loop of requests; retrying %s alone", member.request.request_id)
+                end = await self._member_attempt(member, joinable=False)
+            member.deliver(end)
+        finally:
+            session.leave(member)
+            line.notify()  # room in the loop: the session may take joiners, or end
+
+    async def _member_attempt(self, member: Member, *, joinable: bool) -> End:
+        loop = asyncio.get_running_loop()
+        job = dataclasses.replace(member.request.to_job(), joinable=joinable)
+        stop = member.stop
+        clock = JobClock(Shape(job.width * job.height, job.num_inference_steps, job.num_images), time.monotonic())
+        members, offsets = [member], [0, job.num_images]
+
+        def deliver(event: ModelEvent) -> None:  # on the model side's thread
+            if not isinstance(event, StepEvent):
+                return
+            self.metrics.denoise_steps.inc()
+            try:
+                loop.call_soon_threadsafe(self._deliver_step, members, offsets, event, clock)
+            except RuntimeError:
+                stop.set()
+
+        key = id(member)
+        self.running[key] = stop
+        self.clock = clock
+        if self._closing():
+            stop.set()
+        terminal = self.streamer.submit(job, stop, deliver, context=member.context)
+        try:
+            if not await wait_for_model(terminal, timeout=self.job_timeout):
+                stop.set()  # its own time limit: it leaves the loop at the next step; the others go on
+                if not await wait_for_model(terminal, timeout=TIMEOUT_GRACE_SECONDS):
+                    self._mark_hung(terminal)
+                return End(error=TimedOut())
+        finally:
+            self.running.pop(key, None)
+            if self.clock is clock:
+                self.clock = None
+        event = terminal.result()
+        if isinstance(event, InferenceResult):
+            clock.finish(self.book, time.monotonic())
+            self.metrics.batch_images.observe(event.batch_images or job.num_images)
+            return End(
+                result=event,
+                batch_size=event.batch_images or job.num_images,
+                batch_requests=event.batch_jobs or 1,
+                batching="step" if event.joined_at_step is not None else "job",
+                joined_at_step=event.joined_at_step,
+            )
+        assert isinstance(event, ErrorEvent)
+        if event.kind == "cancelled" and stop.steps_at_set is not None:
+            self.metrics.steps_after_stop.observe(event.steps_done - stop.steps_at_set)
+        if event.kind == "failed":
+            log.error("job %s failed on the model side: %s\n%s", job.request_id, event.message, event.detail)
+        return End(error=error_of(event, job.request_id))
 
     def _mark_hung(self, terminal: concurrent.futures.Future[ModelEvent]) -> None:
         log.error("the model side is stuck in a job past its time limit")

@@ -55,18 +55,28 @@ class WaitLine(Generic[T]):
         self._served: dict[Hashable, int] = {}  # user -> when its request last went into a job
         self._serves = itertools.count()
         self._counter = itertools.count()
+        self._order: list[int] | None = None  # the fair order, computed once per change of the line
+        self._places: dict[int, int] = {}  # ticket -> its place in ``_order``
         self.moved = asyncio.Event()
 
     def join(self, item: T, user: Hashable | None = None) -> int:
         ticket = next(self._counter)
         self.tickets[ticket] = item
         self.users[ticket] = ("ticket", ticket) if user is None else user
+        self._order = None
         return ticket
 
     def leave(self, ticket: int) -> None:
         self.users.pop(ticket, None)
         if self.tickets.pop(ticket, None) is not None:
+            self._order = None
             self.notify()
+
+    def remove(self, ticket: int) -> None:
+        """Take ``ticket`` out of the line (a job took it); the caller notifies."""
+        self.tickets.pop(ticket, None)
+        self.users.pop(ticket, None)
+        self._order = None
 
     def waiting(self, user: Hashable) -> int:
         """Tickets ``user`` has in line."""
@@ -75,6 +85,7 @@ class WaitLine(Generic[T]):
     def served(self, users: Iterable[Hashable]) -> None:
         """These users' requests went into a job now: they go to the back of the round."""
         stamp = next(self._serves)
+        self._order = None
         for user in users:
             self._served[user] = stamp
         if len(self._served) > 4 * len(self.tickets) + 64:  # forget users long gone
@@ -82,18 +93,24 @@ class WaitLine(Generic[T]):
             self._served = {u: s for u, s in self._served.items() if u in waiting}
 
     def order(self) -> list[int]:
-        """The tickets in fair order: round-robin across users, each user's own in arrival order."""
-        queues: dict[Hashable, list[int]] = {}
-        for ticket in self.tickets:  # arrival order
-            queues.setdefault(self.users[ticket], []).append(ticket)
-        rotation = sorted(queues.values(), key=lambda q: (self._served.get(self.users[q[0]], -1), q[0]))
-        return [q[i] for i in range(max(map(len, rotation), default=0)) for q in rotation if i < len(q)]
+        """The tickets in fair order: round-robin across users, each user's own in arrival order.
+
+        Computed once per change of the line (every waiting request asks on every move)."""
+        if self._order is None:
+            queues: dict[Hashable, list[int]] = {}
+            for ticket in self.tickets:  # arrival order
+                queues.setdefault(self.users[ticket], []).append(ticket)
+            rotation = sorted(queues.values(), key=lambda q: (self._served.get(self.users[q[0]], -1), q[0]))
+            self._order = [q[i] for i in range(max(map(len, rotation), default=0)) for q in rotation if i < len(q)]
+            self._places = {ticket: i for i, ticket in enumerate(self._order)}
+        return self._order
 
     def before(self, ticket: int) -> int:
         """Tickets ahead of ``ticket`` in the fair order (one that left: those that joined before it)."""
         if ticket not in self.tickets:
             return sum(1 for t in self.tickets if t < ticket)
-        return self.order().index(ticket)
+        self.order()
+        return self._places[ticket]
 
     def notify(self) -> None:
         self.moved.set()
@@ -121,8 +138,10 @@ class End:
 
     result: InferenceResult | None = None
     error: BaseException | None = None
-    batch_size: int = 1  # images in the job this request ran in
-    batch_requests: int = 1  # requests in that job
+    batch_size: int = 1  # images in the job this request ran in (step-level: the most its loop held)
+    batch_requests: int = 1  # requests in that job (step-level: the most its loop held)
+    batching: str = "job"  # job: one call for the whole batch; step: a step-level loop (engine.joining)
+    joined_at_step: int | None = None  # step-level: loop steps run before it joined
 
 
 @dataclass(eq=False)
@@ -135,6 +154,8 @@ class Member:
     events: asyncio.Queue[Step | End] = field(default_factory=asyncio.Queue)
     ticket: int = -1
     batch: Batch | None = None  # set when a job takes this request
+    session: Session | None = None  # set when a step-level loop takes this request
+    peers: int = 1  # the most requests in its step-level loop while it was there
     user: Hashable | None = None  # who asked (None: a user of its own); the line is fair across users
 
     def deliver(self, item: Step | End) -> None:
@@ -147,6 +168,17 @@ class Member:
         negative prompt on all or none (SDXL zeroes an all-empty one; one empty among others is encoded as "")."""
         r = self.request
         return (r.width, r.height, r.num_inference_steps, r.guidance_scale, bool(r.negative_prompt), r.scheduler)
+
+    @property
+    def taken(self) -> bool:
+        return self.batch is not None or self.session is not None
+
+    @property
+    def loop_key(self) -> tuple[int, int, str]:
+        """Requests with equal loop keys can share a step-level loop: the same size and sampler (they
+        may differ in prompt, seed, image count, steps and guidance)."""
+        r = self.request
+        return (r.width, r.height, r.scheduler)
 
     async def relay(self) -> AsyncGenerator[Step | End, None]:
         """This request's steps as its job runs, then its ``End``."""
@@ -203,6 +235,32 @@ class Batch:
         )
 
 
+class Session:
+    """The running step-level loop as the serving side sees it: its key, its members, its images.
+
+    Owned by the event loop. Members enter through ``Line.take_joiners`` and leave when their own
+    job ends; the task that holds the gate runs the session until nobody is left in it.
+    """
+
+    def __init__(self, key: tuple[int, int, str], max_images: int) -> None:
+        self.key = key
+        self.max_images = max_images
+        self.members: list[Member] = []
+        self.open = True  # False: no more joiners (closing, or the gate is about to open)
+
+    @property
+    def images(self) -> int:
+        return sum(m.request.num_images for m in self.members)
+
+    def add(self, member: Member) -> None:
+        member.session = self
+        self.members.append(member)
+
+    def leave(self, member: Member) -> None:
+        if member in self.members:
+            self.members.remove(member)
+
+
 class Line(WaitLine[Member]):
     """The local adapter's line: ``take_batch`` forms the head's job (dynamic batching)."""
 
@@ -251,9 +309,31 @@ class Line(WaitLine[Member]):
                 images += member.request.num_images
                 del self.tickets[ticket]
                 self.users.pop(ticket, None)
-        self.tickets.pop(head.ticket, None)
-        self.users.pop(head.ticket, None)
+        self.remove(head.ticket)
         self.served(m.user for m in members if m.user is not None)
         batch = Batch(members)
         self.notify()
         return batch
+
+    def take_joiners(self, session: Session) -> list[Member]:
+        """Waiting requests that join ``session`` now, in the fair order: the longest run from the head
+        of the line that share its key and fit (FIFO: a request that cannot join holds back those
+        behind it, so a stream of joiners never starves it; the session then drains and it runs next)."""
+        taken: list[Member] = []
+        if not session.open:
+            return taken
+        images = session.images
+        for ticket in list(self.order()):
+            member = self.tickets[ticket]
+            if member.stop.is_set():
+                continue  # leaving
+            if member.loop_key != session.key or not self.fits(images, member, session.max_images):
+                break
+            images += member.request.num_images
+            self.remove(ticket)
+            session.add(member)
+            taken.append(member)
+        if taken:
+            self.served(m.user for m in taken if m.user is not None)
+            self.notify()
+        return taken

@@ -46,7 +46,7 @@ from .base import SHUTDOWN_MESSAGE, AdapterBase
 from .eta import Shape
 from .events import Done, Event, Timings, Waiting
 from .jobs import GpuJobs, ModelCrashed, ModelFailed, TimedOut
-from .line import Batch, End, Line, Member, StopSignal
+from .line import Batch, End, Line, Member, Session, StopSignal
 from .metrics import Metrics
 from .postprocess import encode_pngs, info_record, scheduler_used
 from .streamer import ModelStreamer
@@ -69,6 +69,7 @@ class LocalAdapter(AdapterBase):
         job_timeout: float | None = None,
         max_batch_size: int = 1,
         max_waiting_per_user: int | None = None,
+        step_joining: bool = False,
     ) -> None:
         self._line = Line()
         self._gate = self.make_gate()
@@ -86,6 +87,9 @@ class LocalAdapter(AdapterBase):
         self._encode_pngs = encode
         self.jobs = GpuJobs(self.streamer, self.metrics, job_timeout=job_timeout, closing=lambda: self.closing)
         self._job_tasks: set[asyncio.Task[None]] = set()  # the job holding the gate (at most one)
+        # Step-level batching where the model and its side can (engine.joining): requests join the
+        # running loop at a step boundary instead of waiting for the gate.
+        self.step_joining = step_joining and side.profile.step_joining and self.streamer.many_in_flight
 
     @staticmethod
     def make_gate() -> asyncio.Semaphore:
@@ -162,6 +166,8 @@ class LocalAdapter(AdapterBase):
                 raise TooManyWaiting(n)
             member = Member(request, stop, contextvars.copy_context(), user=user)
             self._line.join_member(member)
+            if self.step_joining:
+                self._line.notify()  # a running loop may take it at its next step
             end: End | None = None
             try:
                 async for waiting in self._wait_turn(member):
@@ -188,7 +194,7 @@ class LocalAdapter(AdapterBase):
         paths = await loop.run_in_executor(self._pool, self._encode, request, result)
         t.finalize_end = self._clock()
         p = self.profile
-        info = info_record(request, result, t, p, batch_size=end.batch_size, batch_requests=end.batch_requests)
+        info = info_record(request, result, t, p, end=end)
         self._observe(info, len(paths))
         yield Done(paths, info)
 
@@ -197,23 +203,26 @@ class LocalAdapter(AdapterBase):
         async for waiting in self._line.turn(
             member.ticket,
             busy=lambda: int(self._gate.locked()),
-            done=lambda ahead: member.batch is not None or not ahead or self.closing or member.stop.is_set(),
+            done=lambda ahead: member.taken or not ahead or self.closing or member.stop.is_set(),
         ):
             yield Waiting(waiting.ahead, self._eta(member))
-        if member.batch is None:
+        if not member.taken:
             if self.closing:
                 raise ShuttingDown(SHUTDOWN_MESSAGE)
             if member.stop.is_set():
                 raise Cancelled("the caller went away while waiting")
         yield Waiting(0, self._eta(member))
-        if member.batch is None:
+        if not member.taken:
             # Head of the line and the gate is free: take it now (a free semaphore never suspends,
             # so nobody can overtake) and hand it to this job's task, which releases it only when
             # the model side has left the job. The gate belongs to the job, not to any request.
             await self._gate.acquire()
             try:
-                batch = self._line.take_batch(member, self.max_batch_size)
-                task = asyncio.create_task(self._own_gate(batch), name="gpu-job")
+                if self.step_joining:  # a loop that others join at step boundaries
+                    job = self._own_session(self._open_session(member))
+                else:
+                    job = self._own_gate(self._line.take_batch(member, self.max_batch_size))
+                task = asyncio.create_task(job, name="gpu-job")
                 self._job_tasks.add(task)  # a reference, so the task is not garbage-collected
                 task.add_done_callback(self._job_tasks.discard)
             except BaseException:
@@ -224,8 +233,9 @@ class LocalAdapter(AdapterBase):
         """Seconds until ``member``'s images: the running job's time left, then each job the line
         will form before and with it (``Line.jobs_until``), from measured rates (``eta.py``)."""
         book, clock, now = self.jobs.book, self.jobs.clock, time.monotonic()
-        if member.batch is not None:  # taken into the job that holds the gate
-            left = clock.remaining(book, now) if clock is not None else book.job_seconds(_shape(member.batch.members))
+        if member.taken:  # taken into the job or loop that holds the gate
+            members = member.batch.members if member.batch is not None else [member]
+            left = clock.remaining(book, now) if clock is not None else book.job_seconds(_shape(members))
             return None if left is None else round(left, 2)
         total = 0.0
         if self._gate.locked() and clock is not None:
@@ -239,6 +249,24 @@ class LocalAdapter(AdapterBase):
                 return None
             total += seconds
         return round(total, 2)
+
+    def _open_session(self, head: Member) -> Session:
+        """A step-level loop for ``head`` and the waiting requests that can join it now."""
+        session = Session(head.loop_key, self.max_batch_size)
+        self._line.remove(head.ticket)
+        session.add(head)
+        self._line.served([head.user] if head.user is not None else [])
+        self._line.take_joiners(session)
+        self._line.notify()
+        return session
+
+    async def _own_session(self, session: Session) -> None:
+        """The task that holds the gate for a step-level loop; the gate opens when nobody is left in it."""
+        try:
+            await self.jobs.run_session(session, self._line)
+        finally:
+            self._gate.release()
+            self._line.notify()
 
     async def _own_gate(self, batch: Batch) -> None:
         """The task that holds the gate for one job; the gate opens when the model side is done."""

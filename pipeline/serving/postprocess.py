@@ -108,10 +108,17 @@ def info_record(
     t: Timings,
     p: ModelProfile,
     *,
-    batch_size: int,
-    batch_requests: int,
+    batch_size: int = 1,
+    batch_requests: int = 1,
+    end: Any = None,
 ) -> dict[str, Any]:
-    """The info record a request's caller gets with its images (the API's second output)."""
+    """The info record a request's caller gets with its images (the API's second output).
+
+    ``end`` (``line.End``), where given, says how it was batched: ``batching`` is "step" for a
+    step-level loop (with ``joined_at_step``, the loop steps run before it joined) or "job".
+    """
+    if end is not None:
+        batch_size, batch_requests = end.batch_size, end.batch_requests
     params = request.parameters()
     return {
         "request_id": request.request_id,
@@ -120,6 +127,8 @@ def info_record(
         "scheduler": scheduler_used(request, p),
         "batch_size": batch_size,
         "batch_requests": batch_requests,
+        "batching": getattr(end, "batching", "job"),
+        "joined_at_step": getattr(end, "joined_at_step", None),
         "device": p.device,
         "dtype": p.dtype,
         "steps_done": result.steps_done,

@@ -64,7 +64,7 @@ class ModelStreamer:
         return self._thread.is_alive() and not self._dead and self.side.alive
 
     @property
-    def concurrent(self) -> bool:
+    def many_in_flight(self) -> bool:
         """Whether several jobs can be in flight on the side at once (it has ``submit``)."""
         return callable(getattr(self.side, "submit", None))
 
@@ -97,7 +97,7 @@ class ModelStreamer:
         try:
             while (task := self._tasks.get()) is not _SHUTDOWN:
                 assert isinstance(task, _Task)
-                if self.concurrent:
+                if self.many_in_flight:
                     task.context.run(self._hand_over, task)
                 else:
                     task.terminal.set_result(task.context.run(self._drive, task))

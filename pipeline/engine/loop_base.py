@@ -1,0 +1,224 @@
+"""What every step-level denoising loop of a real diffusers pipeline shares (``engine.joining.Loop``).
+
+A loop holds *members*, one per job, each with everything the pipeline's own ``__call__`` keeps
+for one call: its own scheduler instance (built from the model's config by ``samplers.build`` and
+``set_timesteps`` exactly as the pipeline does), its own timesteps and step index, its own per-image
+CPU generators (initial noise, then ancestral noise in ``scheduler.step``), its own guidance and
+text conditioning. Members share only what the loop key says (size and sampler) and the weights.
+
+One ``step`` (``MemberLoop._step``):
+
+1. Every member not yet done takes its rows of the denoiser input at its own timestep
+   (the family's ``_predict``: one denoiser call for all rows, then each member's own guidance).
+2. Each member's own ``scheduler.step`` advances its own slice, with its own generators.
+3. Members on a preview step get small previews of their denoised estimate, the way
+   ``stepping.StepWatch`` makes them.
+
+``decode`` runs the finishing members' latents through the VAE together, as the pipeline decodes
+one call's batch. The family modules (``loop_sd``, ``loop_flow``) supply the encoding, the starting
+latents, the denoiser call and the VAE decode; this module the bookkeeping, previews and out-of-memory
+handling. Everything here runs on the model thread, under ``torch.inference_mode()``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
+
+import torch
+from PIL import Image
+
+from ..errors import OutOfMemory
+from ..protocol import InferenceJob
+from .previews import denoised, unpack
+
+if TYPE_CHECKING:
+    from .diffusers_model import DiffusersModel
+
+T = TypeVar("T")
+
+# Pipeline class -> loop kind. Only the exact text-to-image classes: subclasses and img2img/inpaint
+# variants (also "sd" by family) call their denoiser differently and keep job-level batching.
+LOOP_KINDS: dict[str, str] = {
+    "StableDiffusionPipeline": "sd",
+    "FluxPipeline": "flux",
+    "StableDiffusion3Pipeline": "sd3",
+}
+
+
+def loop_kind(pipe: Any) -> str | None:
+    """The loop this pipeline runs step-level (``"sd"``, ``"flux"``, ``"sd3"``), or None (job-level only)."""
+    return LOOP_KINDS.get(type(pipe).__name__)
+
+
+def generators_of(job: InferenceJob) -> list[torch.Generator]:
+    """One CPU generator per image, as ``DiffusersModel.generate`` makes them."""
+    return [torch.Generator("cpu").manual_seed(seed) for seed in job.seeds]
+
+
+def step_kwargs(scheduler: Any, generators: list[torch.Generator], eta: float = 0.0) -> dict[str, Any]:
+    """The pipeline's ``prepare_extra_step_kwargs``, for this member's own scheduler."""
+    accepted = set(inspect.signature(scheduler.step).parameters)
+    kwargs: dict[str, Any] = {}
+    if "eta" in accepted:
+        kwargs["eta"] = eta
+    if "generator" in accepted:
+        kwargs["generator"] = generators
+    return kwargs
+
+
+@dataclass
+class Member:
+    """One job in the loop: what the pipeline's ``__call__`` keeps for one call."""
+
+    job: InferenceJob
+    scheduler: Any
+    timesteps: torch.Tensor
+    latents: torch.Tensor  # (images, ...), as the pipeline holds them (FLUX: packed)
+    cfg: bool  # classifier-free guidance: rows [uncond, cond], else [cond]
+    rows_of: dict[str, torch.Tensor]  # per-row conditioning, concatenated across members
+    shared: dict[str, Any] = field(default_factory=dict)  # the same for every member (FLUX's ids)
+    step_kwargs: dict[str, Any] = field(default_factory=dict)
+    done: int = 0
+
+    @property
+    def images(self) -> int:
+        return int(self.latents.shape[0])
+
+    @property
+    def rows(self) -> int:
+        return self.images * (2 if self.cfg else 1)
+
+    @property
+    def total(self) -> int:
+        return len(self.timesteps)
+
+    @property
+    def timestep(self) -> torch.Tensor:
+        return self.timesteps[self.done]
+
+    def guided(self, prediction: torch.Tensor) -> torch.Tensor:
+        """The pipeline's guidance on this member's rows of the denoiser output."""
+        if not self.cfg:
+            return prediction
+        uncond, cond = prediction.chunk(2)
+        return uncond + self.job.guidance_scale * (cond - uncond)
+
+
+class MemberLoop:
+    """The bookkeeping of ``joining.Loop`` over a real pipeline; a family subclass fills in the hooks."""
+
+    def __init__(self, model: DiffusersModel) -> None:
+        self.model = model
+        self.pipe = model.pipe
+        self.preview_map = model.preview_map
+        self.device = torch.device(self.pipe._execution_device)
+        self.members: dict[int, Member] = {}
+        self._next_slot = 0
+        self._cuda = self.device.type == "cuda"
+        if self._cuda:
+            torch.cuda.reset_peak_memory_stats()
+
+    # -- family hooks ------------------------------------------------------------------------------
+
+    def _enter(self, job: InferenceJob) -> Member:
+        """Encode the prompts, build the scheduler and timesteps, draw the starting latents."""
+        raise NotImplementedError
+
+    def _predict(self, members: list[Member]) -> list[torch.Tensor]:
+        """One denoiser call for every member's rows; each member's guided prediction."""
+        raise NotImplementedError
+
+    def _pixels(self, latents: torch.Tensor, job: InferenceJob) -> list[Image.Image]:
+        """The pipeline's VAE decode and postprocessing of these latents."""
+        raise NotImplementedError
+
+    # -- joining.Loop ------------------------------------------------------------------------------
+
+    def add(self, job: InferenceJob) -> int:
+        member = self._guarded(job.request_id, self._enter, job)
+        slot, self._next_slot = self._next_slot, self._next_slot + 1
+        self.members[slot] = member
+        return slot
+
+    def step(self) -> Mapping[int, Mapping[int, Image.Image]]:
+        return self._guarded(self._request_ids(), self._step)
+
+    def steps_done(self, slot: int) -> int:
+        return self.members[slot].done
+
+    def total_steps(self, slot: int) -> int:
+        return self.members[slot].total
+
+    def decode(self, slots: Sequence[int]) -> Mapping[int, tuple[Image.Image, ...]]:
+        members = [self.members.pop(slot) for slot in slots]  # they leave even if the decode fails
+        if not members:
+            return {}
+        ids = ",".join(m.job.request_id for m in members)
+        images = self._guarded(ids, self._pixels, torch.cat([m.latents for m in members]), members[0].job)
+        result: dict[int, tuple[Image.Image, ...]] = {}
+        start = 0
+        for slot, m in zip(slots, members):
+            result[slot] = tuple(images[start : start + m.images])
+            start += m.images
+        return result
+
+    def remove(self, slot: int) -> None:
+        self.members.pop(slot, None)
+
+    @property
+    def images(self) -> int:
+        return sum(m.images for m in self.members.values())
+
+    def peak_memory_bytes(self) -> int | None:
+        return int(torch.cuda.max_memory_allocated()) if self._cuda else None
+
+    # -- one step ----------------------------------------------------------------------------------
+
+    def _step(self) -> dict[int, dict[int, Image.Image]]:
+        active = [(slot, m) for slot, m in self.members.items() if m.done < m.total]
+        if not active:
+            return {}
+        # 1. One denoiser call for all rows, each member at its own timestep and guidance.
+        predictions = self._predict([m for _, m in active])
+        previews: dict[int, dict[int, Image.Image]] = {}
+        for (slot, m), prediction in zip(active, predictions):
+            # 2. The member's own scheduler on its own slice (its own generators for ancestral noise).
+            t, sample = m.timestep, m.latents
+            out = m.scheduler.step(prediction, t, sample, **m.step_kwargs, return_dict=False)
+            m.latents = out[0]
+            m.done += 1
+            # 3. Previews on the member's preview steps, as StepWatch makes them.
+            shown = self._previews(m, out, prediction, t, sample)
+            if shown:
+                previews[slot] = shown
+        return previews
+
+    def _previews(
+        self, m: Member, out: Any, prediction: torch.Tensor, t: torch.Tensor, sample: torch.Tensor
+    ) -> dict[int, Image.Image]:
+        every, job = m.job.preview_every, m.job
+        if self.preview_map is None or not every or m.done % every or m.done >= m.total:
+            return {}
+        x0 = denoised(m.scheduler, out, prediction, t, sample)
+        latents = unpack(self.pipe, x0, job.width, job.height)
+        shown: dict[int, Image.Image] = {}
+        for index in job.preview_images:
+            if index < latents.shape[0] and latents.shape[1] == self.preview_map.channels:
+                shown[index] = self.preview_map.image(latents[index], job.width, job.height)
+        return shown
+
+    def _request_ids(self) -> str:
+        return ",".join(m.job.request_id for m in self.members.values())
+
+    def _guarded(self, request_id: str, fn: Callable[..., T], *args: Any) -> T:
+        """``fn`` under inference mode; out of memory becomes ``OutOfMemory`` after freeing, as in
+        ``DiffusersModel`` (outside the except block, so the traceback's tensors are gone first)."""
+        try:
+            with torch.inference_mode():
+                return fn(*args)
+        except (torch.OutOfMemoryError, MemoryError):
+            pass
+        self.model.free_memory()
+        raise OutOfMemory(request_id)

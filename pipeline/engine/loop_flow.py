@@ -1,0 +1,217 @@
+"""The step-level loops of the flow-matching families: ``FluxPipeline`` and ``StableDiffusion3Pipeline``.
+
+Each member is what one pipeline ``__call__`` keeps (diffusers 0.42), step for step.
+
+**FLUX** (dev with a guidance embedding, schnell without; no true CFG: the app never sends
+``true_cfg_scale``, so every member has one row per image):
+
+1. Prompts through the pipeline's ``encode_prompt`` (CLIP pooled + T5 padded to the call's
+   ``max_sequence_length``, so every member's T5 rows stack and the text ids are the same).
+2. Latents through the pipeline's own ``prepare_latents`` with the member's per-image CPU
+   generators: packed 2x2, with latent image ids (the same for every member of a size).
+3. Scheduler ``samplers.build``, then ``retrieve_timesteps`` with the pipeline's sigmas
+   (``linspace(1, 1/N, N)``) and its dynamic shift ``mu`` (from the token count: same size, same mu),
+   and ``set_begin_index(0)``.
+4. Guidance (dev): the member's scale, as a per-row vector next to the per-row timestep.
+
+**SD3** (flow-matching Euler, classifier-free guidance per member when ``guidance_scale > 1``):
+
+1. Prompts through ``encode_prompt`` (CLIP-L + CLIP-G + T5, 77 + ``max_sequence_length`` tokens),
+   rows ``[uncond, cond]`` for the embeddings and the pooled embeddings with guidance.
+2. Latents through ``prepare_latents`` with the member's generators.
+3. Scheduler and ``retrieve_timesteps`` (``mu`` only where the config shifts dynamically).
+
+One step runs the transformer once on every member's rows, each at its own timestep, then each
+member's own ``scheduler.step``. The decode is the pipeline's: (unpack,) ``latents /
+scaling_factor + shift_factor``, the VAE, ``image_processor.postprocess(..., output_type="pil")``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import numpy as np
+import torch
+from diffusers.pipelines.flux.pipeline_flux import calculate_shift as flux_shift
+from diffusers.pipelines.flux.pipeline_flux import retrieve_timesteps
+from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import calculate_shift as sd3_shift
+from PIL import Image
+
+from ..protocol import InferenceJob
+from . import samplers
+from .families import call_arguments
+from .loop_base import Member, MemberLoop, generators_of
+
+
+def _call_default(pipe: Any, name: str, fallback: Any) -> Any:
+    """A default of the pipeline's own ``__call__`` (``max_sequence_length``: 512 FLUX, 256 SD3)."""
+    parameter = inspect.signature(pipe.__call__).parameters.get(name)
+    return fallback if parameter is None or parameter.default is inspect.Parameter.empty else parameter.default
+
+
+def _cat_rows(members: list[Member], name: str) -> torch.Tensor:
+    return torch.cat([m.rows_of[name] for m in members])
+
+
+class _FlowLoop(MemberLoop):
+    """The decode both flow families share: ``latents / scaling_factor + shift_factor``, then the VAE."""
+
+    def _pixels(self, latents: torch.Tensor, job: InferenceJob) -> list[Image.Image]:
+        pipe = self.pipe
+        config = pipe.vae.config
+        latents = latents / config.scaling_factor + (getattr(config, "shift_factor", None) or 0.0)
+        image = pipe.vae.decode(latents, return_dict=False)[0]
+        images: Any = pipe.image_processor.postprocess(image, output_type="pil")
+        return list(images)
+
+
+class FluxLoop(_FlowLoop):
+    """``joining.Loop`` for ``FluxPipeline`` (see the module docstring)."""
+
+    def _enter(self, job: InferenceJob) -> Member:
+        pipe, device = self.pipe, self.device
+        # 1. Prompts (CLIP pooled + T5), exactly as the call encodes them.
+        embeds, pooled, text_ids = pipe.encode_prompt(
+            prompt=list(job.prompts),
+            prompt_2=None,
+            device=device,
+            num_images_per_prompt=1,
+            max_sequence_length=_call_default(pipe, "max_sequence_length", 512),
+        )
+        # 2. Packed latents and their image ids from the member's own generators.
+        generators = generators_of(job)
+        latents, image_ids = pipe.prepare_latents(
+            job.num_images,
+            pipe.transformer.config.in_channels // 4,
+            job.height,
+            job.width,
+            embeds.dtype,
+            device,
+            generators,
+            None,
+        )
+        # 3. The member's own scheduler: the pipeline's sigmas and dynamic shift.
+        scheduler = samplers.build(self.model.base_scheduler, job.scheduler)
+        steps = job.num_inference_steps
+        sigmas: Any = np.linspace(1.0, 1 / steps, steps)
+        if getattr(scheduler.config, "use_flow_sigmas", False):
+            sigmas = None
+        config = scheduler.config
+        mu = flux_shift(
+            latents.shape[1],
+            config.get("base_image_seq_len", 256),
+            config.get("max_image_seq_len", 4096),
+            config.get("base_shift", 0.5),
+            config.get("max_shift", 1.15),
+        )
+        timesteps, _ = retrieve_timesteps(scheduler, steps, device, sigmas=sigmas, mu=mu)
+        scheduler.set_begin_index(0)
+        rows_of = {"encoder_hidden_states": embeds, "pooled_projections": pooled}
+        # 4. Guidance-distilled (dev): the member's scale as rows of a vector.
+        if pipe.transformer.config.guidance_embeds:
+            rows_of["guidance"] = torch.full([job.num_images], job.guidance_scale, device=device, dtype=torch.float32)
+        return Member(
+            job=job,
+            scheduler=scheduler,
+            timesteps=timesteps,
+            latents=latents,
+            cfg=False,
+            rows_of=rows_of,
+            shared={"txt_ids": text_ids, "img_ids": image_ids},
+        )
+
+    def _predict(self, members: list[Member]) -> list[torch.Tensor]:
+        latents = torch.cat([m.latents for m in members])
+        timestep = torch.cat([m.timestep.expand(m.images).to(latents.dtype) for m in members])
+        transformer = self.pipe.transformer
+        with transformer.cache_context("cond"):
+            out = transformer(
+                hidden_states=latents,
+                timestep=timestep / 1000,
+                guidance=_cat_rows(members, "guidance") if "guidance" in members[0].rows_of else None,
+                pooled_projections=_cat_rows(members, "pooled_projections"),
+                encoder_hidden_states=_cat_rows(members, "encoder_hidden_states"),
+                txt_ids=members[0].shared["txt_ids"],
+                img_ids=members[0].shared["img_ids"],
+                joint_attention_kwargs={},
+                return_dict=False,
+            )[0]
+        return list(out.split([m.rows for m in members]))
+
+    def _pixels(self, latents: torch.Tensor, job: InferenceJob) -> list[Image.Image]:
+        pipe = self.pipe
+        return super()._pixels(pipe._unpack_latents(latents, job.height, job.width, pipe.vae_scale_factor), job)
+
+
+class SD3Loop(_FlowLoop):
+    """``joining.Loop`` for ``StableDiffusion3Pipeline`` (see the module docstring)."""
+
+    def _enter(self, job: InferenceJob) -> Member:
+        pipe, device = self.pipe, self.device
+        # 1. Guidance as the pipeline decides it; prompts through its own encoder.
+        cfg = job.guidance_scale > 1
+        profile = self.model.profile
+        negative = call_arguments(profile.family, job.negative_prompts, profile.supports_negative_prompt).get(
+            "negative_prompt"
+        )
+        embeds, negative_embeds, pooled, negative_pooled = pipe.encode_prompt(
+            prompt=list(job.prompts),
+            prompt_2=None,
+            prompt_3=None,
+            negative_prompt=negative,
+            do_classifier_free_guidance=cfg,
+            device=device,
+            num_images_per_prompt=1,
+            max_sequence_length=_call_default(pipe, "max_sequence_length", 256),
+        )
+        if cfg:
+            embeds = torch.cat([negative_embeds, embeds])
+            pooled = torch.cat([negative_pooled, pooled])
+        # 2. Latents from the member's own generators.
+        generators = generators_of(job)
+        transformer_config = pipe.transformer.config
+        latents = pipe.prepare_latents(
+            job.num_images,
+            transformer_config.in_channels,
+            job.height,
+            job.width,
+            embeds.dtype,
+            device,
+            generators,
+            None,
+        )
+        # 3. The member's own scheduler (a dynamic shift only where its config asks for one).
+        scheduler = samplers.build(self.model.base_scheduler, job.scheduler)
+        config, extra = scheduler.config, {}
+        if config.get("use_dynamic_shifting", None):
+            patch = transformer_config.patch_size
+            extra["mu"] = sd3_shift(
+                (latents.shape[2] // patch) * (latents.shape[3] // patch),
+                config.get("base_image_seq_len", 256),
+                config.get("max_image_seq_len", 4096),
+                config.get("base_shift", 0.5),
+                config.get("max_shift", 1.16),
+            )
+        timesteps, _ = retrieve_timesteps(scheduler, job.num_inference_steps, device, sigmas=None, **extra)
+        return Member(
+            job=job,
+            scheduler=scheduler,
+            timesteps=timesteps,
+            latents=latents,
+            cfg=cfg,
+            rows_of={"encoder_hidden_states": embeds, "pooled_projections": pooled},
+        )
+
+    def _predict(self, members: list[Member]) -> list[torch.Tensor]:
+        inputs = torch.cat([torch.cat([m.latents] * 2) if m.cfg else m.latents for m in members])
+        timestep = torch.cat([m.timestep.expand(m.rows) for m in members])
+        out = self.pipe.transformer(
+            hidden_states=inputs,
+            timestep=timestep,
+            encoder_hidden_states=_cat_rows(members, "encoder_hidden_states"),
+            pooled_projections=_cat_rows(members, "pooled_projections"),
+            joint_attention_kwargs=None,
+            return_dict=False,
+        )[0]
+        return [m.guided(chunk) for m, chunk in zip(members, out.split([m.rows for m in members]))]

@@ -1,0 +1,109 @@
+"""The step-level loop of ``StableDiffusionPipeline`` (SD 1.x and 2.x, epsilon and v-prediction).
+
+Each member is what one ``StableDiffusionPipeline.__call__`` keeps (diffusers 0.42), step for step:
+
+1. **Guidance** as the pipeline decides ``do_classifier_free_guidance``: ``guidance_scale > 1`` and
+   a UNet without a guidance embedding (``time_cond_proj_dim``, LCM-distilled UNets, which get
+   their guidance as ``timestep_cond`` per row instead).
+2. **Prompts** through the pipeline's own ``encode_prompt`` (the negative prompt as
+   ``DiffusersModel`` passes it); rows ``[uncond, cond]`` with guidance, ``[cond]`` without.
+3. **Scheduler** ``samplers.build`` from the model's config, then ``retrieve_timesteps``.
+4. **Latents** ``randn_tensor`` with the member's list of per-image CPU generators, times its
+   scheduler's ``init_noise_sigma`` (the pipeline's ``prepare_latents``, which reads
+   ``pipe.scheduler``: never used here, so the pipeline's own scheduler stays untouched).
+5. **Step kwargs** the pipeline's ``prepare_extra_step_kwargs`` (eta 0, the same generators).
+
+A step scales each member's input with its own ``scale_model_input`` at its own timestep, runs
+the UNet once on all rows (the timestep as a per-row vector; CLIP embeddings are always 77 tokens,
+so every member's rows stack), then guides each member's slice with its own scale. The decode is
+the pipeline's: ``latents / scaling_factor``, the VAE, the safety checker when there is one, and
+``image_processor.postprocess(..., output_type="pil")``.
+
+Members need not share the negative prompt or whether they use guidance: the loop key is the size
+and the sampler name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion import retrieve_timesteps
+from diffusers.utils.torch_utils import randn_tensor
+from PIL import Image
+
+from ..protocol import InferenceJob
+from . import samplers
+from .families import call_arguments
+from .loop_base import Member, MemberLoop, generators_of, step_kwargs
+
+
+class SDLoop(MemberLoop):
+    """``joining.Loop`` for ``StableDiffusionPipeline`` (see the module docstring)."""
+
+    def _enter(self, job: InferenceJob) -> Member:
+        pipe, device = self.pipe, self.device
+        unet_config = pipe.unet.config
+        # 1. Guidance, as the pipeline decides it.
+        cfg = job.guidance_scale > 1 and unet_config.time_cond_proj_dim is None
+        # 2. Prompts: the pipeline's own encoder, the negative prompt as DiffusersModel sends it.
+        profile = self.model.profile
+        negative = call_arguments(profile.family, job.negative_prompts, profile.supports_negative_prompt).get(
+            "negative_prompt"
+        )
+        embeds, negative_embeds = pipe.encode_prompt(list(job.prompts), device, 1, cfg, negative)
+        if cfg:
+            embeds = torch.cat([negative_embeds, embeds])
+        rows_of = {"encoder_hidden_states": embeds}
+        # 3. The member's own scheduler and timesteps.
+        scheduler = samplers.build(self.model.base_scheduler, job.scheduler)
+        timesteps, _ = retrieve_timesteps(scheduler, job.num_inference_steps, device)
+        # 4. Starting latents from the member's own generators (prepare_latents, with its scheduler).
+        generators = generators_of(job)
+        scale = pipe.vae_scale_factor
+        shape = (job.num_images, unet_config.in_channels, int(job.height) // scale, int(job.width) // scale)
+        latents = randn_tensor(shape, generator=generators, device=device, dtype=embeds.dtype)
+        latents = latents * scheduler.init_noise_sigma
+        # 5. Guidance embedding of guidance-distilled UNets (rows [cond] only: no CFG there).
+        if unet_config.time_cond_proj_dim is not None:
+            scales = torch.tensor(job.guidance_scale - 1).repeat(job.num_images)
+            rows_of["timestep_cond"] = pipe.get_guidance_scale_embedding(
+                scales, embedding_dim=unet_config.time_cond_proj_dim
+            ).to(device=device, dtype=latents.dtype)
+        return Member(
+            job=job,
+            scheduler=scheduler,
+            timesteps=timesteps,
+            latents=latents,
+            cfg=cfg,
+            rows_of=rows_of,
+            step_kwargs=step_kwargs(scheduler, generators),
+        )
+
+    def _predict(self, members: list[Member]) -> list[torch.Tensor]:
+        inputs, times = [], []
+        for m in members:
+            x = torch.cat([m.latents] * 2) if m.cfg else m.latents
+            if hasattr(m.scheduler, "scale_model_input"):
+                x = m.scheduler.scale_model_input(x, m.timestep)
+            inputs.append(x)
+            times.append(m.timestep.reshape(1).expand(x.shape[0]))
+        conditioning = {name: torch.cat([m.rows_of[name] for m in members]) for name in members[0].rows_of}
+        out = self.pipe.unet(
+            torch.cat(inputs),
+            torch.cat(times),
+            encoder_hidden_states=conditioning["encoder_hidden_states"],
+            timestep_cond=conditioning.get("timestep_cond"),
+            cross_attention_kwargs=None,
+            added_cond_kwargs=None,
+            return_dict=False,
+        )[0]
+        return [m.guided(chunk) for m, chunk in zip(members, out.split([m.rows for m in members]))]
+
+    def _pixels(self, latents: torch.Tensor, job: InferenceJob) -> list[Image.Image]:
+        pipe = self.pipe
+        image = pipe.vae.decode(latents / pipe.vae.config.scaling_factor, return_dict=False)[0]
+        image, nsfw = pipe.run_safety_checker(image, self.device, latents.dtype)  # latents: the embeddings' dtype
+        denormalize = [True] * image.shape[0] if nsfw is None else [not flagged for flagged in nsfw]
+        images: Any = pipe.image_processor.postprocess(image, output_type="pil", do_denormalize=denormalize)
+        return list(images)

@@ -1,0 +1,247 @@
+"""Step-level batching at the adapter, with the fake model's loop (``FakeLoop``): requests join a
+running loop at a step boundary and leave when their own steps are done (issue 19, sections 1-4).
+
+Every step of the loop waits for a permit (``step_gate``), so a test decides how far the loop has
+run when a request arrives; ``FakeModel.loop_step_started`` says the loop is blocked in a step, and
+``FakeModel.loop_steps`` records, per loop step, which requests ran and at which of their own steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+
+from pipeline.errors import JobTimedOut
+from pipeline.serving.events import Done, Step
+from tests.fakes import FakeModel
+from tests.helpers import collect, raw_request, wait_until
+
+pytestmark = pytest.mark.anyio
+
+
+def _joining(**kw: Any) -> FakeModel:
+    return FakeModel(joining=True, previews=True, **kw)
+
+
+async def _start(adapter: Any, rid: str, **raw: Any) -> asyncio.Task[list[Any]]:
+    return asyncio.create_task(collect(adapter, raw_request(**raw), request_id=rid))
+
+
+def _members(model: FakeModel, step: int) -> list[str]:
+    """Who ran loop step ``step`` (1-based)."""
+    return [rid for rid, _ in model.loop_steps[step - 1]]
+
+
+async def _handed_to_model(adapter: Any, n: int = 1) -> None:
+    """``n`` joiners wait in the model thread's queue (the loop takes them at its next boundary)."""
+    await wait_until(lambda: adapter.side._tasks.qsize() == n, f"{n} job(s) wait on the model thread")
+
+
+async def _loop_blocked_in(model: FakeModel, step: int) -> None:
+    await wait_until(lambda: model.loop_step_started == step, f"the loop waits in step {step}")
+
+
+async def test_a_late_request_joins_the_running_loop_at_the_next_step_boundary(make_adapter: Any) -> None:
+    steps = threading.Semaphore(0)
+    adapter, model = make_adapter(_joining(step_gate=steps), max_batch_size=4, step_joining=True)
+    assert adapter.step_joining
+    a = await _start(adapter, "a", num_inference_steps=6, seed=1)
+    await _loop_blocked_in(model, 1)
+    steps.release(2)
+    await _loop_blocked_in(model, 3)  # a has run 2 steps; step 3 waits for its permit
+    b = await _start(adapter, "b", num_inference_steps=4, seed=2, prompt="a blue square", guidance_scale=2.0)
+    await wait_until(lambda: adapter.gpu_queue_depth == 0, "b has left the line for the loop")
+    await _handed_to_model(adapter)
+    assert len(model.calls) == 1  # b waits for the boundary, not for a's end
+    steps.release(10)
+    ra, rb = await asyncio.gather(a, b)
+    # b entered at the boundary after the step in progress: loop step 4, a's own step 4.
+    assert _members(model, 3) == ["a"] and _members(model, 4) == ["a", "b"]
+    assert model.loop_steps[3] == (("a", 4), ("b", 1))
+    # Each keeps its own progress (k of its own N) and its own images and parameters.
+    assert [(e.step, e.total) for e in rb if isinstance(e, Step)] == [(k, 4) for k in range(1, 5)]
+    assert [(e.step, e.total) for e in ra if isinstance(e, Step)] == [(k, 6) for k in range(1, 7)]
+    da, db = ra[-1], rb[-1]
+    assert isinstance(da, Done) and isinstance(db, Done)
+    assert db.info["batching"] == "step" and db.info["joined_at_step"] == 3
+    assert da.info["batching"] == "step" and da.info["joined_at_step"] == 0
+    assert db.info["batch_size"] == 2 and db.info["batch_requests"] == 2
+    assert db.info["num_inference_steps"] == 4 and db.info["guidance_scale"] == 2.0 and db.info["steps_done"] == 4
+    jobs = {job.request_id: job for job in model.calls}
+    assert jobs["b"].guidance_scale == 2.0 and jobs["b"].prompts == ("a blue square",) and jobs["b"].joinable
+    assert model.max_active == 2 and not adapter.inference_in_progress
+
+
+async def test_a_member_leaves_when_its_own_steps_are_done_and_is_decoded_then(make_adapter: Any) -> None:
+    steps = threading.Semaphore(0)
+    adapter, model = make_adapter(_joining(step_gate=steps), max_batch_size=4, step_joining=True)
+    a = await _start(adapter, "a", num_inference_steps=8)
+    await _loop_blocked_in(model, 1)
+    b = await _start(adapter, "b", num_inference_steps=2, guidance_scale=1.0)
+    await _handed_to_model(adapter)
+    steps.release(3)  # loop steps 1-3: b (joined at step 2) runs steps 2 and 3, then leaves
+    rb = await b
+    assert isinstance(rb[-1], Done)
+    assert model.decodes_by_id == {"b": 1} and not a.done()  # b decoded while a keeps running
+    steps.release(10)
+    ra = await a
+    assert isinstance(ra[-1], Done) and ra[-1].info["steps_done"] == 8
+    assert [len(s) for s in model.loop_steps] == [1, 2, 2, 1, 1, 1, 1, 1]
+    assert model.returned == ["b", "a"]
+
+
+async def test_cancelling_one_member_leaves_the_others_untouched(make_adapter: Any) -> None:
+    steps = threading.Semaphore(0)
+    adapter, model = make_adapter(_joining(step_gate=steps), max_batch_size=4, step_joining=True)
+    a = await _start(adapter, "a", num_inference_steps=6, seed=1)
+    await _loop_blocked_in(model, 1)
+    b = await _start(adapter, "b", num_inference_steps=6, seed=2)
+    await _handed_to_model(adapter)
+    steps.release(2)
+    await wait_until(lambda: model.steps_run.get("b") == 1, "b ran a step")
+    b.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(b, 5.0)  # it leaves at once
+    steps.release(10)
+    ra = await a
+    assert isinstance(ra[-1], Done) and ra[-1].info["steps_done"] == 6
+    assert model.steps_run["b"] <= 3  # at most one more step after its stop
+    assert "b" not in model.decodes_by_id and model.decodes_by_id == {"a": 1}
+    assert [e.step for e in ra if isinstance(e, Step)] == [1, 2, 3, 4, 5, 6]
+
+
+async def test_joiners_enter_in_fifo_order_and_an_incompatible_head_is_never_overtaken(make_adapter: Any) -> None:
+    steps = threading.Semaphore(0)
+    adapter, model = make_adapter(_joining(step_gate=steps), max_batch_size=2, step_joining=True)
+    a = await _start(adapter, "a", num_inference_steps=3)
+    await _loop_blocked_in(model, 1)
+    b = await _start(adapter, "b", num_inference_steps=3)  # joins: room for one more image
+    await wait_until(lambda: adapter.gpu_queue_depth == 0, "b is in the loop")
+    c = await _start(adapter, "c", num_inference_steps=3)  # no room: waits for a member to leave
+    await wait_until(lambda: adapter.gpu_queue_depth == 1, "c waits")
+    x = await _start(adapter, "x", num_inference_steps=3, width=128)  # another size: another loop
+    y = await _start(adapter, "y", num_inference_steps=3)  # compatible, but x is ahead of it
+    await wait_until(lambda: adapter.gpu_queue_depth == 3, "x and y wait")
+    steps.release(30)
+    results = await asyncio.gather(a, b, c, x, y)
+    assert all(isinstance(r[-1], Done) for r in results)
+    order = [job.request_id for job in model.calls]
+    assert order == ["a", "b", "c", "x", "y"]
+    # c joined a's loop when a left; y did not jump x (the loop drained, then x's own loop ran).
+    infos = {r[-1].info["request_id"]: r[-1].info for r in results}
+    assert infos["x"]["joined_at_step"] == 0 and all(info["batching"] == "step" for info in infos.values())
+    x_steps = [i for i, s in enumerate(model.loop_steps) if any(rid == "x" for rid, _ in s)]
+    y_steps = [i for i, s in enumerate(model.loop_steps) if any(rid == "y" for rid, _ in s)]
+    c_steps = [i for i, s in enumerate(model.loop_steps) if any(rid == "c" for rid, _ in s)]
+    a_steps = [i for i, s in enumerate(model.loop_steps) if any(rid == "a" for rid, _ in s)]
+    assert max(a_steps) < min(c_steps)  # c entered when a left
+    assert max(c_steps) < min(x_steps) <= min(y_steps)
+    assert all(not {rid for rid, _ in s} >= {"x", "c"} for s in model.loop_steps)
+
+
+async def test_max_batch_size_bounds_the_images_in_the_loop(make_adapter: Any) -> None:
+    steps = threading.Semaphore(0)
+    adapter, model = make_adapter(_joining(step_gate=steps), max_batch_size=3, step_joining=True)
+    tasks = [await _start(adapter, "a", num_images=2, num_inference_steps=4)]
+    await _loop_blocked_in(model, 1)
+    for rid, n in (("b", 2), ("c", 1), ("d", 1)):
+        tasks.append(await _start(adapter, rid, num_images=n, num_inference_steps=2))
+    await wait_until(lambda: adapter.gpu_queue_depth == 3, "b (too big for now) and those behind it wait")
+    steps.release(40)
+    results = await asyncio.gather(*tasks)
+    assert all(isinstance(r[-1], Done) for r in results)
+    jobs = {job.request_id: job.num_images for job in model.calls}
+    held = [sum(jobs[rid] for rid, _ in s) for s in model.loop_steps]
+    assert max(held) == 3 and all(n <= 3 for n in held)
+    assert [job.request_id for job in model.calls] == ["a", "b", "c", "d"]  # c never jumped b
+
+
+async def test_members_may_differ_in_steps_guidance_prompt_and_image_count(make_adapter: Any) -> None:
+    adapter, model = make_adapter(_joining(hold=False), max_batch_size=8, step_joining=True)
+    steps = threading.Semaphore(0)
+    model.step_gate = steps
+    spec = {
+        "a": dict(num_inference_steps=5, guidance_scale=7.5, prompt="a cat", seed=10),
+        "b": dict(num_inference_steps=2, guidance_scale=1.0, prompt="a dog", seed=20, num_images=2),
+        "c": dict(num_inference_steps=9, guidance_scale=3.0, prompt="a fish", seed=30, negative_prompt="dark"),
+    }
+    tasks = [await _start(adapter, rid, **raw) for rid, raw in spec.items()]
+    steps.release(50)
+    results = await asyncio.gather(*tasks)
+    from PIL import Image
+
+    for (rid, raw), result in zip(spec.items(), results):
+        done = result[-1]
+        assert isinstance(done, Done), result
+        assert done.info["steps_done"] == raw["num_inference_steps"]
+        assert done.info["guidance_scale"] == raw["guidance_scale"] and done.info["prompt"] == raw["prompt"]
+        seeds = [Image.open(p).getpixel((0, 0))[0] for p in done.paths]
+        assert seeds == [(raw["seed"] + i) % 256 for i in range(raw.get("num_images", 1))]
+        assert [e.total for e in result if isinstance(e, Step)] == [raw["num_inference_steps"]] * raw[
+            "num_inference_steps"
+        ]
+    assert max(len(s) for s in model.loop_steps) == 3  # all three shared steps
+
+
+async def test_different_samplers_never_share_a_loop(make_adapter: Any) -> None:
+    steps = threading.Semaphore(0)
+    adapter, model = make_adapter(_joining(step_gate=steps), max_batch_size=8, step_joining=True)
+    a = await _start(adapter, "a", scheduler="Euler a")
+    await _loop_blocked_in(model, 1)
+    b = await _start(adapter, "b", scheduler="DDIM")
+    steps.release(20)
+    ra, rb = await asyncio.gather(a, b)
+    assert all(len(s) == 1 for s in model.loop_steps)
+    assert rb[-1].info["joined_at_step"] == 0 and rb[-1].info["scheduler"] == "DDIM"
+
+
+async def test_each_member_has_its_own_time_limit(make_adapter: Any) -> None:
+    """a's limit runs out while b (joined later, short) finishes well within its own."""
+    adapter, model = make_adapter(_joining(step_seconds=0.05), max_batch_size=4, step_joining=True, job_timeout=1.0)
+    a = await _start(adapter, "a", num_inference_steps=50)  # 50 steps of 50 ms would be 2.5 s
+    await wait_until(lambda: model.steps_run.get("a", 0) >= 2, "a runs")
+    b = await _start(adapter, "b", num_inference_steps=3)
+    rb = await b
+    assert isinstance(rb[-1], Done) and rb[-1].info["joined_at_step"] >= 2
+    with pytest.raises(JobTimedOut):
+        await a
+    assert model.steps_run["a"] < 50 and "a" not in model.decodes_by_id
+
+
+async def test_step_joining_off_keeps_job_level_batching(make_adapter: Any) -> None:
+    steps = threading.Semaphore(0)
+    adapter, model = make_adapter(_joining(step_gate=steps), max_batch_size=4, step_joining=False)
+    assert not adapter.step_joining
+    a = await _start(adapter, "a", num_inference_steps=3)
+    await wait_until(lambda: model.active == 1, "a runs")
+    b = await _start(adapter, "b", num_inference_steps=3)
+    steps.release(20)
+    ra, rb = await asyncio.gather(a, b)
+    assert [job.request_id for job in model.calls] == ["a", "b"] and not model.loop_steps
+    assert rb[-1].info["batching"] == "job" and rb[-1].info["joined_at_step"] is None
+    assert model.max_active == 1
+
+
+async def test_a_model_without_a_loop_keeps_job_level_batching(make_adapter: Any) -> None:
+    adapter, model = make_adapter(FakeModel(), max_batch_size=4, step_joining=True)
+    assert not adapter.step_joining
+    done = (await collect(adapter, raw_request()))[-1]
+    assert done.info["batching"] == "job"
+
+
+async def test_a_cancel_before_the_first_step_never_reaches_the_loop(make_adapter: Any) -> None:
+    steps = threading.Semaphore(0)
+    adapter, model = make_adapter(_joining(step_gate=steps), max_batch_size=1, step_joining=True)
+    a = await _start(adapter, "a", num_inference_steps=3)
+    await _loop_blocked_in(model, 1)
+    b = await _start(adapter, "b", num_inference_steps=3)
+    await wait_until(lambda: adapter.gpu_queue_depth == 1, "b waits: no room")
+    b.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await b
+    steps.release(10)
+    assert isinstance((await a)[-1], Done)
+    assert [job.request_id for job in model.calls] == ["a"]

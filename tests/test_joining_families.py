@@ -1,0 +1,333 @@
+"""Step-level loops of real diffusers pipelines (``engine.loop_sd``, ``engine.loop_flow``): a job's pictures
+are the same whether it ran alone (the pipeline's own ``__call__`` through ``DiffusersModel.generate``) or
+joined a running loop mid-run, next to members with other prompts, seeds, steps, image counts and guidance.
+
+Families: the embedded default model (SD, Euler, v-prediction, zero SNR) with every offered sampler, and the
+tiny random-weight builds of ``tests/families.py`` (SD 1.x with PNDM, SD 2.x v-prediction with DDIM, FLUX dev
+and schnell, SD3), all at 64 px and 2-4 steps.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from pipeline.config import Settings
+from pipeline.engine.diffusers_model import DiffusersModel
+from pipeline.errors import OutOfMemory
+from pipeline.protocol import InferenceJob, InferenceResult, StepEvent
+from tests.families import built_family
+
+pytestmark = pytest.mark.timeout(600)
+
+_MODELS: dict[str, Any] = {}
+_ALONE: dict[tuple[str, InferenceJob], tuple[Image.Image, ...]] = {}
+
+
+def model_of(name: str) -> DiffusersModel:
+    """``"default"``: the embedded model; else a family of ``tests/families.py``. Loaded once per module."""
+    from pipeline.engine.loading import load_model
+
+    if name not in _MODELS:
+        source = None if name == "default" else str(built_family(name))
+        _MODELS[name] = load_model(Settings(model=source, device="cpu"), warmup=False)
+    model = _MODELS[name]
+    assert isinstance(model, DiffusersModel)
+    return model
+
+
+def alone(name: str, job: InferenceJob) -> tuple[Image.Image, ...]:
+    """The job through the pipeline's own ``__call__`` (cached: the same job gives the same pictures)."""
+    if (name, job) not in _ALONE:
+        _ALONE[name, job] = model_of(name).generate(job, threading.Event(), lambda *_: None).images
+    return _ALONE[name, job]
+
+
+# The bound the issue sets: a mean |difference| of at most 1/255 (GPU batches may round differently). On the
+# CPU the batched denoiser is nearly batch-invariant (measured: at most 0.0003), and the tiny random-weight
+# FLUX barely depends on its timestep (a wrong member's timestep moved B by 0.67): the tighter CPU bound is
+# what catches such a mistake there.
+BOUND, CPU_BOUND = 1.0, 0.05
+
+
+def mad(a: tuple[Image.Image, ...], b: tuple[Image.Image, ...]) -> float:
+    """The largest, over the images, mean |a - b| on uint8 pixels (1.0 = 1/255)."""
+    assert len(a) == len(b)
+    return max(float(np.abs(np.asarray(x, np.float32) - np.asarray(y, np.float32)).mean()) for x, y in zip(a, b))
+
+
+def assert_same(label: str, got: tuple[Image.Image, ...], expected: tuple[Image.Image, ...]) -> float:
+    value = mad(got, expected)
+    print(f"MAD {label}: {value:.4f}")
+    assert value <= BOUND, f"{label}: mean |difference| {value:.3f} > 1/255"
+    assert value <= CPU_BOUND, f"{label}: mean |difference| {value:.3f} (1/255 units) > the CPU bound {CPU_BOUND}"
+    return value
+
+
+def job_a(scheduler: str = "default", guidance: float = 3.0, **over: Any) -> InferenceJob:
+    """Two images, classifier-free guidance (guidance > 1), 4 steps, a negative prompt on the second."""
+    fields: dict[str, Any] = dict(
+        request_id="A",
+        prompts=("a red circle on a blue background", "a yellow star"),
+        negative_prompts=("", "blurry"),
+        seeds=(11, 12),
+        width=64,
+        height=64,
+        num_inference_steps=4,
+        guidance_scale=guidance,
+        scheduler=scheduler,
+        joinable=True,
+    )
+    return InferenceJob(**{**fields, **over})
+
+
+def job_b(scheduler: str = "default", **over: Any) -> InferenceJob:
+    """One image, no classifier-free guidance (guidance 1), 3 steps: another prompt, seed and step count."""
+    fields: dict[str, Any] = dict(
+        request_id="B",
+        prompts=("a green triangle",),
+        negative_prompts=("",),
+        seeds=(7,),
+        width=64,
+        height=64,
+        num_inference_steps=3,
+        guidance_scale=1.0,
+        scheduler=scheduler,
+        joinable=True,
+    )
+    return InferenceJob(**{**fields, **over})
+
+
+@dataclass
+class Run:
+    """What a directly driven loop gave: images, (steps_done, total) after every step, decodes, previews."""
+
+    images: dict[str, tuple[Image.Image, ...]] = field(default_factory=dict)
+    progress: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+    decoded: list[tuple[int, list[str]]] = field(default_factory=list)  # (loop step, request ids)
+    previews: dict[str, dict[int, dict[int, Image.Image]]] = field(default_factory=dict)  # id -> step -> index
+
+
+def drive(model: DiffusersModel, plan: list[tuple[int, InferenceJob]], remove_at: dict[str, int] | None = None) -> Run:
+    """Run one loop the way ``joining.LoopDriver`` does: ``plan`` is (loop step it joins before, job)."""
+    remove_at = remove_at or {}
+    run, slots, step = Run(), {}, 0
+    loop = model.open_loop(plan[0][1])
+    while True:
+        for at, job in plan:
+            if at == step:
+                slots[job.request_id] = loop.add(job)
+                run.progress[job.request_id] = []
+        for rid, at in remove_at.items():
+            if at == step and rid in slots:
+                loop.remove(slots.pop(rid))
+        if not slots:
+            assert all(at <= step for at, _ in plan)
+            assert loop.images == 0
+            return run
+        assert loop.images == sum(len(j.prompts) for _, j in plan if j.request_id in slots)
+        previews = loop.step()
+        step += 1
+        by_slot = {slot: rid for rid, slot in slots.items()}
+        for slot, shown in previews.items():
+            run.previews.setdefault(by_slot[slot], {})[loop.steps_done(slot)] = dict(shown)
+        for rid, slot in slots.items():
+            run.progress[rid].append((loop.steps_done(slot), loop.total_steps(slot)))
+        finished = [rid for rid, slot in slots.items() if loop.steps_done(slot) >= loop.total_steps(slot)]
+        if finished:
+            leaving = [slots.pop(rid) for rid in finished]
+            decoded = loop.decode(leaving)
+            run.images.update({rid: decoded[slot] for rid, slot in zip(finished, leaving)})
+            run.decoded.append((step, finished))
+
+
+# (model, sampler): the SD family with every sampler it offers on the embedded model, the SD builds with
+# their own schedulers (SD 1.x's PNDM runs one step more than asked; SD 2.x: v-prediction with DDIM), and
+# the flow-matching families with their own.
+CASES = [
+    ("default", "default"),
+    ("default", "Euler"),
+    ("default", "Euler a"),
+    ("default", "DPM++ 2M Karras"),
+    ("default", "DDIM"),
+    ("default", "UniPC"),
+    ("sd1", "default"),
+    ("sd1", "Euler a"),
+    ("sd2-v", "default"),
+    ("sd2-v", "DPM++ 2M Karras"),
+    ("flux-dev", "default"),
+    ("flux-schnell", "default"),
+    ("sd3", "default"),
+]
+
+
+@pytest.mark.parametrize(("name", "scheduler"), CASES, ids=[f"{n}-{s}" for n, s in CASES])
+def test_the_same_images_alone_and_after_joining_mid_run(name: str, scheduler: str) -> None:
+    """A (2 images, guidance 3.5, 4 steps) starts; C (1 image, guidance 2, 3 steps) joins after 1 step and
+    leaves with A, decoded together; B (1 image, guidance 1: no CFG, 3 steps) joins after 2 and ends alone."""
+    model = model_of(name)
+    a, b = job_a(scheduler, guidance=3.5), job_b(scheduler)
+    c = job_b(scheduler, request_id="C", prompts=("a purple square",), seeds=(5,), guidance_scale=2.0)
+    assert model.profile.step_joining and model.loop_key(a) == model.loop_key(b) == model.loop_key(c) is not None
+    run = drive(model, [(0, a), (1, c), (2, b)])
+    extra = 1 if (name, scheduler) == ("sd1", "default") else 0  # PNDM runs one step more than asked for
+    assert run.decoded == [(4 + extra, ["A", "C"]), (5 + extra, ["B"])]
+    for job in (a, b, c):
+        assert_same(f"{name}/{scheduler} {job.request_id}", run.images[job.request_id], alone(name, job))
+    assert [len(run.images[r]) for r in "ABC"] == [2, 1, 1]
+    assert model.pipe.scheduler is model.base_scheduler  # never stepped, never swapped by a loop
+    assert all(im.size == (64, 64) and im.mode == "RGB" for r in "ABC" for im in run.images[r])
+    # The pictures are not trivially equal (flat or alike): the prompts and seeds differ.
+    assert mad(run.images["A"][:1], run.images["B"]) > 5.0 and mad(run.images["C"], run.images["B"]) > 5.0
+
+
+@pytest.mark.parametrize("name", ["default", "sd1", "flux-dev", "sd3"])
+def test_a_member_leaves_when_its_own_steps_are_done(name: str) -> None:
+    """Both start together; B (2 steps) is decoded after loop step 2 while A (4 steps) keeps running."""
+    model = model_of(name)
+    a, b = job_a(), job_b(num_inference_steps=2, seeds=(8,))
+    run = drive(model, [(0, a), (0, b)])
+    extra = 1 if name == "sd1" else 0  # PNDM (SD 1.5's own) runs one scheduler step more than asked for
+    total_a, total_b = 4 + extra, 2 + extra
+    assert run.progress["B"] == [(k, total_b) for k in range(1, total_b + 1)]
+    assert run.progress["A"] == [(k, total_a) for k in range(1, total_a + 1)]
+    assert run.decoded == [(total_b, ["B"]), (total_a, ["A"])]
+    assert_same(f"leave {name} A", run.images["A"], alone(name, a))
+    assert_same(f"leave {name} B", run.images["B"], alone(name, b))
+
+
+@pytest.mark.parametrize(("name", "scheduler"), [("default", "Euler a"), ("flux-dev", "default")])
+def test_removing_a_member_leaves_the_others_images_unchanged(name: str, scheduler: str) -> None:
+    model = model_of(name)
+    a, b = job_a(scheduler), job_b(scheduler, num_inference_steps=4)
+    run = drive(model, [(0, a), (1, b)], remove_at={"B": 2})
+    assert run.progress["B"] == [(1, 4)] and "B" not in run.images
+    assert run.decoded == [(4, ["A"])]
+    assert_same(f"remove {name}/{scheduler} A", run.images["A"], alone(name, a))
+
+
+@pytest.mark.parametrize("name", ["default", "flux-dev", "sd3"])
+def test_previews_on_each_members_preview_steps_as_the_pipeline_shows_them(name: str) -> None:
+    """A previews image 1 every 2 steps, B image 0 every step; none on a member's last step. Each preview
+    looks like the one ``StepWatch`` shows for the same job alone."""
+    model = model_of(name)
+    assert model.preview_map is not None
+    a = job_a(preview_every=2, preview_images=(1,))
+    b = job_b(preview_every=1, preview_images=(0, 5))  # 5: past its images, never shown
+    run = drive(model, [(0, a), (1, b)])
+    assert {step: sorted(shown) for step, shown in run.previews["A"].items()} == {2: [1]}
+    assert {step: sorted(shown) for step, shown in run.previews["B"].items()} == {1: [0], 2: [0]}
+    for job in (a, b):
+        seen: dict[int, dict[int, Image.Image]] = {}
+
+        def on_step(k: int, n: int, shown: Any, seen: dict[int, dict[int, Image.Image]] = seen) -> None:
+            if shown:
+                seen[k] = dict(shown)
+
+        model.generate(job, threading.Event(), on_step)
+        assert seen.keys() == run.previews[job.request_id].keys()
+        for step, shown in seen.items():
+            for index, picture in shown.items():
+                joined = run.previews[job.request_id][step][index]
+                assert joined.size == picture.size == (64, 64)
+                assert_same(f"preview {name} {job.request_id} step {step} image {index}", (joined,), (picture,))
+
+
+@pytest.mark.parametrize(("name", "rows"), [("default", 5), ("flux-dev", 3), ("sd3", 5)])
+def test_one_denoiser_call_per_step_with_guidance_rows_only_where_guidance_is_over_1(name: str, rows: int) -> None:
+    """A (2 images, guidance 3): [uncond, cond] rows (none on FLUX: no true CFG); B (guidance 1): [cond] only."""
+    model = model_of(name)
+    denoiser = getattr(model.pipe, "unet", None) or model.pipe.transformer
+    calls: list[int] = []
+
+    def count(_: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        calls.append(int((args[0] if args else kwargs["hidden_states"]).shape[0]))
+
+    handle = denoiser.register_forward_pre_hook(count, with_kwargs=True)
+    try:
+        drive(model, [(0, job_a(num_inference_steps=2)), (0, job_b(num_inference_steps=2))])
+    finally:
+        handle.remove()
+    assert calls == [rows, rows]
+
+
+def test_no_previews_without_a_preview_map() -> None:
+    model = model_of("default")
+    bare = DiffusersModel(model.pipe, model.profile, None)
+    run = drive(bare, [(0, job_a(preview_every=1)), (0, job_b(preview_every=1))])
+    assert run.previews == {} and set(run.images) == {"A", "B"}
+
+
+def test_loop_keys_name_size_and_sampler_and_only_the_supported_families_have_one() -> None:
+    model = model_of("default")
+    a = job_a()
+    assert model.loop_key(a) == ("sd", 64, 64, "default")
+    assert model.loop_key(job_b(negative_prompts=("ugly",), guidance_scale=9.0, num_inference_steps=7)) == (
+        model.loop_key(a)
+    )
+    assert model.loop_key(job_a(width=128)) != model.loop_key(a)
+    assert model.loop_key(job_a("Euler a")) != model.loop_key(a)
+    # The profile says whether the model runs step-level; off there, no key.
+    off = DiffusersModel(model.pipe, replace(model.profile, step_joining=False), model.preview_map)
+    assert off.loop_key(a) is None
+
+    class PixArtSigmaPipeline:  # any pipeline without a loop: job-level batching, as before
+        scheduler = model.pipe.scheduler
+
+    other = DiffusersModel(PixArtSigmaPipeline(), replace(model.profile, family="pixart"), None)
+    assert other.loop_key(a) is None
+    with pytest.raises(ValueError, match="job-level"):
+        other.open_loop(a)
+
+
+def test_out_of_memory_in_a_step_becomes_out_of_memory_after_freeing(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = model_of("default")
+    loop = model.open_loop(job_a())
+    loop.add(job_a())
+    freed: list[bool] = []
+    monkeypatch.setattr(model, "free_memory", lambda: freed.append(True))
+
+    def no_memory(*_: Any, **__: Any) -> Any:
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(model.pipe.unet, "forward", no_memory)
+    with pytest.raises(OutOfMemory):
+        loop.step()
+    assert freed == [True]
+
+
+def test_the_loop_driver_runs_a_real_loop() -> None:
+    """``joining.LoopDriver`` over the SD loop: B joins at loop step 2 and gets its own events and pictures."""
+    from pipeline.engine.joining import LoopDriver
+
+    @dataclass
+    class Task:
+        job: InferenceJob
+        stop: threading.Event = field(default_factory=threading.Event)
+        events: list[Any] = field(default_factory=list)
+
+        def emit(self, event: Any) -> None:
+            self.events.append(event)
+
+    model = model_of("default")
+    first, second = Task(job_a("Euler")), Task(job_b("Euler"))
+    waiting = [second]
+
+    def pull() -> Task | None:
+        return waiting.pop() if waiting and driver.steps == 2 else None
+
+    driver = LoopDriver(model.open_loop(first.job), pull)
+    driver.run(first)
+    for task, joined_at, total in ((first, 0, 4), (second, 2, 3)):
+        steps, result = task.events[:-1], task.events[-1]
+        assert all(isinstance(e, StepEvent) for e in steps)
+        assert [(e.step, e.total) for e in steps] == [(k, total) for k in range(1, total + 1)]
+        assert isinstance(result, InferenceResult) and result.joined_at_step == joined_at
+        assert result.batch_jobs == 2 and result.batch_images == 3
+        assert_same(f"driver {task.job.request_id}", result.images, alone("default", task.job))
