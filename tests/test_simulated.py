@@ -39,6 +39,33 @@ def test_per_step_cpu_then_device_time_and_batches_cost_0_6_per_extra_image() ->
     assert steps == [1, 2] and len(result.images) == 3
 
 
+def test_its_loop_charges_each_step_for_the_images_in_the_loop_then() -> None:
+    """Step-level joining on the simulated device: a joiner adds 0.6 of a step from the step it joins."""
+    from pipeline.engine.joining import LoopDriver
+
+    calls: list[tuple[str, float]] = []
+    model = SimulatedModel(SimSpec(cpu_ms=5, dev_ms=10, decode_ms=8, size=64, steps=2), "sim",
+                           busy=lambda ms: calls.append(("gil", ms)), wait=lambda ms: calls.append(("device", ms)))
+    a, b = job(steps=3, images=1), job(steps=1, images=2)
+    assert model.profile.step_joining and model.loop_key(a) == model.loop_key(b)
+    events: dict[str, list[Any]] = {"a": [], "b": []}
+
+    class Task:
+        def __init__(self, name: str, job: InferenceJob) -> None:
+            self.name, self.job, self.stop = name, job, threading.Event()
+
+        def emit(self, event: Any) -> None:
+            events[self.name].append(event)
+
+    waiting = [Task("b", b)]
+    LoopDriver(model.open_loop(a), lambda: waiting.pop() if waiting and calls else None).run(Task("a", a))
+    assert calls == [("gil", 5), ("device", 10),  # a alone
+                     ("gil", 5), ("device", 10 * (1 + 0.6 * 2)), ("device", 16),  # with b's two images; b decoded
+                     ("gil", 5), ("device", 10), ("device", 8)]  # a alone; a decoded
+    assert [len(e.images) for e in (events["a"][-1], events["b"][-1])] == [1, 2]
+    assert events["b"][-1].joined_at_step == 1 and events["b"][-1].batch_images == 3
+
+
 def test_pictures_are_real_looking_and_of_the_requested_size() -> None:
     model = SimulatedModel(SimSpec(0, 0, 0, 512, 1), "sim")
     result = model.generate(job(steps=1, images=2, size=512), threading.Event(), lambda *_: None)

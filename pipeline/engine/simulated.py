@@ -9,15 +9,17 @@ A slow model hides a slow server. This one behaves like a GPU pipeline as the se
 - its images are ``size`` px pictures with realistic content (smooth gradients and mild noise), so
   that encoding one costs what a real picture costs.
 
-Progress, stop and previews behave like any model's. It is a benchmark tool (issue 17's "fast
-device" profiles), documented in the README, and never the default.
+Progress, stop and previews behave like any model's, and so does step-level joining
+(``engine.joining``): ``SimLoop`` charges each step the device time of the images in the loop then.
+It is a benchmark tool (issue 17's "fast device" profiles), documented in the README, and never
+the default.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
 from PIL import Image
@@ -102,7 +104,14 @@ class SimulatedModel:
             max_size=max(1024, spec.size),
             size_multiple=8,
             family="other",
+            step_joining=True,
         )
+
+    def loop_key(self, job: InferenceJob) -> Hashable | None:
+        return (job.width, job.height, job.scheduler)
+
+    def open_loop(self, job: InferenceJob) -> SimLoop:
+        return SimLoop(self)
 
     def count_tokens(self, text: str) -> dict[str, int]:
         return {"CLIP": len(text.split())}
@@ -128,3 +137,50 @@ class SimulatedModel:
         if key not in self._pictures:
             self._pictures[key] = picture(max(width, height), key[2]).crop((0, 0, width, height))
         return self._pictures[key]
+
+
+class SimLoop:
+    """``engine.joining.Loop`` on the simulated device: a step costs ``cpu_ms`` of GIL, then the device
+    time of a batch of the images in the loop; a finishing member's decode costs ``decode_ms`` per image."""
+
+    def __init__(self, model: SimulatedModel) -> None:
+        self.model = model
+        self.members: dict[int, list[Any]] = {}  # slot -> [job, steps done]
+        self._slots = 0
+
+    def add(self, job: InferenceJob) -> int:
+        self._slots += 1
+        self.members[self._slots] = [job, 0]
+        return self._slots
+
+    def step(self) -> dict[int, dict[int, Image.Image]]:
+        spec = self.model.spec
+        self.model._busy(spec.cpu_ms)
+        self.model._wait(spec.dev_ms * (1 + BATCH_COST * (self.images - 1)))
+        for member in self.members.values():
+            member[1] += 1
+        return {}
+
+    def steps_done(self, slot: int) -> int:
+        return int(self.members[slot][1])
+
+    def total_steps(self, slot: int) -> int:
+        return int(self.members[slot][0].num_inference_steps)
+
+    def decode(self, slots: Sequence[int]) -> dict[int, tuple[Image.Image, ...]]:
+        jobs = [self.members.pop(slot)[0] for slot in slots]
+        self.model._wait(self.model.spec.decode_ms * sum(job.num_images for job in jobs))
+        return {
+            slot: tuple(self.model._picture(job.width, job.height, seed) for seed in job.seeds)
+            for slot, job in zip(slots, jobs)
+        }
+
+    def remove(self, slot: int) -> None:
+        self.members.pop(slot, None)
+
+    @property
+    def images(self) -> int:
+        return sum(job.num_images for job, _ in self.members.values())
+
+    def peak_memory_bytes(self) -> int | None:
+        return None
