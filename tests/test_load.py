@@ -114,11 +114,21 @@ def _run_clients(url: str, clients: int, *, seconds: float | None = None, total:
     return infos, errors
 
 
-def _assert_one_inference_at_a_time(infos: list[dict[str, Any]]) -> None:
-    # Requests batched into one job share its span exactly; distinct jobs must not overlap.
-    spans = sorted({(i["timings"]["infer_start"], i["timings"]["infer_end"]) for i in infos})
+def _assert_one_inference_at_a_time(infos: list[dict[str, Any]], max_images: int = 4) -> None:
+    """One inference on the GPU at a time: a job-level batch's requests share its span exactly and
+    distinct jobs never overlap; in a step-level loop members overlap, but at no instant does the
+    GPU hold more than ``max_images`` images (``--max-batch-size``) or requests of another shape."""
+    jobs = [i for i in infos if i.get("batching", "job") == "job"]
+    spans = sorted({(i["timings"]["infer_start"], i["timings"]["infer_end"]) for i in jobs})
     for (_, end), (start, _) in zip(spans, spans[1:]):
         assert start >= end, "two inferences overlapped"
+    for i in infos:
+        t = i["timings"]["infer_start"]
+        inside = [o for o in infos if o["timings"]["infer_start"] <= t < o["timings"]["infer_end"]]
+        assert sum(o["num_images"] for o in inside) <= max_images, f"{len(inside)} requests on the GPU at once"
+        assert len({(o["width"], o["height"], o["scheduler"], o.get("batching", "job")) for o in inside}) <= 1
+        if i.get("batching") == "step":  # joined a loop: never beside a job-level inference
+            assert all(o.get("batching") == "step" for o in inside)
 
 
 @pytest.mark.parametrize("seconds", [pytest.param(8, id="short"), pytest.param(120, id="long", marks=pytest.mark.slow)])

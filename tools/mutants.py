@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # The tests that must catch each mutant (pytest node ids).
 TESTS: dict[str, str] = {
-    "no-gate": "tests/test_gate.py::test_eight_concurrent_requests_never_overlap_in_inference",
+    "no-gate": "tests/test_gate.py::test_eight_concurrent_requests_never_overlap_in_inference "
+    "tests/test_joining.py::test_max_batch_size_bounds_the_images_in_the_loop",
     "gate-wraps-whole-request": "tests/test_gate.py::test_preparation_overlaps_another_inference "
     "tests/test_gate.py::test_finalize_overlaps_the_next_inference",
     "no-gate-and-a-thread-per-job": "tests/test_model.py::test_the_same_load_through_the_adapter_never_races",
