@@ -514,7 +514,8 @@ def render(result: dict[str, Any]) -> str:
         what = "embedded default model" if s["spec"] is None else f"`{s['spec']}`"
         cap = s["capacity"]
         lines += ["", f"### {s['model']}: {what}, {s['size']} px, {s['steps']} steps",
-                  "", f"100 % load = the `{s.get('load_base', 'none')}` design's saturated rate, {s['capacity_clients']} callers in a closed "
+                  "", f"100 % load = the `{s.get('load_base', 'none')}` design's saturated rate, "
+                  f"{s['capacity_clients']} callers in a closed "
                   f"loop: **{s['rate_100_images_per_second']:.2f} img/s**. Latency: scheduled submit to images "
                   f"received; seeded Poisson arrivals (the same for every design), "
                   f"{s['open_loop'][next(iter(s['open_loop']))]['requests']} requests per point, one image each; "
