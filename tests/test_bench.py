@@ -40,7 +40,8 @@ def check(results: dict) -> None:
 
 
 PUBLISHED = sorted(p for p in (ROOT / "docs").glob("bench-*.json")
-                   if not p.name.startswith(("bench-ray-", "bench-fast-", "bench-loadgen-")))
+                   if not p.name.startswith(("bench-ray-", "bench-fast-", "bench-loadgen-", "bench-openloop-")))
+PUBLISHED_OPENLOOP = sorted((ROOT / "docs").glob("bench-openloop-*.json"))
 PUBLISHED_LOADGEN = sorted((ROOT / "docs").glob("bench-loadgen-*.json"))
 PUBLISHED_FAST = sorted((ROOT / "docs").glob("bench-fast-*.json"))
 PUBLISHED_RAY = sorted((ROOT / "docs").glob("bench-ray-*.json"))
@@ -61,6 +62,17 @@ def check_ray(results: dict) -> None:
 @pytest.mark.parametrize("path", PUBLISHED, ids=[p.name for p in PUBLISHED])
 def test_the_published_runs_are_complete(path: Path) -> None:
     check(json.loads(path.read_text()))
+
+
+@pytest.mark.parametrize("path", PUBLISHED_OPENLOOP, ids=[p.name for p in PUBLISHED_OPENLOOP])
+def test_the_published_open_loop_runs_are_complete(path: Path) -> None:
+    from bench import openloop
+
+    result = json.loads(path.read_text())
+    assert openloop.finite_figures(result) and openloop.errors_of(result) == 0
+    designs = {d for section in result["sections"] for d in section["capacity"]}
+    assert designs == {"none", "job", "step"}
+    assert "| step |" in openloop.render(result)
 
 
 @pytest.mark.parametrize("path", PUBLISHED_RAY, ids=[p.name for p in PUBLISHED_RAY])
