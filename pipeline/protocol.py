@@ -73,6 +73,9 @@ class InferenceJob:
     # True: the job may enter a running denoising loop of compatible jobs at a step boundary, and
     # others may enter its loop (step-level batching, ``engine.joining``); False: it runs as one call.
     joinable: bool = False
+    # Joinable jobs: the most images the loop may hold when this job enters it (0: no bound). The
+    # server may send a joiner a step before there is room; the model side holds it until there is.
+    loop_images_max: int = 0
 
     @property
     def num_images(self) -> int:

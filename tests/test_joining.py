@@ -245,3 +245,55 @@ async def test_a_cancel_before_the_first_step_never_reaches_the_loop(make_adapte
     steps.release(10)
     assert isinstance((await a)[-1], Done)
     assert [job.request_id for job in model.calls] == ["a"]
+
+
+async def test_a_joiner_is_sent_a_step_early_and_enters_as_the_leaving_member_goes(make_adapter: Any) -> None:
+    """No step runs under-filled between a member's end and its successor's start: the joiner is sent
+    to the model side when the member has one step left and is held there until its place is free."""
+    steps = threading.Semaphore(0)
+    adapter, model = make_adapter(_joining(step_gate=steps), max_batch_size=1, step_joining=True)
+    a = await _start(adapter, "a", num_inference_steps=4)
+    await _loop_blocked_in(model, 1)
+    b = await _start(adapter, "b", num_inference_steps=3)
+    await wait_until(lambda: adapter.gpu_queue_depth == 1, "b waits in line: no room")
+    steps.release(3)  # a runs steps 1-3: one step left
+    await _handed_to_model(adapter)  # b is sent ahead while a's last step waits for its permit
+    assert model.loop_step_started == 4 and not a.done() and [j.request_id for j in model.calls] == ["a"]
+    steps.release(10)
+    ra, rb = await asyncio.gather(a, b)
+    assert [_members(model, k) for k in range(1, 8)] == [["a"]] * 4 + [["b"]] * 3  # never 2 at once
+    assert rb[-1].info["joined_at_step"] == 4  # the same loop, the boundary right after a's last step
+    assert isinstance(ra[-1], Done) and ra[-1].info["batch_size"] == 1
+
+
+def test_the_model_side_holds_a_joiner_until_the_loop_has_room() -> None:
+    """A joiner sent ahead of room (``loop_images_max``) waits on the model thread, in order, and
+    enters at the first boundary where it fits: the loop never holds more than the bound."""
+    import dataclasses
+    import queue
+
+    from pipeline.engine.runner import ModelRunner
+    from pipeline.protocol import TERMINAL, InferenceJob
+
+    steps = threading.Semaphore(0)
+    model = _joining(step_gate=steps)
+    runner = ModelRunner(lambda: model)
+    runner.start(timeout=10)
+    try:
+        base = InferenceJob("a", ("p",), ("",), (1,), 64, 64, 3, 7.5, joinable=True, loop_images_max=2)
+        two = dict(prompts=("p", "p"), negative_prompts=("", ""), seeds=(2, 3))
+        jobs = [base, dataclasses.replace(base, request_id="b", num_inference_steps=2, **two),
+                dataclasses.replace(base, request_id="c", seeds=(4,), num_inference_steps=1)]
+        ends: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        for job in jobs:  # all queued before the first step: a opens the loop, b (2 images) cannot fit yet
+            runner.submit(job, threading.Event(), lambda e, r=job.request_id: ends.put((r, e)) if isinstance(e, TERMINAL) else None)
+        steps.release(20)
+        results = dict(ends.get(timeout=10) for _ in jobs)
+    finally:
+        runner.shutdown(timeout=10)
+    assert [len(s) for s in model.loop_steps] and all(
+        sum({"a": 1, "b": 2, "c": 1}[rid] for rid, _ in s) <= 2 for s in model.loop_steps
+    )
+    # c waits behind b (FIFO), though it would have fitted beside a.
+    assert [[rid for rid, _ in s] for s in model.loop_steps] == [["a"]] * 3 + [["b"]] * 2 + [["c"]]
+    assert results["b"].joined_at_step == 3 and results["c"].joined_at_step == 5

@@ -184,6 +184,10 @@ def _leave_drops_another() -> None:
     LoopDriver._leave_stopped = _leave_stopped  # type: ignore[method-assign]
 
 
+def _joiner_waits_for_the_end(self: Any, member: Any, line: Any, offsets: Any, event: Any, clock: Any) -> None:
+    self._deliver_step([member], offsets, event, clock)  # no place promised on the last step
+
+
 def _on(module: str, fn: Callable[[], None]) -> list[Patch]:
     return [(module, fn)]
 
@@ -231,6 +235,8 @@ MUTANTS: dict[str, list[Patch]] = {
     "join-ignores-compatibility": _on("pipeline.engine.joining", _loop_key_is_constant)
     + _on("pipeline.serving.line", _serving_loop_key_is_constant),
     "leave-drops-another-member": _on("pipeline.engine.joining", _leave_drops_another),
+    "joiner-waits-for-the-end": _attr("pipeline.serving.jobs", "GpuJobs._deliver_member_step", _joiner_waits_for_the_end),
+    "early-joiner-not-held": _attr("pipeline.engine.joining", "room_for", lambda job, loop_images: True),
     "swap-does-nothing": _attr("pipeline.web.page_tools", "swapped", lambda width, height: (width, height)),
     "history-restores-nothing": _attr("pipeline.web.page_tools", "restore", lambda history, index: None),
     "paste-fills-nothing": _attr("pipeline.web.page_tools", "fill_from", _fills_nothing),

@@ -63,6 +63,8 @@ TESTS: dict[str, str] = {
     "join-ignores-compatibility": "tests/test_joining.py::test_different_samplers_never_share_a_loop "
     "tests/test_joining.py::test_joiners_enter_in_fifo_order_and_an_incompatible_head_is_never_overtaken",
     "leave-drops-another-member": "tests/test_joining.py::test_cancelling_one_member_leaves_the_others_untouched",
+    "joiner-waits-for-the-end": "tests/test_joining.py::test_a_joiner_is_sent_a_step_early_and_enters_as_the_leaving_member_goes",
+    "early-joiner-not-held": "tests/test_joining.py::test_the_model_side_holds_a_joiner_until_the_loop_has_room",
     "swap-does-nothing": "tests/test_page.py::test_a_preset_sets_the_size_and_swap_exchanges_width_and_height",
     "history-restores-nothing": (
         "tests/test_page.py::test_history_keeps_two_generations_restores_one_and_downloads_all"

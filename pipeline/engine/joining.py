@@ -100,6 +100,13 @@ def loop_key(model: object, job: InferenceJob) -> Hashable | None:
     return key
 
 
+def room_for(job: InferenceJob, loop_images: int) -> bool:
+    """Whether ``job`` may enter a loop holding ``loop_images`` images now (``job.loop_images_max``;
+    an empty loop takes any job, as a job-level batch's head always runs)."""
+    bound = job.loop_images_max
+    return not bound or loop_images == 0 or loop_images + job.num_images <= bound
+
+
 class Task(Protocol):
     """A job as the model thread holds it: the job, its stop, and where its events go."""
 

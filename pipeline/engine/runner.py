@@ -38,7 +38,7 @@ from ..protocol import (
     StepEvent,
     StopFlag,
 )
-from .joining import LoopDriver, loop_key
+from .joining import LoopDriver, loop_key, room_for
 
 log = logging.getLogger(__name__)
 
@@ -203,14 +203,24 @@ class ModelRunner:
     def _run_loop(self, first: _Task, key: Hashable) -> None:
         """A step-level loop (``engine.joining``): ``first``, and every task queued meanwhile with its key."""
 
+        held: list[_Task] = []  # the next joiner, sent ahead of room: it enters once it fits (FIFO)
+
+        def fits(task: _Task) -> bool:
+            return room_for(task.job, loop.images)
+
         def pull() -> _Task | None:  # at a step boundary: the next joiner; anything else waits its turn
+            if held:
+                return held.pop() if fits(held[0]) else None
             while True:
                 try:
                     task = self._tasks.get_nowait()
                 except queue.Empty:
                     return None
                 if isinstance(task, _Task) and not self._later and loop_key(self.model, task.job) == key:
-                    return task
+                    if fits(task):
+                        return task
+                    held.append(task)
+                    return None
                 self._later.append(task)
 
         try:
@@ -219,6 +229,7 @@ class ModelRunner:
             first.emit(ErrorEvent("failed", f"{type(exc).__name__}: {exc}", detail=traceback.format_exc()))
             return
         LoopDriver(loop, pull).run(first)
+        self._later.extendleft(held)  # the loop emptied before it fitted: it runs next
 
     def _run(self, task: _Task) -> None:
         """One job; exactly one terminal event, whatever happens."""

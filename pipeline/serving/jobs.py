@@ -188,29 +188,29 @@ class GpuJobs:
     async def _member(self, member: Member, session: Session, line: Line) -> None:
         """One member's job in the loop: its steps, its time limit, its end. Then it leaves the session."""
         try:
-            end = await self._member_attempt(member, joinable=True)
+            end = await self._member_attempt(member, session, line, joinable=True)
             if isinstance(end.error, (OutOfMemory, MemoryError)) and member.peers > 1 and not member.stop.is_set():
                 self.metrics.oom_retries.inc()
                 log.warning("out of memory in a loop of requests; retrying %s alone", member.request.request_id)
-                end = await self._member_attempt(member, joinable=False)
+                end = await self._member_attempt(member, session, line, joinable=False)
             member.deliver(end)
         finally:
             session.leave(member)
             line.notify()  # room in the loop: the session may take joiners, or end
 
-    async def _member_attempt(self, member: Member, *, joinable: bool) -> End:
+    async def _member_attempt(self, member: Member, session: Session, line: Line, *, joinable: bool) -> End:
         loop = asyncio.get_running_loop()
-        job = dataclasses.replace(member.request.to_job(), joinable=joinable)
+        job = dataclasses.replace(member.request.to_job(), joinable=joinable, loop_images_max=session.max_images)
         stop = member.stop
         clock = JobClock(Shape(job.width * job.height, job.num_inference_steps, job.num_images), time.monotonic())
-        members, offsets = [member], [0, job.num_images]
+        offsets = [0, job.num_images]
 
         def deliver(event: ModelEvent) -> None:  # on the model side's thread
             if not isinstance(event, StepEvent):
                 return
             self.metrics.denoise_steps.inc()
             try:
-                loop.call_soon_threadsafe(self._deliver_step, members, offsets, event, clock)
+                loop.call_soon_threadsafe(self._deliver_member_step, member, line, offsets, event, clock)
             except RuntimeError:
                 stop.set()
 
@@ -247,6 +247,15 @@ class GpuJobs:
         if event.kind == "failed":
             log.error("job %s failed on the model side: %s\n%s", job.request_id, event.message, event.detail)
         return End(error=error_of(event, job.request_id))
+
+    def _deliver_member_step(
+        self, member: Member, line: Line, offsets: list[int], event: StepEvent, clock: JobClock
+    ) -> None:
+        """A loop member's step; on its last step its place goes to the next joiner, a step early."""
+        self._deliver_step([member], offsets, event, clock)
+        if not member.last_step and event.total - event.step <= 1:
+            member.last_step = True
+            line.notify()
 
     def _mark_hung(self, terminal: concurrent.futures.Future[ModelEvent]) -> None:
         log.error("the model side is stuck in a job past its time limit")

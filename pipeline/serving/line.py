@@ -156,6 +156,7 @@ class Member:
     batch: Batch | None = None  # set when a job takes this request
     session: Session | None = None  # set when a step-level loop takes this request
     peers: int = 1  # the most requests in its step-level loop while it was there
+    last_step: bool = False  # step-level: it has one step left (its place may be promised to a joiner)
     user: Hashable | None = None  # who asked (None: a user of its own); the line is fair across users
 
     def deliver(self, item: Step | End) -> None:
@@ -250,7 +251,9 @@ class Session:
 
     @property
     def images(self) -> int:
-        return sum(m.request.num_images for m in self.members)
+        """Images the loop must make room for: members on their last step are leaving, so a joiner
+        may be sent for their place a step early (the model side holds it until the place is free)."""
+        return sum(m.request.num_images for m in self.members if not m.last_step)
 
     def add(self, member: Member) -> None:
         member.session = self
