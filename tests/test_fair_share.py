@@ -92,5 +92,40 @@ def test_the_user_is_the_strongest_identity_and_loopback_clients_differ_by_sessi
     forwarded = {"x-forwarded-for": "203.0.113.9, 10.0.0.1"}
     assert request_user(req("10.0.0.1", "s1", **forwarded)) == "addr:203.0.113.9"
     assert request_user(req("10.0.0.7", "s1", username="ann")) == "user:ann"
+    # x-forwarded-for is a proxy's word, not a client's: a client on the internet cannot pass for others,
+    spoof = {"x-forwarded-for": "203.0.113.50"}
+    assert request_user(req("198.51.100.7", "s1", **spoof)) == request_user(req("198.51.100.7", "s2")) == "addr:198.51.100.7"
+    # and behind a proxy that appends what it saw, what the client wrote itself stays to the left.
+    appended = {"x-forwarded-for": "203.0.113.50, 198.51.100.7, 10.0.0.1"}
+    assert request_user(req("10.0.0.2", "s1", **appended)) == "addr:198.51.100.7"
     assert request_user(req("", "s3")) == "session:s3"
     assert request_user(None) is None
+
+
+@pytest.mark.server
+def test_in_the_launched_app_each_gradio_client_is_a_user_of_its_own(tmp_path: Any) -> None:
+    """Through the real server and gradio_client: two local clients are two users (their sessions),
+    so one client's cap refuses its own third request at once and still lets the other client in,
+    and the other client's request runs before the first client's second."""
+    from gradio_client import Client
+
+    from tests.helpers import running_app, wait_for
+
+    model = FakeModel(hold=True)
+    args = ("--max-waiting-per-user", "1", "--concurrency", "4", "--max-batch-size", "1")
+    with running_app(tmp_path, *args, load=lambda: model) as (url, _demo, adapter):
+        heavy, light = Client(url, verbose=False), Client(url, verbose=False)
+        data = raw_request()
+        h1 = heavy.submit(**{**data, "prompt": "h1"}, api_name="/generate")
+        wait_for(lambda: model.active == 1, "h1 runs")
+        h2 = heavy.submit(**{**data, "prompt": "h2"}, api_name="/generate")
+        wait_for(lambda: adapter.gpu_queue_depth == 1, "h2 waits")
+        with pytest.raises(Exception, match="You already have 1 request waiting"):
+            heavy.submit(**{**data, "prompt": "h3"}, api_name="/generate").result(timeout=30)
+        l1 = light.submit(**{**data, "prompt": "l1"}, api_name="/generate")
+        wait_for(lambda: adapter.gpu_queue_depth == 2, "l1 waits beside h2")
+        for _ in range(3):
+            model.release.release()
+        for job in (h1, h2, l1):
+            job.result(timeout=30)
+    assert [job.prompts[0] for job in model.calls] == ["h1", "l1", "h2"]

@@ -160,9 +160,10 @@ def gallery_items(paths: Sequence[Path], info: dict[str, Any]) -> list[tuple[str
 def request_user(request: gr.Request | None, profile: gr.OAuthProfile | None = None) -> str | None:
     """Who is asking, the strongest identity available: the line is fair across these users.
 
-    A logged-in Hugging Face user (OAuth) or ``--auth`` user, else the client address (the first
-    of ``x-forwarded-for``, as behind Spaces' proxy), else the Gradio session. Loopback clients
-    (local use, tests) are told apart by their session. None: no request (a direct call).
+    A logged-in Hugging Face user (OAuth) or ``--auth`` user, else the client address, else the
+    Gradio session. Loopback clients (local use, tests) are told apart by their session. None: no
+    request (a direct call). Behind a proxy (Spaces'), the address is ``x-forwarded-for``'s
+    (``client_address``), which a client cannot forge to pass for several users.
     """
     if profile is not None and getattr(profile, "username", None):
         return f"hf:{profile.username}"
@@ -174,7 +175,7 @@ def request_user(request: gr.Request | None, profile: gr.OAuthProfile | None = N
     headers = getattr(request, "headers", None)  # starlette's Headers, or a rebuilt request's mapping
     forwarded = str(headers["x-forwarded-for"]) if headers is not None and "x-forwarded-for" in headers else ""
     client = getattr(request, "client", None)
-    host = forwarded.split(",")[0].strip() or (getattr(client, "host", None) or "")
+    host = client_address(getattr(client, "host", None) or "", forwarded)
     try:
         loopback = ipaddress.ip_address(host).is_loopback
     except ValueError:
@@ -182,6 +183,30 @@ def request_user(request: gr.Request | None, profile: gr.OAuthProfile | None = N
     if host and not (loopback and session):
         return f"addr:{host}"
     return f"session:{session}" if session else None
+
+
+_INTERNAL = tuple(
+    ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "fc00::/7")
+)
+
+
+def _internal(address: str) -> bool:
+    """Loopback, link-local or a private network's: a proxy's hop, not a client on the internet."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address in ("localhost", "testclient")
+    return ip.is_loopback or ip.is_link_local or any(ip.version == n.version and ip in n for n in _INTERNAL)
+
+
+def client_address(peer: str, forwarded: str) -> str:
+    """The client's address: ``x-forwarded-for`` only from a proxy (an internal peer), and there the
+    last address no internal hop added (a proxy appends the address it saw; what a client wrote
+    itself stays to the left). A client on the internet talking to us directly is its own address."""
+    hops = [h.strip() for h in forwarded.split(",") if h.strip()]
+    if not hops or (peer and not _internal(peer)):
+        return peer
+    return next((h for h in reversed(hops) if not _internal(h)), hops[0])
 
 
 def selected_index(event: gr.SelectData) -> int:
