@@ -94,8 +94,9 @@ def run(heavy: int, light: int, steps: int) -> dict[str, Any]:
             "batching": info.get("batching"),
         })
     heavy_total = [i["durations_ms"]["total"] for i in heavy_infos]
-    return {"heavy": heavy, "light": light, "steps": steps, "step_ms_median": round(step_ms, 1), "light_requests": rows,
-            "heavy_total_ms_p50": round(statistics.median(heavy_total), 1), "heavy_total_ms_max": round(max(heavy_total), 1)}
+    return {"heavy": heavy, "light": light, "steps": steps, "step_ms_median": round(step_ms, 1),
+            "light_requests": rows, "heavy_total_ms_p50": round(statistics.median(heavy_total), 1),
+            "heavy_total_ms_max": round(max(heavy_total), 1)}
 
 
 def render(result: dict[str, Any]) -> str:
