@@ -62,7 +62,11 @@ class Settings:
         return user, password
 
     def resolved_max_waiting_per_user(self) -> int:
-        return self.max_waiting_per_user or max(1, self.concurrency // 2)
+        """Default: half of ``concurrency``, and low enough that one user's waiting requests plus a
+        full loop of its running ones (``max_batch_size``) leave a handler slot for everyone else."""
+        return self.max_waiting_per_user or max(
+            1, min(self.concurrency // 2, self.concurrency - self.max_batch_size - 1)
+        )
 
     def resolved_torch_threads(self) -> int:
         return self.torch_threads or max(1, (os.cpu_count() or 2) - 1)
@@ -107,8 +111,8 @@ _OPTIONS: tuple[tuple[str, str, type, str], ...] = (
         "max_waiting_per_user",
         "T2I_MAX_WAITING_PER_USER",
         int,
-        "most requests one user may have waiting for the GPU; more are refused at once "
-        "(default: half of --concurrency, so one user cannot fill the handler's slots)",
+        "most requests one user may have waiting for the GPU; more are refused at once (default: half of "
+        "--concurrency, at most --concurrency - --max-batch-size - 1, so one user cannot fill the handler's slots)",
     ),
     ("max_size", "T2I_MAX_SIZE", int, "largest width/height in pixels (default: follows the model)"),
     ("max_steps", "T2I_MAX_STEPS", int, "most denoising steps (default: follows the model)"),

@@ -59,3 +59,18 @@ def test_replica_resources_split_the_cluster() -> None:
     assert replica_resources(Settings(backend="ray", replicas=2, device="cpu"), {"CPU": 8, "GPU": 4}) == (4.0, 0.0)
     assert replica_resources(Settings(backend="ray", replicas=3, replica_cpus=0.5, replica_gpus=0.25),
                              {"CPU": 1}) == (0.5, 0.25)
+
+
+def test_the_default_waiting_cap_leaves_other_users_a_handler_slot() -> None:
+    """Half of --concurrency, and never so many that one user's waiting requests and a full loop of
+    its running ones (--max-batch-size) fill every handler slot."""
+    from pipeline.config import load_settings
+
+    def cap(*argv: str) -> int:
+        return load_settings(list(argv), environ={}).resolved_max_waiting_per_user()
+
+    assert cap() == 3  # concurrency 8, max batch 4: 3 waiting + 4 running leaves 1 slot
+    assert cap("--max-batch-size", "1") == 4 and cap("--concurrency", "16") == 8 and cap("--concurrency", "2") == 1
+    assert cap("--max-waiting-per-user", "6") == 6
+    for concurrency, batch in ((8, 4), (12, 8), (32, 4), (6, 2)):
+        assert cap("--concurrency", str(concurrency), "--max-batch-size", str(batch)) + batch < concurrency
