@@ -40,7 +40,7 @@ def check(results: dict) -> None:
 
 
 PUBLISHED = sorted(p for p in (ROOT / "docs").glob("bench-*.json")
-                   if not p.name.startswith(("bench-ray-", "bench-fast-", "bench-loadgen-", "bench-openloop-")))
+                   if not p.name.startswith(("bench-ray-", "bench-fast-", "bench-loadgen-", "bench-openloop-", "bench-fairness-")))
 PUBLISHED_OPENLOOP = sorted((ROOT / "docs").glob("bench-openloop-*.json"))
 PUBLISHED_LOADGEN = sorted((ROOT / "docs").glob("bench-loadgen-*.json"))
 PUBLISHED_FAST = sorted((ROOT / "docs").glob("bench-fast-*.json"))
@@ -73,6 +73,16 @@ def test_the_published_open_loop_runs_are_complete(path: Path) -> None:
     designs = {d for section in result["sections"] for d in section["capacity"]}
     assert designs == {"none", "job", "step"}
     assert "| step |" in openloop.render(result)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "docs").glob("bench-fairness-*.json")), ids=lambda p: p.name)
+def test_the_published_fair_share_runs_are_complete(path: Path) -> None:
+    from bench import fairness
+
+    result = json.loads(path.read_text())
+    assert len(result["light_requests"]) == result["light"] > 0
+    assert all(r["jobs_before"] >= 0 and r["heavy_waiting_at_arrival"] >= 0 for r in result["light_requests"])
+    assert "| light request |" in fairness.render(result)
 
 
 @pytest.mark.parametrize("path", PUBLISHED_RAY, ids=[p.name for p in PUBLISHED_RAY])
