@@ -76,8 +76,13 @@ def mean_inference_ms(url: str, fn: Any) -> float | None:
 
 
 def rejection_latency(server: Server, sim: Any, n: int) -> dict[str, Any]:
-    """p50/p99 (ms) of a request validation rejects: alone, then while REJECT_CLIENTS callers generate."""
-    import threading
+    """p50/p99 (ms) of a request validation rejects: alone, then while REJECT_CLIENTS callers generate.
+
+    The callers run in a process of their own (``python -m bench.loadgen``), so that their SSE
+    parsing does not take this process's GIL from the probe: the figure is the server's answer time.
+    """
+    import subprocess
+    import sys
 
     import httpx
 
@@ -87,19 +92,16 @@ def rejection_latency(server: Server, sim: Any, n: int) -> dict[str, Any]:
     with httpx.Client(timeout=60) as http:
         light_request(server.url, index, http)  # warm the connection
         idle = [light_request(server.url, index, http) for _ in range(n)]
-        stop = threading.Event()
-
-        def load() -> None:
-            while not stop.is_set():
-                loadgen.run(server.url, REJECT_CLIENTS, client="async", n=REJECT_CLIENTS, size=sim.size,
-                            steps=sim.steps)
-
-        loader = threading.Thread(target=load, daemon=True)
-        loader.start()
-        time.sleep(1.0)  # let the callers fill the handler slots
-        busy = [light_request(server.url, index, http) for _ in range(n)]
-        stop.set()
-        loader.join()
+        load = subprocess.Popen(
+            [sys.executable, "-m", "bench.loadgen", server.url, "--client", "async", "--clients", str(REJECT_CLIENTS),
+             "--seconds", "600", "--size", str(sim.size), "--steps", str(sim.steps)],
+            cwd=Path(__file__).resolve().parent.parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            time.sleep(3.0)  # the callers start and fill the handler slots
+            busy = [light_request(server.url, index, http) for _ in range(n)]
+        finally:
+            load.terminate()
+            load.wait(timeout=30)
     idle_p, busy_p = pct(idle), pct(busy)
     return {"clients": REJECT_CLIENTS, "idle_p50_ms": idle_p["p50"], "idle_p99_ms": idle_p["p99"],
             "load_p50_ms": busy_p["p50"], "load_p99_ms": busy_p["p99"],
