@@ -85,16 +85,34 @@ class FakeModel:
             self.prepare_hook(text)
         return {"CLIP": len(text.split())}
 
-    def generate(self, job: InferenceJob, stop: StopFlag, on_step: StepCallback) -> InferenceResult:
-        import time
-
+    def _enter(self, job: InferenceJob, stop: StopFlag | None = None) -> None:
         with self._lock:
             self.active += 1
             self.max_active = max(self.max_active, self.active)
             self.calls.append(job)
             self.log.append(("enter", job.request_id))
-            self.stops[job.request_id] = stop
+            if stop is not None:
+                self.stops[job.request_id] = stop
         self.entered.set()
+
+    def _leave(self, job: InferenceJob) -> None:
+        with self._lock:
+            self.active -= 1
+            self.returned.append(job.request_id)
+            self.log.append(("return", job.request_id))
+
+    def _decode(self, job: InferenceJob) -> tuple[Image.Image, ...]:
+        """The end of a job: the ``hold`` and ``outcome`` scripts, then its images (counted)."""
+        if self.hold:
+            assert self.release.acquire(timeout=WAIT), "release never came"
+        if self.outcome is not None:
+            self.outcome(job)
+        self.decodes += 1
+        self.decodes_by_id[job.request_id] = self.decodes_by_id.get(job.request_id, 0) + 1
+        return tuple(self.image(job, seed) for seed in job.seeds)
+
+    def generate(self, job: InferenceJob, stop: StopFlag, on_step: StepCallback) -> InferenceResult:
+        self._enter(job, stop)
         started = time.time()
         steps = 0
         try:
@@ -108,19 +126,9 @@ class FakeModel:
                 on_step(steps, job.num_inference_steps, self._previews(job, steps))
                 if stop.is_set():
                     raise Cancelled(steps_done=steps)
-            if self.hold:
-                assert self.release.acquire(timeout=WAIT), "release never came"
-            if self.outcome is not None:
-                self.outcome(job)
-            self.decodes += 1
-            self.decodes_by_id[job.request_id] = self.decodes_by_id.get(job.request_id, 0) + 1
-            images = tuple(self.image(job, seed) for seed in job.seeds)
-            return InferenceResult(images, steps, started, time.time())
+            return InferenceResult(self._decode(job), steps, started, time.time())
         finally:
-            with self._lock:
-                self.active -= 1
-                self.returned.append(job.request_id)
-                self.log.append(("return", job.request_id))
+            self._leave(job)
 
 
 @dataclass(frozen=True)
@@ -163,13 +171,7 @@ class FakeLoop:
         self._slots = itertools.count()
 
     def add(self, job: InferenceJob) -> int:
-        m = self.model
-        with m._lock:
-            m.active += 1
-            m.max_active = max(m.max_active, m.active)
-            m.calls.append(job)
-            m.log.append(("enter", job.request_id))
-        m.entered.set()
+        self.model._enter(job)
         slot = next(self._slots)
         self.members[slot] = [job, 0]
         return slot
@@ -198,17 +200,10 @@ class FakeLoop:
         return int(self.members[slot][0].num_inference_steps)
 
     def decode(self, slots: Sequence[int]) -> dict[int, tuple[Image.Image, ...]]:
-        m, out = self.model, {}
+        out = {}
         try:
             for slot in slots:
-                job = self.members[slot][0]
-                if m.hold:
-                    assert m.release.acquire(timeout=WAIT), "release never came"
-                if m.outcome is not None:
-                    m.outcome(job)
-                m.decodes += 1
-                m.decodes_by_id[job.request_id] = m.decodes_by_id.get(job.request_id, 0) + 1
-                out[slot] = tuple(m.image(job, seed) for seed in job.seeds)
+                out[slot] = self.model._decode(self.members[slot][0])
         finally:
             for slot in slots:
                 self.remove(slot)
@@ -217,11 +212,7 @@ class FakeLoop:
     def remove(self, slot: int) -> None:
         member = self.members.pop(slot, None)
         if member is not None:
-            m = self.model
-            with m._lock:
-                m.active -= 1
-                m.returned.append(member[0].request_id)
-                m.log.append(("return", member[0].request_id))
+            self.model._leave(member[0])
 
     @property
     def images(self) -> int:

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import dataclasses
 import logging
 import time
 from typing import Any, Callable
 
 from ..errors import Cancelled, EngineDead, OutOfMemory
-from ..protocol import ErrorEvent, InferenceResult, ModelEvent, StepEvent
+from ..protocol import ErrorEvent, InferenceJob, InferenceResult, ModelEvent, StepEvent
 from .eta import EtaBook, JobClock, Shape
 from .events import Step
 from .line import Batch, End, Line, Member, Session, StopSignal
@@ -112,46 +113,68 @@ class GpuJobs:
 
     async def _attempt(self, batch: Batch) -> BaseException | None:
         """One job on the model side. On success every member gets its images; else returns the error."""
+        job, members, offsets = batch.job(), batch.members, batch.offsets
+        self.metrics.batch_images.observe(job.num_images)
+        outcome = await self._on_model(
+            job,
+            batch.stop,
+            members[0].context,  # the head's user
+            lambda event, clock: self._deliver_step(members, offsets, event, clock),
+        )
+        if not isinstance(outcome, InferenceResult):
+            return outcome
+        for i, member in enumerate(members):
+            share = dataclasses.replace(outcome, images=outcome.images[offsets[i] : offsets[i + 1]])
+            member.deliver(End(result=share, batch_size=job.num_images, batch_requests=len(members)))
+        return None
+
+    async def _on_model(
+        self,
+        job: InferenceJob,
+        stop: StopSignal,
+        context: contextvars.Context | None,
+        on_step: Callable[[StepEvent, JobClock], None],
+    ) -> InferenceResult | BaseException:
+        """Run ``job`` on the model side under the time limit; ``on_step`` gets each step on the event
+        loop. Returns its result or its error only when the model side has left it (or, past the
+        limit, has been given up on)."""
         loop = asyncio.get_running_loop()
-        job, members, stop, offsets = batch.job(), batch.members, batch.stop, batch.offsets
         clock = JobClock(Shape(job.width * job.height, job.num_inference_steps, job.num_images), time.monotonic())
 
-        def deliver(event: ModelEvent) -> None:  # model-stream thread
+        def deliver(event: ModelEvent) -> None:  # the model side's thread
             if not isinstance(event, StepEvent):
                 return
             self.metrics.denoise_steps.inc()
             try:
-                loop.call_soon_threadsafe(self._deliver_step, members, offsets, event, clock)
+                loop.call_soon_threadsafe(on_step, event, clock)
             except RuntimeError:  # the loop is closed: nobody is listening any more
                 stop.set()
 
-        self.running[id(batch)] = stop
+        key = id(stop)
+        self.running[key] = stop
         self.clock = clock
-        self.metrics.batch_images.observe(job.num_images)
         if self._closing():
             stop.set()
         # Steps are posted with call_soon_threadsafe before the terminal future resolves, so every
         # step reaches its member before the end does.
-        terminal = self.streamer.submit(job, stop, deliver, context=members[0].context)  # the head's user
+        terminal = self.streamer.submit(job, stop, deliver, context=context)
         try:
             if not await wait_for_model(terminal, timeout=self.job_timeout):
-                # Past the limit: stop at the next step. A model stuck inside one step cannot be
-                # interrupted; the callers are answered anyway, and the one model-stream thread
-                # still keeps the next job from running beside the stuck one.
+                # Past the limit: stop at the next step (a loop member leaves it; the others go on).
+                # A model stuck inside one step cannot be interrupted; the callers are answered
+                # anyway, and the gate still keeps the next job from running beside the stuck one.
                 stop.set()
                 if not await wait_for_model(terminal, timeout=TIMEOUT_GRACE_SECONDS):
                     self._mark_hung(terminal)
                 return TimedOut()
         finally:
-            self.running.pop(id(batch), None)
-            self.clock = None
+            self.running.pop(key, None)
+            if self.clock is clock:
+                self.clock = None
         event = terminal.result()
         if isinstance(event, InferenceResult):
             clock.finish(self.book, time.monotonic())
-            for i, member in enumerate(members):
-                share = dataclasses.replace(event, images=event.images[offsets[i] : offsets[i + 1]])
-                member.deliver(End(result=share, batch_size=job.num_images, batch_requests=len(members)))
-            return None
+            return event
         assert isinstance(event, ErrorEvent)
         if event.kind == "cancelled" and stop.steps_at_set is not None:
             self.metrics.steps_after_stop.observe(event.steps_done - stop.steps_at_set)
@@ -199,54 +222,24 @@ class GpuJobs:
             line.notify()  # room in the loop: the session may take joiners, or end
 
     async def _member_attempt(self, member: Member, session: Session, line: Line, *, joinable: bool) -> End:
-        loop = asyncio.get_running_loop()
         job = dataclasses.replace(member.request.to_job(), joinable=joinable, loop_images_max=session.max_images)
-        stop = member.stop
-        clock = JobClock(Shape(job.width * job.height, job.num_inference_steps, job.num_images), time.monotonic())
         offsets = [0, job.num_images]
-
-        def deliver(event: ModelEvent) -> None:  # on the model side's thread
-            if not isinstance(event, StepEvent):
-                return
-            self.metrics.denoise_steps.inc()
-            try:
-                loop.call_soon_threadsafe(self._deliver_member_step, member, line, offsets, event, clock)
-            except RuntimeError:
-                stop.set()
-
-        key = id(member)
-        self.running[key] = stop
-        self.clock = clock
-        if self._closing():
-            stop.set()
-        terminal = self.streamer.submit(job, stop, deliver, context=member.context)
-        try:
-            if not await wait_for_model(terminal, timeout=self.job_timeout):
-                stop.set()  # its own time limit: it leaves the loop at the next step; the others go on
-                if not await wait_for_model(terminal, timeout=TIMEOUT_GRACE_SECONDS):
-                    self._mark_hung(terminal)
-                return End(error=TimedOut())
-        finally:
-            self.running.pop(key, None)
-            if self.clock is clock:
-                self.clock = None
-        event = terminal.result()
-        if isinstance(event, InferenceResult):
-            clock.finish(self.book, time.monotonic())
-            self.metrics.batch_images.observe(event.batch_images or job.num_images)
-            return End(
-                result=event,
-                batch_size=event.batch_images or job.num_images,
-                batch_requests=event.batch_jobs or 1,
-                batching="step" if event.joined_at_step is not None else "job",
-                joined_at_step=event.joined_at_step,
-            )
-        assert isinstance(event, ErrorEvent)
-        if event.kind == "cancelled" and stop.steps_at_set is not None:
-            self.metrics.steps_after_stop.observe(event.steps_done - stop.steps_at_set)
-        if event.kind == "failed":
-            log.error("job %s failed on the model side: %s\n%s", job.request_id, event.message, event.detail)
-        return End(error=error_of(event, job.request_id))
+        outcome = await self._on_model(
+            job,
+            member.stop,
+            member.context,
+            lambda event, clock: self._deliver_member_step(member, line, offsets, event, clock),
+        )
+        if not isinstance(outcome, InferenceResult):
+            return End(error=outcome)
+        self.metrics.batch_images.observe(outcome.batch_images or job.num_images)
+        return End(
+            result=outcome,
+            batch_size=outcome.batch_images or job.num_images,
+            batch_requests=outcome.batch_jobs or 1,
+            batching="step" if outcome.joined_at_step is not None else "job",
+            joined_at_step=outcome.joined_at_step,
+        )
 
     def _deliver_member_step(
         self, member: Member, line: Line, offsets: list[int], event: StepEvent, clock: JobClock
