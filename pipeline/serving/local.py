@@ -194,7 +194,7 @@ class LocalAdapter(AdapterBase):
         paths = await loop.run_in_executor(self._pool, self._encode, request, result)
         t.finalize_end = self._clock()
         p = self.profile
-        info = info_record(request, result, t, p, end=end)
+        info = info_record(request, result, t, p, end)
         self._observe(info, len(paths))
         yield Done(paths, info)
 

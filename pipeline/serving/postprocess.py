@@ -11,7 +11,7 @@ import re
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from PIL import Image
 
@@ -19,6 +19,9 @@ from ..protocol import InferenceResult, ModelProfile
 from ..request import DEFAULT_SCHEDULER, GenerateRequest
 from .events import Timings
 from .png import encode_png
+
+if TYPE_CHECKING:
+    from .line import End
 
 _SCHEDULER_NAMES = {
     "EulerDiscreteScheduler": "Euler",
@@ -107,28 +110,23 @@ def info_record(
     result: InferenceResult,
     t: Timings,
     p: ModelProfile,
-    *,
-    batch_size: int = 1,
-    batch_requests: int = 1,
-    end: Any = None,
+    end: End,
 ) -> dict[str, Any]:
     """The info record a request's caller gets with its images (the API's second output).
 
-    ``end`` (``line.End``), where given, says how it was batched: ``batching`` is "step" for a
-    step-level loop (with ``joined_at_step``, the loop steps run before it joined) or "job".
+    ``end`` says how it was batched: ``batching`` is "step" for a step-level loop (with
+    ``joined_at_step``, the loop steps run before it joined) or "job".
     """
-    if end is not None:
-        batch_size, batch_requests = end.batch_size, end.batch_requests
     params = request.parameters()
     return {
         "request_id": request.request_id,
         "model": p.name,
         **params,
         "scheduler": scheduler_used(request, p),
-        "batch_size": batch_size,
-        "batch_requests": batch_requests,
-        "batching": getattr(end, "batching", "job"),
-        "joined_at_step": getattr(end, "joined_at_step", None),
+        "batch_size": end.batch_size,
+        "batch_requests": end.batch_requests,
+        "batching": end.batching,
+        "joined_at_step": end.joined_at_step,
         "device": p.device,
         "dtype": p.dtype,
         "steps_done": result.steps_done,
