@@ -19,8 +19,11 @@ For each profile (``--model sim:...``, see ``pipeline/engine/simulated.py``) it 
 - on the SD-Turbo-like profile, the latency of a request that validation rejects (width 65), alone
   and while 16 callers generate: it should be answered at join time, not behind the handler slots.
 
-No thresholds: the figures go to the table (and ``--json``). ``--quick``: two profiles, 8 clients,
-3 requests per client, the default model side only.
+No thresholds: the figures go to the table (and ``--json``). A round is ``max(64, 4 x clients)``
+requests and at least ROUND_SECONDS: on the null device 64 requests take under a second, and the
+server's CPU per request over such a window swung 13-20 ms between rounds against 12-13 ms over
+ten seconds (one server, alternated). ``--quick``: two profiles, 8 clients, 3 requests per client
+and at least QUICK_ROUND_SECONDS, the default model side only.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ PROFILES: dict[str, str] = {
     "sdxl-turbo-like-1024": "sim:cpu_ms=8,dev_ms=45,decode_ms=30,size=1024,steps=1",
 }
 QUICK = ("null", "sd-turbo-like")
+ROUND_SECONDS = 8.0  # the least a measured round lasts (full run)
+QUICK_ROUND_SECONDS = 3.0
 # gradio_client threads are not what limits these runs: 5-13 ms of caller CPU per request against the
 # server's 43-64 ms, and the asyncio client (20-52 % less) moves the app's rate only within the noise
 # (docs/benchmarks.md, "Load generator: gradio_client threads or one asyncio client"); so the default
@@ -142,16 +147,19 @@ def tree_cpu_seconds(pid: int) -> float:
     return total
 
 
-def one_round(server: Server, sim: Any, clients: int, n: int, client: str, fetch: bool) -> dict[str, Any]:
-    """One closed-loop round of ``n`` requests; the server's CPU over the same window as the client's."""
+def one_round(server: Server, sim: Any, clients: int, n: int, client: str, fetch: bool,
+              min_seconds: float | None = None) -> dict[str, Any]:
+    """One closed-loop round of ``n`` requests, and at least ``min_seconds`` of them; the server's CPU
+    over the same window as the client's."""
     marks: dict[str, float] = {}
-    result = loadgen.run(server.url, clients, client=client, n=n, size=sim.size, steps=sim.steps, fetch=fetch,
+    result = loadgen.run(server.url, clients, client=client, n=n, min_seconds=min_seconds, size=sim.size,
+                         steps=sim.steps, fetch=fetch,
                          on_start=lambda: marks.update(cpu0=tree_cpu_seconds(server.proc.pid)))
     return {"result": result, "server_cpu": tree_cpu_seconds(server.proc.pid) - marks["cpu0"]}
 
 
 def app_rate(server: Server, spec: str, clients: int, n: int, client: str = DEFAULT_CLIENT,
-             fetch: bool = False) -> dict[str, dict[str, Any]]:
+             fetch: bool = False, min_seconds: float | None = None) -> dict[str, dict[str, Any]]:
     """The app's rate under ``clients`` callers, one row per kind of client: one round each, or with
     ``client="both"`` four rounds in ABBA order (gradio, async, async, gradio), summed per kind."""
     from pipeline.engine.simulated import SimSpec
@@ -163,7 +171,7 @@ def app_rate(server: Server, spec: str, clients: int, n: int, client: str = DEFA
     order = ("gradio", "async", "async", "gradio") if client == "both" else kinds
     rounds: dict[str, list[dict[str, Any]]] = {kind: [] for kind in kinds}
     for kind in order:
-        rounds[kind].append(one_round(server, sim, clients, n, kind, fetch))
+        rounds[kind].append(one_round(server, sim, clients, n, kind, fetch, min_seconds))
     rows = {}
     for kind, measured in rounds.items():
         results: list[loadgen.LoadResult] = [m["result"] for m in measured]
@@ -212,11 +220,13 @@ def run(quick: bool, client: str = DEFAULT_CLIENT, profiles: tuple[str, ...] | N
                     server.url, 1, client="async", n=4 if quick else 12, size=sim.size, steps=sim.steps))
                 for clients in client_counts:
                     n = 3 * clients if quick else max(64, 4 * clients)
+                    min_seconds = QUICK_ROUND_SECONDS if quick else ROUND_SECONDS
                     measured: dict[str, Any] = {}
 
                     def load(clients: int = clients, n: int = n, out: dict[str, Any] = measured) -> None:
                         out["ms"] = mean_inference_ms(
-                            server.url, lambda: out.update(rows=app_rate(server, spec, clients, n, client, fetch)))
+                            server.url,
+                            lambda: out.update(rows=app_rate(server, spec, clients, n, client, fetch, min_seconds)))
 
                     _, peak = server.peak_rss(load)
                     load_ms = measured["ms"]

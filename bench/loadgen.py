@@ -239,12 +239,32 @@ async def async_request(
         return done(False, repr(exc)[:300])
 
 
+class Window:
+    """When a closed loop stops sending: after ``n`` requests, or ``seconds``, whichever comes first;
+    with ``min_seconds``, not before that many seconds even past ``n`` (a steady window on a fast
+    device, where ``n`` requests take well under a second and a round's start and end would weigh)."""
+
+    def __init__(self, n: int | None, seconds: float | None, min_seconds: float | None) -> None:
+        now = time.monotonic()
+        self.n = n
+        self.deadline = None if seconds is None else now + seconds
+        self.floor = None if min_seconds is None else now + min_seconds
+
+    def more(self, k: int) -> bool:
+        """Whether the k-th request (from 0) is sent."""
+        now = time.monotonic()
+        if self.deadline is not None and now >= self.deadline:
+            return False
+        return self.n is None or k < self.n or (self.floor is not None and now < self.floor)
+
+
 async def run_async(
     url: str,
     clients: int,
     *,
     n: int | None = None,
     seconds: float | None = None,
+    min_seconds: float | None = None,
     size: int = 512,
     steps: int = 1,
     fetch: bool = False,
@@ -266,14 +286,11 @@ async def run_async(
         counter = itertools.count()
         outcomes: list[Outcome] = []
         t0, cpu1 = time.perf_counter(), time.process_time()
-        deadline = None if seconds is None else time.monotonic() + seconds
+        window = Window(n, seconds, min_seconds)
 
         async def caller() -> None:
             session = uuid.uuid4().hex[:11]
-            while deadline is None or time.monotonic() < deadline:
-                k = next(counter)
-                if n is not None and k >= n:
-                    return
+            while window.more(k := next(counter)):
                 outcomes.append(
                     await async_request(
                         http, url, fn_index, trigger_id, session, make(k), fetch=fetch, keep_images=keep_images
@@ -294,6 +311,7 @@ def run_gradio(
     *,
     n: int | None = None,
     seconds: float | None = None,
+    min_seconds: float | None = None,
     size: int = 512,
     steps: int = 1,
     fetch: bool = False,
@@ -320,13 +338,13 @@ def run_gradio(
     lock = threading.Lock()
     outcomes: list[Outcome] = []
     t0, cpu1 = time.perf_counter(), time.process_time()
-    deadline = None if seconds is None else time.monotonic() + seconds
+    window = Window(n, seconds, min_seconds)
 
     def caller(client: Any) -> None:
-        while deadline is None or time.monotonic() < deadline:
+        while True:
             with lock:
                 k = next(counter)
-            if n is not None and k >= n:
+            if not window.more(k):
                 return
             s0 = time.perf_counter()
             try:
@@ -358,7 +376,8 @@ def run_gradio(
 
 def run(url: str, clients: int, *, client: str = "async", **kwargs: Any) -> LoadResult:
     """Drive ``url``'s ``/generate`` with ``clients`` closed-loop callers until ``n`` requests have
-    been sent or ``seconds`` have passed (either or both; neither would run forever).
+    been sent or ``seconds`` have passed (either or both; neither would run forever); with
+    ``min_seconds``, for at least that long (``Window``).
 
     ``client``: ``async`` (one asyncio loop) or ``gradio`` (gradio_client threads). Keyword arguments:
     ``n``, ``seconds``, ``size``, ``steps``, ``fetch`` (download each image), ``data(k)`` (the k-th

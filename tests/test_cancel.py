@@ -91,7 +91,7 @@ async def test_close_at_a_yield_stops_the_model_thread(make_adapter: Any) -> Non
 
 
 async def test_waiting_reports_how_many_are_ahead_as_the_line_moves(make_adapter: Any) -> None:
-    adapter, model = make_adapter(FakeModel(hold=True))
+    adapter, model = make_adapter(FakeModel(hold=True), report_interval=0)
     tasks = [asyncio.create_task(collect(adapter, raw_request(), request_id=f"r{i}")) for i in range(3)]
     for i in range(3):
         await wait_until(lambda: len(model.calls) == i + 1, f"call {i} entered")
@@ -101,6 +101,39 @@ async def test_waiting_reports_how_many_are_ahead_as_the_line_moves(make_adapter
     assert ahead["r0"] == [0]
     assert ahead["r1"] == [1, 0]
     assert ahead["r2"] == [2, 1, 0]
+
+
+async def test_reports_inside_the_interval_are_folded_into_one_sent_when_it_is_up(make_adapter: Any) -> None:
+    """On a fast device the line moves every few ms: one "k ahead" per interval, with the count of when it
+    is sent, and sent when the interval is up even if the line then stands still (no stale count)."""
+    interval = 1.0
+    adapter, model = make_adapter(FakeModel(hold=True), report_interval=interval)
+    seen: dict[str, list[tuple[float, int]]] = {}
+    loop = asyncio.get_running_loop()
+
+    async def watch(rid: str) -> None:
+        seen[rid] = []
+        async for event in adapter.run(raw_request(), request_id=rid):
+            if isinstance(event, Waiting):
+                seen[rid].append((loop.time(), event.ahead))
+
+    running = asyncio.create_task(watch("running"))
+    await wait_until(lambda: len(model.calls) == 1, "the first job holds the gate")
+    waiting = {rid: asyncio.create_task(watch(rid)) for rid in ("a", "b", "last")}
+    await wait_until(lambda: [a for _, a in seen.get("last", [])] == [3], "the last one is told 3 ahead")
+    start = loop.time()
+    waiting["a"].cancel()  # two moves inside the interval, then the line stands still
+    waiting["b"].cancel()
+    await wait_until(lambda: len(seen["last"]) == 2, "one report of both moves", timeout=10 * interval)
+    (first_at, _), (then_at, ahead) = seen["last"]
+    assert ahead == 1  # the count when it was sent: both moves, in one report
+    assert then_at - first_at >= interval * 0.99 and then_at >= start
+    await asyncio.sleep(0.1)
+    assert len(seen["last"]) == 2  # nothing more while the line stands still
+    model.release.release()
+    model.release.release()
+    await asyncio.gather(running, waiting["last"])
+    assert [a for _, a in seen["last"]] == [3, 1, 0]
 
 
 async def test_shutdown_answers_the_waiting_and_stops_the_running_job(make_adapter: Any) -> None:

@@ -177,3 +177,11 @@ def test_a_duration_run_stops_and_the_summary_is_plain_data(url: str) -> None:
     assert "outcomes" not in summary and json.loads(json.dumps(summary))["count"] == result.count
     with pytest.raises(ValueError, match="n or seconds"):
         loadgen.run(url, 1)
+
+
+def test_a_window_stops_at_n_or_the_deadline_and_never_before_its_floor() -> None:
+    assert loadgen.Window(2, None, None).more(1) and not loadgen.Window(2, None, None).more(2)
+    assert loadgen.Window(2, None, 60).more(500)  # past n, inside the floor: still sending
+    assert not loadgen.Window(2, None, 0).more(2)  # past n and past the floor
+    assert not loadgen.Window(None, 0, 60).more(0)  # the deadline ends it, floor or not
+    assert loadgen.Window(None, 60, None).more(10**6)

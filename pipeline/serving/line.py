@@ -8,8 +8,10 @@ adapter: the head of the line takes the compatible requests waiting behind it in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import AsyncGenerator, Callable, Generic, Hashable, Iterable, TypeVar
 
@@ -18,6 +20,8 @@ from ..request import GenerateRequest
 from .events import Step, Waiting
 
 T = TypeVar("T")
+
+REPORT_INTERVAL = 0.25  # seconds: at most four "k ahead" reports a second per waiting request
 
 
 class StopSignal(CountingStop):
@@ -49,7 +53,8 @@ class WaitLine(Generic[T]):
     user is a user of its own, so a line of anonymous tickets is plain FIFO.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, report_interval: float = REPORT_INTERVAL) -> None:
+        self.report_interval = report_interval
         self.tickets: dict[int, T] = {}
         self.users: dict[int, Hashable] = {}  # ticket -> its user
         self._served: dict[Hashable, int] = {}  # user -> when its request last went into a job
@@ -119,15 +124,26 @@ class WaitLine(Generic[T]):
     async def turn(
         self, ticket: int, busy: Callable[[], int], done: Callable[[int], bool]
     ) -> AsyncGenerator[Waiting, None]:
-        """``Waiting(k)`` whenever k (tickets ahead plus ``busy()``) changes, until ``done(k)``."""
-        reported = -1
+        """``Waiting(k)`` when k (tickets ahead plus ``busy()``) changes, until ``done(k)``.
+
+        The first at once, then at most one per ``report_interval``, with the count of when it is
+        sent: a change inside the interval is reported when the interval is up, whether or not the
+        line moves again. On a fast device the line moves every few milliseconds, and each report
+        costs the caller's handler a full output (a diff and a message on the event loop).
+        """
+        loop = asyncio.get_running_loop()
+        reported, reported_at = -1, -math.inf
         while True:
             moved = self.moved  # taken before the check, so no wake-up is missed
             ahead = self.before(ticket) + busy()
             if done(ahead):
                 return
             if ahead != reported:
-                reported = ahead
+                if (wait := reported_at + self.report_interval - loop.time()) > 0:
+                    with contextlib.suppress(TimeoutError):  # the line moved, or the interval is up
+                        await asyncio.wait_for(moved.wait(), wait)
+                    continue
+                reported, reported_at = ahead, loop.time()
                 yield Waiting(ahead)
             await moved.wait()
 

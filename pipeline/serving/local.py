@@ -46,7 +46,7 @@ from .base import SHUTDOWN_MESSAGE, AdapterBase
 from .eta import Shape
 from .events import Done, Event, Timings, Waiting
 from .jobs import GpuJobs, ModelCrashed, ModelFailed, TimedOut
-from .line import Batch, End, Line, Member, Session, StopSignal
+from .line import REPORT_INTERVAL, Batch, End, Line, Member, Session, StopSignal
 from .metrics import Metrics
 from .postprocess import encode_pngs, info_record, scheduler_used
 from .streamer import ModelStreamer
@@ -70,8 +70,9 @@ class LocalAdapter(AdapterBase):
         max_batch_size: int = 1,
         max_waiting_per_user: int | None = None,
         step_joining: bool = False,
+        report_interval: float = REPORT_INTERVAL,
     ) -> None:
-        self._line = Line()
+        self._line = Line(report_interval)
         self._gate = self.make_gate()
         super().__init__(
             Metrics(lambda: self.gpu_queue_depth, lambda: int(self.inference_in_progress)), pool_threads=pool_threads
