@@ -67,21 +67,33 @@ class Server:
         self._sampling = threading.Event()
         threading.Thread(target=self._sample, name="rss-sampler", daemon=True).start()
 
-    def tree_rss(self) -> int:
+    def tree_rss(self, procs: list[psutil.Process] | None = None) -> int:
         """Resident memory of the server and every process under it (a model process counts)."""
         total = 0
-        for proc in [self.ps, *self.ps.children(recursive=True)]:
+        for proc in procs if procs is not None else self.tree():
             try:
                 total += proc.memory_info().rss
             except psutil.Error:
                 continue
         return total
 
+    def tree(self) -> list[psutil.Process]:
+        try:
+            return [self.ps, *self.ps.children(recursive=True)]
+        except psutil.Error:
+            return [self.ps]
+
     def _sample(self) -> None:
+        """Every 10 ms while sampling. Listing the tree walks /proc (0.8 ms of CPU, 8 % of a core at
+        this rate, taken from the server on a 2-core machine), so the list is refreshed every 0.5 s;
+        reading each process's RSS is 10 us."""
+        procs, listed = self.tree(), time.monotonic()
         while self.proc.poll() is None:
             if self._sampling.is_set():
+                if time.monotonic() - listed > 0.5:
+                    procs, listed = self.tree(), time.monotonic()
                 try:
-                    self._peak = max(self._peak, self.tree_rss())
+                    self._peak = max(self._peak, self.tree_rss(procs))
                 except psutil.Error:
                     return
             time.sleep(0.01)

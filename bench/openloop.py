@@ -21,7 +21,8 @@ drift favours none of them:
    whether or not the earlier ones are done: p50 / p95 / p99 latency (scheduled submit to the
    answer with the images) and the achieved rate;
 3. **burst**: 8 requests at once: the makespan (first submit to last answer), against the same 8
-   one by one on the ``none`` server;
+   one by one on the ``none`` server, and that gain against the raw pipeline's own (the same 8 one
+   by one and in batches of 4, in the same rounds: ``RawBurst``);
 4. **late arrival**: a request sent a few steps into a long (20-step) compatible job: its wait
    before its first step (its info record's ``durations_ms.gpu_wait``) against one step of the
    running job (its inference time over its steps);
@@ -53,7 +54,7 @@ import httpx
 import psutil
 
 from bench import loadgen
-from bench.__main__ import Server, finite_figures
+from bench.__main__ import Raw, Server, finite_figures
 from bench.probe import steady_rate
 
 BATCH = 4
@@ -349,14 +350,67 @@ def open_loop(servers: dict[str, Server], model: Model, plan: Plan, rate_100: fl
     return out
 
 
+class RawBurst:
+    """The burst's physical reference: the raw pipeline (``bench.raw``, the app's one torch thread) or
+    the simulated device in this process, running the burst's requests one by one and in batches of
+    ``BATCH``, as a job-level server at saturation would. Its one-by-one / batched is the most any
+    batching design can gain on this machine at ``--max-batch-size BATCH``."""
+
+    def __init__(self, model: Model, n: int) -> None:
+        self.model, self.n = model, n
+        self.raw: Raw | None = None
+        if model.spec is None:
+            self.raw = Raw(1, "cpu", "")
+            self.raw.wait_ready()
+            self.raw.run(model.size, model.steps, 1, warm=True, batch=BATCH)
+            self.raw.run(model.size, model.steps, 1, warm=True)
+
+    def measure(self) -> tuple[float, float]:
+        """Seconds for the burst one by one, then in batches of BATCH (the last one smaller)."""
+        sizes = [min(BATCH, self.n - i) for i in range(0, self.n, BATCH)]
+        if self.raw is not None:
+            size, steps = self.model.size, self.model.steps
+            one = self.raw.run(size, steps, self.n, first=20_000)
+            batched = sum(self.raw.run(size, steps, 1, first=20_000 + i * BATCH, batch=b) for i, b in enumerate(sizes))
+            return one, batched
+        import threading
+
+        from pipeline.engine.simulated import SimSpec, SimulatedModel
+        from pipeline.protocol import InferenceJob
+
+        sim = SimulatedModel(SimSpec.parse(str(self.model.spec)), "raw")
+
+        def job(images: int) -> InferenceJob:
+            return InferenceJob("raw", ("p",) * images, ("",) * images, tuple(range(images)), self.model.size,
+                                self.model.size, self.model.steps, 0.0)
+
+        def seconds(batches: list[int]) -> float:
+            t0 = time.perf_counter()
+            for b in batches:
+                sim.generate(job(b), threading.Event(), lambda *_: None)
+            return time.perf_counter() - t0
+
+        seconds(sizes)  # its pictures made once, as in the app
+        return seconds([1] * self.n), seconds(sizes)
+
+    def close(self) -> None:
+        if self.raw is not None:
+            self.raw.close()
+
+
 def burst(servers: dict[str, Server], model: Model, plan: Plan) -> dict[str, Any]:
     """``burst`` requests at once on each design against the same requests one by one on ``none``:
-    the sequential run opens and closes every round."""
+    the sequential run opens and closes every round. Each round also runs the raw reference
+    (``RawBurst``): the gain a design gets over one by one, against the gain batching gives the raw
+    pipeline on the same requests."""
     makespans: dict[str, list[float]] = {d: [] for d in servers}
     sizes: dict[str, list[int]] = {d: [] for d in servers}
     errors = dict.fromkeys(servers, 0)
     sequential: list[float] = []
+    raw_one: list[float] = []
+    raw_batched: list[float] = []
     seq_errors = 0
+    raw = RawBurst(model, plan.burst)
 
     def one_by_one() -> None:
         nonlocal seq_errors
@@ -365,19 +419,29 @@ def burst(servers: dict[str, Server], model: Model, plan: Plan) -> dict[str, Any
         sequential.append(result.seconds)
         seq_errors += result.errors
 
-    for order in orders(list(servers), plan.burst_rounds):
+    try:
+        for order in orders(list(servers), plan.burst_rounds):
+            one_by_one()
+            one, batched = raw.measure()
+            raw_one.append(one)
+            raw_batched.append(batched)
+            for design in order:
+                shots = asyncio.run(fire(servers[design].url, [0.0] * plan.burst, model.data, first=20_000))
+                makespans[design].append(max(s.finished for s in shots) - min(s.sent for s in shots))
+                sizes[design] += [int(s.info.get("batch_size") or 1) for s in shots if s.ok and s.info]
+                errors[design] += sum(1 for s in shots if not s.ok)
         one_by_one()
-        for design in order:
-            shots = asyncio.run(fire(servers[design].url, [0.0] * plan.burst, model.data, first=20_000))
-            makespans[design].append(max(s.finished for s in shots) - min(s.sent for s in shots))
-            sizes[design] += [int(s.info.get("batch_size") or 1) for s in shots if s.ok and s.info]
-            errors[design] += sum(1 for s in shots if not s.ok)
-    one_by_one()
+    finally:
+        raw.close()
     seq = statistics.fmean(sequential)
-    rows: dict[str, Any] = {"requests": plan.burst, "sequential_on_none_s": seq, "sequential_errors": seq_errors}
+    raw_gain = statistics.fmean(raw_one) / statistics.fmean(raw_batched)
+    rows: dict[str, Any] = {"requests": plan.burst, "sequential_on_none_s": seq, "sequential_errors": seq_errors,
+                            "raw": {"one_by_one_s": statistics.fmean(raw_one),
+                                    "batched_s": statistics.fmean(raw_batched), "batch": BATCH, "gain": raw_gain}}
     for d in servers:
         span = statistics.fmean(makespans[d])
         rows[d] = {"makespan_s": span, "over_sequential": span / seq, "errors": errors[d],
+                   "gain": seq / span, "gain_over_raw_gain": seq / span / raw_gain,
                    "mean_batch_size": statistics.fmean(sizes[d]) if sizes[d] else None}
     return rows
 
@@ -536,17 +600,22 @@ def render(result: dict[str, Any]) -> str:
                 errors += o["errors"]
             lines.append("| " + " | ".join(row) + f" | {errors} |")
         b, lt, m = s["burst"], s["late"], s["memory"]
-        lines += ["", f"Burst: {b['requests']} at once; one by one on `none`: {b['sequential_on_none_s']:.2f} s. "
+        raw = b.get("raw")
+        raw_text = (f" The raw pipeline on the same {b['requests']}: {raw['one_by_one_s']:.2f} s one by one, "
+                    f"{raw['batched_s']:.2f} s in batches of {raw['batch']}, a gain of {raw['gain']:.2f}x." if raw else "")
+        lines += ["", f"Burst: {b['requests']} at once; one by one on `none`: {b['sequential_on_none_s']:.2f} s.{raw_text} "
                   f"Late arrival: sent {lt['sent_after_steps']} steps into a {lt['long_steps']}-step job; its wait is "
                   f"its record's `gpu_wait`. Memory: peak RSS of the process tree, {m['concurrent']['full']} "
                   f"concurrent requests against {m['concurrent']['batch']} (one full batch).", "",
-                  "| design | burst makespan s | burst / one by one | late: wait ms | late: one step ms | "
+                  "| design | burst makespan s | burst / one by one | burst gain / raw gain | late: wait ms | "
+                  "late: one step ms | "
                   "late: wait / step | late: arrived at step | late: joined at step | peak RSS 4 MiB | "
                   "peak RSS 16 MiB | 16 / 4 | errors |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for d in names:
             errors = b[d]["errors"] + lt[d]["errors"] + m[d]["errors"]
-            lines.append(f"| {d} | {b[d]['makespan_s']:.2f} | {b[d]['over_sequential']:.2f} | {_f(lt[d]['wait_ms'])} | "
+            lines.append(f"| {d} | {b[d]['makespan_s']:.2f} | {b[d]['over_sequential']:.2f} | "
+                         f"{_f(b[d].get('gain_over_raw_gain'), '.2f')} | {_f(lt[d]['wait_ms'])} | "
                          f"{_f(lt[d]['step_ms'], '.1f')} | {_f(lt[d]['wait_over_step'], '.2f')} | "
                          f"{_f(lt[d]['arrived_at_step'], '.1f')} | {_joined(lt[d]['joined_at_step'])} | "
                          f"{m[d]['rss_batch_mb']:.0f} | "

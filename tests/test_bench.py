@@ -192,7 +192,9 @@ def test_the_fast_device_benchmark_runs_end_to_end(tmp_path: Path) -> None:
     rows = result["rows"]
     assert [r["profile"] for r in rows] == ["null", "sd-turbo-like"]
     assert rows[0]["app_over_raw"] is None and 0 < rows[1]["app_over_raw"] < 10
-    assert all(r["errors"] == 0 and r["requests"] == 24 and r["server_cpu_ms_per_request"] > 0 for r in rows)
+    assert all(r["errors"] == 0 and r["requests"] >= 24 and r["server_cpu_ms_per_request"] > 0 for r in rows)
+    # a round lasts at least QUICK_ROUND_SECONDS: on the null device, far more than 3 requests a caller
+    assert rows[0]["requests"] > 48
     # the default model side, its inference under load over alone, the whole tree's memory
     assert all(r["model_side"] == "process" and r["inference_load_over_idle"] > 0 for r in rows)
     assert all(r["peak_tree_rss_mb"] > 100 for r in rows)

@@ -159,6 +159,10 @@ def test_a_small_run_has_every_figure(tmp_path: Path) -> None:
     burst = section["burst"]
     assert burst["sequential_on_none_s"] > 0 and burst["none"]["makespan_s"] > 0
     assert math.isfinite(burst["none"]["over_sequential"])
+    # the raw reference ran the same 3 one by one and as one batch: the sim's batch costs 1 + 0.6 (b - 1)
+    assert burst["raw"]["batch"] == openloop.BATCH and burst["raw"]["gain"] > 1.1
+    assert burst["none"]["gain_over_raw_gain"] == pytest.approx(
+        burst["sequential_on_none_s"] / burst["none"]["makespan_s"] / burst["raw"]["gain"])
     late = section["late"]["none"]
     for key in ("step_ms", "wait_ms", "wait_over_step", "arrived_at_step", "late_latency_ms"):
         assert late[key] is not None and math.isfinite(late[key]), key
