@@ -53,20 +53,32 @@ def steps(total: int, preview_every: int = 0) -> list[Step]:
     return [Step(k, total, PREVIEW if preview_every and k % preview_every == 0 else None) for k in range(1, total + 1)]
 
 
-async def shown(events: Sequence[Event], num_inference_steps: int, interval: float = NEVER) -> tuple[list[str], int]:
-    """(the status of each output the page's handler yields, its progress tracker calls)."""
+async def shown(
+    events: Sequence[Event], num_inference_steps: int, interval: float = NEVER, ui: bool = False
+) -> tuple[list[str], int]:
+    """(the status of each output the handler yields, its progress tracker calls); the API's by default."""
     with gr.Blocks() as demo:
         pass
-    generate = make_generate(ScriptedAdapter(events), demo, ui=True, progress_interval=interval)  # type: ignore[arg-type]
+    generate = make_generate(ScriptedAdapter(events), demo, ui=ui, progress_interval=interval)  # type: ignore[arg-type]
     raw = {**raw_request(num_inference_steps=num_inference_steps), "live_preview": True}
     progress = CountingProgress()
     outputs = [out async for out in generate(*(raw[f] for f in FIELDS), progress=progress)]
-    assert all(len(out) == 3 for out in outputs)
+    assert all(len(out) == (3 if ui else 2) for out in outputs)
     records = [out[1] for out in outputs]
     statuses = [
         r["status"] + (f" {r.get('ahead', r.get('step', ''))}" if r["status"] != "done" else "") for r in records
     ]
     return statuses, len(progress.calls)
+
+
+@pytest.mark.anyio
+async def test_the_page_gets_the_same_outputs_and_no_progress_messages() -> None:
+    """The page's status line shows the step; a progress message would put Gradio's tracker back over the
+    gallery (its pending overlay) until the next output, hiding the preview."""
+    events = [Waiting(1), Waiting(0), *steps(8, preview_every=4), done()]
+    api, page = await shown(events, 8), await shown(events, 8, ui=True)
+    assert page[0] == api[0] == ["waiting 1", "waiting 0", "running 4", "running 8", "done"]
+    assert api[1] == 10 and page[1] == 0
 
 
 @pytest.mark.anyio

@@ -27,6 +27,17 @@ def test_the_spec_takes_any_subset_of_keys_and_names_a_bad_one() -> None:
         SimSpec.parse("sim:gpu_ms=3")
     with pytest.raises(ValueError, match="size a multiple of 8"):
         SimSpec.parse("sim:size=100")
+    assert SimSpec.parse("sim:batch_cost=0.05").batch_cost == 0.05 and SimSpec().batch_cost == 0.6
+    with pytest.raises(ValueError, match="between 0"):
+        SimSpec.parse("sim:batch_cost=1.5")
+
+
+def test_a_batch_cost_other_than_0_6_is_charged() -> None:
+    calls: list[tuple[str, float]] = []
+    model = SimulatedModel(SimSpec(cpu_ms=0, dev_ms=10, decode_ms=0, size=64, steps=1, batch_cost=0.05), "sim",
+                           busy=lambda ms: calls.append(("gil", ms)), wait=lambda ms: calls.append(("device", ms)))
+    model.generate(job(steps=1, images=4), threading.Event(), lambda s, t, p: None)
+    assert ("device", pytest.approx(10 * (1 + 0.05 * 3))) in calls
 
 
 def test_per_step_cpu_then_device_time_and_batches_cost_0_6_per_extra_image() -> None:

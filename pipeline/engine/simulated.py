@@ -4,7 +4,8 @@ A slow model hides a slow server. This one behaves like a GPU pipeline as the se
 
 - per denoising step it holds the GIL for ``cpu_ms`` (busy Python, as eager kernel launches do),
   then waits ``dev_ms`` with the GIL released while "the device" works; a batch of b images takes
-  ``dev_ms * (1 + 0.6 * (b - 1))`` of device time per step;
+  ``dev_ms * (1 + batch_cost * (b - 1))`` of device time per step (``batch_cost`` 0.6 unless given:
+  a big device running small images batches almost for free, 0.05; a busy one barely gains, 0.9);
 - at the end it "decodes" for ``decode_ms`` per image, GIL released;
 - its images are ``size`` px pictures with realistic content (smooth gradients and mild noise), so
   that encoding one costs what a real picture costs.
@@ -30,7 +31,7 @@ from ..protocol import InferenceJob, InferenceResult, ModelProfile, StepCallback
 PREFIX = "sim:"
 POOL = 8  # distinct pictures per size (by seed)
 BATCH_COST = 0.6  # each extra image in a batch costs this fraction of one image's device time
-KEYS = ("cpu_ms", "dev_ms", "decode_ms", "size", "steps")
+KEYS = ("cpu_ms", "dev_ms", "decode_ms", "size", "steps", "batch_cost")
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,11 @@ class SimSpec:
     decode_ms: float = 8.0
     size: int = 512
     steps: int = 1
+    batch_cost: float = BATCH_COST
+
+    def device_ms(self, images: int) -> float:
+        """Device time of one step of a batch of ``images``."""
+        return self.dev_ms * (1 + self.batch_cost * (images - 1))
 
     @classmethod
     def parse(cls, model: str) -> SimSpec:
@@ -51,9 +57,11 @@ class SimSpec:
             key, _, value = item.partition("=")
             if key not in KEYS:
                 raise ValueError(f"unknown key {key!r} in {model!r}; the keys are {', '.join(KEYS)}")
-            number: Any = float(value) if key.endswith("_ms") else int(value)
+            number: Any = int(value) if key in ("size", "steps") else float(value)
             if number < 0 or (key in ("size", "steps") and number < 1) or (key == "size" and number % 8):
                 raise ValueError(f"{key}={value} in {model!r}: times >= 0, steps >= 1, size a multiple of 8")
+            if key == "batch_cost" and number > 1:
+                raise ValueError(f"batch_cost={value} in {model!r}: between 0 (free) and 1 (no gain)")
             spec = replace(spec, **{key: number})
         return spec
 
@@ -123,7 +131,7 @@ class SimulatedModel:
         started = time.time()
         for step in range(1, job.num_inference_steps + 1):
             self._busy(spec.cpu_ms)
-            self._wait(spec.dev_ms * (1 + BATCH_COST * (images - 1)))
+            self._wait(spec.device_ms(images))
             on_step(step, job.num_inference_steps, {})
             if stop.is_set():
                 raise Cancelled(steps_done=step)
@@ -156,7 +164,7 @@ class SimLoop:
     def step(self) -> dict[int, dict[int, Image.Image]]:
         spec = self.model.spec
         self.model._busy(spec.cpu_ms)
-        self.model._wait(spec.dev_ms * (1 + BATCH_COST * (self.images - 1)))
+        self.model._wait(spec.device_ms(self.images))
         for member in self.members.values():
             member[1] += 1
         return {}

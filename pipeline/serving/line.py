@@ -21,7 +21,7 @@ from .events import Step, Waiting
 
 T = TypeVar("T")
 
-REPORT_INTERVAL = 0.25  # seconds: at most four "k ahead" reports a second per waiting request
+REPORT_INTERVAL = 1.0  # seconds: at most one "k ahead" report a second per waiting request (read, not watched)
 
 
 class StopSignal(CountingStop):

@@ -301,7 +301,8 @@ def make_generate(
                         if isinstance(event, Waiting):
                             if (text := view.waiting(event.ahead, event.eta_seconds)) is None:
                                 continue
-                            progress(0.0, desc=text)
+                            if not ui:
+                                progress(0.0, desc=text)
                             record = {
                                 "status": "waiting",
                                 "ahead": event.ahead,
@@ -315,8 +316,11 @@ def make_generate(
                             text = step_text(event)
                             # Only records the step, for API callers (their "progress" messages):
                             # Gradio's progress sender (see tune_queue) sends the latest one every
-                            # PROGRESS_INTERVAL.
-                            progress((event.step, event.total), desc=text, unit="steps")
+                            # PROGRESS_INTERVAL. Not on the page: its status line shows the step, and
+                            # each progress message put Gradio's tracker back to its pending overlay
+                            # over the gallery until the next output (the preview hidden half the time).
+                            if not ui:
+                                progress((event.step, event.total), desc=text, unit="steps")
                             if not view.step(event, time.monotonic()):
                                 continue
                             preview = [event.preview] if event.preview is not None else progress_gallery()
