@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 
 import gradio as gr
 
+from pipeline import allocator
 from pipeline.config import Settings, load_settings
 from pipeline.protocol import Model, ModelProfile, ModelSide
 from pipeline.request import limits_for
@@ -128,6 +129,7 @@ def create_app(settings: Settings, load: Callable[[], Model] | None = None) -> t
 
 def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
+    allocator.tune()  # before the first image: see pipeline/allocator.py
     settings = load_settings(argv)
     demo, adapter = create_app(settings)
     stop = threading.Event()

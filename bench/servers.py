@@ -71,7 +71,10 @@ def naive_demo(design: str, settings: Any) -> Any:
 
 def main(argv: list[str] | None = None) -> None:
     import app
+    from pipeline import allocator
     from pipeline.config import load_settings
+
+    allocator.tune()  # as app.main does; every design gets it, so the designs differ only in design
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--design", choices=DESIGNS, default="gated")

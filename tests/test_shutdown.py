@@ -73,3 +73,6 @@ def test_signal_answers_every_job_and_exits_within_ten_seconds(tmp_path: Path, s
     assert code == 0, output[-3000:]
     assert all("shutting down" in m and "retry" in m for m in messages), messages
     assert "unexpected_error" not in output and "Traceback" not in output, output[-3000:]
+    # both processes set malloc's thresholds at start (pipeline/allocator.py): the server and the model process
+    tuned = [line for line in output.splitlines() if "malloc thresholds set" in line]
+    assert len(tuned) == 2 and sum("model-process" in line for line in tuned) == 1, tuned

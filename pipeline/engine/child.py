@@ -33,6 +33,7 @@ def _post(out: queue.SimpleQueue[tuple[int, ModelEvent] | None], serial: int, ev
 
 
 def main(fd: int) -> None:
+    from .. import allocator
     from .runner import ModelRunner
 
     logging.basicConfig(
@@ -40,6 +41,7 @@ def main(fd: int) -> None:
         format="%(asctime)s %(levelname)s [model-process %(process)d %(threadName)s] %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    allocator.tune()  # before the first image: see pipeline/allocator.py
     conn = Connection(fd)
     send_lock = threading.Lock()
 

@@ -21,6 +21,7 @@ from ..request import FIELDS, new_request_id, validate
 from ..serving.base import Adapter
 from ..serving.events import Step, Waiting
 from .gradio_internals import caller_alive, current_session
+from .outputs import Postprocess
 
 log = logging.getLogger(__name__)
 
@@ -229,6 +230,7 @@ def make_generate(
     ui: bool = False,
     page_jobs: PageJobs | None = None,
     progress_interval: float = PROGRESS_INTERVAL,
+    outputs: Sequence[Any] | None = None,
 ) -> Callable[..., AsyncGenerator[tuple[Any, ...], None]]:
     """The generate handler. Its parameter names are the API's parameter names.
 
@@ -239,8 +241,14 @@ def make_generate(
     ``live_preview``, a rough preview image; the last output has ``status`` done. The UI's
     variant (``ui=True``) adds a third output: a progress bar with "step k/N", and registers
     itself in ``page_jobs`` while it runs, for Stop.
+
+    ``outputs``: the event's output components, when it is registered with ``postprocess=False``;
+    the handler then postprocesses each yield itself (``Postprocess``).
     """
     width_of_output = 3 if ui else 2
+    postprocess = Postprocess(outputs) if outputs is not None else None
+    if postprocess is not None and len(postprocess.components) != width_of_output:
+        raise ValueError(f"the generate event has {width_of_output} outputs; got {len(postprocess.components)}")
 
     async def generate(
         prompt: str,
@@ -341,7 +349,8 @@ def make_generate(
                                 {"status": "done", **event.info},
                                 status_html(f"done in {took:.2f} s"),
                             )
-                        yield out[:width_of_output]
+                        out = out[:width_of_output]
+                        yield await postprocess(out) if postprocess is not None else out
             except InvalidRequest as exc:
                 raise gr.Error(str(exc), title="Invalid input", print_exception=False) from None
             except RetryLater as exc:

@@ -185,19 +185,22 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
         # `concurrency_limit` counts requests in flight in the handler (preparing, waiting for the
         # gate, inferring, finalizing); finite, so queue(max_size) really bounds the rest.
         # preprocess=False: raw values reach our own validator, which names the field and the
-        # range (the components' preprocess answers some bad values anonymously). validator=: the
+        # range (the components' preprocess answers some bad values anonymously). postprocess=False:
+        # the handler runs the components' postprocess itself, on the loop (handler.Postprocess:
+        # Gradio would hop to a worker thread per output per yield). validator=: the
         # same checks run when the request joins Gradio's queue, so a bad one is answered at once,
         # not after waiting for a handler slot; the handler validates again, as a backstop.
         shared: dict[str, Any] = dict(
             concurrency_limit=settings.concurrency,
             concurrency_id="generate",
             preprocess=False,
+            postprocess=False,  # the handler postprocesses its own yields (handler.Postprocess)
             validator=make_validator(adapter),
         )
         page_jobs = PageJobs()
         generate_event = gr.on(
             triggers=[generate_button.click, prompt.submit],
-            fn=make_generate(adapter, demo, ui=True, page_jobs=page_jobs),
+            fn=make_generate(adapter, demo, ui=True, page_jobs=page_jobs, outputs=[gallery, info, status]),
             inputs=inputs,
             outputs=[gallery, info, status],
             api_name="generate_ui",
@@ -206,7 +209,11 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
         )
         api_button = gr.Button(visible=False)  # the API-only trigger: never shown, never clicked
         api_button.click(
-            fn=make_generate(adapter, demo), inputs=inputs, outputs=[gallery, info], api_name="generate", **shared
+            fn=make_generate(adapter, demo, outputs=[gallery, info]),
+            inputs=inputs,
+            outputs=[gallery, info],
+            api_name="generate",
+            **shared,
         )
 
         # Stop cancels this browser session's own job only; Gradio scopes cancels to the session.

@@ -1,0 +1,41 @@
+"""The generate events' outputs, postprocessed by the handler itself (the events have ``postprocess=False``)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Sequence
+
+from PIL import Image
+
+
+class Postprocess:
+    """The event's outputs postprocessed by the handler itself: register the event with ``postprocess=False``.
+
+    Gradio 6.31 postprocesses each output of each yield in a worker thread (``anyio.to_thread``)
+    and then walks the value twice for files (once for the session's copy of the component's
+    value, once for the message), each time resolving every file path against its static paths.
+    For a request that yields once, that was two thread hops and four file walks. Here each
+    component's own ``postprocess`` runs on the loop when the values hold no picture to encode
+    (paths, records, text: tens of microseconds), and in a worker thread when they do (a live
+    preview, which ``gr.Gallery`` saves as a PNG); Gradio then walks each value once.
+    ``tests/test_postprocess_outputs.py`` checks that callers get the messages Gradio's own step sends.
+    """
+
+    def __init__(self, components: Sequence[Any]) -> None:
+        self.components = tuple(components)
+
+    def now(self, values: Sequence[Any]) -> tuple[Any, ...]:
+        # Gradio's data models as they are, as its own step hands them on (its diff of two
+        # messages replaces a model whole, where it would diff two dicts key by key)
+        return tuple(c.postprocess(v) for c, v in zip(self.components, values, strict=True))
+
+    async def __call__(self, values: Sequence[Any]) -> tuple[Any, ...]:
+        if any(_holds_picture(v) for v in values):
+            return await asyncio.to_thread(self.now, values)
+        return self.now(values)
+
+
+def _holds_picture(value: Any) -> bool:
+    return isinstance(value, Image.Image) or (
+        isinstance(value, (list, tuple)) and any(_holds_picture(v) for v in value)
+    )
