@@ -200,6 +200,18 @@ def _scheduler(value: Any, limits: Limits) -> str:
     return value
 
 
+def fits_every_window(text: str, encoders: tuple[tuple[str, int], ...]) -> bool:
+    """Whether ``text`` is surely within every text encoder's window, without counting its tokens.
+
+    Every tokenizer of these model families spends at least one character of an ASCII text on each
+    token: CLIP's byte-level BPE, and T5's and Gemma's SentencePiece, whose one exception is the
+    word marker it puts before the first word. So an ASCII text of n characters is at most n + 1
+    tokens (``tests/test_request.py`` checks it on each family's tokenizer). Counting a prompt
+    costs a round trip to the model process; most prompts are short enough to need none.
+    """
+    return bool(encoders) and text.isascii() and len(text) + 1 <= min(limit for _, limit in encoders)
+
+
 def _truncation_notes(field: str, tokens: Mapping[str, int], encoders: tuple[tuple[str, int], ...]) -> list[str]:
     """One note per text encoder that cut the text, naming it (CLIP reads 75 tokens, T5 its own length)."""
     notes = []
@@ -272,7 +284,7 @@ def validate(
     warnings: list[str] = []
     if count_tokens is not None:
         for field, text in (("prompt", prompt), ("negative_prompt", negative_prompt)):
-            if text:
+            if text and not fits_every_window(text, limits.text_encoders):
                 warnings.extend(_truncation_notes(field, count_tokens(text), limits.text_encoders))
     return GenerateRequest(
         request_id=request_id or new_request_id(),

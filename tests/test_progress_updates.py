@@ -109,3 +109,24 @@ async def test_a_multi_step_job_sends_starting_the_last_step_and_every_preview()
     # Steps slower than the interval: every step, as before.
     statuses, calls = await shown([Waiting(0), *steps(4), done()], 4, interval=0)
     assert statuses == ["waiting 0", "running 1", "running 2", "running 3", "running 4", "done"] and calls == 5
+
+
+def test_the_handlers_are_introspected_once_and_gradio_still_finds_its_parameters() -> None:
+    """Gradio reads a handler's signature and type hints on every call; both are resolved at build time."""
+    import inspect
+
+    from gradio import helpers
+
+    from pipeline.web.handler import make_validator
+
+    with gr.Blocks() as demo:
+        pass
+    generate = make_generate(ScriptedAdapter([done()]), demo)  # type: ignore[arg-type]
+    check = make_validator(ScriptedAdapter([]))  # type: ignore[arg-type]
+    for fn in (generate, check):
+        assert inspect.signature(fn) is fn.__signature__  # type: ignore[attr-defined]
+        assert not [name for name, hint in fn.__annotations__.items() if isinstance(hint, str)]
+    raw = {**raw_request(), "live_preview": False}
+    inputs, progress_index, _, _ = helpers.special_args(generate, [raw[f] for f in FIELDS])
+    assert progress_index == len(FIELDS)  # the gr.Progress parameter, found through its resolved hint
+    assert inputs[:len(FIELDS)] == [raw[f] for f in FIELDS] and len(inputs) == len(FIELDS) + 3  # + progress, request, profile

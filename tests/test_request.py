@@ -108,3 +108,42 @@ def test_the_long_prompt_note_names_the_encoder_that_cut_it() -> None:
     long = validate(raw_request(prompt="word " * 150), t5_only, lambda text: {"T5": 150})
     assert long.warnings == ("prompt is 150 tokens; the T5 text encoder reads the first 119, so it ignored the rest",)
     assert validate(raw_request(prompt="word " * 100), t5_only, lambda text: {"T5": 100}).warnings == ()
+
+
+def test_a_short_ascii_prompt_needs_no_token_count() -> None:
+    """Counting costs a round trip to the model process; a prompt that surely fits every window skips it."""
+    counted: list[str] = []
+
+    def count(text: str) -> dict[str, int]:
+        counted.append(text)
+        return {"CLIP": 1}
+
+    window = dict(LIMITS.text_encoders)["CLIP"]
+    validate(raw_request(prompt="a red circle", negative_prompt="blurry"), LIMITS, count)
+    validate(raw_request(prompt="x" * (window - 1)), LIMITS, count)
+    assert counted == []
+    long, wide = "x" * window, "\ufdfa"  # one character over; one character that NFKC makes 18
+    validate(raw_request(prompt=long), LIMITS, count)
+    validate(raw_request(prompt=wide), LIMITS, count)
+    assert counted == [long, wide]
+
+
+@pytest.mark.parametrize("family", ["clip", "t5", "gemma"])
+def test_an_ascii_text_is_at_most_one_token_per_character_plus_one(family: str) -> None:
+    """What ``request.fits_every_window`` rests on, checked on each family's tokenizer as the model counts."""
+    import random
+    import string
+
+    from tests import families
+
+    make = {"clip": families.make_clip_tokenizer, "t5": families.make_t5_tokenizer,
+            "gemma": families.make_gemma_tokenizer}[family]
+    tokenizer = make()
+    rng = random.Random(17)
+    words = list(families._WORDS)
+    texts = ["a", "1", " a", "a ", "  ", "a  b", "!!!", "\t\n", "x" * 80, " ".join(words[:40])]
+    texts += ["".join(rng.choices(string.printable, k=rng.randint(1, 120))) for _ in range(300)]
+    texts += [" ".join(rng.choices(words, k=rng.randint(1, 30))) for _ in range(100)]
+    for text in texts:
+        tokens = len(tokenizer(text, truncation=False, add_special_tokens=False).input_ids)
+        assert tokens <= len(text) + 1, (text, tokens)
