@@ -40,7 +40,9 @@ def check(results: dict) -> None:
 
 
 PUBLISHED = sorted(p for p in (ROOT / "docs").glob("bench-*.json")
-                   if not p.name.startswith(("bench-ray-", "bench-fast-", "bench-loadgen-", "bench-openloop-", "bench-fairness-")))
+                   if not p.name.startswith(("bench-ray-", "bench-fast-", "bench-loadgen-", "bench-openloop-",
+                                             "bench-fairness-", "bench-cpu-")))
+PUBLISHED_CPU = sorted((ROOT / "docs").glob("bench-cpu-*.json"))
 PUBLISHED_OPENLOOP = sorted((ROOT / "docs").glob("bench-openloop-*.json"))
 PUBLISHED_LOADGEN = sorted((ROOT / "docs").glob("bench-loadgen-*.json"))
 PUBLISHED_FAST = sorted((ROOT / "docs").glob("bench-fast-*.json"))
@@ -226,3 +228,30 @@ def test_the_published_load_generator_comparisons_are_complete(path: Path) -> No
             assert r["errors"] == 0 and r["requests"] > 0 and r["client_cpu_ms_per_request"] > 0
         assert run["client"] == "both" and all(kinds == {"gradio", "async"} for kinds in cells.values())
         assert "nan" not in render(run).lower()
+
+
+def check_cpu(result: dict, configs: set[str]) -> None:
+    from bench.cpu import render
+
+    assert finite_figures(result) and set(result["configs"]) == configs
+    for c in result["configs"].values():
+        assert len(c["ms_per_request"]) == len(c["images_per_second"]) == result["rounds"]
+        assert all(ms > 0 for ms in c["ms_per_request"]) and c["q1"] <= c["median"] <= c["q3"]
+    assert result["configs"][result["reference"]]["ratio_to_reference"]["median"] == 1.0
+    assert "nan" not in render(result).lower()
+
+
+@pytest.mark.server
+def test_the_alternated_cpu_benchmark_runs_end_to_end(tmp_path: Path) -> None:
+    """``python -m bench.cpu``: each configuration measured in every round, the Gradio floor included."""
+    out = tmp_path / "cpu.json"
+    done = subprocess.run([sys.executable, "-m", "bench.cpu", "--rounds", "2", "--seconds", "1", "--configs",
+                           "thread,floor", "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    check_cpu(json.loads(out.read_text()), {"thread", "floor"})
+
+
+@pytest.mark.parametrize("path", PUBLISHED_CPU, ids=[p.name for p in PUBLISHED_CPU])
+def test_the_published_cpu_runs_are_complete(path: Path) -> None:
+    result = json.loads(path.read_text())
+    check_cpu(result, {"process", "thread", "floor"} | ({"against"} if result["against"] else set()))
