@@ -8,6 +8,7 @@ adjustment, a prompt longer than the text encoder's window, is reported in ``war
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import math
 import secrets
@@ -281,12 +282,7 @@ def validate(
         raise InvalidRequest("live_preview", f"live_preview must be true or false; got {_show(live_preview)}")
     scheduler = _scheduler(raw.get("scheduler"), limits)
 
-    warnings: list[str] = []
-    if count_tokens is not None:
-        for field, text in (("prompt", prompt), ("negative_prompt", negative_prompt)):
-            if text and not fits_every_window(text, limits.text_encoders):
-                warnings.extend(_truncation_notes(field, count_tokens(text), limits.text_encoders))
-    return GenerateRequest(
+    request = GenerateRequest(
         request_id=request_id or new_request_id(),
         prompt=prompt,
         negative_prompt=negative_prompt,
@@ -296,10 +292,27 @@ def validate(
         num_inference_steps=steps,
         guidance_scale=guidance,
         num_images=num_images,
-        warnings=tuple(warnings),
         live_preview=live_preview,
         scheduler=scheduler,
     )
+    return with_token_notes(request, limits, count_tokens) if count_tokens is not None else request
+
+
+def needs_token_count(request: GenerateRequest, limits: Limits) -> bool:
+    """Whether a text of ``request`` might not fit a text encoder's window (``fits_every_window``)."""
+    texts = (request.prompt, request.negative_prompt)
+    return any(text and not fits_every_window(text, limits.text_encoders) for text in texts)
+
+
+def with_token_notes(
+    request: GenerateRequest, limits: Limits, count_tokens: Callable[[str], Mapping[str, int]]
+) -> GenerateRequest:
+    """``request`` with a note for each text an encoder will cut; counts only texts that might not fit."""
+    warnings: list[str] = []
+    for field, text in (("prompt", request.prompt), ("negative_prompt", request.negative_prompt)):
+        if text and not fits_every_window(text, limits.text_encoders):
+            warnings.extend(_truncation_notes(field, count_tokens(text), limits.text_encoders))
+    return dataclasses.replace(request, warnings=tuple(warnings)) if warnings else request
 
 
 def limits_for(settings: Settings, profile: ModelProfile) -> Limits:

@@ -103,3 +103,30 @@ async def test_progress_events_in_order_and_timings_in_order(make_adapter: Any) 
              "finalize_start", "finalize_end"]
     assert [t[k] for k in order] == sorted(t[k] for k in order)
     assert done.info["seeds"] == [1, 2] and done.info["batch_size"] == 2 and done.info["batch_requests"] == 1
+
+
+async def test_only_a_prompt_that_might_not_fit_is_counted_and_off_the_loop(make_adapter: Any) -> None:
+    """Checking the fields runs on the loop (microseconds); counting tokens, which may ask the model
+    process, runs only for a prompt that might not fit its encoders' windows, and never on the loop."""
+    counted: list[tuple[str, str]] = []
+    release = threading.Event()
+
+    def slow_count(text: str) -> None:
+        counted.append((text, threading.current_thread().name))
+        release.wait(10)
+
+    adapter, model = make_adapter(FakeModel(prepare_hook=slow_count))
+    short = await collect(adapter, raw_request(prompt="a red circle"))
+    assert counted == [] and isinstance(short[-1], Done) and short[-1].info["warnings"] == []
+    long_prompt = "word " * 80
+    job = asyncio.create_task(collect(adapter, raw_request(prompt=long_prompt)))
+    await wait_until(lambda: len(counted) == 1, "the long prompt is being counted")
+    ticks = 0
+    for _ in range(5):  # the loop runs on while the count blocks
+        await asyncio.sleep(0.01)
+        ticks += 1
+    assert ticks == 5 and not job.done()
+    release.set()
+    events = await job
+    assert counted[0][0] == long_prompt and counted[0][1] != threading.main_thread().name
+    assert isinstance(events[-1], Done) and "80 tokens" in events[-1].info["warnings"][0]

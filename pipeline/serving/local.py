@@ -2,7 +2,8 @@
 
 ``LocalAdapter.run`` walks one request through four numbered steps (``_request``):
 
-1. prepare   (concurrent) validate the raw values, resolve the seed, count prompt tokens
+1. prepare   validate the raw values and resolve the seed (on the loop: microseconds); count the
+             tokens of a prompt that might not fit its text encoders (concurrent, in the pool)
 2. wait      in line for the GPU, reporting "k ahead" whenever k changes, with the estimated
              time until its images (``eta.py``)
 3. infer     (serial) the head of the line takes the gate, an ``asyncio.Semaphore(1)``, and the
@@ -11,9 +12,9 @@
 4. finalize  (concurrent) encode PNGs with their parameters, build the info record
 
 Only step 3 is inside the gate, and the gate belongs to the job: the ``gpu-job`` task that holds it
-releases it when the model side has left the job, never earlier. Steps 1 and 4 run in the
-adapter's small thread pool, so the event loop only keeps the books. A request whose consumer
-stops (cancel, disconnect, close) leaves at once; its job's stop is set when nobody is left in the
+releases it when the model side has left the job, never earlier. Step 4 (and step 1 when it
+counts) runs in the adapter's small thread pool, so the event loop only keeps the books. A request
+whose consumer stops (cancel, disconnect, close) leaves at once; its job's stop is set when nobody is left in the
 job, and the model stops at the end of the step in progress.
 
 State and owners: the event loop owns the gate, the line, the jobs' ``running`` stops and every
@@ -41,7 +42,7 @@ from ..errors import (
     TooManyWaiting,
 )
 from ..protocol import InferenceResult, ModelProfile, ModelSide
-from ..request import GenerateRequest, Limits, validate
+from ..request import GenerateRequest, Limits, needs_token_count, validate, with_token_notes
 from .base import SHUTDOWN_MESSAGE, AdapterBase
 from .eta import Shape
 from .events import Done, Event, Timings, Waiting
@@ -155,9 +156,14 @@ class LocalAdapter(AdapterBase):
             self._line.notify()
 
         with self.liveness.watching(alive, caller_gone):
-            # 1. Prepare: concurrent, off the loop. A bad field fails here, before any GPU work.
+            # 1. Prepare. A bad field fails here, before any GPU work. Checking the fields takes
+            #    microseconds, so it runs on the loop; counting a prompt's tokens (only one that
+            #    might not fit its text encoders' windows: ``request.fits_every_window``) may ask
+            #    the model process, so it runs off the loop, concurrently.
             t.prepare_start = self._clock()
-            request = await loop.run_in_executor(self._pool, self._prepare, raw, request_id)
+            request = validate(raw, self.limits, request_id=request_id)
+            if needs_token_count(request, self.limits):
+                request = await loop.run_in_executor(self._pool, self._count_tokens, request)
             t.prepare_end = t.gpu_wait_start = self._clock()
 
             # 2. Wait in line for the GPU, in a fair order across users (round-robin, ``Line.order``);
@@ -278,8 +284,8 @@ class LocalAdapter(AdapterBase):
             self._line.notify()  # the gate opened: wake the line
 
     # -- stages ------------------------------------------------------------------------------
-    def _prepare(self, raw: Mapping[str, Any], request_id: str | None) -> GenerateRequest:
-        return validate(raw, self.limits, self.side.count_tokens, request_id=request_id)
+    def _count_tokens(self, request: GenerateRequest) -> GenerateRequest:
+        return with_token_notes(request, self.limits, self.side.count_tokens)
 
     def _outcome(self, request: GenerateRequest, end: End) -> InferenceResult:
         """This request's images, or its job's error in this request's words."""

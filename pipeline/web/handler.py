@@ -8,13 +8,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import html
-import inspect
 import ipaddress
 import logging
 import time
-import typing
 from pathlib import Path
-from typing import Any, AsyncGenerator, Awaitable, Callable, Iterator, Sequence, TypeVar
+from typing import Any, AsyncGenerator, Awaitable, Callable, Iterator, Sequence
 
 import gradio as gr
 
@@ -23,7 +21,7 @@ from ..request import FIELDS, new_request_id, validate
 from ..serving.base import Adapter
 from ..serving.events import Step, Waiting
 from .gradio_internals import caller_alive, current_session
-from .outputs import Postprocess
+from .outputs import Postprocess, introspected_once
 
 log = logging.getLogger(__name__)
 
@@ -223,23 +221,6 @@ def reuse_seed(info: Any, selected: Any) -> tuple[Any, Any]:
         raise gr.Error("Generate an image first, then pick it in the gallery.", title="No image yet")
     index = selected if isinstance(selected, int) and 0 <= selected < len(seeds) else 0
     return seeds[index], False
-
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def introspected_once(fn: F) -> F:
-    """``fn`` with its signature and resolved annotations attached, as Python's own hooks allow.
-
-    Gradio reads a handler's signature and type hints on every call (``helpers.special_args``:
-    ``inspect.signature``, then ``typing.get_type_hints``, which evaluates each string annotation
-    of a ``from __future__ import annotations`` module anew): about 0.1 ms of the event loop per
-    request. ``inspect.signature`` returns a function's ``__signature__`` when it has one, and
-    ``get_type_hints`` has nothing left to evaluate once the annotations are the objects they name.
-    """
-    fn.__annotations__ = typing.get_type_hints(fn)
-    fn.__signature__ = inspect.signature(fn)  # type: ignore[attr-defined]
-    return fn
 
 
 def make_generate(
