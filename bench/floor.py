@@ -6,7 +6,7 @@ A Blocks app with ``/generate``'s eleven inputs and two outputs (a gallery and a
 queue set up as the app sets it (``concurrency_limit`` 64, ``max_size`` 256) and Gradio's analytics
 off as ``app.py`` turns them off. Its handler encodes one 512 px simulated picture with the app's
 own PNG writer (``pipeline.serving.png``) into Gradio's cache on a two-thread pool, and yields it
-once, postprocessed as the app's handler postprocesses (``handler.Postprocess``: the event has
+once, postprocessed as the app's handler postprocesses (``outputs.Postprocess``: the event has
 ``postprocess=False``; ``--postprocess`` leaves it to Gradio). What a request costs here is what
 Gradio and the PNG cost; what the app costs over it is its serving layer and its model side
 (``bench.cpu``).

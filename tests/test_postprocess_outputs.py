@@ -1,5 +1,5 @@
 """The generate events are registered with ``postprocess=False`` and the handler postprocesses its own
-yields (``handler.Postprocess``): callers must get exactly what Gradio's own postprocess step sends.
+yields (``outputs.Postprocess``): callers must get exactly what Gradio's own postprocess step sends.
 
 A launched Gradio app with two events over the same output components, one with Gradio's step and
 one with ours, each yielding the handler's three kinds of output (waiting, a live preview, the

@@ -186,7 +186,7 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
         # gate, inferring, finalizing); finite, so queue(max_size) really bounds the rest.
         # preprocess=False: raw values reach our own validator, which names the field and the
         # range (the components' preprocess answers some bad values anonymously). postprocess=False:
-        # the handler runs the components' postprocess itself, on the loop (handler.Postprocess:
+        # the handler runs the components' postprocess itself, on the loop (outputs.Postprocess:
         # Gradio would hop to a worker thread per output per yield). validator=: the
         # same checks run when the request joins Gradio's queue, so a bad one is answered at once,
         # not after waiting for a handler slot; the handler validates again, as a backstop.
@@ -194,7 +194,7 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
             concurrency_limit=settings.concurrency,
             concurrency_id="generate",
             preprocess=False,
-            postprocess=False,  # the handler postprocesses its own yields (handler.Postprocess)
+            postprocess=False,  # the handler postprocesses its own yields (outputs.Postprocess)
             validator=make_validator(adapter),
         )
         page_jobs = PageJobs()
