@@ -42,6 +42,7 @@ import httpx
 import psutil
 
 from bench import loadgen
+from bench.fast import tree_cpu_seconds
 
 ROOT = Path(__file__).resolve().parent.parent
 NULL = "sim:cpu_ms=0,dev_ms=0,decode_ms=0,size=512,steps=1"
@@ -112,22 +113,6 @@ def start(name: str, tmp: Path, against: Path | None = None) -> Config:
         time.sleep(0.2)
 
 
-def tree_cpu(pid: int) -> float:
-    total = 0.0
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return total
-    for proc in procs:
-        try:
-            times = proc.cpu_times()
-            total += times.user + times.system
-        except psutil.Error:
-            continue
-    return total
-
-
 def window(config: Config, clients: int, client: str, seconds: float) -> None:
     """One measured window: requests answered, and the server tree's CPU over the same window."""
     marks: dict[str, float] = {}
@@ -138,9 +123,9 @@ def window(config: Config, clients: int, client: str, seconds: float) -> None:
         seconds=seconds,
         size=512,
         steps=1,
-        on_start=lambda: marks.update(cpu0=tree_cpu(config.proc.pid)),
+        on_start=lambda: marks.update(cpu0=tree_cpu_seconds(config.proc.pid)),
     )
-    cpu = tree_cpu(config.proc.pid) - marks["cpu0"]
+    cpu = tree_cpu_seconds(config.proc.pid) - marks["cpu0"]
     if result.errors or not result.count:
         raise RuntimeError(f"{config.name}: {result.errors} errors, {result.error_messages[:2]}")
     config.ms.append(cpu / result.count * 1000)
