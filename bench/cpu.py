@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -168,6 +169,7 @@ def run(
                 config.proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 config.proc.kill()
+        shutil.rmtree(tmp, ignore_errors=True)  # the servers' images: gigabytes over a run
     base = started[0]
     return {
         "rounds": rounds,

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -98,9 +99,26 @@ def rejection_latency(server: Server, sim: Any, n: int) -> dict[str, Any]:
         light_request(server.url, index, http)  # warm the connection
         idle = [light_request(server.url, index, http) for _ in range(n)]
         load = subprocess.Popen(
-            [sys.executable, "-m", "bench.loadgen", server.url, "--client", "async", "--clients", str(REJECT_CLIENTS),
-             "--seconds", "600", "--size", str(sim.size), "--steps", str(sim.steps)],
-            cwd=Path(__file__).resolve().parent.parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                sys.executable,
+                "-m",
+                "bench.loadgen",
+                server.url,
+                "--client",
+                "async",
+                "--clients",
+                str(REJECT_CLIENTS),
+                "--seconds",
+                "600",
+                "--size",
+                str(sim.size),
+                "--steps",
+                str(sim.steps),
+            ],
+            cwd=Path(__file__).resolve().parent.parent,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             time.sleep(3.0)  # the callers start and fill the handler slots
             busy = [light_request(server.url, index, http) for _ in range(n)]
@@ -108,9 +126,14 @@ def rejection_latency(server: Server, sim: Any, n: int) -> dict[str, Any]:
             load.terminate()
             load.wait(timeout=30)
     idle_p, busy_p = pct(idle), pct(busy)
-    return {"clients": REJECT_CLIENTS, "idle_p50_ms": idle_p["p50"], "idle_p99_ms": idle_p["p99"],
-            "load_p50_ms": busy_p["p50"], "load_p99_ms": busy_p["p99"],
-            "load_p99_minus_idle_p99_ms": busy_p["p99"] - idle_p["p99"]}
+    return {
+        "clients": REJECT_CLIENTS,
+        "idle_p50_ms": idle_p["p50"],
+        "idle_p99_ms": idle_p["p99"],
+        "load_p50_ms": busy_p["p50"],
+        "load_p99_ms": busy_p["p99"],
+        "load_p99_minus_idle_p99_ms": busy_p["p99"] - idle_p["p99"],
+    }
 
 
 def device_rate(spec: str, n: int) -> float | None:
@@ -147,19 +170,35 @@ def tree_cpu_seconds(pid: int) -> float:
     return total
 
 
-def one_round(server: Server, sim: Any, clients: int, n: int, client: str, fetch: bool,
-              min_seconds: float | None = None) -> dict[str, Any]:
+def one_round(
+    server: Server, sim: Any, clients: int, n: int, client: str, fetch: bool, min_seconds: float | None = None
+) -> dict[str, Any]:
     """One closed-loop round of ``n`` requests, and at least ``min_seconds`` of them; the server's CPU
     over the same window as the client's."""
     marks: dict[str, float] = {}
-    result = loadgen.run(server.url, clients, client=client, n=n, min_seconds=min_seconds, size=sim.size,
-                         steps=sim.steps, fetch=fetch,
-                         on_start=lambda: marks.update(cpu0=tree_cpu_seconds(server.proc.pid)))
+    result = loadgen.run(
+        server.url,
+        clients,
+        client=client,
+        n=n,
+        min_seconds=min_seconds,
+        size=sim.size,
+        steps=sim.steps,
+        fetch=fetch,
+        on_start=lambda: marks.update(cpu0=tree_cpu_seconds(server.proc.pid)),
+    )
     return {"result": result, "server_cpu": tree_cpu_seconds(server.proc.pid) - marks["cpu0"]}
 
 
-def app_rate(server: Server, spec: str, clients: int, n: int, client: str = DEFAULT_CLIENT,
-             fetch: bool = False, min_seconds: float | None = None) -> dict[str, dict[str, Any]]:
+def app_rate(
+    server: Server,
+    spec: str,
+    clients: int,
+    n: int,
+    client: str = DEFAULT_CLIENT,
+    fetch: bool = False,
+    min_seconds: float | None = None,
+) -> dict[str, dict[str, Any]]:
     """The app's rate under ``clients`` callers, one row per kind of client: one round each, or with
     ``client="both"`` four rounds in ABBA order (gradio, async, async, gradio), summed per kind."""
     from pipeline.engine.simulated import SimSpec
@@ -189,16 +228,25 @@ def app_rate(server: Server, spec: str, clients: int, n: int, client: str = DEFA
             # machine's cores were: near 1, the callers' CPU is CPU the server did not get
             "client_cpu_share": client_cpu / (client_cpu + server_cpu) if client_cpu + server_cpu > 0 else None,
             "cores_busy": (client_cpu + server_cpu) / (seconds * (psutil.cpu_count() or 1)),
-            "latency_p50_ms": latency.get("p50"), "latency_p99_ms": latency.get("p99"),
-            "requests": done, "errors": sent - done, "rounds": len(results), "fetch": fetch,
+            "latency_p50_ms": latency.get("p50"),
+            "latency_p99_ms": latency.get("p99"),
+            "requests": done,
+            "errors": sent - done,
+            "rounds": len(results),
+            "fetch": fetch,
             "error_messages": [m for r in results for m in r.error_messages][:5],
         }
     return rows
 
 
-def run(quick: bool, client: str = DEFAULT_CLIENT, profiles: tuple[str, ...] | None = None,
-        client_counts: tuple[int, ...] | None = None, fetch: bool = False,
-        sides: tuple[str, ...] | None = None) -> dict[str, Any]:
+def run(
+    quick: bool,
+    client: str = DEFAULT_CLIENT,
+    profiles: tuple[str, ...] | None = None,
+    client_counts: tuple[int, ...] | None = None,
+    fetch: bool = False,
+    sides: tuple[str, ...] | None = None,
+) -> dict[str, Any]:
     from pipeline.engine.simulated import POOL, SimSpec
 
     names = profiles or (QUICK if quick else tuple(PROFILES))
@@ -211,13 +259,29 @@ def run(quick: bool, client: str = DEFAULT_CLIENT, profiles: tuple[str, ...] | N
         sim = SimSpec.parse(spec)
         raw = device_rate(spec, 20 if quick else 60)
         for side in sides:
-            server = Server("gated", tmp / f"{name}-{side}", "--model", spec, "--model-side", side,
-                            "--max-batch-size", "1", "--concurrency", "64", "--queue-size", "256")
+            server = Server(
+                "gated",
+                tmp / f"{name}-{side}",
+                "--model",
+                spec,
+                "--model-side",
+                side,
+                "--max-batch-size",
+                "1",
+                "--concurrency",
+                "64",
+                "--queue-size",
+                "256",
+            )
             try:
                 # every picture the device hands out made once (its pool by seed), so none lands in a timing
                 loadgen.run(server.url, 1, client="async", n=POOL, size=sim.size, steps=sim.steps)
-                idle_ms = mean_inference_ms(server.url, lambda: loadgen.run(
-                    server.url, 1, client="async", n=4 if quick else 12, size=sim.size, steps=sim.steps))
+                idle_ms = mean_inference_ms(
+                    server.url,
+                    lambda: loadgen.run(
+                        server.url, 1, client="async", n=4 if quick else 12, size=sim.size, steps=sim.steps
+                    ),
+                )
                 for clients in client_counts:
                     n = 3 * clients if quick else max(64, 4 * clients)
                     min_seconds = QUICK_ROUND_SECONDS if quick else ROUND_SECONDS
@@ -226,69 +290,115 @@ def run(quick: bool, client: str = DEFAULT_CLIENT, profiles: tuple[str, ...] | N
                     def load(clients: int = clients, n: int = n, out: dict[str, Any] = measured) -> None:
                         out["ms"] = mean_inference_ms(
                             server.url,
-                            lambda: out.update(rows=app_rate(server, spec, clients, n, client, fetch, min_seconds)))
+                            lambda: out.update(rows=app_rate(server, spec, clients, n, client, fetch, min_seconds)),
+                        )
 
                     _, peak = server.peak_rss(load)
                     load_ms = measured["ms"]
                     for kind, app in measured["rows"].items():
                         ratio = app["images_per_second"] / raw if raw else None
-                        rows.append({"profile": name, "spec": spec, "model_side": side, "clients": clients,
-                                     "client": kind, "device_images_per_second": raw, **app, "app_over_raw": ratio,
-                                     "inference_idle_ms": idle_ms, "inference_load_ms": load_ms,
-                                     "inference_load_over_idle": load_ms / idle_ms if idle_ms and load_ms else None,
-                                     "peak_tree_rss_mb": peak / 2**20})
+                        rows.append(
+                            {
+                                "profile": name,
+                                "spec": spec,
+                                "model_side": side,
+                                "clients": clients,
+                                "client": kind,
+                                "device_images_per_second": raw,
+                                **app,
+                                "app_over_raw": ratio,
+                                "inference_idle_ms": idle_ms,
+                                "inference_load_ms": load_ms,
+                                "inference_load_over_idle": load_ms / idle_ms if idle_ms and load_ms else None,
+                                "peak_tree_rss_mb": peak / 2**20,
+                            }
+                        )
                 entry: dict[str, Any] = {"profile": name, "model_side": side}
                 if name == REJECT_PROFILE or quick and name == names[-1]:
                     entry["rejected"] = rejection_latency(server, sim, 20 if quick else 60)
                 servers.append(entry)
             finally:
                 server.close()
+    shutil.rmtree(tmp, ignore_errors=True)  # every server's images: gigabytes on the null device
     return {"quick": quick, "cores": psutil.cpu_count(), "client": client, "rows": rows, "servers": servers}
 
 
 def render(result: dict[str, Any]) -> str:
     client = result.get("client", "gradio")
-    callers = {"gradio": "gradio_client callers", "async": "one asyncio caller loop",
-               "both": "gradio_client threads and one asyncio loop, ABBA"}[client]
-    lines = [f"Fast device ({'quick' if result['quick'] else 'full'}, {result['cores']} cores): "
-             f"app = this app (`--max-batch-size 1`), 512 px unless named; {callers}",
-             "", "| profile | model side | clients | client | device's own rate img/s | through the app img/s "
-             "| app / raw | server CPU per request ms (process tree) | client CPU per request ms "
-             "| model inference under load / idle | peak RSS of the process tree MiB | errors |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    callers = {
+        "gradio": "gradio_client callers",
+        "async": "one asyncio caller loop",
+        "both": "gradio_client threads and one asyncio loop, ABBA",
+    }[client]
+    lines = [
+        f"Fast device ({'quick' if result['quick'] else 'full'}, {result['cores']} cores): "
+        f"app = this app (`--max-batch-size 1`), 512 px unless named; {callers}",
+        "",
+        "| profile | model side | clients | client | device's own rate img/s | through the app img/s "
+        "| app / raw | server CPU per request ms (process tree) | client CPU per request ms "
+        "| model inference under load / idle | peak RSS of the process tree MiB | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in result["rows"]:
         raw = "unlimited" if r["device_images_per_second"] is None else f"{r['device_images_per_second']:.1f}"
         ratio = "-" if r["app_over_raw"] is None else f"{r['app_over_raw']:.2f}"
         own = "-" if r.get("client_cpu_ms_per_request") is None else f"{r['client_cpu_ms_per_request']:.1f}"
         slow = r.get("inference_load_over_idle")
-        lines.append(f"| {r['profile']} | {r.get('model_side', 'thread')} | {r['clients']} | "
-                     f"{r.get('client', 'gradio')} | {raw} | {r['images_per_second']:.1f} | {ratio} | "
-                     f"{r['server_cpu_ms_per_request']:.0f} | {own} | {'-' if slow is None else f'{slow:.2f}'} | "
-                     f"{r.get('peak_tree_rss_mb', 0):.0f} | {r['errors']} |")
+        lines.append(
+            f"| {r['profile']} | {r.get('model_side', 'thread')} | {r['clients']} | "
+            f"{r.get('client', 'gradio')} | {raw} | {r['images_per_second']:.1f} | {ratio} | "
+            f"{r['server_cpu_ms_per_request']:.0f} | {own} | {'-' if slow is None else f'{slow:.2f}'} | "
+            f"{r.get('peak_tree_rss_mb', 0):.0f} | {r['errors']} |"
+        )
     rejected = [s for s in result.get("servers", []) if "rejected" in s]
     if rejected:
-        lines += ["", "| rejected request (width 65) | model side | idle p50 / p99 ms | "
-                  "while 16 callers generate p50 / p99 ms | p99 load - idle ms |", "|---|---|---|---|---|"]
+        lines += [
+            "",
+            "| rejected request (width 65) | model side | idle p50 / p99 ms | "
+            "while 16 callers generate p50 / p99 ms | p99 load - idle ms |",
+            "|---|---|---|---|---|",
+        ]
         for s in rejected:
             j = s["rejected"]
-            lines.append(f"| {s['profile']} | {s['model_side']} | {j['idle_p50_ms']:.1f} / {j['idle_p99_ms']:.1f} | "
-                         f"{j['load_p50_ms']:.1f} / {j['load_p99_ms']:.1f} | {j['load_p99_minus_idle_p99_ms']:.1f} |")
+            lines.append(
+                f"| {s['profile']} | {s['model_side']} | {j['idle_p50_ms']:.1f} / {j['idle_p99_ms']:.1f} | "
+                f"{j['load_p50_ms']:.1f} / {j['load_p99_ms']:.1f} | {j['load_p99_minus_idle_p99_ms']:.1f} |"
+            )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--client", choices=(*loadgen.CLIENTS, "both"), default=DEFAULT_CLIENT,
-                        help="the load generator: gradio_client threads, one asyncio loop, or both in ABBA order")
-    parser.add_argument("--profiles", type=lambda v: tuple(v.split(",")), default=None,
-                        help=f"comma-separated, of {', '.join(PROFILES)}")
-    parser.add_argument("--clients", type=lambda v: tuple(int(c) for c in v.split(",")), default=None,
-                        help="comma-separated caller counts (default 8, or 8,32 in a full run)")
-    parser.add_argument("--fetch", action="store_true",
-                        help="download every image, as gradio_client does by default (the benchmark's callers don't)")
-    parser.add_argument("--model-side", type=lambda v: tuple(v.split(",")), default=None,
-                        help="comma-separated model sides to serve from (default process,thread; quick: process)")
+    parser.add_argument(
+        "--client",
+        choices=(*loadgen.CLIENTS, "both"),
+        default=DEFAULT_CLIENT,
+        help="the load generator: gradio_client threads, one asyncio loop, or both in ABBA order",
+    )
+    parser.add_argument(
+        "--profiles",
+        type=lambda v: tuple(v.split(",")),
+        default=None,
+        help=f"comma-separated, of {', '.join(PROFILES)}",
+    )
+    parser.add_argument(
+        "--clients",
+        type=lambda v: tuple(int(c) for c in v.split(",")),
+        default=None,
+        help="comma-separated caller counts (default 8, or 8,32 in a full run)",
+    )
+    parser.add_argument(
+        "--fetch",
+        action="store_true",
+        help="download every image, as gradio_client does by default (the benchmark's callers don't)",
+    )
+    parser.add_argument(
+        "--model-side",
+        type=lambda v: tuple(v.split(",")),
+        default=None,
+        help="comma-separated model sides to serve from (default process,thread; quick: process)",
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.profiles and not set(args.profiles) <= set(PROFILES):

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import os
 import sys
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -32,6 +34,8 @@ from pipeline.engine.simulated import picture
 from pipeline.serving.png import encode_png
 from pipeline.web.outputs import Postprocess
 
+KEEP = 512  # files kept: a few seconds of requests, long past each one's answer
+
 
 def build(out_dir: Path, postprocess: bool) -> gr.Blocks:
     image = picture(512, 1)
@@ -39,9 +43,18 @@ def build(out_dir: Path, postprocess: bool) -> gr.Blocks:
     pool = ThreadPoolExecutor(os.cpu_count() or 2, thread_name_prefix="floor-encode")
     out_dir.mkdir(parents=True, exist_ok=True)
 
+    written: collections.deque[Path] = collections.deque()
+    lock = threading.Lock()
+
     def write() -> str:
+        """A new file per request, as the app writes; the oldest beyond KEEP deleted (no sweeper here)."""
         path = out_dir / f"{uuid.uuid4().hex[:12]}-0.png"
         path.write_bytes(encode_png(image, texts))
+        with lock:
+            written.append(path)
+            old = written.popleft() if len(written) > KEEP else None
+        if old is not None:
+            old.unlink(missing_ok=True)
         return str(path)
 
     with gr.Blocks() as demo:
