@@ -18,9 +18,7 @@ import argparse
 import asyncio
 import collections
 import os
-import sys
 import threading
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -29,6 +27,7 @@ from typing import Any, AsyncGenerator
 import gradio as gr
 
 import app  # noqa: F401  (its Gradio settings, set before Gradio builds a queue)
+from bench.servers import serve_forever
 from pipeline import allocator
 from pipeline.engine.simulated import picture
 from pipeline.serving.png import encode_png
@@ -101,12 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     cache = Path(os.environ.get("GRADIO_TEMP_DIR") or Path(os.environ.get("TMPDIR", "/tmp")) / "gradio")
     demo = build(cache / "floor", args.postprocess)
     demo.launch(server_name="127.0.0.1", server_port=args.port, prevent_thread_lock=True, quiet=True, ssr_mode=False)
-    print("READY", flush=True)
-    try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        sys.exit(0)
+    serve_forever()
 
 
 if __name__ == "__main__":

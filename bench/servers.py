@@ -25,8 +25,8 @@ def naive_demo(design: str, settings: Any) -> Any:
     import gradio as gr
 
     from pipeline.engine.loading import load_model
-    from pipeline.serving.postprocess import encode_pngs
     from pipeline.request import limits_for, validate
+    from pipeline.serving.postprocess import encode_pngs
 
     model = load_model(settings)
     limits = limits_for(settings, model.profile)
@@ -39,7 +39,7 @@ def naive_demo(design: str, settings: Any) -> Any:
                    guidance_scale=guidance_scale, num_images=num_images, live_preview=live_preview)
         try:
             request = validate(raw, limits, model.count_tokens)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             raise gr.Error(str(exc)) from None
         job = request.to_job()
         if design == "no_gate":
@@ -90,6 +90,11 @@ def main(argv: list[str] | None = None) -> None:
         demo, routes = naive_demo(args.design, settings)
         demo.launch(server_name=settings.host, server_port=settings.port, ssr_mode=False, prevent_thread_lock=True,
                     app_kwargs={"routes": routes}, quiet=True)
+    serve_forever()
+
+
+def serve_forever() -> None:
+    """Say READY (what ``bench.__main__.Server`` waits for), then keep the launched app serving."""
     print("READY", flush=True)
     try:
         while True:

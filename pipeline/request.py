@@ -298,20 +298,26 @@ def validate(
     return with_token_notes(request, limits, count_tokens) if count_tokens is not None else request
 
 
+def _texts_to_count(request: GenerateRequest, limits: Limits) -> list[tuple[str, str]]:
+    """(field, text) for each text of ``request`` that might not fit a text encoder's window."""
+    texts = (("prompt", request.prompt), ("negative_prompt", request.negative_prompt))
+    return [(field, text) for field, text in texts if text and not fits_every_window(text, limits.text_encoders)]
+
+
 def needs_token_count(request: GenerateRequest, limits: Limits) -> bool:
     """Whether a text of ``request`` might not fit a text encoder's window (``fits_every_window``)."""
-    texts = (request.prompt, request.negative_prompt)
-    return any(text and not fits_every_window(text, limits.text_encoders) for text in texts)
+    return bool(_texts_to_count(request, limits))
 
 
 def with_token_notes(
     request: GenerateRequest, limits: Limits, count_tokens: Callable[[str], Mapping[str, int]]
 ) -> GenerateRequest:
     """``request`` with a note for each text an encoder will cut; counts only texts that might not fit."""
-    warnings: list[str] = []
-    for field, text in (("prompt", request.prompt), ("negative_prompt", request.negative_prompt)):
-        if text and not fits_every_window(text, limits.text_encoders):
-            warnings.extend(_truncation_notes(field, count_tokens(text), limits.text_encoders))
+    warnings = [
+        note
+        for field, text in _texts_to_count(request, limits)
+        for note in _truncation_notes(field, count_tokens(text), limits.text_encoders)
+    ]
     return dataclasses.replace(request, warnings=tuple(warnings)) if warnings else request
 
 

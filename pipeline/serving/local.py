@@ -13,9 +13,9 @@
 
 Only step 3 is inside the gate, and the gate belongs to the job: the ``gpu-job`` task that holds it
 releases it when the model side has left the job, never earlier. Step 4 (and step 1 when it
-counts) runs in the adapter's small thread pool, so the event loop only keeps the books. A request
-whose consumer stops (cancel, disconnect, close) leaves at once; its job's stop is set when nobody is left in the
-job, and the model stops at the end of the step in progress.
+counts) runs in the adapter's small thread pool, so the event loop only keeps the books. A
+request whose consumer stops (cancel, disconnect, close) leaves at once; its job's stop is set
+when nobody is left in the job, and the model stops at the end of the step in progress.
 
 State and owners: the event loop owns the gate, the line, the jobs' ``running`` stops and every
 request's stream; the model-stream thread only posts to the loop; ``begin_shutdown`` from another
