@@ -36,6 +36,7 @@ from pipeline.serving.base import Adapter
 from pipeline.serving.local import LocalAdapter
 from pipeline.serving.sweeper import Sweeper
 from pipeline.web import lifecycle
+from pipeline.web.gradio_internals import forget_temp_files
 from pipeline.web.layout import build_demo
 from pipeline.web.lifecycle import launch, own_gradio_cache, shutdown
 
@@ -68,6 +69,8 @@ def start_backend(settings: Settings, load: Callable[[], Model] | None = None) -
         limits_for(settings, profile),
         settings.output_dir,
         job_timeout=settings.job_timeout,
+        # A compile takes tens of seconds per new shape (README, --compile): its jobs get room for one.
+        auto_limit_floor=300.0 if settings.compile else 30.0,
         max_batch_size=settings.max_batch_size,
         max_waiting_per_user=settings.resolved_max_waiting_per_user(),
         step_joining=settings.step_joining == "on",
@@ -121,10 +124,13 @@ def create_app(settings: Settings, load: Callable[[], Model] | None = None) -> t
         interval=settings.sweep_interval,
         min_age=min(10.0, settings.sweep_interval),
     )
+    demo = build_demo(adapter, settings)
+    # Every output path joins a Gradio temp-file set and would stay there: the sweeper's deletions leave them.
+    sweeper.on_deleted = lambda paths: forget_temp_files(demo, paths)
     adapter.on_close(sweeper.stop)
     sweeper.start()
     adapter.metrics.watch_disk(lambda: sweeper.last)
-    return build_demo(adapter, settings), adapter
+    return demo, adapter
 
 
 def main(argv: Sequence[str] | None = None) -> None:

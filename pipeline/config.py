@@ -37,7 +37,13 @@ class Settings:
     max_steps: int | None = None  # None: follows the model
     max_prompt_chars: int = 2000
     max_pixels: int | None = None  # None: max_size squared
-    job_timeout: float | None = None  # seconds a job may run on the model; None: no limit
+    job_timeout: float | None = None  # seconds a job may run on the model; None: derived from the measured rate
+    max_pixel_steps: int | None = None  # width × height × steps × images per request; None: 8 default jobs
+    trusted_proxies: str | None = None  # auto | none | addresses/CIDRs whose X-Forwarded-For is believed
+    rate_limit: float = 4.0  # joins a second per user (bursts of 10 s of it)
+    max_sessions_per_user: int = 16  # browser tabs / client sessions open at once per user
+    max_connections_per_address: int = 32  # connections (behind a proxy: open requests) per client address
+    max_body_kb: int = 1024  # largest request body
     auth: str | None = None  # "user:password"
     metrics_token: str | None = None  # under --auth, /metrics also takes "Authorization: Bearer <token>"
     output_max_mb: int = 1024
@@ -67,6 +73,9 @@ class Settings:
         return self.max_waiting_per_user or max(
             1, min(self.concurrency // 2, self.concurrency - self.max_batch_size - 1)
         )
+
+    def on_spaces(self) -> bool:
+        return bool(os.environ.get("SPACE_ID"))
 
     def resolved_torch_threads(self) -> int:
         return self.torch_threads or max(1, (os.cpu_count() or 2) - 1)
@@ -122,8 +131,36 @@ _OPTIONS: tuple[tuple[str, str, type, str], ...] = (
         "job_timeout",
         "T2I_JOB_TIMEOUT",
         float,
-        "seconds a job may run on the model before it is stopped (default: no limit)",
+        "seconds a job may run on the model before it is stopped (default: derived from the measured "
+        "step rate, twice the job's expected time plus 30 s, and 10 minutes before anything is measured)",
     ),
+    (
+        "max_pixel_steps",
+        "T2I_MAX_PIXEL_STEPS",
+        int,
+        "most width × height × steps × images one request may ask for (default: 8 of the model's default job)",
+    ),
+    (
+        "trusted_proxies",
+        "T2I_TRUSTED_PROXIES",
+        str,
+        "auto, none, or comma-separated addresses/CIDRs of proxies whose X-Forwarded-For is believed "
+        "(default auto: 127.0.0.1 and ::1, and on Spaces the private ranges its proxy comes from)",
+    ),
+    ("rate_limit", "T2I_RATE_LIMIT", float, "joins a second per user; bursts up to 10 s of it (default 4)"),
+    (
+        "max_sessions_per_user",
+        "T2I_MAX_SESSIONS_PER_USER",
+        int,
+        "sessions (browser tabs, clients) one user may have open (default 16)",
+    ),
+    (
+        "max_connections_per_address",
+        "T2I_MAX_CONNECTIONS_PER_ADDRESS",
+        int,
+        "connections one address may have open; behind a trusted proxy, open requests (default 32)",
+    ),
+    ("max_body_kb", "T2I_MAX_BODY_KB", int, "largest request body in KiB (default 1024)"),
     ("auth", "T2I_AUTH", str, "user:password required to use the app (recommended with --share)"),
     (
         "metrics_token",
@@ -245,11 +282,23 @@ def _check(s: Settings) -> None:
         raise SystemExit(f"--dtype must be auto, float32, float16 or bfloat16; got {s.dtype!r}")
     if not 0 < s.port < 65536:
         raise SystemExit(f"--port must be between 1 and 65535; got {s.port}")
-    for name in ("concurrency", "queue_size", "max_images", "max_batch_size", "max_prompt_chars"):
+    names: tuple[str, ...] = ("concurrency", "queue_size", "max_images", "max_batch_size", "max_prompt_chars")
+    names += ("max_sessions_per_user", "max_connections_per_address", "max_body_kb")
+    for name in names:
         if getattr(s, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be at least 1; got {getattr(s, name)}")
     if s.max_waiting_per_user is not None and s.max_waiting_per_user < 1:
         raise SystemExit(f"--max-waiting-per-user must be at least 1; got {s.max_waiting_per_user}")
+    if s.max_pixel_steps is not None and s.max_pixel_steps < 1:
+        raise SystemExit(f"--max-pixel-steps must be at least 1; got {s.max_pixel_steps}")
+    if not s.rate_limit > 0:
+        raise SystemExit(f"--rate-limit must be a positive number of joins a second; got {s.rate_limit}")
+    from .web.identity import TrustedProxies  # pure: parses addresses, imports no Gradio
+
+    try:
+        TrustedProxies.parse(s.trusted_proxies)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     if s.auth is not None and (":" not in s.auth or s.auth.startswith(":") or s.auth.endswith(":")):
         raise SystemExit("--auth must be user:password")
     if s.job_timeout is not None and not s.job_timeout > 0:

@@ -46,6 +46,13 @@ class QueueFull(RetryLater):
         super().__init__(f"The queue is full{size}; please retry in a moment.")
 
 
+class StorageFull(RetryLater):
+    """The disk for the outputs is full: nothing was written (no partial file is left)."""
+
+    def __init__(self) -> None:
+        super().__init__("The server's storage is full; please retry later.")
+
+
 class TooManyWaiting(RetryLater):
     """A per-user cap (``--max-waiting-per-user``): this user already has that many requests in line."""
 

@@ -37,6 +37,7 @@ FIELDS = (
     "scheduler",  # last, so the earlier parameters keep their positions in the API
 )
 DEFAULT_SCHEDULER = "default"  # the model's own scheduler
+BUDGET_DEFAULT_JOBS = 8  # the default cost budget: this many of the model's default job (one image)
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class Limits:
     text_encoders: tuple[tuple[str, int], ...]
     negative_prompt: bool = True  # False: the model does not use one (FLUX), so a non-empty one is refused
     schedulers: tuple[str, ...] = (DEFAULT_SCHEDULER,)  # the sampler names this model offers
+    max_pixel_steps: int = 0  # width × height × steps × images one request may cost; 0: no budget
 
     @classmethod
     def for_model(
@@ -65,8 +67,10 @@ class Limits:
         max_size: int | None = None,
         max_steps: int | None = None,
         max_pixels: int | None = None,
+        max_pixel_steps: int | None = None,
     ) -> Limits:
         top = max_size or profile.max_size
+        default_job = profile.default_width * profile.default_height * profile.default_steps
         return cls(
             min_size=profile.min_size,
             max_size=top,
@@ -81,6 +85,7 @@ class Limits:
             text_encoders=profile.text_encoders,
             negative_prompt=profile.supports_negative_prompt,
             schedulers=profile.schedulers,
+            max_pixel_steps=max_pixel_steps or BUDGET_DEFAULT_JOBS * default_job,
         )
 
 
@@ -281,6 +286,13 @@ def validate(
     if not isinstance(live_preview, bool):
         raise InvalidRequest("live_preview", f"live_preview must be true or false; got {_show(live_preview)}")
     scheduler = _scheduler(raw.get("scheduler"), limits)
+    cost = width * height * steps * num_images
+    if limits.max_pixel_steps and cost > limits.max_pixel_steps:
+        raise InvalidRequest(
+            "num_inference_steps",
+            f"width × height × num_inference_steps × num_images must be at most {limits.max_pixel_steps} "
+            f"pixel-steps (the cost budget, --max-pixel-steps); got {width}×{height}×{steps}×{num_images} = {cost}",
+        )
 
     request = GenerateRequest(
         request_id=request_id or new_request_id(),
@@ -330,4 +342,5 @@ def limits_for(settings: Settings, profile: ModelProfile) -> Limits:
         max_size=settings.max_size,
         max_steps=settings.max_steps,
         max_pixels=settings.max_pixels,
+        max_pixel_steps=settings.max_pixel_steps,
     )

@@ -42,14 +42,22 @@ def anyio_backend() -> str:
 
 @pytest.fixture
 def make_adapter(tmp_path: Path) -> Any:
-    """Build a LocalAdapter around a FakeModel on a real ModelRunner thread; cleaned up afterwards."""
+    """Build a LocalAdapter around a FakeModel on a real ModelRunner thread; cleaned up afterwards.
+
+    The fake's default job is 64 px and 4 steps, so the default cost budget (8 of them) would refuse
+    the long jobs the ordering tests need: ``max_pixel_steps`` is 50 steps of 4 images at 512 px
+    unless a test names its own.
+    """
     made: list[LocalAdapter] = []
 
-    def make(model: FakeModel | None = None, **kwargs: Any) -> tuple[LocalAdapter, FakeModel]:
+    def make(
+        model: FakeModel | None = None, max_pixel_steps: int = 512 * 512 * 50 * 4, **kwargs: Any
+    ) -> tuple[LocalAdapter, FakeModel]:
         model = model or FakeModel()
         runner = ModelRunner(lambda: model)
         profile = runner.start(timeout=10)
-        adapter = LocalAdapter(runner, Limits.for_model(profile), tmp_path / "outputs", **kwargs)
+        limits = Limits.for_model(profile, max_pixel_steps=max_pixel_steps)
+        adapter = LocalAdapter(runner, limits, tmp_path / "outputs", **kwargs)
         made.append(adapter)
         return adapter, model
 

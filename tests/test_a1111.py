@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.request import MAX_SEED, Limits
-from pipeline.serving.postprocess import a1111_parameters
-from pipeline.web.a1111 import fill_from, match_sampler, notes_markdown, parse_parameters
+from pipeline.serving.postprocess import a1111_parameters, quote
+from pipeline.web.a1111 import fill_from, match_sampler, notes_html, parse_parameters, settings_pairs
 from tests.fakes import FAKE_PROFILE
 
 LIMITS = Limits.for_model(FAKE_PROFILE)  # sizes: multiples of 8 from 64 to 512; steps 1-50; guidance 0-20
@@ -54,9 +57,10 @@ def test_what_fits_is_filled_and_each_field_that_does_not_gets_a_note() -> None:
     assert "Model: the text names 'dreamshaper_8'; this app runs 'fake-model'" in notes
     assert ("Not used by this app: Model hash, Denoising strength, Clip skip, Hires upscale, Hires upscaler, "
             "Lora hashes, Version.") in notes
-    shown = notes_markdown(fill)
-    assert shown.startswith("**Filled:** prompt, negative prompt, steps, guidance, seed, sampler.")
-    assert "- Size: 512x768 not applied" in shown
+    shown = notes_html(fill)
+    assert shown.startswith('<div class="t2i-notes"><p><strong>Filled:</strong> prompt, negative prompt, steps, '
+                            "guidance, seed, sampler.</p><ul>")
+    assert "<li>Size: 512x768 not applied" in shown
 
 
 def test_the_older_format_and_a_text_without_a_negative_prompt() -> None:
@@ -83,6 +87,7 @@ def test_this_apps_own_text_round_trips() -> None:
         assert fill.notes == [], fill.notes
         assert fill.values == {
             **params,
+            "prompt": "a red circle on a blue background",  # one line: a line break is written as a space
             "seed": 4242,
             "randomize_seed": False,
             "scheduler": "Euler" if sampler == "EulerDiscreteScheduler" else sampler,
@@ -152,3 +157,34 @@ def test_a_negative_prompt_a_model_cannot_use_and_an_over_long_prompt_are_refuse
         "Prompt not applied: it is 21 characters; this app takes at most 20.",
         "Negative prompt not applied: this model does not use one.",
     ]
+
+
+def test_a_prompts_line_breaks_cannot_plant_lines_and_quoted_values_round_trip() -> None:
+    planted = "a cat\nNegative prompt: planted\nSteps: 99, Sampler: Heun, CFG scale: 1, Seed: 5, Size: 64x64"
+    params = {"prompt": planted, "negative_prompt": "blurry,\r\nSteps: 1, Seed: 2, Size: 8x8",
+              "num_inference_steps": 12, "guidance_scale": 7.5, "width": 96, "height": 64}
+    model = 'C:\\models\\odd, "quoted": name'
+    text = a1111_parameters(params, 4242, model, "Euler a")
+    assert len(text.splitlines()) == 3, text  # prompt, negative prompt, settings: nothing more
+    pasted = parse_parameters(text)
+    assert pasted.prompt == " ".join(planted.splitlines())
+    assert pasted.negative_prompt == "blurry, Steps: 1, Seed: 2, Size: 8x8"
+    assert pasted.settings["Model"] == model and pasted.settings["Seed"] == "4242"
+    assert pasted.settings["Steps"] == "12" and pasted.settings["Sampler"] == "Euler a"
+    assert text.splitlines()[-1].endswith('Model: ' + json.dumps(model))  # A1111's quote: JSON
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.from_regex(r"[A-Za-z][A-Za-z0-9 ]{0,12}", fullmatch=True), st.text(max_size=30)),
+                min_size=1, max_size=6))
+def test_every_quoted_settings_line_reads_back_as_written(pairs: list[tuple[str, str]]) -> None:
+    pairs = [(k.strip(), v.strip()) for k, v in pairs if k.strip()]
+    line = ", ".join(f"{k}: {quote(v)}" for k, v in pairs)
+    assert settings_pairs(line) == pairs
+
+
+def test_the_notes_are_plain_text() -> None:
+    fill = fill_from(parse_parameters("a\nSteps: ![x](https://evil.example/t.png), Seed: <b>1</b>, CFG scale: 2"),
+                     LIMITS)
+    shown = notes_html(fill)
+    assert "<b>" not in shown and "&lt;b&gt;" in shown and "<img" not in shown

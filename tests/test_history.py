@@ -7,7 +7,16 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from pipeline.web.results import HISTORY_SIZE, add_results, history_items, restore, summary_markdown, write_zip
+from pipeline.serving.postprocess import owner_folder
+from pipeline.web.results import (
+    HISTORY_SIZE,
+    SessionResults,
+    add_results,
+    history_items,
+    restore,
+    summary_markdown,
+    write_zip,
+)
 
 
 def done(request_id: str, seeds: list[int], **params: Any) -> dict[str, Any]:
@@ -84,8 +93,10 @@ def test_the_zip_holds_every_image_still_on_disk_and_their_parameters(tmp_path: 
     paths = [str(images / name) for name in ("a0.png", "a1.png", "swept.png")]
     history = add_results([], gallery(*paths), done("a", [10, 11, 12]))
     out = tmp_path / "outputs"
-    path = write_zip(history, out)
-    assert path is not None and path.parent.parent == out and path.suffix == ".zip"  # <out>/<day>/: swept too
+    path = write_zip(history, out, owner="addr:203.0.113.9")
+    # <out>/<day>/<the owner's folder>/: swept with the images, counted in that identity's share
+    assert path is not None and path.parent.parent.parent == out and path.suffix == ".zip"
+    assert path.parent.name == owner_folder("addr:203.0.113.9") != owner_folder("addr:203.0.113.10")
     with zipfile.ZipFile(path) as archive:
         assert archive.namelist() == ["01-seed10.png", "02-seed11.png", "parameters.json"]
         assert archive.read("02-seed11.png") == b"\x89PNG a1.png"
@@ -93,3 +104,37 @@ def test_the_zip_holds_every_image_still_on_disk_and_their_parameters(tmp_path: 
     assert [r["seed"] for r in records] == [10, 11] and records[0]["prompt"] == "prompt of a"
     assert not list(out.rglob("*.tmp"))
     assert write_zip([], out) is None and write_zip(add_results([], gallery("gone.png"), done("g", [1])), out) is None
+
+
+def test_each_session_keeps_the_servers_own_record_and_its_zip_is_reused_while_unchanged(tmp_path: Path) -> None:
+    images = tmp_path / "outputs" / "day" / "u-x"
+    images.mkdir(parents=True)
+    for name in ("a0.png", "b0.png"):
+        (images / name).write_bytes(b"\x89PNG " + name.encode())
+    book = SessionResults(max_sessions=2)
+    record = done("a", [10])
+    book.add("tab1", [images / "a0.png"], {k: v for k, v in record.items() if k != "status"})
+    assert [e["path"] for e in book.history("tab1")] == [str(images / "a0.png")]
+    assert book.history("tab2") == [] and book.last("tab2") is None and book.history(None) == []
+    assert book.last("tab1")["seeds"] == [10] and book.last("tab1")["status"] == "done"
+    first = book.zip("tab1", tmp_path / "outputs", "addr:1")
+    assert first is not None and book.zip("tab1", tmp_path / "outputs", "addr:1") == first  # the same history
+    book.add("tab1", [images / "b0.png"], done("b", [20]))
+    second = book.zip("tab1", tmp_path / "outputs", "addr:1")
+    assert second is not None and second != first  # the history changed: a new zip of both
+    with zipfile.ZipFile(second) as archive:
+        assert archive.namelist() == ["01-seed20.png", "02-seed10.png", "parameters.json"]
+    book.add("tab2", [images / "b0.png"], done("c", [1]))
+    book.add("tab3", [images / "b0.png"], done("d", [2]))
+    assert book.history("tab1") == []  # the oldest session went first
+
+
+def test_a_zip_holds_the_newest_images_up_to_its_size_cap(tmp_path: Path) -> None:
+    paths = []
+    for k in range(4):
+        (tmp_path / f"{k}.png").write_bytes(b"x" * 10)
+        paths.append(str(tmp_path / f"{k}.png"))
+    path = write_zip(add_results([], gallery(*paths), done("r", [0, 1, 2, 3])), tmp_path / "out", max_bytes=25)
+    assert path is not None
+    with zipfile.ZipFile(path) as archive:
+        assert archive.namelist() == ["01-seed0.png", "02-seed1.png", "parameters.json"]

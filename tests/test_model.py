@@ -196,7 +196,7 @@ async def test_a_request_draws_the_same_images_alone_and_in_a_batch(model: Any, 
 
     runner = ModelRunner(lambda: model)
     runner.start(timeout=30)
-    adapter = LocalAdapter(runner, Limits.for_model(model.profile), tmp_path, max_batch_size=4)
+    adapter = LocalAdapter(runner, Limits.for_model(model.profile, max_pixel_steps=128 * 128 * 60), tmp_path, max_batch_size=4)
     common = dict(num_inference_steps=8, width=64, height=64, guidance_scale=7.5)
     mine = raw_request(prompt="a red circle", negative_prompt="blurry", seed=1234, num_images=2, **common)
     # Both with a negative prompt: a request with one and a request without never share a job.

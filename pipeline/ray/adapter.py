@@ -38,7 +38,7 @@ from ..serving.base import SHUTDOWN_MESSAGE, AdapterBase
 from ..serving.events import Done, Event, Step, Waiting
 from ..serving.line import WaitLine
 from ..serving.metrics import Metrics
-from ..serving.postprocess import day_folder, write_then_rename
+from ..serving.postprocess import output_folder, write_then_rename
 from .cluster import RayCluster, stop
 from .replica import RemoteDone, Started
 
@@ -156,7 +156,7 @@ class RayAdapter(AdapterBase):
         raw: Mapping[str, Any],
         request_id: str | None,
         alive: Callable[[], bool] | None,
-        user: str | None = None,  # not used: Ray Serve's own queue orders the replicas' requests
+        user: str | None = None,  # only for the disk share: Ray Serve's own queue orders the replicas' requests
     ) -> AsyncGenerator[Event, None]:
         loop = asyncio.get_running_loop()
         # 1. Prepare on the front end: a bad field is answered here, before any replica sees it. The
@@ -223,7 +223,7 @@ class RayAdapter(AdapterBase):
         if done is None:
             raise GenerationFailed(request.request_id)
         # 4. Finalize on the front end: write the replica's PNGs where the app serves files from.
-        paths = await loop.run_in_executor(self._pool, self._write, done)
+        paths = await loop.run_in_executor(self._pool, self._write, done, user)
         info = dict(done.info)
         info["backend"] = "ray"
         self.metrics.images.inc(len(paths))
@@ -253,9 +253,10 @@ class RayAdapter(AdapterBase):
                 self.metrics.denoise_steps.inc()
             yield item
 
-    def _write(self, done: RemoteDone) -> list[Path]:
-        day = day_folder(self.output_dir)
-        return [write_then_rename(day / name, partial(_write_bytes, png)) for name, png in zip(done.names, done.pngs)]
+    def _write(self, done: RemoteDone, user: str | None) -> list[Path]:
+        folder = output_folder(self.output_dir, user)
+        pngs = zip(done.names, done.pngs)
+        return [write_then_rename(folder / name, partial(_write_bytes, png)) for name, png in pngs]
 
 
 def _write_bytes(data: bytes, path: Path) -> None:

@@ -37,10 +37,19 @@ from .streamer import ModelStreamer
 log = logging.getLogger(__name__)
 
 TIMEOUT_GRACE_SECONDS = 2.0  # after a time limit, how long to wait for the model side to stop
+# The default time limit (no --job-timeout), from the measured rate: twice the job's expected time
+# (as if its loop were full) plus a floor, and before anything has been measured a fixed limit.
+AUTO_LIMIT_FLOOR_SECONDS = 30.0
+AUTO_LIMIT_FACTOR = 2.0
+AUTO_LIMIT_UNMEASURED_SECONDS = 600.0
 
 
 class TimedOut(Exception):
-    """A job ran past the adapter's time limit (each request gets its own ``JobTimedOut``)."""
+    """A job ran past its time limit, ``limit`` seconds (each request gets its own ``JobTimedOut``)."""
+
+    def __init__(self, limit: float) -> None:
+        super().__init__(f"past {limit:g} s")
+        self.limit = limit
 
 
 class ModelCrashed(Exception):
@@ -74,15 +83,31 @@ class GpuJobs:
         *,
         job_timeout: float | None,
         closing: Callable[[], bool],
+        auto_floor: float = AUTO_LIMIT_FLOOR_SECONDS,
     ) -> None:
         self.streamer = streamer
         self.metrics = metrics
-        self.job_timeout = job_timeout
+        self.job_timeout = job_timeout  # None: each job's limit follows the measured rate (time_limit)
+        self.auto_floor = auto_floor
         self._closing = closing
         self.running: dict[int, StopSignal] = {}  # id(batch) -> the stop of the job on the model side
         self.model_hung = False  # a job ran past its limit and the model side has not returned yet
         self.book = EtaBook()  # measured rates per shape, for the ETA (eta.py)
         self.clock: JobClock | None = None  # the job on the model side now, as the ETA follows it
+
+    def time_limit(self, job: InferenceJob) -> float:
+        """Seconds ``job`` may run: ``--job-timeout``, else from the measured rate (see the constants).
+
+        A joinable job is timed as if its loop held the most images it may (each step then draws
+        them all), so a full loop does not time out its members.
+        """
+        if self.job_timeout is not None:
+            return self.job_timeout
+        images = max(job.num_images, job.loop_images_max)
+        expected = self.book.job_seconds(Shape(job.width * job.height, job.num_inference_steps, images))
+        if expected is None:
+            return AUTO_LIMIT_UNMEASURED_SECONDS
+        return round(self.auto_floor + AUTO_LIMIT_FACTOR * expected, 1)
 
     def stop_all(self) -> None:
         for stop in list(self.running.values()):
@@ -158,15 +183,16 @@ class GpuJobs:
         # Steps are posted with call_soon_threadsafe before the terminal future resolves, so every
         # step reaches its member before the end does.
         terminal = self.streamer.submit(job, stop, deliver, context=context)
+        limit = self.time_limit(job)
         try:
-            if not await wait_for_model(terminal, timeout=self.job_timeout):
+            if not await wait_for_model(terminal, timeout=limit):
                 # Past the limit: stop at the next step (a loop member leaves it; the others go on).
                 # A model stuck inside one step cannot be interrupted; the callers are answered
                 # anyway, and the gate still keeps the next job from running beside the stuck one.
                 stop.set()
                 if not await wait_for_model(terminal, timeout=TIMEOUT_GRACE_SECONDS):
                     self._mark_hung(terminal)
-                return TimedOut()
+                return TimedOut(limit)
         finally:
             self.running.pop(key, None)
             if self.clock is clock:

@@ -46,7 +46,7 @@ from ..request import GenerateRequest, Limits, needs_token_count, validate, with
 from .base import SHUTDOWN_MESSAGE, AdapterBase
 from .eta import Shape
 from .events import Done, Event, Timings, Waiting
-from .jobs import GpuJobs, ModelCrashed, ModelFailed, TimedOut
+from .jobs import AUTO_LIMIT_FLOOR_SECONDS, GpuJobs, ModelCrashed, ModelFailed, TimedOut
 from .line import REPORT_INTERVAL, Batch, End, Line, Member, Session, StopSignal
 from .metrics import Metrics
 from .postprocess import encode_pngs, info_record, scheduler_used
@@ -68,6 +68,7 @@ class LocalAdapter(AdapterBase):
         clock: Callable[[], float] = time.time,
         encode: Callable[..., list[Path]] = encode_pngs,
         job_timeout: float | None = None,
+        auto_limit_floor: float = AUTO_LIMIT_FLOOR_SECONDS,
         max_batch_size: int = 1,
         max_waiting_per_user: int | None = None,
         step_joining: bool = False,
@@ -87,7 +88,13 @@ class LocalAdapter(AdapterBase):
         self.job_timeout = job_timeout
         self._clock = clock
         self._encode_pngs = encode
-        self.jobs = GpuJobs(self.streamer, self.metrics, job_timeout=job_timeout, closing=lambda: self.closing)
+        self.jobs = GpuJobs(
+            self.streamer,
+            self.metrics,
+            job_timeout=job_timeout,
+            closing=lambda: self.closing,
+            auto_floor=auto_limit_floor,
+        )
         self._job_tasks: set[asyncio.Task[None]] = set()  # the job holding the gate (at most one)
         # Step-level batching where the model and its side can (engine.joining): requests join the
         # running loop at a step boundary instead of waiting for the gate.
@@ -198,7 +205,7 @@ class LocalAdapter(AdapterBase):
 
         # 4. Finalize: concurrent, off the loop.
         t.finalize_start = self._clock()
-        paths = await loop.run_in_executor(self._pool, self._encode, request, result)
+        paths = await loop.run_in_executor(self._pool, self._encode, request, result, user)
         t.finalize_end = self._clock()
         p = self.profile
         info = info_record(request, result, t, p, end)
@@ -298,8 +305,7 @@ class LocalAdapter(AdapterBase):
                 raise ShuttingDown(SHUTDOWN_MESSAGE + " Your job was stopped.") from None
             raise error
         if isinstance(error, TimedOut):
-            assert self.job_timeout is not None
-            raise JobTimedOut(request.request_id, self.job_timeout) from None
+            raise JobTimedOut(request.request_id, error.limit) from None
         if isinstance(error, (OutOfMemory, MemoryError)):
             raise OutOfMemory(request.request_id) from None
         if isinstance(error, ModelCrashed):
@@ -310,11 +316,10 @@ class LocalAdapter(AdapterBase):
             log.error("request %s failed", request.request_id, exc_info=error)
         raise GenerationFailed(request.request_id) from None
 
-    def _encode(self, request: GenerateRequest, result: InferenceResult) -> list[Path]:
+    def _encode(self, request: GenerateRequest, result: InferenceResult, user: str | None) -> list[Path]:
         p = self.profile
-        return self._encode_pngs(
-            result.images, self.output_dir, request.request_id, request.parameters(), p.name, scheduler_used(request, p)
-        )
+        params, sampler = request.parameters(), scheduler_used(request, p)
+        return self._encode_pngs(result.images, self.output_dir, request.request_id, params, p.name, sampler, user)
 
     def _observe(self, info: dict[str, Any], images: int) -> None:
         d = info["durations_ms"]

@@ -6,6 +6,8 @@ Each PNG gets two text chunks: ``parameters``, the format other Stable Diffusion
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import re
 from datetime import UTC, datetime
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from PIL import Image
 
+from ..errors import StorageFull
 from ..protocol import InferenceResult, ModelProfile
 from ..request import DEFAULT_SCHEDULER, GenerateRequest
 from .events import Timings
@@ -22,6 +25,10 @@ from .png import encode_png
 
 if TYPE_CHECKING:
     from .line import End
+
+OWNER_PREFIX = "u-"  # an identity's folder under each day folder (``owner_folder``)
+SHARED_FOLDER = "shared"  # files no identity asked for
+_FULL = {errno.ENOSPC, errno.EDQUOT}  # "no space left", "quota exceeded": the disk, not the request
 
 _SCHEDULER_NAMES = {
     "EulerDiscreteScheduler": "Euler",
@@ -46,16 +53,38 @@ def scheduler_used(request: GenerateRequest, p: ModelProfile) -> str:
 
 
 def a1111_parameters(params: dict[str, Any], seed: int, model: str, scheduler_class: str) -> str:
-    """The ``parameters`` text that AUTOMATIC1111-compatible tools parse."""
-    lines = [params["prompt"]]
+    """The ``parameters`` text that AUTOMATIC1111-compatible tools parse.
+
+    One line of prompt, one of negative prompt, one of settings, whatever the texts hold: a line
+    break in a prompt is written as a space (the text encoders read it as one), so a prompt cannot
+    plant a ``Negative prompt:`` or settings line of its own. The exact texts are in the
+    ``generation`` chunk. Settings values are quoted the way A1111 quotes them (``quote``).
+    """
+    lines = [one_line(params["prompt"])]
     if params.get("negative_prompt"):
-        lines.append(f"Negative prompt: {params['negative_prompt']}")
-    lines.append(
-        f"Steps: {params['num_inference_steps']}, Sampler: {sampler_name(scheduler_class)}, "
-        f"CFG scale: {params['guidance_scale']:g}, Seed: {seed}, "
-        f"Size: {params['width']}x{params['height']}, Model: {model}"
-    )
+        lines.append(f"Negative prompt: {one_line(params['negative_prompt'])}")
+    settings = {
+        "Steps": params["num_inference_steps"],
+        "Sampler": sampler_name(scheduler_class),
+        "CFG scale": f"{params['guidance_scale']:g}",
+        "Seed": seed,
+        "Size": f"{params['width']}x{params['height']}",
+        "Model": model,
+    }
+    lines.append(", ".join(f"{key}: {quote(str(value))}" for key, value in settings.items()))
     return "\n".join(lines)
+
+
+def quote(text: str) -> str:
+    """A1111's ``quote``: a value with a comma, a colon or a line break as a JSON string, else as it is."""
+    if "," not in text and ":" not in text and "\n" not in text and '"' not in text[:1]:
+        return text
+    return json.dumps(text, ensure_ascii=False)
+
+
+def one_line(text: str) -> str:
+    """``text`` with every kind of line break (``str.splitlines``' set) written as a space."""
+    return " ".join(text.splitlines())
 
 
 def encode_pngs(
@@ -65,12 +94,14 @@ def encode_pngs(
     params: dict[str, Any],
     model: str,
     scheduler_class: str,
+    owner: str | None = None,
 ) -> list[Path]:
-    """Write each image as ``<out_dir>/<YYYYMMDD>/<request_id>-<i>.png`` with its metadata.
+    """Write each image as ``<out_dir>/<YYYYMMDD>/<owner folder>/<request_id>-<i>.png`` with its metadata.
 
     ``scheduler_class``: the sampler used, as a diffusers class or A1111 name (``scheduler_used``).
+    ``owner``: the identity that asked (``owner_folder``), whose share of the disk budget it counts in.
     """
-    day = day_folder(out_dir)
+    day = output_folder(out_dir, owner)
     safe_id = re.sub(r"[^A-Za-z0-9_-]", "", request_id) or "request"
     paths = []
     for i, (image, seed) in enumerate(zip(images, params["seeds"])):
@@ -93,16 +124,48 @@ def _write_png(image: Image.Image, texts: tuple[tuple[str, str], ...], path: Pat
 def day_folder(out_dir: Path) -> Path:
     """``<out_dir>/<YYYYMMDD>`` (UTC), created if needed: the sweeper ages files out of it."""
     day = out_dir / datetime.now(UTC).strftime("%Y%m%d")
-    day.mkdir(parents=True, exist_ok=True)
+    _mkdir(day)
     return day
 
 
+def owner_folder(owner: str | None) -> str:
+    """The folder name of an identity's files: ``u-`` and a hash of it (no address in any URL)."""
+    if owner is None:
+        return SHARED_FOLDER
+    return OWNER_PREFIX + hashlib.sha256(owner.encode()).hexdigest()[:20]
+
+
+def output_folder(out_dir: Path, owner: str | None) -> Path:
+    """``<out_dir>/<YYYYMMDD>/<owner folder>``, created if needed (``sweeper`` counts shares by it)."""
+    folder = day_folder(out_dir) / owner_folder(owner)
+    _mkdir(folder)
+    return folder
+
+
 def write_then_rename(path: Path, write: Callable[[Path], object]) -> Path:
-    """Write through a temporary name, then rename: a reader never sees half a file."""
+    """Write through a temporary name, then rename: a reader never sees half a file.
+
+    A full disk (or quota) leaves nothing behind and raises ``StorageFull`` (retry later).
+    """
     tmp = path.with_suffix(path.suffix + ".tmp")
-    write(tmp)
-    tmp.replace(path)
+    try:
+        write(tmp)
+        tmp.replace(path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if exc.errno in _FULL:
+            raise StorageFull() from None
+        raise
     return path
+
+
+def _mkdir(folder: Path) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        if exc.errno in _FULL:
+            raise StorageFull() from None
+        raise
 
 
 def info_record(

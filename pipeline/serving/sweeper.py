@@ -3,6 +3,12 @@
 Gradio's own ``delete_cache`` sweeper can stop silently under load (a "Set changed size during
 iteration" in its loop), after which its cache grows without bound; so this app sweeps both its
 output folder and Gradio's cache folder itself.
+
+The size budget is shared fairly. Each identity's images live in a folder of its own
+(``postprocess.owner_folder``: ``<day>/u-<hash>/``); over budget, the sweeper first deletes files no
+identity owns (previews, Gradio's copies), then the oldest files of the identities using more than
+an even share (the budget over the identities with files), largest first, never below that share.
+An identity within its share keeps its images until they age out, whatever another one writes.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
+
+from .postprocess import OWNER_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +50,7 @@ class Sweeper:
         min_age: float = 10.0,
         interval: float = 30.0,
         clock: Callable[[], float] = time.time,
+        on_deleted: Callable[[set[str]], object] | None = None,
     ) -> None:
         self.folders = list(folders)
         self.max_bytes = max_bytes
@@ -49,6 +58,7 @@ class Sweeper:
         self.min_age = min_age
         self.interval = interval
         self._clock = clock
+        self.on_deleted = on_deleted  # told the paths of each sweep's deleted files (Gradio's temp-file sets)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._main, name="output-sweeper", daemon=True)
         self.last = SweepStats(0, 0, 0)
@@ -71,34 +81,75 @@ class Sweeper:
 
     def sweep_once(self) -> SweepStats:
         now = self._clock()
-        files: list[tuple[float, int, Path]] = []
+        files: list[tuple[float, int, Path, str]] = []  # (mtime, size, path, owner; "" for no one)
         for folder in self.folders:
             for root, _dirs, names in os.walk(folder):
+                owner = _owner_of(Path(root), folder)
                 for name in names:
                     path = Path(root) / name
                     try:
                         st = path.stat()
                     except FileNotFoundError:
                         continue
-                    files.append((st.st_mtime, st.st_size, path))
+                    files.append((st.st_mtime, st.st_size, path, owner))
         files.sort()
-        deleted = 0
-        total = sum(size for _, size, _ in files)
-        kept: list[tuple[float, int, Path]] = []
-        for mtime, size, path in files:  # oldest first
-            too_old = now - mtime > self.max_age
-            over_budget = total > self.max_bytes and now - mtime > self.min_age
-            if (too_old or over_budget) and _unlink(path):
-                deleted += 1
-                total -= size
-                continue
-            kept.append((mtime, size, path))
+        deleted: set[str] = set()
+        for mtime, _size, path, _owner in files:  # 1. what has aged out, whoever owns it
+            if now - mtime > self.max_age and _unlink(path):
+                deleted.add(str(path))
+        kept = [f for f in files if str(f[2]) not in deleted]
+        for victim in self._over_budget(kept, now):  # 2. over budget: the unowned, then the shares' excess
+            if _unlink(victim):
+                deleted.add(str(victim))
+        kept = [f for f in kept if str(f[2]) not in deleted]
         for folder in self.folders:
             _remove_empty_dirs(folder)
-        self.last = SweepStats(len(kept), total, deleted)
+        if deleted and self.on_deleted is not None:
+            self.on_deleted(deleted)
+        self.last = SweepStats(len(kept), sum(size for _, size, _, _ in kept), len(deleted))
         if deleted:
-            log.info("swept %d file(s); %d left, %.1f MiB", deleted, len(kept), total / 2**20)
+            log.info("swept %d file(s); %d left, %.1f MiB", len(deleted), len(kept), self.last.bytes / 2**20)
         return self.last
+
+    def _over_budget(self, files: list[tuple[float, int, Path, str]], now: float) -> list[Path]:
+        """Which files to delete, oldest first within each step, to get ``files`` within budget."""
+        total = sum(size for _, size, _, _ in files)
+        if total <= self.max_bytes:
+            return []
+        victims: list[Path] = []
+        sweepable = [f for f in files if now - f[0] > self.min_age]
+        for _mtime, size, path, owner in sweepable:  # files no identity owns go first
+            if total <= self.max_bytes:
+                return victims
+            if not owner:
+                victims.append(path)
+                total -= size
+        usage: dict[str, int] = {}
+        for _, size, _, owner in files:
+            if owner:
+                usage[owner] = usage.get(owner, 0) + size
+        share = self.max_bytes // max(1, len(usage))
+        oldest_first: dict[str, list[tuple[int, Path]]] = {}
+        for _mtime, size, path, owner in sweepable:
+            if owner and usage[owner] > share:
+                oldest_first.setdefault(owner, []).append((size, path))
+        for owner in sorted(oldest_first, key=usage.__getitem__, reverse=True):  # the largest first
+            for size, path in oldest_first[owner]:
+                if total <= self.max_bytes or usage[owner] <= share:
+                    break
+                victims.append(path)
+                usage[owner] -= size
+                total -= size
+        return victims
+
+
+def _owner_of(directory: Path, top: Path) -> str:
+    """The identity folder (``u-...``) ``directory`` is in, below a day folder of ``top``; "" if none."""
+    try:
+        parts = directory.relative_to(top).parts
+    except ValueError:
+        return ""
+    return parts[1] if len(parts) >= 2 and parts[1].startswith(OWNER_PREFIX) else ""
 
 
 def _unlink(path: Path) -> bool:

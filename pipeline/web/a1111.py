@@ -9,12 +9,16 @@ AUTOMATIC1111, Forge, Fooocus' A1111 mode and civitai write::
     Steps: 20, Sampler: DPM++ 2M, Schedule type: Karras, CFG scale: 7, Seed: 1, Size: 512x768, Model: x
 
 Parsing follows A1111's own ``parse_generation_parameters``: the last line is the settings line
-when it holds at least three ``Key: value`` pairs (a value in double quotes may hold commas);
-lines before ``Negative prompt:`` are the prompt, the rest the negative prompt. Pure functions.
+when it holds at least three ``Key: value`` pairs (a value in double quotes, JSON-escaped, may hold
+commas, colons and newlines: A1111's ``quote``); lines before ``Negative prompt:`` are the prompt,
+the rest the negative prompt. The settings line is read by a scanner that visits each character
+once: A1111's regular expression backtracks, and on a long line with no ``:`` it took 1.8 s for 16k
+characters (quadratic). Pure functions.
 """
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import re
@@ -23,7 +27,7 @@ from typing import Any, Sequence
 
 from ..request import MAX_SEED, Limits
 
-_PAIR = re.compile(r'\s*(\w[\w \-/+.]*):\s*("(?:\\.|[^\\"])+"|[^,]*)(?:,|$)')
+_KEY = re.compile(r"\w[\w \-/+.]*")  # a settings key: checked with fullmatch on a short slice (linear)
 _SIZE = re.compile(r"^\s*(\d+)\s*[x×]\s*(\d+)\s*$")
 _NEGATIVE = "Negative prompt:"
 # Keys this app reads; every other key of the settings line is listed as "not used".
@@ -50,9 +54,10 @@ class Fill:
 def parse_parameters(text: str) -> Pasted:
     """Split a parameters text into prompt, negative prompt and the settings line's ``key: value`` pairs."""
     *lines, last = text.strip().replace("\r\n", "\n").split("\n")
-    if len(_PAIR.findall(last)) < 3:
+    pairs = settings_pairs(last)
+    if len(pairs) < 3:
         lines.append(last)
-        last = ""
+        pairs = []
     prompt: list[str] = []
     negative: list[str] = []
     for line in lines:
@@ -63,16 +68,62 @@ def parse_parameters(text: str) -> Pasted:
             negative.append(line)
         else:
             prompt.append(line)
-    settings: dict[str, str] = {}
-    for key, value in _PAIR.findall(last):
-        value = value.strip()
-        if len(value) >= 2 and value[0] == value[-1] == '"':
-            try:
-                value = json.loads(value)
-            except ValueError:
-                value = value[1:-1]
-        settings[key.strip()] = value
+    settings = {key: value for key, value in pairs}
     return Pasted("\n".join(prompt).strip(), "\n".join(negative).strip(), settings)
+
+
+def settings_pairs(line: str) -> list[tuple[str, str]]:
+    """The ``Key: value`` pairs of a settings line, in order; each character is looked at once or twice.
+
+    A pair is ``Key: value`` up to the next comma; a value that starts with a double quote runs to
+    the closing quote (backslash escapes, then JSON-decoded, as A1111's ``quote`` writes it) and may
+    hold commas. A stretch with no colon, or whose key is not a name, is skipped, as A1111 skips it.
+    """
+    pairs: list[tuple[str, str]] = []
+    i, n, colon = 0, len(line), -1
+    while i < n:
+        if colon < i:  # the next colon, looked for again only once it is behind us: each character once
+            colon = line.find(":", i)
+        comma = line.find(",", i)
+        if colon < 0:
+            break
+        if 0 <= comma < colon:  # no colon before this comma: not a pair
+            i = comma + 1
+            continue
+        key = line[i:colon].strip()
+        j = colon + 1
+        while j < n and line[j] in " \t":
+            j += 1
+        if j < n and line[j] == '"':
+            end = _closing_quote(line, j)
+            raw = line[j : end + 1] if end > 0 else line[j:]
+            try:
+                value = json.loads(raw)
+            except ValueError:
+                value = raw.strip('"')
+            comma = line.find(",", end + 1) if end > 0 else -1
+        else:
+            comma = line.find(",", j)
+            value = (line[j:comma] if comma >= 0 else line[j:]).strip()
+        if _KEY.fullmatch(key):
+            pairs.append((key, value))
+        if comma < 0:
+            break
+        i = comma + 1
+    return pairs
+
+
+def _closing_quote(line: str, start: int) -> int:
+    """The index of the quote that closes the one at ``start`` (backslash escapes skipped); -1 if none."""
+    i = start + 1
+    while i < len(line):
+        if line[i] == "\\":
+            i += 2
+        elif line[i] == '"':
+            return i
+        else:
+            i += 1
+    return -1
 
 
 def fill_from(
@@ -153,12 +204,16 @@ _FIELD_NAMES = {
 }
 
 
-def notes_markdown(fill: Fill) -> str:
-    """What was filled, then one line per field not applied (shown under the paste box)."""
+def notes_html(fill: Fill) -> str:
+    """What was filled, then one line per field not applied (shown under the paste box).
+
+    Plain text in HTML: every note quotes the pasted text, which is escaped, so a link, an image or
+    markup in a paste is shown as the characters it is, never rendered or fetched.
+    """
     filled = [name for key, name in _FIELD_NAMES.items() if key in fill.values]
-    lines = ["**Filled:** " + ", ".join(filled) + "." if filled else "**Nothing was filled.**"]
-    lines += [f"- {note}" for note in fill.notes]
-    return "\n".join(lines)
+    head = "<strong>Filled:</strong> " + ", ".join(filled) + "." if filled else "<strong>Nothing was filled.</strong>"
+    items = "".join(f"<li>{html.escape(note)}</li>" for note in fill.notes)
+    return f'<div class="t2i-notes"><p>{head}</p>' + (f"<ul>{items}</ul>" if items else "") + "</div>"
 
 
 def _prompt(pasted: Pasted, limits: Limits, values: dict[str, Any], notes: list[str]) -> None:

@@ -9,7 +9,8 @@ that renames one fails loudly there instead of silently in production.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+from typing import Any, Callable, Iterator
 
 import gradio as gr
 
@@ -94,3 +95,69 @@ def skip_matplotlib_probe() -> bool:
         return False
     gradio.utils.MatplotlibBackendMananger = _NoBackendSwitch  # type: ignore[misc,assignment]
     return True
+
+
+def login_cookie(app: Any, user: str) -> tuple[str, str]:
+    """The name and value of a Gradio login cookie for ``user``, minted once per user and reused.
+
+    Gradio's login check reads only its own cookie (``access-token-<cookie_id>``, looked up in
+    ``app.tokens``); the front door turns a valid ``Authorization`` header into this cookie, so
+    programs (MCP clients, curl, gradio_client without ``auth=``) log in with Basic or Bearer.
+    """
+    minted: dict[str, str] = app.__dict__.setdefault("_t2i_tokens", {})
+    token = minted.get(user)
+    if token is None or app.tokens.get(token) != user:  # none yet, or a logout deleted it
+        import secrets
+
+        token = secrets.token_urlsafe(32)
+        app.tokens[token] = user  # private: Gradio's token -> user table
+        minted[user] = token
+    return f"access-token-{app.cookie_id}", token
+
+
+def cookie_user(app: Any, cookies: dict[str, str]) -> str | None:
+    """The user a request's Gradio login cookie belongs to (None: not logged in)."""
+    token = cookies.get(f"access-token-{app.cookie_id}") or cookies.get(f"access-token-unsecure-{app.cookie_id}")
+    return app.tokens.get(token) if token else None
+
+
+@contextlib.contextmanager
+def uvicorn_options(**options: Any) -> Iterator[None]:
+    """Set options of the uvicorn ``Config`` that ``demo.launch`` creates (it exposes none of them).
+
+    Gradio 6.31's ``http_server.start_server`` builds ``uvicorn.Config(app, port, host, ...)`` and
+    a ``gradio.http_server.Server`` from it; during this block that name is a subclass that sets
+    ``options`` on the config first. Used for the HTTP protocol class (``httplimits``) and to turn
+    off uvicorn's own ``X-Forwarded-For`` rewriting (``identity`` decides who a client is).
+    """
+    import gradio.http_server as http_server
+
+    original = http_server.Server
+
+    class Server(original):  # type: ignore[misc,valid-type]
+        def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
+            for name, value in options.items():
+                if not hasattr(config, name):
+                    raise RuntimeError(f"uvicorn.Config has no option {name!r}")
+                setattr(config, name, value)
+            super().__init__(config, *args, **kwargs)
+
+    http_server.Server = Server  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        http_server.Server = original  # type: ignore[misc]
+
+
+def forget_temp_files(demo: gr.Blocks, paths: set[str]) -> int:
+    """Drop deleted files from Gradio's temp-file sets (every output path joins one, never to leave)."""
+    dropped = 0
+    for temp_set in list(demo.temp_file_sets):  # private: one set per component, plus uploads
+        before = len(temp_set)
+        temp_set.difference_update(paths)
+        dropped += before - len(temp_set)
+    return dropped
+
+
+def temp_file_count(demo: gr.Blocks) -> int:
+    return sum(len(s) for s in list(demo.temp_file_sets))

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import errno
 import html
-import ipaddress
 import logging
 import time
 from pathlib import Path
@@ -16,12 +17,14 @@ from typing import Any, AsyncGenerator, Awaitable, Callable, Iterator, Sequence
 
 import gradio as gr
 
-from ..errors import Cancelled, InvalidRequest, RetryLater, ServingError
+from ..errors import Cancelled, InvalidRequest, RetryLater, ServingError, StorageFull
 from ..request import FIELDS, new_request_id, validate
 from ..serving.base import Adapter
 from ..serving.events import Step, Waiting
 from .gradio_internals import caller_alive, current_session
+from .identity import Caller, TrustedProxies, caller_of
 from .outputs import Postprocess, introspected_once
+from .site import Site
 
 log = logging.getLogger(__name__)
 
@@ -158,69 +161,31 @@ def gallery_items(paths: Sequence[Path], info: dict[str, Any]) -> list[tuple[str
     return [(str(p), f"seed {seed} · {each:.2f} s") for p, seed in zip(paths, info["seeds"])]
 
 
-def request_user(request: gr.Request | None, profile: gr.OAuthProfile | None = None) -> str | None:
-    """Who is asking, the strongest identity available: the line is fair across these users.
+def request_caller(
+    request: gr.Request | None, trusted: TrustedProxies, profile: gr.OAuthProfile | None = None
+) -> Caller | None:
+    """Who is asking (``identity.caller_of``): the front door's answer for this request, with its login.
 
-    A logged-in Hugging Face user (OAuth) or ``--auth`` user, else the client address, else the
-    Gradio session. Loopback clients (local use, tests) are told apart by their session. None: no
-    request (a direct call). Behind a proxy (Spaces'), the address is ``x-forwarded-for``'s
-    (``client_address``), which a client cannot forge to pass for several users.
+    The front door resolved the address when the request arrived (its state holds the ``Caller``);
+    a request that did not pass it (a direct call, a test's ``gr.Request``) is resolved here the
+    same way. None: no request at all.
     """
-    if profile is not None and getattr(profile, "username", None):
-        return f"hf:{profile.username}"
     if request is None:
         return None
-    if request.username:
-        return f"user:{request.username}"
-    session = request.session_hash
-    headers = getattr(request, "headers", None)  # starlette's Headers, or a rebuilt request's mapping
-    forwarded = str(headers["x-forwarded-for"]) if headers is not None and "x-forwarded-for" in headers else ""
+    hf_user = getattr(profile, "username", None) if profile is not None else None
+    state = getattr(request, "state", None)
+    found = getattr(state, "t2i_caller", None) if state is not None else None
+    if isinstance(found, Caller):
+        return dataclasses.replace(found, login=request.username, hf_user=hf_user)
     client = getattr(request, "client", None)
-    host = client_address(getattr(client, "host", None) or "", forwarded)
-    try:
-        loopback = ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = host in ("localhost", "testclient")
-    if host and not (loopback and session):
-        return f"addr:{host}"
-    return f"session:{session}" if session else None
-
-
-_INTERNAL = tuple(
-    ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "fc00::/7")
-)
-
-
-def _internal(address: str) -> bool:
-    """Loopback, link-local or a private network's: a proxy's hop, not a client on the internet."""
-    try:
-        ip = ipaddress.ip_address(address)
-    except ValueError:
-        return address in ("localhost", "testclient")
-    return ip.is_loopback or ip.is_link_local or any(ip.version == n.version and ip in n for n in _INTERNAL)
-
-
-def client_address(peer: str, forwarded: str) -> str:
-    """The client's address: ``x-forwarded-for`` only from a proxy (an internal peer), and there the
-    last address no internal hop added (a proxy appends the address it saw; what a client wrote
-    itself stays to the left). A client on the internet talking to us directly is its own address."""
-    hops = [h.strip() for h in forwarded.split(",") if h.strip()]
-    if not hops or (peer and not _internal(peer)):
-        return peer
-    return next((h for h in reversed(hops) if not _internal(h)), hops[0])
+    headers = getattr(request, "headers", None)
+    pairs = list(headers.items()) if headers is not None else []
+    peer = str(getattr(client, "host", None) or "")
+    return caller_of(peer, pairs, trusted, login=request.username, hf_user=hf_user)
 
 
 def selected_index(event: gr.SelectData) -> int:
     return int(event.index) if isinstance(event.index, int) else 0
-
-
-def reuse_seed(info: Any, selected: Any) -> tuple[Any, Any]:
-    """The seed of the selected image (the first if none was selected) into the seed box, randomize off."""
-    seeds = info.get("seeds") if isinstance(info, dict) else None
-    if not seeds:
-        raise gr.Error("Generate an image first, then pick it in the gallery.", title="No image yet")
-    index = selected if isinstance(selected, int) and 0 <= selected < len(seeds) else 0
-    return seeds[index], False
 
 
 def make_generate(
@@ -231,6 +196,7 @@ def make_generate(
     page_jobs: PageJobs | None = None,
     progress_interval: float = PROGRESS_INTERVAL,
     outputs: Sequence[Any] | None = None,
+    site: Site | None = None,
 ) -> Callable[..., AsyncGenerator[tuple[Any, ...], None]]:
     """The generate handler. Its parameter names are the API's parameter names.
 
@@ -244,7 +210,11 @@ def make_generate(
 
     ``outputs``: the event's output components, when it is registered with ``postprocess=False``;
     the handler then postprocesses each yield itself (``Postprocess``).
+
+    ``site``: the app's shared books: the page's variant files each result under its session
+    there (the tab's history), and an MCP call's job stops when its caller disconnects.
     """
+    trusted = site.trusted if site is not None else TrustedProxies.parse(None)
     width_of_output = 3 if ui else 2
     postprocess = Postprocess(outputs) if outputs is not None else None
     if postprocess is not None and len(postprocess.components) != width_of_output:
@@ -299,11 +269,14 @@ def make_generate(
         }
         request_id = new_request_id()
         view = ProgressView(num_inference_steps, progress_interval)
-        tracking = page_jobs.running(current_session()) if page_jobs is not None else contextlib.nullcontext()
+        session = current_session()
+        tracking = page_jobs.running(session) if page_jobs is not None else contextlib.nullcontext()
         with tracking:
             try:
-                user = request_user(request, profile)
-                events = adapter.run(raw, request_id=request_id, alive=caller_alive(demo), user=user)
+                caller = request_caller(request, trusted, profile)
+                alive = _alive(caller_alive(demo), caller, site)
+                user = caller.key if caller is not None else None
+                events = adapter.run(raw, request_id=request_id, alive=alive, user=user)
                 async with contextlib.aclosing(events):
                     async for event in events:
                         if isinstance(event, Waiting):
@@ -343,6 +316,8 @@ def make_generate(
                         else:
                             for warning in event.info["warnings"]:
                                 gr.Warning(warning)
+                            if ui and site is not None:  # the tab's history: the server's own record
+                                site.results.add(session, event.paths, event.info)
                             took = event.info["durations_ms"]["total"] / 1000
                             out = (
                                 gallery_items(event.paths, event.info),
@@ -360,6 +335,13 @@ def make_generate(
                 return
             except ServingError as exc:
                 raise gr.Error(str(exc), print_exception=False) from None
+            except OSError as exc:
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # Gradio's own writes (a preview) on a full disk
+                    raise gr.Error(str(StorageFull()), title="Please retry", print_exception=False) from None
+                log.exception("request %s failed", request_id)
+                raise gr.Error(
+                    f"Internal error (request id {request_id}). Please try again.", print_exception=False
+                ) from None
             except Exception:
                 log.exception("request %s failed", request_id)
                 raise gr.Error(
@@ -367,6 +349,20 @@ def make_generate(
                 ) from None
 
     return introspected_once(generate)
+
+
+def _alive(
+    gradio_alive: Callable[[], bool] | None, caller: Caller | None, site: Site | None
+) -> Callable[[], bool] | None:
+    """Whether the caller is still there: Gradio's view of the event and, for an MCP call, the front door's."""
+    if caller is None or not caller.call or site is None:
+        return gradio_alive
+    calls, call = site.calls, caller.call
+
+    def alive() -> bool:
+        return calls.alive(call) and (gradio_alive is None or gradio_alive())
+
+    return alive
 
 
 def make_validator(adapter: Adapter) -> Callable[..., Awaitable[list[dict[str, Any]]]]:

@@ -12,11 +12,13 @@ from ..default_model import EXAMPLE_PROMPTS, GENERIC_PROMPTS
 from ..request import MAX_SEED
 from ..serving.base import Adapter
 from ..serving.postprocess import sampler_name
-from .handler import PageJobs, make_generate, make_validator, reuse_seed, selected_index, status_html
+from .handler import PageJobs, make_generate, make_validator, selected_index, status_html
+from .identity import TrustedProxies
 from .mcp_tool import serve_images
-from .page_tools import Controls, wire_history, wire_keys, wire_paste, wire_sizes
+from .page_tools import UI_CONCURRENCY, Controls, reuse_seed, wire_history, wire_keys, wire_paste, wire_sizes
 from .presets import preset_value, size_presets
 from .results import HISTORY_SIZE
+from .site import Site, attach
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +29,7 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
     p, lim = adapter.profile, adapter.limits
     presets = size_presets(p.default_width, p.default_height, lim)
     with gr.Blocks(title="Text to image") as demo:
+        site = attach(demo, Site(settings.output_dir, TrustedProxies.from_settings(settings)))
         gr.Markdown("## Text to image")  # one line: on a phone the result must be in view under the prompt
         # Like the best-liked Spaces: the prompt and its buttons in one row, the result large under
         # it, the settings folded away. On a phone the columns stack, result first.
@@ -140,7 +143,7 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
                         elem_id="paste-text",
                     )
                     paste_button = gr.Button("Apply to the controls", size="sm", elem_id="paste-apply")
-                    paste_notes = gr.Markdown("", elem_id="paste-notes")
+                    paste_notes = gr.HTML("", elem_id="paste-notes")  # plain text: the notes quote the paste
                 # Prompts the embedded model was trained to draw; any other model gets ordinary ones.
                 gr.Examples(
                     examples=[[e] for e in (EXAMPLE_PROMPTS if settings.model is None else GENERIC_PROMPTS)],
@@ -162,7 +165,6 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
             with gr.Row():
                 download_button = gr.Button("Download all (zip)", size="sm", elem_id="download-all", scale=0)
                 history_zip = gr.File(label="All images (zip)", visible=False, elem_id="history-zip", scale=2)
-        history = gr.State([])
         gr.Markdown(
             f"Model: `{p.name}` on {p.device} ({p.dtype}). Many people can queue; the GPU draws one job at a time.",
             elem_id="about",
@@ -200,7 +202,7 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
         page_jobs = PageJobs()
         generate_event = gr.on(
             triggers=[generate_button.click, prompt.submit],
-            fn=make_generate(adapter, demo, ui=True, page_jobs=page_jobs, outputs=[gallery, info, status]),
+            fn=make_generate(adapter, demo, ui=True, page_jobs=page_jobs, outputs=[gallery, info, status], site=site),
             inputs=inputs,
             outputs=[gallery, info, status],
             api_name="generate_ui",
@@ -209,7 +211,7 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
         )
         api_button = gr.Button(visible=False)  # the API-only trigger: never shown, never clicked
         api_button.click(
-            fn=make_generate(adapter, demo, outputs=[gallery, info]),
+            fn=make_generate(adapter, demo, outputs=[gallery, info], site=site),
             inputs=inputs,
             outputs=[gallery, info],
             api_name="generate",
@@ -232,26 +234,13 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
             inputs=None,
             outputs=[status],
             api_visibility="private",
-            concurrency_id="ui",
-            concurrency_limit=None,
+            concurrency_id="stop",  # it waits (async, no thread) for the job to end: a slot per request in flight
+            concurrency_limit=settings.concurrency,
             show_progress="hidden",
         )
-        gallery.select(
-            fn=selected_index,
-            inputs=None,
-            outputs=[selected],
-            api_visibility="private",
-            concurrency_id="ui",
-            concurrency_limit=None,
-        )
-        reuse_button.click(
-            fn=reuse_seed,
-            inputs=[info, selected],
-            outputs=[seed, randomize_seed],
-            api_visibility="private",
-            concurrency_id="ui",
-            concurrency_limit=None,
-        )
+        ui: dict[str, Any] = dict(api_visibility="private", concurrency_id="ui", concurrency_limit=UI_CONCURRENCY)
+        gallery.select(fn=selected_index, inputs=None, outputs=[selected], **ui)
+        reuse_button.click(fn=reuse_seed(site), inputs=[selected], outputs=[seed, randomize_seed], **ui)
         # Size presets and swap, the tab's history (restore, zip), pasted parameters, Escape.
         controls = Controls(
             prompt,
@@ -265,18 +254,7 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
             sampler,
         )
         wire_sizes(presets, size_preset, swap_button, width, height)
-        wire_history(
-            generate_event,
-            history,
-            gallery,
-            info,
-            summary,
-            history_gallery,
-            download_button,
-            history_zip,
-            controls,
-            settings.output_dir,
-        )
+        wire_history(generate_event, site, summary, history_gallery, download_button, history_zip, controls)
         wire_paste(paste_button, paste_text, paste_notes, controls, lim, p.name)
         wire_keys(demo)
         demo.load(fn=None, outputs=[live_preview], js="() => true", api_visibility="private")

@@ -7,12 +7,18 @@ from collections.abc import MutableMapping
 from pathlib import Path
 
 import gradio as gr
+from starlette.middleware import Middleware
 
 from ..config import Settings
 from ..serving.base import Adapter
-from .gradio_internals import queued, skip_matplotlib_probe, tune_queue
+from .frontdoor import DoorConfig, DoorLimits, FrontDoor
+from .gradio_internals import queued, skip_matplotlib_probe, tune_queue, uvicorn_options
 from .handler import PROGRESS_INTERVAL
+from .httplimits import ConnectionLimits, limited_protocol
+from .inputs import InputPolicy
+from .mcp_tool import call_back_as_internal
 from .routes import service_routes
+from .site import site_of
 
 
 def own_gradio_cache(settings: Settings, environ: MutableMapping[str, str]) -> Path:
@@ -25,22 +31,56 @@ def own_gradio_cache(settings: Settings, environ: MutableMapping[str, str]) -> P
     return Path(environ["GRADIO_TEMP_DIR"])
 
 
-def launch(demo: gr.Blocks, adapter: Adapter, settings: Settings) -> None:
-    """Start serving in the background (the server runs on its own thread and event loop)."""
+def front_door(demo: gr.Blocks, settings: Settings) -> DoorConfig:
+    """The front door's configuration for ``demo`` (its events' inputs, the settings' limits)."""
+    site = site_of(demo)
+    limits = DoorLimits(
+        max_body_bytes=settings.max_body_kb * 1024,
+        joins_per_second=settings.rate_limit,
+        join_burst=max(10.0, 10 * settings.rate_limit),
+        sessions_per_identity=settings.max_sessions_per_user,
+        requests_per_identity=settings.max_connections_per_address,
+    )
+    return DoorConfig(InputPolicy(demo), site.trusted, limits, auth=settings.auth_pair(), calls=site.calls)
+
+
+def launch(demo: gr.Blocks, adapter: Adapter, settings: Settings) -> DoorConfig:
+    """Start serving in the background (the server runs on its own thread and event loop).
+
+    Every request passes the front door (``frontdoor``) and, below it, uvicorn runs under the
+    connection limits (``httplimits``); uvicorn's own ``X-Forwarded-For`` rewriting is off, as
+    ``identity`` decides who a client is. Returns the front door's configuration (its books).
+    """
     tune_queue(demo, PROGRESS_INTERVAL)
     skip_matplotlib_probe()
-    demo.launch(
-        server_name=settings.host,
-        server_port=settings.port,
-        share=settings.share,
-        ssr_mode=False,
-        show_error=False,
-        max_file_size="1mb",
-        prevent_thread_lock=True,
-        app_kwargs={"routes": service_routes(demo, adapter, settings.auth_pair(), settings.metrics_token)},
-        auth=settings.auth_pair(),
-        mcp_server=settings.mcp,
+    door = front_door(demo, settings)
+    if settings.mcp:
+        call_back_as_internal(door.internal_secret)
+    connections = ConnectionLimits(
+        door.trusted,
+        max_body_bytes=door.max_body_bytes,
+        connections_per_address=settings.max_connections_per_address,
     )
+    app_kwargs = {
+        "routes": service_routes(demo, adapter, settings.auth_pair(), settings.metrics_token),
+        "middleware": [Middleware(FrontDoor, door=door)],
+    }
+    with uvicorn_options(http=limited_protocol(connections), proxy_headers=False):
+        demo.launch(
+            server_name=settings.host,
+            server_port=settings.port,
+            share=settings.share,
+            ssr_mode=False,
+            show_error=False,
+            max_file_size="1mb",
+            prevent_thread_lock=True,
+            app_kwargs=app_kwargs,
+            auth=settings.auth_pair(),
+            mcp_server=settings.mcp,
+            enable_monitoring=False,
+        )
+    door.connections = connections
+    return door
 
 
 def shutdown(demo: gr.Blocks, adapter: Adapter, deadline: float = 8.0) -> None:

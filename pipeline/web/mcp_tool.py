@@ -87,3 +87,27 @@ def serve_images(demo: gr.Blocks) -> None:
         server_class: Any = GradioMCPServer  # Any: mypy forbids assigning to a method
         server_class.postprocess_output_data = postprocess_output_data
     _opted_in.add(demo)
+
+
+def call_back_as_internal(secret: str) -> None:
+    """Make Gradio's MCP server call the app back as the front door's internal client.
+
+    A tool call runs through a ``gradio_client.Client`` that Gradio's MCP server makes for the app's
+    own URL (``gradio.mcp.Client``, loopback); it sends the MCP caller's headers with the join, but
+    its own requests (the config, the result stream) carry no login, so under ``--auth`` every call
+    failed. With ``front door.INTERNAL_HEADER`` (a secret of this process) on all its requests, the
+    front door lets that client in as itself; the join still carries the caller's login and the
+    front door's seal of who the caller is. Installed once per process; the latest secret wins.
+    """
+    import gradio.mcp
+
+    from .frontdoor import INTERNAL_HEADER
+
+    current = gradio.mcp.Client
+    original = getattr(current, "_t2i_original", current)
+
+    def client(*args: Any, headers: dict[str, str] | None = None, **kwargs: Any) -> Any:
+        return original(*args, headers={**(headers or {}), INTERNAL_HEADER: secret}, **kwargs)
+
+    client._t2i_original = original  # type: ignore[attr-defined]
+    gradio.mcp.Client = client

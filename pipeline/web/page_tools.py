@@ -8,17 +8,22 @@ wires it to the components.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from pathlib import Path
 from typing import Any
 
 import gradio as gr
 
 from ..request import Limits
-from .a1111 import fill_from, match_sampler, notes_markdown, parse_parameters
+from .a1111 import fill_from, match_sampler, notes_html, parse_parameters
 from .presets import SizePreset, parse_value, preset_value
-from .results import add_results, history_items, restore, summary_markdown, write_zip
+from .results import history_items, restore, summary_markdown
+from .site import Site
 
-UI: dict[str, Any] = dict(api_visibility="private", concurrency_id="ui", concurrency_limit=None, show_progress="hidden")
+# The page's small events share a few worker threads: each is bounded and quick (inputs.py caps
+# what it may be sent; the parsers are linear), and no client can hold more than these.
+UI_CONCURRENCY = 4
+UI: dict[str, Any] = dict(
+    api_visibility="private", concurrency_id="ui", concurrency_limit=UI_CONCURRENCY, show_progress="hidden"
+)
 
 # Escape stops the running job: it clicks Stop while the page's generate event runs (Gradio marks
 # its outputs "pending" or "generating" then), unless the key is meant for a gallery's own preview
@@ -105,41 +110,46 @@ def _matching_sampler(controls: Controls, name: Any) -> dict[str, Any]:
 
 def wire_history(
     finished: Any,
-    history: gr.State,
-    gallery: gr.Gallery,
-    info: gr.JSON,
+    site: Site,
     summary: gr.Markdown,
     history_gallery: gr.Gallery,
     download: gr.Button,
     archive: gr.File,
     controls: Controls,
-    out_dir: Path,
 ) -> None:
-    """After each finished generation: the summary and the history; selecting a past image restores it."""
+    """After each finished generation: the summary and the history; selecting a past image restores it.
 
-    def remember(past: Any, images: Any, record: Any) -> tuple[Any, Any, Any]:
-        kept = add_results(past, images, record)
-        return kept, history_items(kept), summary_markdown(record) or gr.skip()
+    Every one of these reads the session's results from the server's record (``site.results``,
+    filed by the generate handler); none takes a path, a gallery or a record from the client.
+    """
 
-    def restore_selected(past: Any, event: gr.SelectData) -> list[Any]:
-        params = restore(past, event.index)
+    def remember(request: gr.Request) -> tuple[Any, Any]:
+        session = request.session_hash
+        return history_items(site.results.history(session)), summary_markdown(site.results.last(session)) or gr.skip()
+
+    def restore_selected(event: gr.SelectData, request: gr.Request) -> list[Any]:
+        params = restore(site.results.history(request.session_hash), event.index)
         if params is None:
             return controls.updates({})
         sampler = _matching_sampler(controls, params.pop("scheduler", None))
         return controls.updates({**params, **sampler, "randomize_seed": False})
 
-    def zipped(past: Any) -> Any:
-        path = write_zip(past, out_dir)
+    def zipped(request: gr.Request) -> Any:
+        from .handler import request_caller
+
+        caller = request_caller(request, site.trusted)
+        owner = caller.key if caller is not None else None
+        path = site.results.zip(request.session_hash, site.output_dir, owner)
         if path is None:
             gr.Warning("No image to download yet (or they have been cleaned up): generate one first.")
             return gr.skip()
         return gr.update(value=str(path), visible=True)
 
-    finished.success(fn=remember, inputs=[history, gallery, info], outputs=[history, history_gallery, summary], **UI)
-    history_gallery.select(fn=restore_selected, inputs=[history], outputs=controls.components(), **UI)
+    finished.success(fn=remember, inputs=None, outputs=[history_gallery, summary], **UI)
+    history_gallery.select(fn=restore_selected, inputs=None, outputs=controls.components(), **UI)
     download.click(
         fn=zipped,
-        inputs=[history],
+        inputs=None,
         outputs=[archive],
         api_visibility="private",
         concurrency_id="zip",
@@ -147,8 +157,23 @@ def wire_history(
     )
 
 
+def reuse_seed(site: Site) -> Any:
+    """Reuse: the seed of the selected image of the tab's last result (the first if none was
+    selected) into the seed box, randomize off. The seeds are the server's record, not the page's."""
+
+    def reuse(selected: Any, request: gr.Request) -> tuple[Any, Any]:
+        record = site.results.last(request.session_hash)
+        seeds = record.get("seeds") if record else None
+        if not seeds:
+            raise gr.Error("Generate an image first, then pick it in the gallery.", title="No image yet")
+        index = selected if isinstance(selected, int) and 0 <= selected < len(seeds) else 0
+        return seeds[index], False
+
+    return reuse
+
+
 def wire_paste(
-    button: gr.Button, text: gr.Textbox, notes: gr.Markdown, controls: Controls, limits: Limits, model: str
+    button: gr.Button, text: gr.Textbox, notes: gr.HTML, controls: Controls, limits: Limits, model: str
 ) -> None:
     """Apply a pasted AUTOMATIC1111 parameters text to the controls; say what was not applied, and why."""
 
@@ -163,7 +188,7 @@ def wire_paste(
         values = dict(fill.values)
         if "scheduler" in values and choices is not None:
             values["scheduler"] = choices[values["scheduler"]]
-        return [*controls.updates(values), notes_markdown(fill)]
+        return [*controls.updates(values), notes_html(fill)]
 
     button.click(fn=apply, inputs=[text], outputs=[*controls.components(), notes], **UI)
 

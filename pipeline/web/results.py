@@ -1,22 +1,28 @@
 """What the page keeps of its results: a summary of the last one, the tab's history, a zip of it all.
 
-The history lives in the session (``gr.State``: on the server, per browser tab): it holds file
-paths the server wrote itself, so nothing a client sends can make the zip read another file.
-Pure functions over plain values, except ``write_zip``, which runs on Gradio's worker threads.
+The history is the server's own record (``SessionResults``): the generate handler files each
+finished request's paths and parameters under its session, and the page's events read them from
+there. No event takes a path or a record from the client, so nothing a client sends can make the
+zip read another file, or zip a zip. The functions over plain values are pure; ``write_zip`` runs
+on Gradio's worker threads.
 """
 
 from __future__ import annotations
 
 import html
 import json
+import threading
 import uuid
 import zipfile
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from ..serving.postprocess import day_folder, write_then_rename
+from ..serving.postprocess import output_folder, write_then_rename
 
 HISTORY_SIZE = 24  # images kept per tab, newest first
+MAX_SESSIONS = 10_000  # sessions whose results are kept (Gradio's own session capacity); the oldest go first
+MAX_ZIP_BYTES = 256 * 2**20  # a zip holds the newest history images up to this size
 PARAMETERS = ("prompt", "negative_prompt", "width", "height", "num_inference_steps", "guidance_scale", "scheduler")
 
 
@@ -90,17 +96,25 @@ def restore(history: Any, index: Any) -> dict[str, Any] | None:
     return dict(history[index]["params"])
 
 
-def write_zip(history: Any, out_dir: Path) -> Path | None:
-    """Every history image still on disk, and their parameters as JSON, in one zip in the output folder.
-
-    Written into ``out_dir``'s day folder, so the output sweeper ages it out with the images.
-    PNGs are stored, not recompressed. None when no image is left.
+def write_zip(history: Any, out_dir: Path, owner: str | None = None, max_bytes: int = MAX_ZIP_BYTES) -> Path | None:
+    """The history images still on disk, newest first up to ``max_bytes``, and their parameters as
+    JSON, in one zip in ``owner``'s output folder: the sweeper counts it in that identity's share and
+    ages it out with the images. PNGs are stored, not recompressed. None when no image is left.
     """
     entries = [e for e in history if isinstance(e, dict)] if isinstance(history, list) else []
-    files = [(e, Path(e["path"])) for e in entries if Path(e["path"]).is_file()]
+    files, size = [], 0
+    for entry in entries:
+        file = Path(entry["path"])
+        try:
+            size += file.stat().st_size
+        except OSError:
+            continue  # swept away
+        if size > max_bytes:
+            break
+        files.append((entry, file))
     if not files:
         return None
-    path = day_folder(out_dir) / f"images-{uuid.uuid4().hex[:12]}.zip"
+    path = output_folder(out_dir, owner) / f"images-{uuid.uuid4().hex[:12]}.zip"
 
     def write(tmp: Path) -> None:
         with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as archive:
@@ -112,3 +126,54 @@ def write_zip(history: Any, out_dir: Path) -> Path | None:
             archive.writestr("parameters.json", json.dumps(records, ensure_ascii=False, indent=1))
 
     return write_then_rename(path, write)
+
+
+class SessionResults:
+    """Each session's history, as the server wrote it, and the zip made of it (reused while unchanged).
+
+    Written by the generate handler (event loop) and read by the page's events (Gradio's worker
+    threads), under one lock held for a dict operation at a time.
+    """
+
+    def __init__(self, max_sessions: int = MAX_SESSIONS) -> None:
+        self.max_sessions = max_sessions
+        self._lock = threading.Lock()
+        self._histories: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
+        self._last: dict[str, dict[str, Any]] = {}  # session -> its last finished request's record
+        self._zips: dict[str, tuple[tuple[str, ...], Path]] = {}  # session -> (the history it holds, its zip)
+
+    def add(self, session: str | None, paths: list[Any], info: dict[str, Any]) -> None:
+        """File a finished request's images (``paths``, in order) and its record under ``session``."""
+        if not session:
+            return
+        record = {"status": "done", **info}
+        with self._lock:
+            history = add_results(self._histories.pop(session, []), [str(p) for p in paths], record)
+            self._histories[session] = history
+            self._last[session] = record
+            while len(self._histories) > self.max_sessions:
+                old, _ = self._histories.popitem(last=False)
+                self._last.pop(old, None)
+                self._zips.pop(old, None)
+
+    def history(self, session: str | None) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._histories.get(session or "", []))
+
+    def last(self, session: str | None) -> dict[str, Any] | None:
+        with self._lock:
+            return self._last.get(session or "")
+
+    def zip(self, session: str | None, out_dir: Path, owner: str | None) -> Path | None:
+        """The session's zip: the one made before while the history is the same and it is on disk."""
+        history = self.history(session)
+        key = tuple(e["path"] for e in history)
+        with self._lock:
+            made = self._zips.get(session or "")
+        if made is not None and made[0] == key and made[1].is_file():
+            return made[1]
+        path = write_zip(history, out_dir, owner)
+        if path is not None and session:
+            with self._lock:
+                self._zips[session] = (key, path)
+        return path
