@@ -29,6 +29,7 @@ import httpx
 import psutil
 
 from bench.probe import light_request, pct, predict_many, sample_health, steady_rate
+from bench.servers import ONE_ADDRESS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,7 +44,7 @@ class Server:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}/"
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "T2I_OUTPUT_DIR": str(tmp / f"out-{design}")}
+        env = {**os.environ, **ONE_ADDRESS, "HF_HUB_OFFLINE": "1", "T2I_OUTPUT_DIR": str(tmp / f"out-{design}")}
         if design != "gated":  # the app itself keeps Gradio's cache in its output folder, as users run it
             env["GRADIO_TEMP_DIR"] = str(tmp / f"gradio-{design}")
         else:

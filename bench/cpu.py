@@ -44,6 +44,7 @@ import psutil
 
 from bench import loadgen
 from bench.fast import tree_cpu_seconds
+from bench.servers import ONE_ADDRESS
 
 ROOT = Path(__file__).resolve().parent.parent
 NULL = "sim:cpu_ms=0,dev_ms=0,decode_ms=0,size=512,steps=1"
@@ -72,6 +73,7 @@ def start(name: str, tmp: Path, against: Path | None = None) -> Config:
     port = _port()
     env = {
         **os.environ,
+        **ONE_ADDRESS,
         "HF_HUB_OFFLINE": "1",
         "T2I_OUTPUT_DIR": str(tmp / f"out-{name}"),
         "GRADIO_TEMP_DIR": str(tmp / f"gradio-{name}"),

@@ -97,7 +97,7 @@ def sample_health(url: str, seconds: float, every: float = 0.02) -> list[float]:
 
 
 def raw_http_predict(url: str, fn_index: int, data: list[Any], timeout: float = 60.0,
-                     http: httpx.Client | None = None) -> dict[str, Any]:
+                     http: httpx.Client | None = None, session: str | None = None) -> dict[str, Any]:
     """One request through Gradio's queue over raw HTTP (which, unlike gradio_client, can send NaN).
 
     Returns the ``process_completed`` message: ``success`` plus ``output`` (data or error); a refused
@@ -105,17 +105,18 @@ def raw_http_predict(url: str, fn_index: int, data: list[Any], timeout: float = 
     """
     if http is None:
         with httpx.Client(timeout=timeout) as own:
-            return raw_http_predict(url, fn_index, data, timeout, own)
-    session = uuid.uuid4().hex[:12]
+            return raw_http_predict(url, fn_index, data, timeout, own, session)
+    session = session or uuid.uuid4().hex[:12]
     body = json.dumps({"data": data, "fn_index": fn_index, "session_hash": session}, allow_nan=True)
     joined = http.post(url + "gradio_api/queue/join", content=body, headers={"content-type": "application/json"})
     if joined.status_code != 200:
         return {"success": False, "status_code": joined.status_code, "output": {"error": joined.text}}
+    event_id = joined.json().get("event_id")
     with http.stream("GET", f"{url}gradio_api/queue/data?session_hash={session}") as stream:
         for line in _sse_lines(stream.iter_bytes()):
             if line.startswith("data:"):
                 message = json.loads(line[5:])
-                if message.get("msg") == "process_completed":
+                if message.get("msg") == "process_completed" and message.get("event_id") in (None, event_id):
                     return message
     raise RuntimeError("the stream closed without process_completed")
 

@@ -44,6 +44,7 @@ class Settings:
     max_sessions_per_user: int = 16  # browser tabs / client sessions open at once per user
     max_connections_per_address: int = 32  # connections (behind a proxy: open requests) per client address
     max_body_kb: int = 1024  # largest request body
+    request_timeout: float = 10.0  # seconds for a request's headers; its body gets 3x
     auth: str | None = None  # "user:password"
     metrics_token: str | None = None  # under --auth, /metrics also takes "Authorization: Bearer <token>"
     output_max_mb: int = 1024
@@ -161,6 +162,12 @@ _OPTIONS: tuple[tuple[str, str, type, str], ...] = (
         "connections one address may have open; behind a trusted proxy, open requests (default 32)",
     ),
     ("max_body_kb", "T2I_MAX_BODY_KB", int, "largest request body in KiB (default 1024)"),
+    (
+        "request_timeout",
+        "T2I_REQUEST_TIMEOUT",
+        float,
+        "seconds a client may take to send a request's headers; its body gets three times that (default 10)",
+    ),
     ("auth", "T2I_AUTH", str, "user:password required to use the app (recommended with --share)"),
     (
         "metrics_token",
@@ -291,6 +298,8 @@ def _check(s: Settings) -> None:
         raise SystemExit(f"--max-waiting-per-user must be at least 1; got {s.max_waiting_per_user}")
     if s.max_pixel_steps is not None and s.max_pixel_steps < 1:
         raise SystemExit(f"--max-pixel-steps must be at least 1; got {s.max_pixel_steps}")
+    if not s.request_timeout > 0:
+        raise SystemExit(f"--request-timeout must be a positive number of seconds; got {s.request_timeout}")
     if not s.rate_limit > 0:
         raise SystemExit(f"--rate-limit must be a positive number of joins a second; got {s.rate_limit}")
     from .web.identity import TrustedProxies  # pure: parses addresses, imports no Gradio

@@ -232,6 +232,17 @@ def _truncation_notes(field: str, tokens: Mapping[str, int], encoders: tuple[tup
     return notes
 
 
+def _within_budget(width: int, height: int, steps: int, images: int, limits: Limits) -> None:
+    """The cost budget: width × height × steps × images, in pixel-steps (0: no budget)."""
+    cost = width * height * steps * images
+    if limits.max_pixel_steps and cost > limits.max_pixel_steps:
+        raise InvalidRequest(
+            "num_inference_steps",
+            f"width × height × num_inference_steps × num_images must be at most {limits.max_pixel_steps} "
+            f"pixel-steps (the cost budget, --max-pixel-steps); got {width}×{height}×{steps}×{images} = {cost}",
+        )
+
+
 def _steps(raw: Mapping[str, Any], limits: Limits) -> int:
     return _whole_number("num_inference_steps", raw.get("num_inference_steps"), limits.min_steps, limits.max_steps)
 
@@ -286,13 +297,7 @@ def validate(
     if not isinstance(live_preview, bool):
         raise InvalidRequest("live_preview", f"live_preview must be true or false; got {_show(live_preview)}")
     scheduler = _scheduler(raw.get("scheduler"), limits)
-    cost = width * height * steps * num_images
-    if limits.max_pixel_steps and cost > limits.max_pixel_steps:
-        raise InvalidRequest(
-            "num_inference_steps",
-            f"width × height × num_inference_steps × num_images must be at most {limits.max_pixel_steps} "
-            f"pixel-steps (the cost budget, --max-pixel-steps); got {width}×{height}×{steps}×{num_images} = {cost}",
-        )
+    _within_budget(width, height, steps, num_images, limits)
 
     request = GenerateRequest(
         request_id=request_id or new_request_id(),

@@ -56,10 +56,17 @@ async def collect(adapter: LocalAdapter, raw: dict[str, Any], **kwargs: Any) -> 
 
 @contextlib.contextmanager
 def running_app(tmp: Path, *args: str, load: Callable[[], Any] | None = None) -> Iterator[tuple[str, Any, LocalAdapter]]:
-    """The real app launched on a free port (real model unless ``load`` injects one); closed after."""
+    """The real app launched on a free port (real model unless ``load`` injects one); closed after.
+
+    An injected fake's default job is 64 px and 4 steps, so the default cost budget (8 of them)
+    would refuse the long jobs ordering tests need: with ``load``, ``--max-pixel-steps`` is 50
+    steps of 4 images at 512 px unless the test names its own.
+    """
     import app
     from pipeline.config import load_settings
 
+    if load is not None and "--max-pixel-steps" not in args:
+        args = (*args, "--max-pixel-steps", str(512 * 512 * 50 * 4))
     port = free_port()
     settings = load_settings(["--port", str(port), "--output-dir", str(tmp / "outputs"), *args], environ={})
     demo, adapter = app.create_app(settings, load=load)
@@ -73,10 +80,16 @@ def running_app(tmp: Path, *args: str, load: Callable[[], Any] | None = None) ->
 
 
 def queue_call(url: str, fn_index: int, data: list[Any], timeout: float = 60.0) -> dict[str, Any]:
-    """One request through Gradio's queue over raw HTTP; see ``bench.probe.raw_http_predict``."""
+    """One request through Gradio's queue over raw HTTP; see ``bench.probe.raw_http_predict``.
+
+    One session per test thread, as a real client keeps one: the app caps the sessions one
+    address may open (``--max-sessions-per-user``), and a fuzz of hundreds of calls is one client.
+    """
+    import threading
+
     from bench.probe import raw_http_predict
 
-    return raw_http_predict(url, fn_index, data, timeout)
+    return raw_http_predict(url, fn_index, data, timeout, session=f"tests{threading.get_ident()}")
 
 
 def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 30.0, every: float = 0.005) -> None:

@@ -188,3 +188,15 @@ def test_the_notes_are_plain_text() -> None:
                      LIMITS)
     shown = notes_html(fill)
     assert "<b>" not in shown and "&lt;b&gt;" in shown and "<img" not in shown
+
+
+@pytest.mark.parametrize("shape", ["x" * 1_000_000, "a," * 500_000 + ":", 'k: "' * 250_000, "k: v, " * 170_000])
+def test_the_parser_reads_a_megabyte_of_its_worst_cases_in_one_pass(shape: str) -> None:
+    """Linear, not quadratic: a megabyte in about a second at most (A1111's regular expression: 16k
+    characters took 1.8 s, so a megabyte would take hours). Far from the bound, not a timing test."""
+    import threading
+
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (parse_parameters(shape), done.set()), daemon=True)
+    worker.start()
+    assert done.wait(20), "the parser is not linear in its input"

@@ -174,7 +174,7 @@ def test_the_running_app_heals_when_its_model_process_is_killed_mid_job(tmp_path
 
     from tests.helpers import running_app
 
-    with running_app(tmp_path) as (url, _demo, adapter):
+    with running_app(tmp_path, "--max-pixel-steps", str(256 * 256 * 100)) as (url, _demo, adapter):  # a long job
         assert adapter.health()["model_side"] == "ready"
         first = adapter.side.pid
         client = Client(url, verbose=False, download_files=str(tmp_path / "client"))

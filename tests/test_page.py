@@ -39,7 +39,8 @@ STATUS = "#status .t2i-status"  # the app's own status line (Gradio's tracker re
 
 @pytest.fixture(scope="module")
 def app_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with running_app(tmp_path_factory.mktemp("page")) as (url, _demo, _adapter):
+    # Escape and the ETA need jobs of seconds (up to 100 steps at 192 px): over the default cost budget.
+    with running_app(tmp_path_factory.mktemp("page"), "--max-pixel-steps", str(192 * 192 * 100)) as (url, _demo, _adapter):
         yield url
 
 

@@ -33,7 +33,7 @@ pytestmark = pytest.mark.timeout(300)
 def side(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayAdapter]:
     tmp = tmp_path_factory.mktemp("ray")
     settings = Settings(backend="ray", replicas=2, torch_threads=1, replica_cpus=1, max_batch_size=2,
-                        queue_size=QUEUE, output_dir=tmp / "out", sweep_interval=3600)
+                        queue_size=QUEUE, output_dir=tmp / "out", sweep_interval=3600, max_pixel_steps=128 * 128 * 100)
     cluster = ray_cluster.start(settings)
     adapter = RayAdapter(cluster, settings)
     try:

@@ -42,7 +42,7 @@ def test_signal_answers_every_job_and_exits_within_ten_seconds(tmp_path: Path, s
            "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     log = (tmp_path / "server.log").open("w")
     proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--concurrency", "2",
-                             "--max-waiting-per-user", "4"],
+                             "--max-waiting-per-user", "4", "--max-pixel-steps", str(256 * 256 * 100)],
                             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"
     try:
@@ -50,7 +50,8 @@ def test_signal_answers_every_job_and_exits_within_ten_seconds(tmp_path: Path, s
         client = Client(url, verbose=False)
         # Long jobs: one runs, one waits for the GPU, two wait in Gradio's queue (concurrency 2); one
         # client is one user, whose cap (half of --concurrency by default: 1) is raised above 4.
-        # Each has its own width, so none can share a job with another (dynamic batching).
+        # Each has its own width, so none can share a job with another (dynamic batching). The cost
+        # budget is raised to let 100 steps at 256 px in.
         jobs = [client.submit(**raw_request(num_inference_steps=100, width=256 - 8 * i, height=256, seed=i),
                               api_name="/generate") for i in range(4)]
         _wait_for(lambda: httpx.get(url + "health", timeout=2).json()["queue_depth"] >= 3

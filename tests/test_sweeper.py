@@ -43,3 +43,39 @@ def test_the_thread_is_named_and_stops(tmp_path: Path) -> None:
     assert "output-sweeper" in [t.name for t in threading.enumerate()]
     sweeper.stop()
     assert "output-sweeper" not in [t.name for t in threading.enumerate()]
+
+
+def test_over_budget_only_identities_over_their_share_lose_files_and_the_unowned_go_first(tmp_path: Path) -> None:
+    """Issue 26 §8: a share each; one identity writing a lot never costs another its images."""
+    from pipeline.serving.postprocess import owner_folder
+
+    out = tmp_path / "out"
+    day = out / "20261202"
+    heavy, light = day / owner_folder("addr:198.51.100.1"), day / owner_folder("addr:198.51.100.2")
+    light_files = [_file(light / f"l{i}.png", 100, age=5000 - i) for i in range(3)]  # the oldest files of all
+    heavy_files = [_file(heavy / f"h{i}.png", 100, age=3000 - i) for i in range(10)]
+    preview = _file(out / "ab12cd" / "image.png", 100, age=100)  # a preview in Gradio's cache: nobody's
+    deleted: list[set[str]] = []
+    sweeper = Sweeper([out], max_bytes=800, max_age=7200, min_age=60, clock=lambda: NOW, on_deleted=deleted.append)
+    stats = sweeper.sweep_once()
+    assert all(f.exists() for f in light_files), "an identity within its share lost images"
+    assert not preview.exists()
+    # 1400 bytes, 800 allowed: the preview, then heavy's oldest, down to 500 = 800 - light's 300
+    assert [f.exists() for f in heavy_files] == [False] * 5 + [True] * 5
+    assert stats.bytes == 800 and stats.deleted == 6
+    assert deleted == [{str(preview), *(str(f) for f in heavy_files[:5])}]  # Gradio's sets are told
+
+
+def test_an_even_share_is_the_budget_over_the_identities_with_files(tmp_path: Path) -> None:
+    from pipeline.serving.postprocess import owner_folder
+
+    day = tmp_path / "20261202"
+    owners = [day / owner_folder(f"addr:{k}") for k in range(3)]
+    files = {k: [_file(o / f"{i}.png", 100, age=1000 - i) for i in range(4)] for k, o in enumerate(owners)}
+    files[2] = files[2][:1]  # owner 2 keeps one image: under its share
+    for f in (owners[2] / f"{i}.png" for i in range(1, 4)):
+        f.unlink()
+    Sweeper([tmp_path], max_bytes=600, max_age=7200, min_age=60, clock=lambda: NOW).sweep_once()
+    left = {k: sum(f.exists() for f in fs) for k, fs in files.items()}
+    # 900 -> 600, the share 200: only owners 0 and 1 are over it, and neither goes below it
+    assert left[2] == 1 and sum(left.values()) == 6 and min(left[0], left[1]) >= 2, left

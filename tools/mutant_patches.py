@@ -188,6 +188,49 @@ def _joiner_waits_for_the_end(self: Any, member: Any, line: Any, offsets: Any, e
     self._deliver_step([member], offsets, event, clock)  # no place promised on the last step
 
 
+def _one_login_one_user(self: Any) -> str:
+    """The identity before issue 26: a --auth login alone, wherever its users are."""
+    if self.hf_user:
+        return f"hf:{self.hf_user}"
+    return f"user:{self.login}" if self.login else f"addr:{self.network}"
+
+
+def _leftmost_forwarded(peer: str, forwarded: Any, trusted: Any) -> str:
+    """X-Forwarded-For's first hop, from anyone: what a client writes itself."""
+    hops = [h.strip() for line in forwarded for h in line.split(",") if h.strip()]
+    return hops[0] if hops else peer
+
+
+def _plain_uvicorn(limits: Any) -> Any:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    return HttpToolsProtocol
+
+
+def _rename_without_cleanup(path: Any, write: Callable[[Any], object]) -> Any:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    write(tmp)
+    tmp.replace(path)
+    return path
+
+
+def _backtracking_pairs(line: str) -> list[tuple[str, str]]:
+    """The settings line read by A1111's regular expression: quadratic on a long line with no colon."""
+    import json
+    import re
+
+    pairs = []
+    for key, value in re.findall(r'\s*(\w[\w \-/+.]*):\s*("(?:\\.|[^\\"])+"|[^,]*)(?:,|$)', line):
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] == '"':
+            try:
+                value = json.loads(value)
+            except ValueError:
+                value = value[1:-1]
+        pairs.append((key.strip(), value))
+    return pairs
+
+
 def _on(module: str, fn: Callable[[], None]) -> list[Patch]:
     return [(module, fn)]
 
@@ -241,6 +284,29 @@ MUTANTS: dict[str, list[Patch]] = {
     "history-restores-nothing": _attr("pipeline.web.page_tools", "restore", lambda history, index: None),
     "paste-fills-nothing": _attr("pipeline.web.page_tools", "fill_from", _fills_nothing),
     "escape-does-nothing": _attr("pipeline.web.page_tools", "KEYS_JS", "() => {}"),
+    # Issue 26: hostile clients. Each defence of the front door and below it, removed.
+    "unbounded-inputs": _attr("pipeline.web.inputs", "_problem", lambda field, value: None),
+    "files-pass-the-door": _attr("pipeline.web.inputs", "file_shaped", lambda value: False),
+    "every-route-open": _attr("pipeline.web.frontdoor", "_route", lambda method, path: ("page", None)),
+    "sessions-not-owned": _attr("pipeline.web.admission", "SessionBook.claim", lambda self, identity, session: None),
+    "no-join-rate": _attr("pipeline.web.admission", "TokenBucket.take", lambda self, key: 0.0),
+    "one-login-one-user": _attr("pipeline.web.identity", "Caller.key", property(_one_login_one_user)),
+    "forwarded-for-believed": _attr("pipeline.web.identity", "client_address", _leftmost_forwarded),
+    "mcp-caller-unsealed": _attr("pipeline.web.identity", "unseal", lambda value: None),
+    "mcp-outside-the-login": _attr("pipeline.web.frontdoor", "LOGIN_REQUIRED", ()),
+    "mcp-disconnect-ignored": _attr("pipeline.web.site", "LiveCalls.alive", lambda self, call: True),
+    "no-cost-budget": _attr("pipeline.request", "_within_budget", lambda *args: None),
+    "no-connection-limits": _attr("pipeline.web.lifecycle", "limited_protocol", _plain_uvicorn),
+    "full-disk-leaves-a-tmp": _attr("pipeline.serving.postprocess", "write_then_rename", _rename_without_cleanup),
+    "temp-files-kept": _attr("pipeline.web.gradio_internals", "forget_temp_files", lambda demo, paths: 0),
+    "shares-ignored": _attr("pipeline.serving.sweeper", "_owner_of", lambda directory, top: ""),
+    "prompt-lines-kept": _attr("pipeline.serving.postprocess", "one_line", lambda text: text),
+    "notes-rendered": _attr("pipeline.web.a1111", "notes_html", lambda fill: "<br>".join(fill.notes)),
+    "ui-events-unbounded": _attr("pipeline.web.page_tools", "UI_CONCURRENCY", None)
+    + _attr("pipeline.web.page_tools", "UI", {"api_visibility": "private", "concurrency_id": "ui",
+                                              "concurrency_limit": None, "show_progress": "hidden"}),
+    "auto-limit-off": _attr("pipeline.serving.jobs", "GpuJobs.time_limit", lambda self, job: self.job_timeout),
+    "paste-regex-backtracks": _attr("pipeline.web.a1111", "settings_pairs", _backtracking_pairs),
 }
 
 

@@ -73,6 +73,38 @@ TESTS: dict[str, str] = {
         "tests/test_page.py::test_pasted_parameters_fill_the_controls_and_say_what_was_not_applied"
     ),
     "escape-does-nothing": "tests/test_page.py::test_enter_generates_and_escape_stops",
+    "unbounded-inputs": "tests/test_hostile.py::test_a_megabyte_paste_is_refused_at_once_and_health_keeps_answering",
+    "files-pass-the-door": "tests/test_hostile.py::test_file_shaped_payloads_are_refused_before_gradio_fetches_anything",
+    "every-route-open": "tests/test_hostile.py::test_urls_and_closed_routes_fetch_nothing",
+    "sessions-not-owned": (
+        "tests/test_hostile.py::test_history_and_zip_come_only_from_what_the_server_wrote_for_that_session"
+    ),
+    "no-join-rate": (
+        "tests/test_hostile.py::test_a_flood_of_fresh_sessions_is_refused_and_a_waiting_users_job_and_history_stay"
+    ),
+    "one-login-one-user": "tests/test_hostile.py::test_two_people_on_one_login_from_two_addresses_both_get_in",
+    "forwarded-for-believed": (
+        "tests/test_hostile.py::test_forged_and_repeated_forwarded_for_headers_name_nobody_else "
+        "tests/test_identity.py"
+    ),
+    "mcp-caller-unsealed": "tests/test_mcp.py::test_an_mcp_caller_is_who_it_connects_from_not_what_its_headers_say",
+    "mcp-outside-the-login": "tests/test_mcp.py::test_under_auth_mcp_needs_the_login_and_works_with_basic_or_bearer",
+    "mcp-disconnect-ignored": "tests/test_mcp.py::test_an_mcp_caller_that_disconnects_stops_its_job",
+    "no-cost-budget": "tests/test_hostile.py::test_an_over_budget_request_is_refused_before_the_queue",
+    "no-connection-limits": (
+        "tests/test_hostile.py::test_slow_headers_a_huge_body_and_too_many_connections_are_cut_off"
+    ),
+    "full-disk-leaves-a-tmp": "tests/test_limits.py::test_a_full_disk_says_retry_later_and_leaves_no_partial_file",
+    "temp-files-kept": "tests/test_hostile.py::test_gradio_temp_file_sets_stay_bounded_under_a_soak",
+    "shares-ignored": (
+        "tests/test_sweeper.py::test_over_budget_only_identities_over_their_share_lose_files_and_the_unowned_go_first"
+    ),
+    "prompt-lines-kept": "tests/test_a1111.py::test_a_prompts_line_breaks_cannot_plant_lines_and_quoted_values_round_trip "
+    "tests/test_hostile.py::test_a_prompts_newlines_plant_no_metadata_and_the_paste_reads_it_back",
+    "notes-rendered": "tests/test_a1111.py::test_the_notes_are_plain_text",
+    "ui-events-unbounded": "tests/test_hostile.py::test_a_megabyte_paste_is_refused_at_once_and_health_keeps_answering",
+    "auto-limit-off": "tests/test_limits.py::test_without_job_timeout_each_job_is_limited_by_the_measured_rate",
+    "paste-regex-backtracks": "tests/test_a1111.py::test_the_parser_reads_a_megabyte_of_its_worst_cases_in_one_pass",
 }
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
+import json
 import logging
 import re
 import secrets
@@ -50,6 +51,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
+LOGIN_REQUIRED = ("mcp",)  # route kinds the door itself refuses without a login (Gradio mounts MCP outside its own)
 INTERNAL_HEADER = "x-t2i-internal"  # Gradio's MCP server's own client, calling back over loopback
 API = "/gradio_api"
 # (methods, path pattern, kind). Everything else is 404. Kinds say what more the door does.
@@ -134,7 +136,7 @@ class FrontDoor:
         d = self.d
         if d.auth is not None:  # 4. the login
             user = self._bridge_login(scope, headers, internal)
-            if user is None and kind == "mcp":
+            if user is None and kind in LOGIN_REQUIRED:
                 return await _json(send, 401, "Login required.", {"www-authenticate": 'Basic realm="mcp"'})
         if kind in ("join", "call", "login", "mcp") and not internal:  # 6. the rate of joins
             wait = d.buckets.take(caller.key)
@@ -167,9 +169,9 @@ class FrontDoor:
             return await _json(send, 413, f"The request body is over the limit of {self.d.max_body_bytes} bytes.")
         if kind in ("join", "call", "cancel"):
             try:
-                parsed = orjson.loads(body) if body else None
-                body = self._checked(kind, parsed, scope)
-            except orjson.JSONDecodeError:
+                parsed = _loads(body)
+                body = self._checked(kind, parsed, scope) or body
+            except ValueError:
                 return await _json(send, 400, "The request body must be JSON.")
             except Refused as refused:
                 return await _json(send, refused.status, refused.detail)
@@ -178,11 +180,13 @@ class FrontDoor:
                 return None
         await self.app(_with_length(scope, len(body)), _replay(body, receive), send)
 
-    def _checked(self, kind: str, parsed: Any, scope: Scope) -> bytes:
+    def _checked(self, kind: str, parsed: Any, scope: Scope) -> bytes | None:
+        """Refuse a bad body (``Refused``); the body to hand on if it had to change, else None."""
         policy = self.d.policy
         if kind == "join":
             _event, cleaned = policy.check_join(parsed)
-            return orjson.dumps(cleaned)
+            # NaN and Infinity stay as sent (Python's JSON): the validator names the field they are in.
+            return json.dumps(cleaned).encode() if cleaned != parsed else None
         if kind == "call":
             event = policy.by_api_name.get("generate")
             if event is None or not isinstance(parsed, dict):
@@ -195,10 +199,10 @@ class FrontDoor:
                         400, f"unknown parameters; the parameters are {', '.join(f.name for f in event.fields)}"
                     )
             policy.check_data(event, data)
-            return orjson.dumps(parsed)
-        if not isinstance(parsed, dict) or not all(isinstance(parsed.get(k), (str, int)) for k in ("session_hash",)):
+            return None
+        if not isinstance(parsed, dict) or not isinstance(parsed.get("session_hash"), str):
             raise Refused(400, "A cancel names session_hash, fn_index and event_id.")
-        return orjson.dumps(parsed)
+        return None
 
     async def _claim(self, send: Send, caller: Caller, session: str) -> bool:
         """Whether the session was refused to ``caller`` (the refusal has been answered then)."""
@@ -295,6 +299,16 @@ class DoorConfig:
         user, _, password = value.strip().partition(":")
         expected = ":".join(self.auth).encode()
         return user if hmac.compare_digest(f"{user}:{password}".encode(), expected) else None
+
+
+def _loads(body: bytes) -> Any:
+    """A JSON body: orjson, else Python's parser, which also reads the NaN and Infinity Gradio accepts."""
+    if not body:
+        return None
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return json.loads(body)
 
 
 def _route(method: str, path: str) -> tuple[str, re.Match[str] | None] | None:

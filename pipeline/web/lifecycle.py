@@ -58,6 +58,8 @@ def launch(demo: gr.Blocks, adapter: Adapter, settings: Settings) -> DoorConfig:
         call_back_as_internal(door.internal_secret)
     connections = ConnectionLimits(
         door.trusted,
+        header_timeout=settings.request_timeout,
+        body_timeout=3 * settings.request_timeout,
         max_body_bytes=door.max_body_bytes,
         connections_per_address=settings.max_connections_per_address,
     )
