@@ -23,6 +23,11 @@ def test_auth_protects_the_app_and_the_api(tmp_path: Path) -> None:
             Client(url, verbose=False, auth=("alice", "wrong"))
         _, info = Client(url, verbose=False, auth=("alice", "s3cret")).predict(**raw_request(), api_name="/generate")
         assert info["status"] == "done" and len(model.calls) == 1
+        # A program may send the login on every request instead (the front door turns it into Gradio's).
+        bearer = Client(url, verbose=False, headers={"Authorization": "Bearer alice:s3cret"})
+        assert bearer.predict(**raw_request(seed=2), api_name="/generate")[1]["status"] == "done"
+        with pytest.raises(Exception):  # noqa: B017
+            Client(url, verbose=False, headers={"Authorization": "Bearer alice:wrong"})
 
 
 def test_under_auth_health_stays_open_and_metrics_needs_the_login_or_the_token(tmp_path: Path) -> None:
