@@ -26,6 +26,7 @@ seals the caller's address into that call (``seal``: an HMAC under a key of this
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import ipaddress
@@ -96,7 +97,7 @@ class Caller:
         """The address as the app counts it: IPv6 by /64, IPv4 as it is; "" when unknown."""
         return network_of(self.address)
 
-    @property
+    @functools.cached_property
     def key(self) -> str:
         """The identity (see the module doc)."""
         if self.hf_user:
@@ -106,6 +107,7 @@ class Caller:
         return f"addr:{self.network}"
 
 
+@functools.lru_cache(maxsize=65536)
 def network_of(address: str) -> str:
     ip = _ip(address)
     if ip is None:
@@ -167,6 +169,7 @@ def caller_of(
     return Caller(client_address(peer, forwarded, trusted), login, hf_user)
 
 
+@functools.lru_cache(maxsize=65536)  # a request's addresses are parsed a few times, and they repeat
 def _ip(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     try:
         return ipaddress.ip_address(address.strip("[]"))

@@ -95,7 +95,9 @@ class InputPolicy:
             if body.get(key) is not None and not isinstance(body[key], int):
                 raise Refused(400, f"{key} must be a whole number.")
         self.check_data(event, body.get("data"))
-        cleaned = {**body, "event_data": select_data(body.get("event_data"))}
+        cleaned = dict(body)
+        if "event_data" in body:
+            cleaned["event_data"] = select_data(body["event_data"])
         cleaned.pop("oauth_token", None)  # no event here takes a gr.OAuthToken
         return event, cleaned
 
@@ -148,6 +150,8 @@ def file_shaped(value: Any) -> bool:
 
 
 def _problem(field: Field, value: Any) -> str | None:
+    if value is None or isinstance(value, (bool, int, float)):
+        return None  # a plain value: the event's own validator checks its type and range
     if file_shaped(value):
         return f"{field.label} must not be a file: this app takes no files"
     if isinstance(value, str):
