@@ -388,3 +388,38 @@ def test_gradio_temp_file_sets_stay_bounded_under_a_soak(tmp_path: Path) -> None
                     time.sleep(0.5)  # a sweep or more
                     counts.append(temp_file_count(demo))
         assert counts[-1] <= counts[1] * 1.5 + 10, counts  # bounded: it does not keep growing with requests
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs for the app's outputs (and Gradio's cache in it); skipped where mounting is not allowed."""
+    import subprocess
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_a_full_disk_says_retry_later_leaves_no_partial_file_and_the_app_serves_on(
+    small_disk: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(small_disk))
+    args = ("--output-dir", str(small_disk), "--sweep-interval", "3600", "--max-pixel-steps", str(256 * 256 * 4))
+    with running_app(small_disk.parent, *args, load=lambda: NoisyModel()) as (url, demo, _adapter):
+        gen = fn_index(demo, "generate")
+        with peer("127.0.0.18") as http:
+            outcomes = [raw_http_predict(url, gen, generate_data(seed=k, width=256, height=256), http=http)
+                        for k in range(8)]  # about 200 KB each: the disk fills within five
+        errors = [o["output"].get("error") for o in outcomes if not o["success"]]
+        assert errors and all(e == "The server's storage is full; please retry later." for e in errors), errors
+        assert not list(small_disk.rglob("*.tmp")), "a partial file was left"
+        for png in small_disk.rglob("*.png"):
+            png.unlink()  # room again: the next request is served
+        with peer("127.0.0.18") as http:
+            assert raw_http_predict(url, gen, generate_data(seed=99), http=http)["success"]

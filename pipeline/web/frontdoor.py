@@ -30,13 +30,14 @@ import logging
 import re
 import secrets
 from dataclasses import dataclass, field
-from http.cookies import SimpleCookie
-from typing import Any, Awaitable, Callable
-from urllib.parse import parse_qs, unquote
+from typing import Any
+from urllib.parse import unquote
 
 import orjson
 
+from . import asgi
 from .admission import InFlight, SessionBook, TokenBucket
+from .asgi import App, Message, Receive, Scope, Send
 from .gradio_internals import cookie_user, login_cookie
 from .httplimits import ConnectionLimits
 from .identity import SEAL_HEADER, Caller, TrustedProxies, caller_of, seal, unseal
@@ -45,11 +46,6 @@ from .site import LiveCalls
 
 log = logging.getLogger(__name__)
 
-Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 LOGIN_REQUIRED = ("mcp",)  # route kinds the door itself refuses without a login (Gradio mounts MCP outside its own)
 INTERNAL_HEADER = "x-t2i-internal"  # Gradio's MCP server's own client, calling back over loopback
@@ -97,26 +93,26 @@ class FrontDoor:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             if scope["type"] == "websocket":
-                return await _close_websocket(send)
+                return await asgi.close_websocket(send)
             return await self.app(scope, receive, send)
         d, path, method = self.d, scope.get("path", ""), scope.get("method", "GET")
         headers = _drop_unsealed(scope)
-        internal = _is_loopback(scope) and hmac.compare_digest(
-            _header(headers, INTERNAL_HEADER).encode("latin-1"), d.internal_secret.encode()
+        internal = asgi.is_loopback(scope) and hmac.compare_digest(
+            asgi.header(headers, INTERNAL_HEADER).encode("latin-1"), d.internal_secret.encode()
         )
-        caller = caller_of(_peer(scope), headers, d.trusted)  # 1. who
+        caller = caller_of(asgi.peer(scope), headers, d.trusted)  # 1. who
         scope.setdefault("state", {})["t2i_caller"] = caller
         route = _route(method, path)  # 2. the route
         if route is None:
             log.info("refused %s %s from %s: not a route of this app", method, path[:200], caller.key)
-            return await _json(send, 404, "Not Found")
+            return await asgi.json(send, 404, "Not Found")
         kind, match = route
         if kind == "file" and _url_like(path):
-            return await _json(send, 403, "This app serves only its own files.")
+            return await asgi.json(send, 403, "This app serves only its own files.")
         if kind == "service" or internal:
             return await self._logged_in(scope, receive, send, kind, caller, internal, headers)
         if not d.in_flight.enter(caller.key):  # 3. requests open at once
-            return await _json(send, 429, "Too many open requests from your address; close some tabs or wait.")
+            return await asgi.json(send, 429, "Too many open requests from your address; close some tabs or wait.")
         try:
             await self._logged_in(scope, receive, send, kind, caller, internal, headers, match)
         finally:
@@ -137,17 +133,17 @@ class FrontDoor:
         if d.auth is not None:  # 4. the login
             user = self._bridge_login(scope, headers, internal)
             if user is None and kind in LOGIN_REQUIRED:
-                return await _json(send, 401, "Login required.", {"www-authenticate": 'Basic realm="mcp"'})
+                return await asgi.json(send, 401, "Login required.", {"www-authenticate": 'Basic realm="mcp"'})
         if kind in ("join", "call", "login", "mcp") and not internal:  # 6. the rate of joins
             wait = d.buckets.take(caller.key)
             if wait > 0:
-                return await _json(
+                return await asgi.json(
                     send, 429, "Too many requests from your address; slow down.", {"retry-after": str(int(wait) + 1)}
                 )
         if kind == "mcp":
             return await self._mcp(scope, receive, send, caller)
         if kind in ("heartbeat", "stream") and not internal:  # 5. sessions
-            session = match["session"] if kind == "heartbeat" and match else _query_session(scope)
+            session = match["session"] if kind == "heartbeat" and match else asgi.query_session(scope)
             if session and await self._claim(send, caller, session):
                 return None
             if kind == "heartbeat" and session:
@@ -164,21 +160,21 @@ class FrontDoor:
         self, scope: Scope, receive: Receive, send: Send, kind: str, caller: Caller, internal: bool
     ) -> None:
         """7. Read the body (at most the cap), check it, and hand it on."""
-        body = await _read_body(receive, self.d.max_body_bytes)
+        body = await asgi.read_body(receive, self.d.max_body_bytes)
         if body is None:
-            return await _json(send, 413, f"The request body is over the limit of {self.d.max_body_bytes} bytes.")
+            return await asgi.json(send, 413, f"The request body is over the limit of {self.d.max_body_bytes} bytes.")
         if kind in ("join", "call", "cancel"):
             try:
                 parsed = _loads(body)
                 body = self._checked(kind, parsed, scope) or body
             except ValueError:
-                return await _json(send, 400, "The request body must be JSON.")
+                return await asgi.json(send, 400, "The request body must be JSON.")
             except Refused as refused:
-                return await _json(send, refused.status, refused.detail)
+                return await asgi.json(send, refused.status, refused.detail)
             session = parsed.get("session_hash") if isinstance(parsed, dict) else None
             if session and not internal and await self._claim(send, caller, str(session)):
                 return None
-        await self.app(_with_length(scope, len(body)), _replay(body, receive), send)
+        await self.app(asgi.with_length(scope, len(body)), asgi.replay(body, receive), send)
 
     def _checked(self, kind: str, parsed: Any, scope: Scope) -> bytes | None:
         """Refuse a bad body (``Refused``); the body to hand on if it had to change, else None."""
@@ -210,10 +206,10 @@ class FrontDoor:
         if why is None:
             return False
         if why == "foreign":
-            await _json(send, 403, "This session belongs to someone else.")
+            await asgi.json(send, 403, "This session belongs to someone else.")
         else:
             n = self.d.sessions.per_identity
-            await _json(send, 429, f"Too many open sessions from your address (at most {n}); close a tab or wait.")
+            await asgi.json(send, 429, f"Too many open sessions from your address (at most {n}); close a tab or wait.")
         return True
 
     def _bridge_login(self, scope: Scope, headers: list[tuple[str, str]], internal: bool) -> str | None:
@@ -221,15 +217,17 @@ class FrontDoor:
         app = scope.get("app")
         if app is None or not hasattr(app, "tokens"):
             return None
-        cookies = _cookies(headers)
+        cookies = asgi.cookies(headers)
         user = cookie_user(app, cookies)
         if user is None:
-            user = self.d.check_authorization(_header(headers, "authorization"))
+            user = self.d.check_authorization(asgi.header(headers, "authorization"))
             if user is None and internal:
                 user = "mcp"  # Gradio's MCP server's own client: the tool call it makes carries the caller's login
             if user is not None:
                 name, token = login_cookie(app, user)
-                _set_header(scope, "cookie", "; ".join([*(f"{k}={v}" for k, v in cookies.items()), f"{name}={token}"]))
+                asgi.set_header(
+                    scope, "cookie", "; ".join([*(f"{k}={v}" for k, v in cookies.items()), f"{name}={token}"])
+                )
         return user
 
     async def _mcp(self, scope: Scope, receive: Receive, send: Send, caller: Caller) -> None:
@@ -241,7 +239,7 @@ class FrontDoor:
         """
         streamed = scope["method"] == "POST" and scope["path"].rstrip("/") in (f"{API}/mcp", f"{API}/mcp/http")
         call = secrets.token_hex(8) if streamed else ""
-        _set_header(scope, SEAL_HEADER, seal(caller.address, call))
+        asgi.set_header(scope, SEAL_HEADER, seal(caller.address, call))
         calls = self.d.calls.open
         if call:
             calls.add(call)
@@ -326,88 +324,8 @@ def _url_like(path: str) -> bool:
 def _drop_unsealed(scope: Scope) -> list[tuple[str, str]]:
     """The request's headers as text; a seal header survives only from loopback and only if it is ours."""
     raw = scope.get("headers") or []
-    keep = _is_loopback(scope)
+    keep = asgi.is_loopback(scope)
     kept = [(k, v) for k, v in raw if k != b"x-t2i-caller" or (keep and unseal(v.decode("latin-1")) is not None)]
     if len(kept) != len(raw):
         scope["headers"] = kept
     return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in kept]
-
-
-def _peer(scope: Scope) -> str:
-    client = scope.get("client")
-    return str(client[0]) if client else ""
-
-
-def _is_loopback(scope: Scope) -> bool:
-    return _peer(scope) in ("127.0.0.1", "::1")
-
-
-def _header(headers: list[tuple[str, str]], name: str) -> str:
-    return next((v for k, v in headers if k == name), "")
-
-
-def _set_header(scope: Scope, name: str, value: str) -> None:
-    key = name.encode()
-    scope["headers"] = [(k, v) for k, v in scope.get("headers", []) if k != key] + [(key, value.encode("latin-1"))]
-
-
-def _cookies(headers: list[tuple[str, str]]) -> dict[str, str]:
-    jar: SimpleCookie = SimpleCookie()
-    for k, v in headers:
-        if k == "cookie":
-            try:
-                jar.load(v)
-            except Exception:  # a malformed cookie header logs nobody in
-                continue
-    return {k: m.value for k, m in jar.items()}
-
-
-def _query_session(scope: Scope) -> str | None:
-    values = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("session_hash")
-    return values[0] if values else None
-
-
-def _with_length(scope: Scope, length: int) -> Scope:
-    headers = [(k, v) for k, v in scope.get("headers", []) if k != b"content-length"]
-    return {**scope, "headers": [*headers, (b"content-length", str(length).encode())]}
-
-
-async def _read_body(receive: Receive, cap: int) -> bytes | None:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            return b"".join(chunks)
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > cap:
-            return None
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    sent = False
-
-    async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay
-
-
-async def _json(send: Send, status: int, detail: Any, headers: dict[str, str] | None = None) -> None:
-    body = orjson.dumps({"detail": detail})
-    head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    head += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
-    await send({"type": "http.response.start", "status": status, "headers": head})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def _close_websocket(send: Send) -> None:
-    await send({"type": "websocket.close", "code": 1008})

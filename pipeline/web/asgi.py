@@ -1,0 +1,95 @@
+"""Small ASGI helpers for the front door: the peer, headers and cookies, bodies read under a cap and replayed."""
+
+from __future__ import annotations
+
+from http.cookies import SimpleCookie
+from typing import Any, Awaitable, Callable
+from urllib.parse import parse_qs
+
+import orjson
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+App = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+def peer(scope: Scope) -> str:
+    client = scope.get("client")
+    return str(client[0]) if client else ""
+
+
+def is_loopback(scope: Scope) -> bool:
+    return peer(scope) in ("127.0.0.1", "::1")
+
+
+def header(headers: list[tuple[str, str]], name: str) -> str:
+    return next((v for k, v in headers if k == name), "")
+
+
+def set_header(scope: Scope, name: str, value: str) -> None:
+    key = name.encode()
+    scope["headers"] = [(k, v) for k, v in scope.get("headers", []) if k != key] + [(key, value.encode("latin-1"))]
+
+
+def cookies(headers: list[tuple[str, str]]) -> dict[str, str]:
+    jar: SimpleCookie = SimpleCookie()
+    for k, v in headers:
+        if k == "cookie":
+            try:
+                jar.load(v)
+            except Exception:  # a malformed cookie header logs nobody in
+                continue
+    return {k: m.value for k, m in jar.items()}
+
+
+def query_session(scope: Scope) -> str | None:
+    values = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("session_hash")
+    return values[0] if values else None
+
+
+def with_length(scope: Scope, length: int) -> Scope:
+    headers = [(k, v) for k, v in scope.get("headers", []) if k != b"content-length"]
+    return {**scope, "headers": [*headers, (b"content-length", str(length).encode())]}
+
+
+async def read_body(receive: Receive, cap: int) -> bytes | None:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return b"".join(chunks)
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > cap:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+async def json(send: Send, status: int, detail: Any, headers: dict[str, str] | None = None) -> None:
+    body = orjson.dumps({"detail": detail})
+    head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    head += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": head})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def close_websocket(send: Send) -> None:
+    await send({"type": "websocket.close", "code": 1008})
