@@ -30,6 +30,7 @@ import gradio as gr
 
 from pipeline import allocator
 from pipeline.config import Settings, load_settings
+from pipeline.errors import EngineDead
 from pipeline.protocol import Model, ModelProfile, ModelSide
 from pipeline.request import limits_for
 from pipeline.serving.base import Adapter
@@ -137,7 +138,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
     allocator.tune()  # before the first image: see pipeline/allocator.py
     settings = load_settings(argv)
-    demo, adapter = create_app(settings)
+    try:
+        demo, adapter = create_app(settings)
+    except EngineDead as exc:  # the model was refused or failed to load: say why, and exit
+        sys.exit(f"cannot serve {settings.model or 'the embedded model'}: {exc}")
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:

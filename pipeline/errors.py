@@ -124,3 +124,7 @@ class ModelProcessDied(GenerationFailed):
 
 class EngineDead(ServingError):
     """The model thread has stopped; nothing more can run until the app restarts."""
+
+
+class ModelRefused(ServingError):
+    """``--model`` names something this app cannot serve as text-to-image; refused at start, with why."""

@@ -49,6 +49,13 @@ class ModelProfile:
     step_joining: bool = False
     # Sampler names a request may ask for ("default": the model's own scheduler; see engine.samplers)
     schedulers: tuple[str, ...] = ("default",)
+    # The __call__ argument the guidance control drives (None: guidance is baked into the model)
+    guidance_arg: str | None = "guidance_scale"
+    step_choices: tuple[int, ...] = ()  # only these step counts run (empty: any in [min_steps, max_steps])
+    size_choices: tuple[tuple[int, int], ...] = ()  # only these (width, height) run (empty: any on the grid)
+    negative_prompt_reason: str = ""  # why a negative prompt is refused, where it is
+    previews: bool = True  # whether live previews can be drawn for this model
+    cfg_above: float = 1.0  # classifier-free guidance (and so a negative prompt) runs above this guidance
 
 
 @dataclass(frozen=True)

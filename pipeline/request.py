@@ -56,6 +56,10 @@ class Limits:
     negative_prompt: bool = True  # False: the model does not use one (FLUX), so a non-empty one is refused
     schedulers: tuple[str, ...] = (DEFAULT_SCHEDULER,)  # the sampler names this model offers
     max_pixel_steps: int = 0  # width × height × steps × images one request may cost; 0: no budget
+    negative_reason: str = ""  # why the model reads no negative prompt (where ``negative_prompt`` is False)
+    step_choices: tuple[int, ...] = ()  # only these step counts run (Sana Sprint); empty: the whole range
+    size_choices: tuple[tuple[int, int], ...] = ()  # only these sizes run (Kandinsky 5, HiDream); empty: any
+    cfg_above: float = 1.0  # a negative prompt is read only above this guidance
 
     @classmethod
     def for_model(
@@ -86,6 +90,10 @@ class Limits:
             negative_prompt=profile.supports_negative_prompt,
             schedulers=profile.schedulers,
             max_pixel_steps=max_pixel_steps or BUDGET_DEFAULT_JOBS * default_job,
+            negative_reason=profile.negative_prompt_reason,
+            step_choices=profile.step_choices,
+            size_choices=profile.size_choices,
+            cfg_above=profile.cfg_above,
         )
 
 
@@ -244,7 +252,13 @@ def _within_budget(width: int, height: int, steps: int, images: int, limits: Lim
 
 
 def _steps(raw: Mapping[str, Any], limits: Limits) -> int:
-    return _whole_number("num_inference_steps", raw.get("num_inference_steps"), limits.min_steps, limits.max_steps)
+    steps = _whole_number("num_inference_steps", raw.get("num_inference_steps"), limits.min_steps, limits.max_steps)
+    if limits.step_choices and steps not in limits.step_choices:
+        choices = ", ".join(map(str, limits.step_choices))
+        raise InvalidRequest(
+            "num_inference_steps", f"num_inference_steps must be one of {choices} for this model; got {steps}"
+        )
+    return steps
 
 
 def validate(
@@ -268,10 +282,10 @@ def validate(
         raise InvalidRequest("prompt", "prompt must not be empty")
     negative_prompt = _text("negative_prompt", raw.get("negative_prompt"), limits.max_prompt_chars)
     if negative_prompt and not limits.negative_prompt:
+        why = limits.negative_reason or "this model does not use one"
         raise InvalidRequest(
             "negative_prompt",
-            "negative_prompt must be empty: this model does not use one (FLUX reads it only with "
-            "true_cfg_scale > 1); describe what you want in the prompt instead",
+            f"negative_prompt must be empty: {why}; describe what you want in the prompt instead",
         )
     randomize = raw.get("randomize_seed", False)
     if not isinstance(randomize, bool):
@@ -290,8 +304,23 @@ def validate(
             "width",
             f"width × height must be at most {limits.max_pixels} pixels; got {width}×{height} = {width * height}",
         )
+    if limits.size_choices and (width, height) not in limits.size_choices:
+        choices = ", ".join(f"{w}×{h}" for w, h in limits.size_choices)
+        raise InvalidRequest(
+            "width",
+            f"width × height must be one of {choices} for this model (it redraws any other size); got {width}×{height}",
+        )
     steps = _steps(raw, limits)
     guidance = _real_number("guidance_scale", raw.get("guidance_scale"), limits.min_guidance, limits.max_guidance)
+    if negative_prompt and guidance <= limits.cfg_above:
+        raise InvalidRequest(
+            "negative_prompt",
+            f"negative_prompt must be empty at guidance_scale {limits.cfg_above:g} or less: classifier-free "
+            "guidance is off there, "
+            f"so the negative prompt is never read; raise guidance_scale above {limits.cfg_above:g} "
+            f"(up to {limits.max_guidance:g}) "
+            "or leave negative_prompt empty",
+        )
     num_images = _whole_number("num_images", raw.get("num_images", 1), 1, limits.max_images)
     live_preview = raw.get("live_preview", False)
     if not isinstance(live_preview, bool):

@@ -38,6 +38,7 @@ EXPECTED: dict[str, tuple[int, float, int, bool, str]] = {
 }
 FAMILIES = list(EXPECTED)
 RESULTS: dict[str, dict[str, str]] = {}
+SERVED_MAX_GUIDANCE = [1.5]  # the family being served's top guidance (the fixture sets it)
 ROWS = ("starts", "defaults", "negative prompt", "sizes", "progress + cancel", "same pixels", "long prompt",
         "batching + seed")
 
@@ -49,8 +50,12 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     family = str(request.param)
     folder = built_family(family)
     tmp = tmp_path_factory.mktemp(family)
-    with running_app(tmp, "--model", str(folder), "--max-batch-size", "4") as (url, _demo, adapter):
+    # The model on a thread of the test process: the family is under test here, not the model process
+    # (tests/test_model_process.py), which would cost each family ~8 s to start.
+    with running_app(tmp, "--model", str(folder), "--model-side", "thread", "--max-batch-size", "4") as (
+        url, _demo, adapter):
         RESULTS.setdefault(family, {})["starts"] = "yes"
+        SERVED_MAX_GUIDANCE[0] = adapter.profile.max_guidance
         yield family, Client(url, verbose=False, download_files=str(tmp / "dl")), adapter
 
 
@@ -64,13 +69,14 @@ def pixels(gallery: list[dict[str, Any]], i: int = 0) -> np.ndarray:
 
 
 def generate(client: Any, **over: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    gallery, info = client.predict(**request(**over), api_name="/generate")
+    gallery, info = client.predict(**request(None, **over), api_name="/generate")
     return gallery, info
 
 
-def request(**over: Any) -> dict[str, Any]:
-    """``raw_request`` with a guidance every family accepts (distilled ones allow at most 2)."""
-    return raw_request(**{"guidance_scale": 1.5, **over})
+def request(adapter: Any = None, **over: Any) -> dict[str, Any]:
+    """``raw_request`` with a guidance the family accepts (1.5; a guidance-distilled one has only 0)."""
+    top = adapter.profile.max_guidance if adapter is not None else SERVED_MAX_GUIDANCE[0]
+    return raw_request(**{"guidance_scale": min(1.5, top), **over})
 
 
 def steps_for(family: str) -> int:
@@ -123,7 +129,7 @@ def test_every_offered_size_works_and_a_wrong_one_names_the_multiple(served: tup
 def test_progress_and_cancel(served: tuple[str, Any, Any]) -> None:
     family, client, adapter = served
     steps = min(60, adapter.profile.max_steps)
-    job = client.submit(**request(width=64, height=64, num_inference_steps=steps, live_preview=True),
+    job = client.submit(**request(adapter, width=64, height=64, num_inference_steps=steps, live_preview=True),
                         api_name="/generate")
     wait_for(lambda: any(o[1].get("status") == "running" and o[1].get("step", 0) >= 2 for o in job.outputs()),
              "two steps reported", timeout=120)
@@ -132,7 +138,7 @@ def test_progress_and_cancel(served: tuple[str, Any, Any]) -> None:
     registry = adapter.metrics.registry
     after = registry.get_sample_value("steps_after_stop_sum") / max(1, registry.get_sample_value("steps_after_stop_count"))
     assert after <= 1, f"{after} steps ran after the stop"
-    shown = client.submit(**request(width=64, height=64, num_inference_steps=8, live_preview=True),
+    shown = client.submit(**request(adapter, width=64, height=64, num_inference_steps=8, live_preview=True),
                           api_name="/generate")
     _, info = shown.result(timeout=300)
     previews = [o[0] for o in shown.outputs() if o[1].get("status") == "running" and o[0]]
@@ -171,12 +177,14 @@ def test_the_long_prompt_note_names_the_encoder_that_cut_it(served: tuple[str, A
 
 def test_batching_keeps_each_image_and_a_seed_repeats(served: tuple[str, Any, Any]) -> None:
     family, client, adapter = served
-    common = dict(width=64, height=64, num_inference_steps=steps_for(family), guidance_scale=1.5)
+    common = dict(width=64, height=64, num_inference_steps=steps_for(family),
+                  guidance_scale=min(1.5, adapter.profile.max_guidance))
     alone, _ = generate(client, seed=21, **common)
     again, _ = generate(client, seed=21, **common)
     assert np.array_equal(pixels(alone), pixels(again))
-    blocker = client.submit(**request(width=256, height=256, num_inference_steps=min(30, adapter.profile.max_steps),
-                                      seed=1), api_name="/generate")
+    blocker = client.submit(**request(adapter, width=256, height=256,
+                                      num_inference_steps=min(30, adapter.profile.max_steps), seed=1),
+                            api_name="/generate")
     wait_for(lambda: any(o[1].get("status") == "running" for o in blocker.outputs()), "the blocker runs", 120)
     jobs = [client.submit(**request(seed=s, prompt=p, **common), api_name="/generate")
             for s, p in ((21, "a red circle"), (22, "a green star"))]

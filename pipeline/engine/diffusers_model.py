@@ -17,7 +17,8 @@ import torch
 from ..errors import Cancelled, OutOfMemory
 from ..protocol import InferenceJob, InferenceResult, ModelProfile, StepCallback, StopFlag
 from . import samplers
-from .families import call_arguments
+from .families import call_arguments, encoder_tokenizers, guidance_arguments, traits
+from .family_table import family_for
 from .loop_base import MemberLoop, loop_kind
 from .previews import Previewer
 from .stepping import StepWatch, Stop
@@ -35,10 +36,8 @@ class DiffusersModel:
         self.base_scheduler = pipe.scheduler
         # Private copies for prepare-time token counting, so no other thread touches the tokenizers
         # the model thread uses (fast tokenizers raise "Already borrowed" under concurrent use).
-        tokenizers = [getattr(pipe, a, None) for a in ("tokenizer", "tokenizer_2", "tokenizer_3")]
-        self._count_tokenizers = [
-            (name, copy.deepcopy(t)) for (name, _), t in zip(profile.text_encoders, [t for t in tokenizers if t])
-        ]
+        self.traits = traits(pipe, profile.name)
+        self._count_tokenizers = [(name, copy.deepcopy(t)) for name, _, t in encoder_tokenizers(pipe)]
         self._count_lock = threading.Lock()
 
     def count_tokens(self, text: str) -> dict[str, int]:
@@ -53,10 +52,26 @@ class DiffusersModel:
         # 0. The job's own scheduler (schedulers are stateful: step index, multistep history), built
         #    from the model's config on this thread and put in the pipeline for this call only.
         self.pipe.scheduler = samplers.build(self.base_scheduler, job.scheduler)
+        guiders = self._job_guiders(job)
         try:
             return self._generate(job, stop, on_step)
         finally:
             self.pipe.scheduler = self.base_scheduler
+            for name, guider in guiders.items():
+                setattr(self.pipe, name, guider)
+
+    def _job_guiders(self, job: InferenceJob) -> dict[str, Any]:
+        """A "guider" family (HunyuanImage 2.1) reads its scale from its guider components: this job
+        gets copies with its own ``guidance_scale`` (``guider.new``); the originals are returned to restore."""
+        if self.traits.guidance_kind != "guider":
+            return {}
+        originals = {}
+        for name in ("guider", "ocr_guider"):
+            guider = getattr(self.pipe, name, None)
+            if guider is not None and hasattr(guider, "new"):
+                originals[name] = guider
+                setattr(self.pipe, name, guider.new(guidance_scale=job.guidance_scale))
+        return originals
 
     def _generate(self, job: InferenceJob, stop: StopFlag, on_step: StepCallback) -> InferenceResult:
         pipe = self.pipe
@@ -64,14 +79,13 @@ class DiffusersModel:
         # 1. Per-image CPU generators: the same seed gives the same noise on any device and batch.
         generators = [torch.Generator("cpu").manual_seed(s) for s in job.seeds]
         kwargs: dict[str, Any] = dict(
-            prompt=list(job.prompts),
+            prompt=self._prompts(job.prompts),
             width=job.width,
             height=job.height,
             num_inference_steps=job.num_inference_steps,
-            guidance_scale=job.guidance_scale,
             generator=generators,
         )
-        kwargs.update(call_arguments(self.profile.family, job.negative_prompts, self.profile.supports_negative_prompt))
+        kwargs.update(self.call_arguments(job))
         if stop.is_set():
             raise Cancelled(steps_done=0)
         cuda = self._device == "cuda"
@@ -83,7 +97,7 @@ class DiffusersModel:
         started = time.time()
         try:
             with torch.inference_mode(), watch:
-                images = pipe(**kwargs).images
+                images = getattr(pipe(**kwargs), self.traits.output)
         except Stop:
             raise Cancelled(steps_done=watch.steps_done) from None
         except (torch.OutOfMemoryError, MemoryError):
@@ -94,6 +108,28 @@ class DiffusersModel:
         ended = time.time()
         peak = torch.cuda.max_memory_allocated() if cuda else None
         return InferenceResult(tuple(images), watch.steps_done, started, ended, peak)
+
+    def _prompts(self, prompts: tuple[str, ...]) -> list[str]:
+        """The prompts, cut to the first encoder's window where the pipeline raises on a longer one
+        (Ideogram 4): the user was told the rest is ignored (``request`` notes), so it is."""
+        family = family_for(type(self.pipe).__name__)
+        if family is None or not family.truncate or not self._count_tokenizers:
+            return list(prompts)
+        window = dict(self.profile.text_encoders)[self._count_tokenizers[0][0]]
+        with self._count_lock:
+            tokenizer = self._count_tokenizers[0][1]
+            cut = []
+            for prompt in prompts:
+                ids = tokenizer(prompt, truncation=False, add_special_tokens=False).input_ids
+                cut.append(prompt if len(ids) <= window else tokenizer.decode(ids[:window]))
+        return cut
+
+    def call_arguments(self, job: InferenceJob) -> dict[str, Any]:
+        """Guidance as the parameter this family reads, and the negative prompt where it is read."""
+        t = self.traits
+        kwargs = guidance_arguments(t, job.guidance_scale, job.num_inference_steps)
+        kwargs.update(call_arguments(t.family, job.negative_prompts, t.negative_prompt, t.guidance_kind))
+        return kwargs
 
     def loop_key(self, job: InferenceJob) -> Hashable | None:
         """Step-level joining (``engine.joining``) for SD 1.x/2.x, FLUX and SD3; ``None`` for the rest.

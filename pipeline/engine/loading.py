@@ -7,17 +7,16 @@ the embedded default model, a hub id or a local path; it runs on the model threa
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-from diffusers import DiffusionPipeline
 
 from ..config import Settings
 from ..default_model import ensure_default_model, model_defaults
+from ..errors import ModelRefused
 from ..protocol import InferenceJob, ModelProfile
 from .diffusers_model import DiffusersModel
 from .families import pick_dtype_name, pipeline_class_of, traits
@@ -25,15 +24,13 @@ from .loop_base import loop_kind
 from .previews import Previewer, load_decoder, load_preview_map
 from .simulated import PREFIX as SIM_PREFIX
 from .simulated import SimSpec, SimulatedModel
-from .speedups import compile_denoiser, denoiser_name, uncompile_denoiser, use_channels_last
+from .speedups import compile_denoiser, uncompile_denoiser, use_channels_last
+from .text_to_image import load_text_to_image
 from .zerogpu import zero_gpu_active
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL_NAME = "embedded-default (tiny SD trained on shapes)"
-
-# Few-step distilled models: (pattern on the model id, default steps). They want guidance 0.
-_FEW_STEP = ((re.compile(r"sd-?turbo|sdxl-turbo", re.I), 1), (re.compile(r"schnell|lightning|lcm|hyper", re.I), 4))
 
 
 def pick_device(requested: str) -> str:
@@ -54,14 +51,8 @@ def pick_dtype(requested: str, device: str, pipeline_class: str) -> torch.dtype:
 def build_profile(pipe: Any, name: str, device: str, dtype: torch.dtype, saved: dict | None = None) -> ModelProfile:
     """Defaults and limits that follow the loaded model (``saved``: defaults written with a model trained here)."""
     t = traits(pipe, name)
-    scale = int(getattr(pipe, "vae_scale_factor", 8) or 8)
-    attr = denoiser_name(pipe)
-    denoiser = getattr(pipe, attr) if attr else None
-    sample = getattr(getattr(denoiser, "config", None), "sample_size", None)
-    if isinstance(sample, (list, tuple)):
-        sample = sample[0]
-    default_size = int(getattr(pipe, "default_sample_size", None) or sample or 64) * scale
-    default_size = max(t.size_multiple, default_size // t.size_multiple * t.size_multiple)
+    default_size = t.default_size
+    sizes = [n for size in t.size_choices for n in size]
     saved = saved or {}
     return ModelProfile(
         name=name,
@@ -77,13 +68,19 @@ def build_profile(pipe: Any, name: str, device: str, dtype: torch.dtype, saved: 
         max_steps=t.max_steps,
         max_guidance=t.max_guidance,
         size_multiple=t.size_multiple,
-        min_size=max(64, t.size_multiple),
-        max_size=min(2048, max(256, default_size * 2)),
+        min_size=min(sizes) if sizes else max(64, t.size_multiple),
+        max_size=max(sizes) if sizes else min(2048, max(256, default_size * 2)),
         text_encoders=t.encoders or (("CLIP", 75),),
         supports_negative_prompt=t.negative_prompt,
         family=t.family,
         schedulers=t.schedulers,
         step_joining=loop_kind(pipe) is not None,  # SD 1.x/2.x, FLUX, SD3: engine.loop_sd / loop_flow
+        guidance_arg=t.guidance_arg,
+        step_choices=t.step_choices,
+        size_choices=t.size_choices,
+        negative_prompt_reason=t.negative_reason,
+        previews=t.previews,
+        cfg_above=t.cfg_above,
     )
 
 
@@ -98,7 +95,7 @@ def load_model(settings: Settings, *, warmup: bool = True) -> DiffusersModel | S
         torch.set_num_threads(settings.resolved_torch_threads())
     dtype = pick_dtype(settings.dtype, device, pipeline_class_of(source))
     t0 = time.time()
-    pipe = DiffusionPipeline.from_pretrained(source, dtype=dtype)
+    pipe = load_text_to_image(source, dtype)
     if settings.cpu_offload and device == "cuda":
         pipe.enable_model_cpu_offload()
     else:
@@ -119,6 +116,13 @@ def load_model(settings: Settings, *, warmup: bool = True) -> DiffusersModel | S
     else:
         preview_map = load_preview_map(pipe, folder, fit=not zero_gpu_active())
     model = DiffusersModel(pipe, build_profile(pipe, name, device, dtype, saved), preview_map)
+    if model.traits.guessed:
+        log.info(
+            "%s is not in the family registry (engine/family_table.py): served generically from its "
+            "__call__ signature; guessed %s",
+            type(pipe).__name__,
+            "; ".join(model.traits.guessed),
+        )
     # Compiled last: the profile and previews read the eager modules (an OptimizedModule has no truth
     # value: ``pipe.unet or pipe.transformer`` raises on it).
     compiled = False
@@ -162,7 +166,12 @@ def _warm_up(model: DiffusersModel, *, compiled: bool = False) -> None:
     t0 = time.time()
     try:
         model.generate(job, threading.Event(), lambda *_: None)
-    except Exception:  # a model that cannot warm up may still serve: say so, and carry on
+    except Exception as exc:  # a model that cannot warm up may still serve: say so, and carry on
+        if model.traits.guessed:  # an unknown class that the generic call cannot drive: refused now
+            raise ModelRefused(
+                f"{model.profile.pipeline_class} is not in the family registry and cannot be called the "
+                f"generic way (prompt, width, height, num_inference_steps, guidance): {exc}"
+            ) from exc
         if compiled and uncompile_denoiser(model.pipe):
             log.exception("the compiled warm-up failed; the denoiser runs eagerly instead")
             _warm_up(model)

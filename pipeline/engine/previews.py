@@ -156,6 +156,10 @@ def _smooth_pictures(count: int, size: int, seed: int = 0) -> torch.Tensor:
 
 def to_latent_space(vae: Any, z: torch.Tensor) -> torch.Tensor:
     """A VAE's raw latents as the pipeline sees them: shifted and scaled by its config."""
+    mean, std = getattr(vae.config, "latents_mean", None), getattr(vae.config, "latents_std", None)
+    if mean is not None and std is not None and len(mean) == z.shape[1] == len(std):  # per-channel (Qwen, Wan VAEs)
+        shape = (1, -1) + (1,) * (z.ndim - 2)
+        return (z - torch.tensor(mean).view(shape)) / torch.tensor(std).view(shape)
     shift = getattr(vae.config, "shift_factor", None) or 0.0
     scale = getattr(vae.config, "scaling_factor", None) or 1.0
     return (z - shift) * scale
@@ -166,9 +170,17 @@ def fit_from_vae(vae: Any, count: int = 8, size: int = 256) -> PreviewMap:
     """A linear map for any VAE, fitted from a few encoded pictures (once, at load, on the model thread)."""
     pictures = _smooth_pictures(count, size)
     param = next(vae.parameters())
-    encoded = vae.encode(pictures.to(param.device, param.dtype) * 2 - 1)
+    x = pictures.to(param.device, param.dtype) * 2 - 1
+    try:
+        encoded = vae.encode(x)
+    except (RuntimeError, ValueError, TypeError, IndexError):  # a video-style VAE takes (B, C, T, H, W)
+        encoded = vae.encode(x[:, :, None])
     dist = getattr(encoded, "latent_dist", None)
-    z = dist.mode() if dist is not None else encoded.latent
+    z: Any = dist.mode() if dist is not None else getattr(encoded, "latent", None)
+    if z is None:
+        z = encoded[0]
+    if z.ndim == 5:
+        z = z[:, :, 0]
     latents = to_latent_space(vae, z.float().cpu())
     targets = torch.nn.functional.adaptive_avg_pool2d(pictures, (latents.shape[-2], latents.shape[-1]))
     return fit_linear(latents, targets)
@@ -212,8 +224,55 @@ def denoised(scheduler: Any, out: Any, model_output: torch.Tensor, timestep: Any
     return out[0] if isinstance(out, tuple) else out.prev_sample
 
 
+def _denormalize(pipe: Any, latents: torch.Tensor, dim: int) -> torch.Tensor:
+    """FLUX.2's and ERNIE's VAE normalise the 2x2-patchified latents with a batch norm's running statistics."""
+    bn = getattr(getattr(pipe, "vae", None), "bn", None)
+    mean, var = getattr(bn, "running_mean", None), getattr(bn, "running_var", None)
+    if mean is None or var is None or latents.shape[dim] != mean.shape[0]:
+        return latents
+    shape = [1] * latents.ndim
+    shape[dim] = -1
+    std = torch.sqrt(var.float().cpu() + float(getattr(bn, "eps", 1e-5)))
+    return latents.float().cpu() * std.view(shape) + mean.float().cpu().view(shape)
+
+
 def unpack(pipe: Any, latents: torch.Tensor, width: int, height: int) -> torch.Tensor:
-    """(B, C, h, w) latents; FLUX's packed (B, tokens, C*4) are unpacked with the pipeline's own helper."""
-    if latents.ndim == 3 and hasattr(pipe, "_unpack_latents"):
-        return pipe._unpack_latents(latents, height, width, pipe.vae_scale_factor)
-    return latents
+    """(B, C, h, w) VAE latents from what the denoiser steps on.
+
+    - (B, C, T, h, w) from a video-style VAE (Qwen-Image, Krea 2), or (B, T, h, w, C) (Kandinsky 5):
+      the one frame.
+    - (B, tokens, C*p*p) packed p x p (FLUX, FLUX.2, Chroma, Qwen-Image, HiDream, ...): p follows
+      from the token count and the latent grid; the tokens unfold in FLUX's order (c, then the patch).
+    - (B, C*4, h/2, w/2) patchified by the VAE itself (ERNIE): unfolded the same way.
+    FLUX.2's and ERNIE's batch-norm statistics are undone first.
+    """
+    latent_channels = getattr(getattr(getattr(pipe, "vae", None), "config", None), "z_dim", None) or getattr(
+        getattr(getattr(pipe, "vae", None), "config", None), "latent_channels", None
+    )
+    if latents.ndim == 5:  # (B, C, T, h, w), or channels last (B, T, h, w, C) (Kandinsky 5)
+        channels_last = latents.shape[-1] == latent_channels and latents.shape[1] != latent_channels
+        latents = latents[:, 0].permute(0, 3, 1, 2) if channels_last else latents[:, :, 0]
+    vae = int(getattr(pipe, "vae_scale_factor", None) or getattr(pipe, "vae_scale_factor_spatial", None) or 8)
+    if latents.ndim == 4:
+        if latent_channels and latents.shape[1] == 4 * latent_channels:  # patchified 2x2 by the VAE (ERNIE)
+            x = _denormalize(pipe, latents, 1)
+            b, _, h, w = x.shape
+            x = x.reshape(b, latent_channels, 2, 2, h, w).permute(0, 1, 4, 2, 5, 3)
+            return x.reshape(b, latent_channels, h * 2, w * 2)
+        return latents
+    if latents.ndim != 3:
+        return latents
+    rows, cols = height // vae, width // vae
+    batch, tokens, depth = latents.shape
+    p = math.isqrt(max(1, rows * cols // max(1, tokens)))
+    if p < 1 or (rows // p) * (cols // p) != tokens or depth % (p * p):
+        return latents  # a packing we do not know: the caller skips the preview
+    latents = _denormalize(pipe, latents, 2)
+    from .family_table import family_for
+
+    family = family_for(type(pipe).__name__)
+    if family is not None and family.patch_last:  # (py, px, c) per token
+        x = latents.reshape(batch, rows // p, cols // p, p, p, depth // (p * p))
+        return x.permute(0, 5, 1, 3, 2, 4).reshape(batch, depth // (p * p), rows // p * p, cols // p * p)
+    x = latents.reshape(batch, rows // p, cols // p, depth // (p * p), p, p)
+    return x.permute(0, 3, 1, 4, 2, 5).reshape(batch, depth // (p * p), rows // p * p, cols // p * p)

@@ -106,15 +106,23 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
                         )
                     with gr.Row():
                         num_inference_steps = gr.Slider(
-                            lim.min_steps, lim.max_steps, value=p.default_steps, step=1, label="Steps", elem_id="steps"
+                            lim.min_steps,
+                            max(lim.max_steps, lim.min_steps + 1),
+                            value=p.default_steps,
+                            step=1,
+                            label=steps_label(lim.step_choices),
+                            elem_id="steps",
                         )
+                        # The control drives the parameter the family reads (engine/family_table.py);
+                        # a guidance-distilled model has none: the control is hidden at its fixed value.
                         guidance_scale = gr.Slider(
                             lim.min_guidance,
-                            lim.max_guidance,
+                            max(lim.max_guidance, lim.min_guidance + 0.1),
                             value=p.default_guidance,
                             step=0.1,
-                            label="Guidance scale",
+                            label=guidance_label(p.guidance_arg),
                             elem_id="guidance",
+                            visible=p.guidance_arg is not None,
                         )
                     # The sampler (the API's `scheduler`): "default" is the model's own; the others
                     # where its family supports them (engine/samplers.py). Pasted parameters and
@@ -262,3 +270,12 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
         serve_images(demo)
     demo.queue(max_size=settings.queue_size, api_open=False, default_concurrency_limit=1)
     return demo
+
+
+def guidance_label(arg: str | None) -> str:
+    """ "Guidance scale", naming the argument where the family reads another (Qwen-Image: true_cfg_scale)."""
+    return "Guidance scale" if arg in (None, "guidance_scale") else f"Guidance scale ({arg})"
+
+
+def steps_label(choices: tuple[int, ...]) -> str:
+    return "Steps" if not choices else f"Steps (this model runs {', '.join(map(str, choices))})"

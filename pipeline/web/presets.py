@@ -39,6 +39,8 @@ def size_presets(default_width: int, default_height: int, limits: Limits) -> lis
     the one closest in pixel count to the default size (capped at ``max_pixels``) wins, and the
     closer aspect breaks ties; a ratio with no size that close is left out.
     """
+    if limits.size_choices:  # the model draws only these: they are the presets
+        return [SizePreset(_ratio(w, h), w, h) for w, h in limits.size_choices]
     step = limits.size_multiple
     lo = math.ceil(limits.min_size / step) * step
     hi = limits.max_size // step * step
@@ -55,6 +57,15 @@ def size_presets(default_width: int, default_height: int, limits: Limits) -> lis
         if best is not None:
             presets.append(SizePreset(f"{w_ratio}:{h_ratio}", best[0], best[1]))
     return presets
+
+
+def _ratio(width: int, height: int) -> str:
+    """The nominal ratio within ``ASPECT_TOLERANCE`` ("16:9"), else the exact reduced one."""
+    for w_ratio, h_ratio in RATIOS:
+        if abs(width / height / (w_ratio / h_ratio) - 1) <= ASPECT_TOLERANCE:
+            return f"{w_ratio}:{h_ratio}"
+    g = math.gcd(width, height)
+    return f"{width // g}:{height // g}"
 
 
 def _best_size(aspect: float, target: int, step: int, lo: int, hi: int, max_pixels: int) -> tuple[int, int] | None:
