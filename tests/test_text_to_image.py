@@ -66,3 +66,32 @@ def test_a_class_the_registry_does_not_know_is_served_generically_and_says_so(
     assert any("not in the family registry" in r.getMessage() and "guessed" in r.getMessage() for r in caplog.records)
     job = InferenceJob("one", ("a red circle",), ("",), (1,), 64, 64, 2, p.default_guidance)
     assert model.generate(job, threading.Event(), lambda *_: None).images[0].size == (64, 64)
+
+
+def test_a_folder_whose_tokenizer_is_a_processor_loads_without_torchvision(tmp_path: Path) -> None:
+    """FLUX.2-dev's model_index names a ``PixtralProcessor`` for its tokenizer, which needs torchvision
+    (not loadable beside the pinned CPU torch here): the folder's plain tokenizer is loaded instead."""
+    import importlib.util
+    import shutil
+
+    from pipeline.engine.text_to_image import load_text_to_image, plain_tokenizers
+    from tests.families import built_family
+
+    if importlib.util.find_spec("torchvision") is not None:
+        pytest.skip("torchvision is installed: the processor itself loads")
+    folder = tmp_path / "flux2-dev"
+    shutil.copytree(built_family("flux2-dev"), folder)
+    index = json.loads((folder / "model_index.json").read_text())
+    index["tokenizer"] = ["transformers", "PixtralProcessor"]  # what the real folder says
+    (folder / "model_index.json").write_text(json.dumps(index))
+    assert plain_tokenizers(folder / "model_index.json") == {"tokenizer": "PixtralProcessor"}
+    pipe = load_text_to_image(str(folder), None)
+    assert type(pipe).__name__ == "Flux2Pipeline" and not type(pipe.tokenizer).__name__.endswith("Processor")
+    import torch
+
+    pipe.set_progress_bar_config(disable=True)
+    with torch.inference_mode():
+        image = pipe(prompt=["a red circle"], width=64, height=64, num_inference_steps=1,
+                     generator=[torch.Generator().manual_seed(0)]).images[0]
+    assert image.size == (64, 64)
+    assert json.loads((folder / "model_index.json").read_text())["tokenizer"][1] == "PixtralProcessor"  # untouched

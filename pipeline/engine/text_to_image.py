@@ -74,6 +74,48 @@ def refuse_unless_callable(pipe: Any, source: str) -> None:
         )
 
 
+def plain_tokenizers(index: Path) -> dict[str, str]:
+    """The components a ``model_index.json`` loads as a multimodal processor (``PixtralProcessor``,
+    ``Qwen2VLProcessor``): their folders hold a plain tokenizer too, which these pipelines accept."""
+    entries = json.loads(index.read_text())
+    return {
+        name: str(value[1])
+        for name, value in entries.items()
+        if isinstance(value, list) and len(value) == 2 and str(value[1]).endswith("Processor")
+    }
+
+
+def _load_with_plain_tokenizers(loader: Any, source: Path, plain: dict[str, str], dtype: Any) -> Any:
+    """Load ``source`` through an overlay folder (links to its parts) whose index names the plain
+    tokenizer class where the original names a processor; the user's folder is not touched."""
+    import shutil
+    import tempfile
+
+    overlay = Path(tempfile.mkdtemp(prefix="t2i-overlay-"))
+    try:
+        for part in source.iterdir():
+            if part.name != "model_index.json":
+                (overlay / part.name).symlink_to(part.resolve())
+        index = json.loads((source / "model_index.json").read_text())
+        from transformers import AutoTokenizer
+
+        for name in plain:  # the class AutoTokenizer picks for the processor's own tokenizer files
+            index[name] = ["transformers", type(AutoTokenizer.from_pretrained(str(source / name))).__name__]
+        (overlay / "model_index.json").write_text(json.dumps(index))
+        return loader.from_pretrained(str(overlay), dtype=dtype)
+    finally:
+        shutil.rmtree(overlay, ignore_errors=True)  # the weights are loaded (or mapped) by now
+
+
+def _torchvision_note() -> str:
+    """ "torchvision" when it cannot be imported (a processor's failure does not always name it)."""
+    try:
+        import torchvision  # type: ignore[import-not-found]  # noqa: F401
+    except Exception:
+        return "torchvision"
+    return ""
+
+
 def load_text_to_image(source: str, dtype: Any) -> Any:
     """``source`` (a folder or hub id) loaded through ``from_pretrained``, or ``ModelRefused``."""
     from diffusers import AutoPipelineForText2Image, DiffusionPipeline
@@ -87,12 +129,21 @@ def load_text_to_image(source: str, dtype: Any) -> Any:
     if cls and (what := what_it_holds(cls)) is not None:
         raise ModelRefused(f"{source} holds {what} ({cls}); --model needs a text-to-image pipeline")
     t2i, _ = _auto_mappings()
-    if cls in t2i:
-        pipe = AutoPipelineForText2Image.from_pretrained(source, dtype=dtype)
-    else:
-        pipe = DiffusionPipeline.from_pretrained(source, dtype=dtype)
-        if (what := what_it_holds(type(pipe).__name__)) is not None:
-            raise ModelRefused(f"{source} holds {what} ({type(pipe).__name__}); --model needs a text-to-image pipeline")
+    loader = AutoPipelineForText2Image if cls in t2i else DiffusionPipeline
+    try:
+        pipe = loader.from_pretrained(source, dtype=dtype)
+    except (ImportError, AttributeError, ValueError):  # a processor class is a placeholder without torchvision
+        plain = plain_tokenizers(index) if index.exists() else {}
+        if not plain or not _torchvision_note():  # torchvision is there: the failure is another one
+            raise
+        log.warning(
+            "%s's %s need torchvision, which is not installed: loading their plain tokenizers instead",
+            source,
+            " and ".join(f"{name} ({kind})" for name, kind in plain.items()),
+        )
+        pipe = _load_with_plain_tokenizers(loader, Path(source), plain, dtype)
+    if loader is DiffusionPipeline and (what := what_it_holds(type(pipe).__name__)) is not None:  # a hub id's class
+        raise ModelRefused(f"{source} holds {what} ({type(pipe).__name__}); --model needs a text-to-image pipeline")
     if family_for(type(pipe).__name__) is None:
         refuse_unless_callable(pipe, source)
     return pipe
