@@ -700,9 +700,11 @@ def families_2026() -> dict[str, Callable[[], Any]]:
 
 def build_pipeline(name: str) -> Any:
     """The family's pipeline in memory, seeded random weights (the same weights every call)."""
-    if name in FAMILIES:
-        return FAMILIES[name].build()
-    return families_2026()[name]()
+    pipe = FAMILIES[name].build() if name in FAMILIES else families_2026()[name]()
+    for component in pipe.components.values():  # as from_pretrained leaves them: T5's dropout off
+        if hasattr(component, "eval"):
+            component.eval()
+    return pipe
 
 
 def build_family(name: str, out_dir: Path) -> Path:

@@ -319,7 +319,10 @@ def _negative_prompt(params: Any, kind: str, guidance: float, cfg_above: float =
     if kind not in ("cfg", "true_cfg", "schedule", "guider"):
         return False, "this model is guidance-distilled: it has no unconditional branch for a negative prompt to steer"
     if guidance <= cfg_above:
-        return False, "this model runs without classifier-free guidance (guidance 1 or less): no negative prompt"
+        return (
+            False,
+            f"this model runs without classifier-free guidance (guidance {cfg_above:g} or less): no negative prompt",
+        )
     return True, ""
 
 
