@@ -63,7 +63,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, psut
     log = (tmp / "server.log").open("w")
     proc = subprocess.Popen(
         [sys.executable, "app.py", "--port", str(port), "--output-max-mb", str(OUTPUT_BUDGET_MB),
-         "--sweep-interval", "0.5",
+         # files younger than the interval are kept (at most 10 s): long enough for the clients to fetch them
+         "--sweep-interval", "2",
          # many load clients share one address here, where each would be its own person
          "--rate-limit", "1000", "--max-connections-per-address", "1000", "--max-sessions-per-user", "1000"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
