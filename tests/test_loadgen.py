@@ -19,7 +19,10 @@ NULL_128 = "sim:cpu_ms=0,dev_ms=0,decode_ms=0,size=128,steps=1"
 
 @pytest.fixture(scope="module")
 def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with app_process(tmp_path_factory.mktemp("loadgen"), "--model", NULL_128, "--max-batch-size", "1") as (url, _, _):
+    # The load generator stands in for many users from one address: the per-address limits are lifted.
+    lifted = ("--rate-limit", "1000", "--max-sessions-per-user", "1000", "--max-connections-per-address", "1000")
+    with app_process(tmp_path_factory.mktemp("loadgen"), "--model", NULL_128, "--max-batch-size", "1", *lifted) as (
+        url, _, _):
         yield url
 
 
