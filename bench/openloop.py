@@ -30,8 +30,8 @@ drift favours none of them:
    full batch (4 concurrent requests).
 
 Sections: the embedded default model at 64 px (8 steps with ``--quick``, 20 otherwise) and the
-simulated fast device (``SIM_SPEC``); ``--model`` runs one of them (``default``) or any ``sim:``
-spec alone. The model side is the app's default. No thresholds: the figures go to the tables (and
+simulated fast device (``SIM_SPEC``); ``--model`` runs one of them (``default``), any ``sim:``
+spec or a model folder (a tiny family build, at 64 px, with its raw pipeline as the reference) alone. The model side is the app's default. No thresholds: the figures go to the tables (and
 ``--json``).
 """
 
@@ -133,6 +133,8 @@ def models_for(model: str | None, quick: bool) -> list[Model]:
         return [default, sim(SIM_SPEC)]
     if model == "default":
         return [default]
+    if not model.startswith("sim:"):  # a model folder (a tiny family build): 64 px, as the default
+        return [Model(Path(model).name, model, DEFAULT_SIZE, default.steps)]
     return [sim(model)]
 
 
@@ -359,8 +361,8 @@ class RawBurst:
     def __init__(self, model: Model, n: int) -> None:
         self.model, self.n = model, n
         self.raw: Raw | None = None
-        if model.spec is None:
-            self.raw = Raw(1, "cpu", "")
+        if model.spec is None or not model.spec.startswith("sim:"):
+            self.raw = Raw(1, "cpu", model.spec or "")
             self.raw.wait_ready()
             self.raw.run(model.size, model.steps, 1, warm=True, batch=BATCH)
             self.raw.run(model.size, model.steps, 1, warm=True)
@@ -487,7 +489,8 @@ def warm(server: Server, model: Model, plan: Plan) -> float:
     returns the seconds of one long (``late_steps``) job alone, the late arrival's fallback."""
     from pipeline.engine.simulated import POOL
 
-    asyncio.run(loadgen.run_async(server.url, 1, n=POOL if model.spec else 2, data=model.data, timeout=TIMEOUT))
+    pool = POOL if model.spec and model.spec.startswith("sim:") else 2
+    asyncio.run(loadgen.run_async(server.url, 1, n=pool, data=model.data, timeout=TIMEOUT))
     asyncio.run(fire(server.url, [0.0] * BATCH, model.data))
     t0 = time.monotonic()
     asyncio.run(loadgen.run_async(server.url, 1, n=1, data=model.numbered(0, plan.late_steps), timeout=TIMEOUT))
@@ -639,15 +642,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer requests and rounds (under ~4 minutes on 2 cores)")
     parser.add_argument("--model", default=None,
-                        help="default (the embedded model at 64 px) or a sim:... spec; omitted: both sections")
+                        help="default (the embedded model at 64 px), a sim:... spec or a model folder (64 px, "
+                        "e.g. a tiny family build of tests/families.py); omitted: both sections")
     parser.add_argument("--requests", type=int, default=None, help="open-loop requests per design and load")
     parser.add_argument("--load-base", choices=("none", "job"), default="none",
                         help="whose saturated rate is 100 %% load: none (one request per inference, the "
                         "GPU's own capacity; default) or job (job-level batching, the app before step joining)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
-    if args.model not in (None, "default") and not args.model.startswith("sim:"):
-        parser.error("--model is default or a sim:... spec")
+    if args.model not in (None, "default") and not args.model.startswith("sim:") and not Path(args.model).is_dir():
+        parser.error("--model is default, a sim:... spec or a model folder")
     plan = QUICK if args.quick else FULL
     if args.requests:
         plan = dataclasses.replace(plan, open_requests=args.requests)

@@ -222,8 +222,12 @@ def fits_every_window(text: str, encoders: tuple[tuple[str, int], ...]) -> bool:
     word marker it puts before the first word. So an ASCII text of n characters is at most n + 1
     tokens (``tests/test_request.py`` checks it on each family's tokenizer). Counting a prompt
     costs a round trip to the model process; most prompts are short enough to need none.
+    A ByT5 glyph encoder (HunyuanImage) reads the quoted text formatted as ``Text "...". ``: at
+    most five bytes for each character of the prompt (an empty ``""`` becomes ten), so its window
+    counts a fifth.
     """
-    return bool(encoders) and text.isascii() and len(text) + 1 <= min(limit for _, limit in encoders)
+    windows = [limit // 5 if name == "ByT5" else limit for name, limit in encoders]
+    return bool(encoders) and text.isascii() and len(text) + 1 <= min(windows)
 
 
 def _truncation_notes(field: str, tokens: Mapping[str, int], encoders: tuple[tuple[str, int], ...]) -> list[str]:
@@ -233,8 +237,9 @@ def _truncation_notes(field: str, tokens: Mapping[str, int], encoders: tuple[tup
         if (n := tokens.get(encoder, 0)) > limit:
             others = [f"{e} reads up to {lim}" for e, lim in dict(encoders).items() if e != encoder and lim >= n]
             rest = f" ({'; '.join(others)})" if others else ""
+            what = f"{field}'s quoted text" if encoder == "ByT5" else field  # the glyphs HunyuanImage draws
             notes.append(
-                f"{field} is {n} tokens; the {encoder} text encoder reads the first {limit}, "
+                f"{what} is {n} tokens; the {encoder} text encoder reads the first {limit}, "
                 f"so it ignored the rest{rest}"
             )
     return notes

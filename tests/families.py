@@ -736,9 +736,10 @@ def built_family(name: str) -> Path:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="folder; each family goes into OUT/<family>")
-    parser.add_argument("families", nargs="*", metavar="FAMILY", help=f"default: all ({', '.join(FAMILIES)})")
+    parser.add_argument("families", nargs="*", metavar="FAMILY",
+                        help=f"default: all of {', '.join(FAMILIES)}; or any of {', '.join(families_2026())}")
     args = parser.parse_args(argv)
-    unknown = [name for name in args.families if name not in FAMILIES]
+    unknown = [name for name in args.families if name not in FAMILIES and name not in families_2026()]
     if unknown:
         parser.error(f"unknown families: {', '.join(unknown)}")
     for name in args.families or FAMILIES:

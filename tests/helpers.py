@@ -141,3 +141,21 @@ def app_process(tmp: Path, *args: str, env: dict[str, str] | None = None,
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
+
+
+@contextlib.contextmanager
+def gate_held(adapter: LocalAdapter) -> Iterator[None]:
+    """Hold a launched app's GPU gate from the test, so requests line up behind it; on leaving,
+    release it and wake the line (as a job leaving the gate does). The gate is free on entry."""
+    gate = adapter._gate
+    assert not gate.locked(), "the gate was busy"
+    adapter.on_loop(lambda: asyncio.ensure_future(gate.acquire()) and None)
+    wait_for(gate.locked, "the test holds the gate", timeout=10)
+    try:
+        yield
+    finally:
+        def release() -> None:
+            gate.release()
+            adapter._line.notify()
+
+        adapter.on_loop(release)

@@ -7,7 +7,8 @@ checks per family: the defaults match the pipeline and the model card; the size 
 family's and an off-step size is refused naming it; the pixels equal a plain diffusers call that
 sends the family's own guidance argument; the guidance control and the negative prompt each change
 the image where offered (and are refused, with the reason, where not); progress, a cancel within
-one step, and live previews; the long-prompt note names the encoder that cut and its window.
+one step, and live previews; the long-prompt note names the encoder that cut and its window; two
+requests waiting together share one job (or one step-level loop) and each keeps its alone pixels.
 The outcomes go to ``test-artifacts/family-matrix-2026.md`` (the README's table).
 """
 
@@ -22,7 +23,7 @@ import pytest
 from PIL import Image
 
 from tests.families import built_family
-from tests.helpers import ROOT, raw_request, running_app, wait_for
+from tests.helpers import ROOT, gate_held, raw_request, running_app, wait_for
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(900)]
 
@@ -57,7 +58,7 @@ FAMILIES = list(EXPECTED)
 INERT_TEXT = ("ernie-image", "kandinsky5")
 RESULTS: dict[str, dict[str, str]] = {}
 ROWS = ("defaults", "size step", "same pixels", "guidance", "negative prompt", "progress + cancel", "previews",
-        "long prompt")
+        "long prompt", "batching")
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -219,7 +220,35 @@ def test_the_long_prompt_note_names_the_encoder_that_cut_it(served: tuple[str, A
     words = encoders[encoder] + 40
     _, info = generate(client, adapter, prompt="red " * words, num_inference_steps=steps_of(adapter, 1))
     assert any(f"the {encoder} text encoder reads the first {encoders[encoder]}" in w for w in info["warnings"]), info
+    if "ByT5" in encoders:  # HunyuanImage's glyph encoder reads the quoted text only
+        assert not any("ByT5" in w for w in info["warnings"]), info
+        _, info = generate(client, adapter, prompt='a sign that says "' + "x" * 150 + '"',
+                           num_inference_steps=steps_of(adapter, 1))
+        assert any("prompt's quoted text is 159 tokens; the ByT5 text encoder reads the first 128" in w
+                   for w in info["warnings"]), info
     record(family, "long prompt", ", ".join(f"{e} {n}" for e, n in encoders.items()))
+
+
+def test_two_waiting_requests_share_a_job_and_keep_their_own_pixels(served: tuple[str, Any, Any]) -> None:
+    """With the gate held, two compatible requests (other prompts and seeds) line up; released, they
+    run as one job (job-level) or one loop (Chroma, Z-Image: step-level), and each image equals the
+    same request alone."""
+    family, client, adapter = served
+    first = dict(seed=5, prompt="a red circle")
+    second = dict(seed=9, prompt="a green star")
+    alone, _ = generate(client, adapter, **first)
+    with gate_held(adapter):
+        width, height = size_of(adapter)
+        jobs = [client.submit(**raw_request(width=width, height=height, num_inference_steps=steps_of(adapter),
+                                            guidance_scale=adapter.profile.default_guidance, **r), api_name="/generate")
+                for r in (first, second)]
+        wait_for(lambda: adapter.gpu_queue_depth == 2, "both requests wait at the gate", timeout=60)
+    (gallery, info), (other, other_info) = (job.result(timeout=300) for job in jobs)
+    assert (info["batch_size"], other_info["batch_size"]) == (2, 2), (info, other_info)
+    diff = float(np.abs(pixels(gallery) - pixels(alone)).mean())
+    assert diff <= 1 / 255, diff
+    assert float(np.abs(pixels(other) - pixels(alone)).mean()) > 1e-3, "the second request got the first's image"
+    record(family, "batching", f"{info['batching']}-level, {diff * 255:.2f}/255 from alone")
 
 
 def test_zz_write_the_matrix(served: tuple[str, Any, Any]) -> None:

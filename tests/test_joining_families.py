@@ -4,7 +4,8 @@ joined a running loop mid-run, next to members with other prompts, seeds, steps,
 
 Families: the embedded default model (SD, Euler, v-prediction, zero SNR) with every offered sampler, and the
 tiny random-weight builds of ``tests/families.py`` (SD 1.x with PNDM, SD 2.x v-prediction with DDIM, FLUX dev
-and schnell, SD3), all at 64 px and 2-4 steps.
+and schnell, SD3) and of diffusers' own test components (Chroma, Z-Image: ``tests/builds_a.py``, ``builds_b.py``),
+all at 64 px and 2-4 steps.
 """
 
 from __future__ import annotations
@@ -164,6 +165,8 @@ CASES = [
     ("flux-dev", "default"),
     ("flux-schnell", "default"),
     ("sd3", "default"),
+    ("chroma", "default"),
+    ("z-image", "default"),
 ]
 
 
@@ -187,7 +190,7 @@ def test_the_same_images_alone_and_after_joining_mid_run(name: str, scheduler: s
     assert mad(run.images["A"][:1], run.images["B"]) > 5.0 and mad(run.images["C"], run.images["B"]) > 5.0
 
 
-@pytest.mark.parametrize("name", ["default", "sd1", "flux-dev", "sd3"])
+@pytest.mark.parametrize("name", ["default", "sd1", "flux-dev", "sd3", "chroma", "z-image"])
 def test_a_member_leaves_when_its_own_steps_are_done(name: str) -> None:
     """Both start together; B (2 steps) is decoded after loop step 2 while A (4 steps) keeps running."""
     model = model_of(name)
@@ -212,7 +215,7 @@ def test_removing_a_member_leaves_the_others_images_unchanged(name: str, schedul
     assert_same(f"remove {name}/{scheduler} A", run.images["A"], alone(name, a))
 
 
-@pytest.mark.parametrize("name", ["default", "flux-dev", "sd3"])
+@pytest.mark.parametrize("name", ["default", "flux-dev", "sd3", "chroma", "z-image"])
 def test_previews_on_each_members_preview_steps_as_the_pipeline_shows_them(name: str) -> None:
     """A previews image 1 every 2 steps, B image 0 every step; none on a member's last step. Each preview
     looks like the one ``StepWatch`` shows for the same job alone."""
@@ -239,7 +242,8 @@ def test_previews_on_each_members_preview_steps_as_the_pipeline_shows_them(name:
                 assert_same(f"preview {name} {job.request_id} step {step} image {index}", (joined,), (picture,))
 
 
-@pytest.mark.parametrize(("name", "rows"), [("default", 5), ("flux-dev", 3), ("sd3", 5)])
+# Z-Image runs CFG whenever guidance > 0: B's guidance 1 has two rows there.
+@pytest.mark.parametrize(("name", "rows"), [("default", 5), ("flux-dev", 3), ("sd3", 5), ("chroma", 5), ("z-image", 6)])
 def test_one_denoiser_call_per_step_with_guidance_rows_only_where_guidance_is_over_1(name: str, rows: int) -> None:
     """A (2 images, guidance 3): [uncond, cond] rows (none on FLUX: no true CFG); B (guidance 1): [cond] only."""
     model = model_of(name)
@@ -247,7 +251,8 @@ def test_one_denoiser_call_per_step_with_guidance_rows_only_where_guidance_is_ov
     calls: list[int] = []
 
     def count(_: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        calls.append(int((args[0] if args else kwargs["hidden_states"]).shape[0]))
+        rows = args[0] if args else kwargs["hidden_states"]
+        calls.append(len(rows) if isinstance(rows, list) else int(rows.shape[0]))  # Z-Image: a list of latents
 
     handle = denoiser.register_forward_pre_hook(count, with_kwargs=True)
     try:

@@ -147,3 +147,32 @@ def test_an_ascii_text_is_at_most_one_token_per_character_plus_one(family: str) 
     for text in texts:
         tokens = len(tokenizer(text, truncation=False, add_special_tokens=False).input_ids)
         assert tokens <= len(text) + 1, (text, tokens)
+
+
+def test_the_byt5_glyph_window_counts_only_the_quoted_text_and_the_shortcut_holds() -> None:
+    """HunyuanImage's ByT5 reads only the quoted text, as ``Text "...". `` (``counted_text``); a text that
+    ``fits_every_window`` lets through uncounted is within its 128 tokens, even made of quotes only."""
+    import random
+
+    from transformers import ByT5Tokenizer
+
+    from pipeline.engine.families import counted_text
+    from pipeline.request import fits_every_window
+
+    tokenizer = ByT5Tokenizer()
+
+    def tokens(text: str) -> int:
+        return len(tokenizer(counted_text("ByT5", text), add_special_tokens=False).input_ids)
+
+    assert counted_text("ByT5", 'a sign that says "OPEN" on a door') == 'Text "OPEN". '
+    assert tokens("red " * 400) == 0 and counted_text("T5", "red") == "red"
+    rng = random.Random(3)
+    encoders = (("Qwen", 1000), ("ByT5", 128))
+    worst = 0.0
+    for _ in range(400):
+        n = rng.randint(1, 40)
+        text = "".join(rng.choices("'\"a ", weights=(4, 4, 1, 1), k=n))
+        worst = max(worst, tokens(text) / (len(text) + 1))
+        if fits_every_window(text, encoders):
+            assert tokens(text) <= 128, text
+    assert worst > 2.0  # the quotes do inflate it: the shortcut must not count characters alone

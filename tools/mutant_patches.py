@@ -307,6 +307,17 @@ MUTANTS: dict[str, list[Patch]] = {
                                               "concurrency_limit": None, "show_progress": "hidden"}),
     "auto-limit-off": _attr("pipeline.serving.jobs", "GpuJobs.time_limit", lambda self, job: self.job_timeout),
     "paste-regex-backtracks": _attr("pipeline.web.a1111", "settings_pairs", _backtracking_pairs),
+    # Issue 27: the guidance control sent as guidance_scale whatever the family reads (Qwen-Image's is
+    # true_cfg_scale); packed latents previewed as they are (no unpacking: no preview for FLUX.2 and kin);
+    # Z-Image's step-level loop without its classifier-free guidance.
+    "guidance-always-guidance-scale": _attr(
+        "pipeline.engine.families", "guidance_arguments",
+        lambda t, guidance, steps=0: {**t.fixed, "guidance_scale": guidance}),
+    "packed-previews-not-unpacked": _attr(
+        "pipeline.engine.previews", "unpack", lambda pipe, latents, width, height: latents),
+    "z-image-loop-without-guidance": _attr(
+        "pipeline.engine.loop_flow_2026", "ZImageLoop._guided",
+        staticmethod(lambda pos, neg, scale, normalization: pos)),
 }
 
 

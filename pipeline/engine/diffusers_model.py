@@ -17,7 +17,7 @@ import torch
 from ..errors import Cancelled, OutOfMemory
 from ..protocol import InferenceJob, InferenceResult, ModelProfile, StepCallback, StopFlag
 from . import samplers
-from .families import call_arguments, encoder_tokenizers, guidance_arguments, traits
+from .families import call_arguments, counted_text, encoder_tokenizers, guidance_arguments, traits
 from .family_table import family_for
 from .loop_base import MemberLoop, loop_kind
 from .previews import Previewer
@@ -44,7 +44,7 @@ class DiffusersModel:
         counts: dict[str, int] = {}
         with self._count_lock:
             for name, tokenizer in self._count_tokenizers:
-                ids = tokenizer(text, truncation=False, add_special_tokens=False).input_ids
+                ids = tokenizer(counted_text(name, text), truncation=False, add_special_tokens=False).input_ids
                 counts[name] = max(counts.get(name, 0), len(ids))
         return counts
 
@@ -132,7 +132,7 @@ class DiffusersModel:
         return kwargs
 
     def loop_key(self, job: InferenceJob) -> Hashable | None:
-        """Step-level joining (``engine.joining``) for SD 1.x/2.x, FLUX and SD3; ``None`` for the rest.
+        """Step-level joining (``engine.joining``) for SD 1.x/2.x, FLUX, SD3, Chroma and Z-Image; ``None`` for the rest.
 
         Members of one loop share the latent shape (width, height) and the sampler name; prompts,
         negative prompts, seeds, image counts, steps and guidance (with or without CFG) may differ.
@@ -150,11 +150,12 @@ class DiffusersModel:
 
             return SDLoop(self)
         from .loop_flow import FluxLoop, SD3Loop
+        from .loop_flow_2026 import ChromaLoop, ZImageLoop
 
-        if kind == "flux":
-            return FluxLoop(self)
-        if kind == "sd3":
-            return SD3Loop(self)
+        loops: dict[str, type[MemberLoop]] = {
+            "flux": FluxLoop, "sd3": SD3Loop, "chroma": ChromaLoop, "z-image": ZImageLoop}  # fmt: skip
+        if kind is not None and kind in loops:
+            return loops[kind](self)
         raise ValueError(f"{type(self.pipe).__name__} runs job-level only (loop_key is None)")
 
     def free_memory(self) -> None:

@@ -153,6 +153,16 @@ def encoder_tokenizers(pipe: Any) -> list[tuple[str, int, Any]]:
     return found
 
 
+def counted_text(encoder: str, text: str) -> str:
+    """What of ``text`` the encoder reads: a ByT5 glyph encoder (HunyuanImage) only the quoted text,
+    formatted as the pipeline's ``extract_glyph_text`` formats it; every other encoder all of it."""
+    if encoder != "ByT5":
+        return text
+    from diffusers.pipelines.hunyuan_image.pipeline_hunyuanimage import extract_glyph_text
+
+    return extract_glyph_text(text) or ""
+
+
 def _encoders(pipe: Any) -> tuple[tuple[str, int], ...]:
     """One window per encoder name (HiDream's two CLIPs read the same 75)."""
     return tuple({name: window for name, window, _ in encoder_tokenizers(pipe)}.items())

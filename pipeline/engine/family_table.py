@@ -56,7 +56,7 @@ class Family:
     output: str = "images"  # the attribute of the pipeline's output holding the pictures
     bf16: bool = False  # trained in bf16: fp16 overflows (black images), so bf16 on a GPU
     samplers: bool = False  # A1111's samplers apply (DDPM-family noise or v prediction)
-    loop: str | None = None  # the step-level loop (engine.loop_sd / loop_flow), else job-level
+    loop: str | None = None  # the step-level loop (engine.loop_sd / loop_flow / loop_flow_2026), else job-level
     fixed: dict[str, Any] = field(default_factory=dict)  # arguments every call carries
     default_size: int | None = None  # what __call__ draws with no size, where the pipeline does not say
     step_choices: tuple[int, ...] = ()  # only these step counts run (empty: any in the range)
@@ -96,19 +96,21 @@ FAMILIES: tuple[Family, ...] = (
     _f("cogview4", "CogView4Pipeline", bf16=True, encoders=(("GLM", None),)),
     _f("flux2", "Flux2Pipeline", guidance="embedded", bf16=True, encoders=(("Mistral", 512),)),
     _f("flux2-klein", "Flux2KleinPipeline", bf16=True),
-    _f("chroma", "ChromaPipeline", packing=2, bf16=True),
+    _f("chroma", "ChromaPipeline", packing=2, bf16=True, loop="chroma"),
     _f("ovis-image", "OvisImagePipeline", packing=2, bf16=True),
     _f("longcat-image", "LongCatImagePipeline", packing=2, bf16=True, encoders=(("Qwen", 512),)),
     _f("ernie-image", "ErnieImagePipeline", bf16=True, encoders=(("Mistral", None),),
        cards=(CardDefaults(r"turbo", 8, 1.0, by_name=True),)),
     _f("qwen-image", "QwenImagePipeline", guidance="true_cfg", packing=2, bf16=True, min_steps=2),  # 1 step: NaN sigmas
-    _f("z-image", "ZImagePipeline", bf16=True, default_size=1024, cfg_above=0.0,
+    _f("z-image", "ZImagePipeline", bf16=True, default_size=1024, cfg_above=0.0, loop="z-image",
        cards=(CardDefaults(r"turbo", 9, 0.0, by_name=True),)),
     # HiDream rescales every size to 1024² pixels: these are the sizes its rescaling keeps
     _f("hidream", "HiDreamImagePipeline", bf16=True,
        encoders=(("CLIP", None), ("CLIP", None), ("T5", None), ("Llama", None)),
        size_choices=((1024, 1024), (1168, 896), (896, 1168), (1248, 832), (832, 1248), (1360, 768), (768, 1360))),
-    _f("hunyuanimage", "HunyuanImagePipeline", guidance="guider", packing=2, bf16=True, encoders=(("Qwen", 1000),)),
+    # its ByT5 reads only the prompt's quoted text (the glyphs to draw), formatted, 128 tokens
+    _f("hunyuanimage", "HunyuanImagePipeline", guidance="guider", packing=2, bf16=True,
+       encoders=(("Qwen", 1000), ("ByT5", 128))),
     _f("kandinsky5", "Kandinsky5T2IPipeline", output="image", bf16=True,
        size_choices=((1024, 1024), (640, 1408), (1408, 640), (768, 1280), (1280, 768), (896, 1152), (1152, 896))),
     _f("krea2", "Krea2Pipeline", bf16=True, cfg_above=0.0),  # CFG on whenever g > 0

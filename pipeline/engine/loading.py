@@ -74,7 +74,7 @@ def build_profile(pipe: Any, name: str, device: str, dtype: torch.dtype, saved: 
         supports_negative_prompt=t.negative_prompt,
         family=t.family,
         schedulers=t.schedulers,
-        step_joining=loop_kind(pipe) is not None,  # SD 1.x/2.x, FLUX, SD3: engine.loop_sd / loop_flow
+        step_joining=loop_kind(pipe) is not None,  # SD 1.x/2.x, FLUX, SD3, Chroma, Z-Image
         guidance_arg=t.guidance_arg,
         step_choices=t.step_choices,
         size_choices=t.size_choices,

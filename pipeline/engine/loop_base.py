@@ -38,18 +38,16 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-# Pipeline class -> loop kind. Only the exact text-to-image classes: subclasses and img2img/inpaint
-# variants (also "sd" by family) call their denoiser differently and keep job-level batching.
-LOOP_KINDS: dict[str, str] = {
-    "StableDiffusionPipeline": "sd",
-    "FluxPipeline": "flux",
-    "StableDiffusion3Pipeline": "sd3",
-}
-
 
 def loop_kind(pipe: Any) -> str | None:
-    """The loop this pipeline runs step-level (``"sd"``, ``"flux"``, ``"sd3"``), or None (job-level only)."""
-    return LOOP_KINDS.get(type(pipe).__name__)
+    """The loop this pipeline runs step-level (its registry entry's ``loop``), or None (job-level only).
+
+    Only the exact text-to-image classes (``family_table.family_for``): subclasses and img2img/inpaint
+    variants call their denoiser differently and keep job-level batching."""
+    from .family_table import family_for
+
+    family = family_for(type(pipe).__name__)
+    return family.loop if family is not None else None
 
 
 def generators_of(job: InferenceJob) -> list[torch.Generator]:

@@ -9,7 +9,8 @@ A preview must look like the picture it announces, so two things matter:
   x0 = x - sigma * v; DDPM-family: from alphas_cumprod and the prediction type).
 - **How latents become colours:** a per-pixel map fitted to *this* VAE. The embedded model ships a
   small 4 -> 32 -> 3 network fitted when it was trained (``preview/`` in its folder); any other VAE
-  gets a linear map fitted once at load by encoding a few smooth colour pictures (``fit_from_vae``).
+  gets a linear map fitted once at load from a few smooth colour pictures, encoded and decoded by
+  this VAE (``fit_from_vae``: the decoder's colours are the target).
   Factors fitted for one VAE draw the wrong colours on another.
 
 FLUX's packed latents are unpacked first. Runs on the model thread; a preview costs a few small
@@ -165,16 +166,31 @@ def to_latent_space(vae: Any, z: torch.Tensor) -> torch.Tensor:
     return (z - shift) * scale
 
 
+def _decoded(vae: Any, z: torch.Tensor, video: bool) -> torch.Tensor:
+    """What the VAE's decoder draws from raw latents ``z``: (N, 3, H, W) colours in [0, 1]."""
+    out = vae.decode(z[:, :, None] if video else z)
+    sample = out.sample if hasattr(out, "sample") else out[0]
+    if sample.ndim == 5:
+        sample = sample[:, :, 0]
+    return ((sample.float().cpu() + 1) / 2).clamp(0, 1)
+
+
 @torch.inference_mode()
-def fit_from_vae(vae: Any, count: int = 8, size: int = 256) -> PreviewMap:
-    """A linear map for any VAE, fitted from a few encoded pictures (once, at load, on the model thread)."""
+def fit_from_vae(vae: Any, count: int = 6, size: int = 128) -> PreviewMap:
+    """A linear map for any VAE (once, at load, on the model thread): latents of a few encoded
+    pictures against what the VAE's *decoder* draws from them, pooled to the latent grid.
+
+    The decoder is what makes the final picture, so its colours are the target: for a trained VAE
+    they are the pictures again; for one whose encoder and decoder disagree (random weights, a
+    retrained decoder) a map fitted to the pictures would announce colours the picture never has."""
     pictures = _smooth_pictures(count, size)
     param = next(vae.parameters())
     x = pictures.to(param.device, param.dtype) * 2 - 1
+    video = False
     try:
         encoded = vae.encode(x)
     except (RuntimeError, ValueError, TypeError, IndexError):  # a video-style VAE takes (B, C, T, H, W)
-        encoded = vae.encode(x[:, :, None])
+        encoded, video = vae.encode(x[:, :, None]), True
     dist = getattr(encoded, "latent_dist", None)
     z: Any = dist.mode() if dist is not None else getattr(encoded, "latent", None)
     if z is None:
@@ -182,7 +198,8 @@ def fit_from_vae(vae: Any, count: int = 8, size: int = 256) -> PreviewMap:
     if z.ndim == 5:
         z = z[:, :, 0]
     latents = to_latent_space(vae, z.float().cpu())
-    targets = torch.nn.functional.adaptive_avg_pool2d(pictures, (latents.shape[-2], latents.shape[-1]))
+    drawn = _decoded(vae, z, video)
+    targets = torch.nn.functional.adaptive_avg_pool2d(drawn, (latents.shape[-2], latents.shape[-1]))
     return fit_linear(latents, targets)
 
 
