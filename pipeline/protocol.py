@@ -1,7 +1,7 @@
 """The model boundary: plain, picklable data in and out, and nothing else. Free of torch.
 
 The serving side calls the model side with one frozen ``InferenceJob`` and reads back a stream of
-``ModelEvent`` values: ``StepEvent`` (step k of N, with optional small previews), then exactly one
+``ModelEvent`` values: ``StepEvent`` (step k of N, with optional small encoded previews), then exactly one
 terminal event, an ``InferenceResult`` (images, timings, peak memory) or an ``ErrorEvent`` (an error
 as a value, classified by ``kind``). Stop is a separate one-way signal, any object with
 ``is_set()``, which the model side reads at every step boundary: a ``threading.Event`` in-thread,
@@ -89,15 +89,64 @@ class InferenceJob:
         return len(self.prompts)
 
 
+PREVIEW_MAX_SIDE = 256  # a live preview's longest side, in pixels: sized for display, not for the picture
+PREVIEW_QUALITY = 85  # JPEG quality of a live preview
+
+
+@dataclass(frozen=True)
+class EncodedPreview:
+    """A live preview as it crosses the boundary: a small JPEG, encoded on the model thread.
+
+    The model side makes previews at display size (at most ``PREVIEW_MAX_SIDE`` on the longest
+    side) and encodes them where the model runs (its own process, with its own GIL), so a step
+    carries a few kilobytes, never a picture; the server writes the bytes as they are into
+    Gradio's cache (``web.outputs``), so it never encodes one either. The final images stay PNGs.
+    """
+
+    data: bytes
+    width: int
+    height: int
+    format: Literal["jpeg"] = "jpeg"
+
+    @classmethod
+    def of(cls, image: Image.Image) -> EncodedPreview:
+        import io
+
+        if max(image.size) > PREVIEW_MAX_SIDE:  # a preview map sizes for display; this bounds any other
+            image = image.copy()
+            image.thumbnail((PREVIEW_MAX_SIDE, PREVIEW_MAX_SIDE), Image.Resampling.BILINEAR)
+        out = io.BytesIO()
+        image.convert("RGB").save(out, "JPEG", quality=PREVIEW_QUALITY)
+        return cls(out.getvalue(), image.width, image.height)
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return self.width, self.height
+
+    def image(self) -> Image.Image:
+        """The decoded picture (for callers that need pixels, and for tests)."""
+        import io
+
+        with Image.open(io.BytesIO(self.data)) as picture:
+            return picture.convert("RGB")
+
+
+def encoded(previews: Mapping[int, Image.Image] | object) -> tuple[tuple[int, EncodedPreview], ...]:
+    """A step's previews (image index -> picture) as they travel: encoded, in index order."""
+    if not isinstance(previews, Mapping):
+        return ()
+    return tuple((i, EncodedPreview.of(image)) for i, image in sorted(previews.items()))
+
+
 @dataclass(frozen=True)
 class StepEvent:
-    """Step ``step`` of ``total`` has run. ``previews``: (image index, small RGB preview) pairs."""
+    """Step ``step`` of ``total`` has run. ``previews``: (image index, small encoded preview) pairs."""
 
     step: int
     total: int
-    previews: tuple[tuple[int, Image.Image], ...] = ()
+    previews: tuple[tuple[int, EncodedPreview], ...] = ()
 
-    def preview(self, index: int) -> Image.Image | None:
+    def preview(self, index: int) -> EncodedPreview | None:
         return next((image for i, image in self.previews if i == index), None)
 
 

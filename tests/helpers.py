@@ -146,8 +146,10 @@ def app_process(tmp: Path, *args: str, env: dict[str, str] | None = None,
 @contextlib.contextmanager
 def gate_held(adapter: LocalAdapter) -> Iterator[None]:
     """Hold a launched app's GPU gate from the test, so requests line up behind it; on leaving,
-    release it and wake the line (as a job leaving the gate does). The gate is free on entry."""
+    release it and wake the line (as a job leaving the gate does). The gate is free on entry, and the
+    app has served a request (so the adapter knows the event loop that owns the gate)."""
     gate = adapter._gate
+    assert adapter._loop is not None, "the adapter learns its event loop from a request: serve one first"
     assert not gate.locked(), "the gate was busy"
     adapter.on_loop(lambda: asyncio.ensure_future(gate.acquire()) and None)
     wait_for(gate.locked, "the test holds the gate", timeout=10)

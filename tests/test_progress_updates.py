@@ -15,13 +15,14 @@ import gradio as gr
 import pytest
 from PIL import Image
 
+from pipeline.protocol import EncodedPreview
 from pipeline.request import FIELDS
 from pipeline.serving.events import Done, Event, Step, Waiting
 from pipeline.web.handler import make_generate
 from tests.helpers import raw_request
 
 NEVER = 1e9  # a progress interval no test outlives: only the steps that must be sent are sent
-PREVIEW = Image.new("RGB", (8, 8))
+PREVIEW = EncodedPreview.of(Image.new("RGB", (8, 8)))  # as the model side sends one
 
 
 class ScriptedAdapter:
@@ -96,14 +97,16 @@ async def test_a_one_step_job_in_line_sees_each_change_of_its_place_once() -> No
 
 
 @pytest.mark.anyio
-async def test_a_multi_step_job_sends_starting_the_last_step_and_every_preview() -> None:
+async def test_a_multi_step_job_sends_starting_the_last_step_and_the_latest_preview_per_interval() -> None:
     every_step = 1 + 8  # "starting" and each step, recorded in the tracker (sent by Gradio's timer)
     # Steps faster than the interval: "starting", N/N (the full bar during the decode), the images.
     assert await shown([Waiting(0), *steps(8), done()], 8) == (["waiting 0", "running 8", "done"], every_step)
-    # Previews are always sent; after the first one only previews, not even N/N (a progress output
-    # has no picture: it would blank the preview on screen until the images come).
+    # The first preview is sent at once; later ones at most once per interval (the latest wins: a fast
+    # device makes more than a person sees), and after the first only previews, not even N/N (a
+    # progress output has no picture: it would blank the preview on screen until the images come).
     events = [Waiting(0), *steps(8, preview_every=3), done()]
-    assert await shown(events, 8) == (["waiting 0", "running 3", "running 6", "done"], every_step)
+    assert await shown(events, 8) == (["waiting 0", "running 3", "done"], every_step)
+    assert (await shown(events, 8, interval=0))[0] == ["waiting 0", "running 1", "running 2", "running 3", "running 6", "done"]
     events = [Waiting(0), *steps(8, preview_every=4), done()]
     assert await shown(events, 8) == (["waiting 0", "running 4", "running 8", "done"], every_step)
     # Steps slower than the interval: every step, as before.

@@ -12,7 +12,7 @@ from PIL import Image
 from pipeline.engine import runner as runner_module
 from pipeline.engine.runner import ModelRunner, install, run_job
 from pipeline.errors import EngineDead
-from pipeline.protocol import ErrorEvent, InferenceJob, InferenceResult, StepEvent
+from pipeline.protocol import EncodedPreview, ErrorEvent, InferenceJob, InferenceResult, StepEvent
 from tests.fakes import FAKE_PROFILE, WAIT, FakeModel
 
 JOB = InferenceJob("j", ("p",), ("",), (1,), 64, 64, 2, 7.5)
@@ -57,7 +57,7 @@ def test_every_event_and_the_job_cross_a_process_boundary_as_plain_data() -> Non
     assert pickle.loads(pickle.dumps(job)) == job
     events = [pickle.loads(pickle.dumps(e)) for e in runner.stream(job)]
     steps = [e for e in events if isinstance(e, StepEvent)]
-    assert len(steps) == 3 and all(isinstance(s.preview(0), Image.Image) for s in steps)
+    assert len(steps) == 3 and all(isinstance(s.preview(0), EncodedPreview) for s in steps)  # JPEG, made here
     assert isinstance(events[-1], InferenceResult) and events[-1].images[0].size == (64, 64)
     failing = FakeModel(outcome=lambda job: (_ for _ in ()).throw(RuntimeError("boom")))
     other = ModelRunner(lambda: failing)

@@ -231,6 +231,37 @@ def _backtracking_pairs(line: str) -> list[tuple[str, str]]:
     return pairs
 
 
+def _previews_for_everyone() -> None:
+    """Every request's job asks for previews, whether its caller did or not."""
+    import dataclasses
+
+    from pipeline.request import GenerateRequest
+
+    original = GenerateRequest.to_job
+
+    def to_job(self: Any) -> Any:
+        job = original(self)
+        return dataclasses.replace(job, preview_every=max(1, job.num_inference_steps // 8))
+
+    GenerateRequest.to_job = to_job  # type: ignore[method-assign]
+
+
+def _full_size_previews() -> None:
+    """Previews drawn at the picture's size and encoded whole (before issue 28: PNGs of the full size)."""
+    import io
+
+    from pipeline.engine import previews
+    from pipeline.protocol import EncodedPreview
+
+    def of(cls: Any, image: Any) -> Any:
+        out = io.BytesIO()
+        image.convert("RGB").save(out, "JPEG", quality=85)
+        return cls(out.getvalue(), image.width, image.height)
+
+    previews.display_size = lambda width, height: (width, height)  # type: ignore[assignment]
+    EncodedPreview.of = classmethod(of)  # type: ignore[method-assign, assignment]
+
+
 def _on(module: str, fn: Callable[[], None]) -> list[Patch]:
     return [(module, fn)]
 
@@ -315,6 +346,12 @@ MUTANTS: dict[str, list[Patch]] = {
         lambda t, guidance, steps=0: {**t.fixed, "guidance_scale": guidance}),
     "packed-previews-not-unpacked": _attr(
         "pipeline.engine.previews", "unpack", lambda pipe, latents, width, height: latents),
+    # Issue 28: previews for a caller who did not ask; previews at the picture's full size; a preview
+    # made at every step whatever the job asked (a picture-sized payload per step with previews off).
+    "previews-for-everyone": _on("pipeline.request", _previews_for_everyone),
+    "previews-at-full-size": _on("pipeline.protocol", _full_size_previews),
+    "previews-every-step": _attr(
+        "pipeline.engine.stepping", "StepWatch._preview_due", lambda self, step: self.preview_map is not None),
     "z-image-loop-without-guidance": _attr(
         "pipeline.engine.loop_flow_2026", "ZImageLoop._guided",
         staticmethod(lambda pos, neg, scale, normalization: pos)),

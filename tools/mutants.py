@@ -109,6 +109,10 @@ TESTS: dict[str, str] = {
         "tests/test_family_matrix_2026.py::test_the_same_pixels_as_a_plain_diffusers_call_and_the_controls[qwen-image]"
     ),
     "packed-previews-not-unpacked": "tests/test_family_matrix_2026.py::test_progress_cancel_and_previews[flux2-dev]",
+    "previews-for-everyone": "tests/test_live_previews.py",
+    "previews-at-full-size": "tests/test_live_previews.py "
+    "tests/test_model_process.py::test_a_step_crosses_as_a_few_bytes_and_a_preview_as_a_small_jpeg",
+    "previews-every-step": "tests/test_model_process.py::test_a_step_crosses_as_a_few_bytes_and_a_preview_as_a_small_jpeg",
     "z-image-loop-without-guidance": (
         "tests/test_joining_families.py::test_the_same_images_alone_and_after_joining_mid_run[z-image-default]"
     ),

@@ -37,7 +37,7 @@ from typing import Callable, Hashable, Mapping, Protocol, Sequence
 from PIL import Image
 
 from ..errors import OutOfMemory
-from ..protocol import ErrorEvent, InferenceJob, InferenceResult, ModelEvent, StepEvent, StopFlag
+from ..protocol import ErrorEvent, InferenceJob, InferenceResult, ModelEvent, StepEvent, StopFlag, encoded
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +167,7 @@ class LoopDriver:
                 if m.note is not None:
                     m.note(done)
                 own = previews.get(m.slot, {})
-                m.task.emit(StepEvent(done, self.loop.total_steps(m.slot), tuple(own.items())))
+                m.task.emit(StepEvent(done, self.loop.total_steps(m.slot), encoded(own)))
             # 4. Members told to stop leave now (at most this one step after the stop, no decode).
             self._leave_stopped()
             # 5. Members whose own steps are done are decoded together and leave.

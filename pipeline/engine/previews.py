@@ -14,7 +14,9 @@ A preview must look like the picture it announces, so two things matter:
   Factors fitted for one VAE draw the wrong colours on another.
 
 FLUX's packed latents are unpacked first. Runs on the model thread; a preview costs a few small
-matrix products on the CPU, never a VAE decode.
+matrix products on the CPU, never a VAE decode, and is drawn at display size (``display_size``: at
+most ``PREVIEW_MAX_SIDE`` px on its longest side), then encoded there as a small JPEG
+(``protocol.EncodedPreview``).
 """
 
 from __future__ import annotations
@@ -28,9 +30,18 @@ from typing import Any
 import torch
 from PIL import Image
 
+from ..protocol import PREVIEW_MAX_SIDE
+
 log = logging.getLogger(__name__)
 
 PREVIEW_FOLDER = "preview"  # inside a model folder: preview.safetensors + preview.json
+
+
+def display_size(width: int, height: int) -> tuple[int, int]:
+    """A preview's size: the picture's aspect, at most ``PREVIEW_MAX_SIDE`` on its longest side (the
+    browser scales it to the gallery; a full-size preview would cost a picture's encode per step)."""
+    scale = min(1.0, PREVIEW_MAX_SIDE / max(width, height))
+    return max(1, round(width * scale)), max(1, round(height * scale))
 
 
 class PreviewMap:
@@ -54,7 +65,7 @@ class PreviewMap:
 
     def image(self, latents: torch.Tensor, width: int, height: int) -> Image.Image:
         array = (self.rgb(latents).permute(1, 2, 0) * 255).round().to(torch.uint8).numpy()
-        return Image.fromarray(array, "RGB").resize((width, height), Image.Resampling.BILINEAR)
+        return Image.fromarray(array, "RGB").resize(display_size(width, height), Image.Resampling.BILINEAR)
 
     def save(self, folder: Path) -> None:
         from safetensors.torch import save_file
@@ -96,7 +107,7 @@ class DecoderPreview:
         param = next(self.decoder.parameters())
         decoded = self.decoder.decode(latents[None].to(param.device, param.dtype)).sample[0]
         array = ((decoded.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(1, 2, 0).cpu().numpy()
-        return Image.fromarray(array, "RGB").resize((width, height), Image.Resampling.BILINEAR)
+        return Image.fromarray(array, "RGB").resize(display_size(width, height), Image.Resampling.BILINEAR)
 
 
 def load_decoder(path: Path, device: str, dtype: torch.dtype) -> DecoderPreview:

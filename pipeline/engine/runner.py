@@ -37,6 +37,7 @@ from ..protocol import (
     ModelProfile,
     StepEvent,
     StopFlag,
+    encoded,
 )
 from .joining import LoopDriver, loop_key, room_for
 
@@ -237,8 +238,7 @@ class ModelRunner:
 
         def on_step(step: int, total: int, previews: object) -> None:
             task.stop.note(step)
-            items = tuple(previews.items()) if isinstance(previews, dict) else ()
-            emit(StepEvent(step, total, items))
+            emit(StepEvent(step, total, encoded(previews)))  # encoded here, on the model thread
 
         try:
             result = self.model.generate(job, task.stop, on_step)

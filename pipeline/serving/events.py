@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from PIL import Image
+from ..protocol import EncodedPreview
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class Step:
 
     step: int
     total: int
-    preview: Image.Image | None = None
+    preview: EncodedPreview | None = None
     eta_seconds: float | None = None
 
 

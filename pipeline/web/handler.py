@@ -93,8 +93,10 @@ class ProgressView:
 
     - "waiting for the GPU: k ahead" / "starting" when the text changes, never twice the same;
     - "step k/N" at most once per PROGRESS_INTERVAL, always N/N (the bar is full during the
-      decode) and every preview; once a preview is on screen, only previews, N/N included (a
-      progress output sends no picture: its gallery value, None, would blank the preview);
+      decode); previews too at most once per PROGRESS_INTERVAL after the first (a fast device
+      makes more than a person can see: the latest one wins), and once a preview is on screen,
+      only previews, N/N included (a progress output sends no picture: its gallery value, None,
+      would blank the preview);
     - a 1-step job sends no step at all (its one step is followed by its images; its preview would
       be replaced by them at once) and no "starting" unless a "k ahead" is on screen to replace.
     """
@@ -123,8 +125,8 @@ class ProgressView:
         if self.previewed and event.preview is None:
             return False  # a progress output sends no picture: it would blank the preview on screen
         last = event.step >= event.total
-        if not (last or event.preview is not None) and now - self.last_sent < self.interval:
-            return False
+        if not last and now - self.last_sent < self.interval and (event.preview is None or self.previewed):
+            return False  # coalesced: the caller needs the latest step (and preview), not every one
         self.last_sent = now
         self.previewed = self.previewed or event.preview is not None
         self.text = step_text(event)
@@ -304,7 +306,11 @@ def make_generate(
                                 progress((event.step, event.total), desc=text, unit="steps")
                             if not view.step(event, time.monotonic()):
                                 continue
-                            preview = [event.preview] if event.preview is not None else progress_gallery()
+                            shown = event.preview
+                            # the encoded preview as its file (Postprocess), or as a picture where Gradio
+                            # postprocesses the yield itself
+                            preview = ([shown if postprocess is not None else shown.image()] if shown is not None
+                                       else progress_gallery())  # fmt: skip
                             record = {
                                 "status": "running",
                                 "step": event.step,

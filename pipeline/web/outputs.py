@@ -8,11 +8,17 @@ when they are built.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import inspect
+import os
 import typing
+import uuid
+from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
 
 from PIL import Image
+
+from ..protocol import EncodedPreview
 
 
 class Postprocess:
@@ -24,7 +30,8 @@ class Postprocess:
     For a request that yields once, that was two thread hops and four file walks. Here each
     component's own ``postprocess`` runs on the loop when the values hold no picture to encode
     (paths, records, text: tens of microseconds), and in a worker thread when they do (a live
-    preview, which ``gr.Gallery`` saves as a PNG); Gradio then walks each value once.
+    preview: its JPEG bytes, encoded by the model side, are written into Gradio's cache as they
+    are, ``cached_preview``; a picture would be saved as a PNG); Gradio then walks each value once.
     ``tests/test_postprocess_outputs.py`` checks that callers get the messages Gradio's own step sends.
     """
 
@@ -34,7 +41,7 @@ class Postprocess:
     def now(self, values: Sequence[Any]) -> tuple[Any, ...]:
         # Gradio's data models as they are, as its own step hands them on (its diff of two
         # messages replaces a model whole, where it would diff two dicts key by key)
-        return tuple(c.postprocess(v) for c, v in zip(self.components, values, strict=True))
+        return tuple(c.postprocess(_files_of(v, c.GRADIO_CACHE)) for c, v in zip(self.components, values, strict=True))
 
     async def __call__(self, values: Sequence[Any]) -> tuple[Any, ...]:
         if any(_holds_picture(v) for v in values):
@@ -42,8 +49,31 @@ class Postprocess:
         return self.now(values)
 
 
+def cached_preview(preview: EncodedPreview, cache_dir: str) -> str:
+    """The preview's JPEG bytes written as they are into Gradio's cache, where Gradio keeps a
+    file it is handed (``Block.move_resource_to_block_cache``: no copy, no re-encode), in a folder
+    named by their hash as Gradio names its own copies. Returns the path."""
+    folder = Path(cache_dir) / hashlib.sha256(preview.data).hexdigest()[:40]
+    path = folder / "preview.jpg"
+    if not path.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        staging = folder / f".preview.{uuid.uuid4().hex}.jpg"
+        staging.write_bytes(preview.data)
+        os.replace(staging, path)  # never a partly written file under the served name
+    return str(path)
+
+
+def _files_of(value: Any, cache_dir: str) -> Any:
+    """``value`` with each encoded preview as its file in the cache (a gallery's list of them)."""
+    if isinstance(value, EncodedPreview):
+        return cached_preview(value, cache_dir)
+    if isinstance(value, list) and any(isinstance(v, EncodedPreview) for v in value):
+        return [_files_of(v, cache_dir) for v in value]
+    return value
+
+
 def _holds_picture(value: Any) -> bool:
-    return isinstance(value, Image.Image) or (
+    return isinstance(value, (Image.Image, EncodedPreview)) or (
         isinstance(value, (list, tuple)) and any(_holds_picture(v) for v in value)
     )
 
