@@ -180,6 +180,18 @@ async def _sse_messages(response: httpx.Response) -> Any:
                     yield json.loads(line[5:])
 
 
+def file_urls(value: Any) -> list[str]:
+    """Every file URL in a message, in order: a gallery's FileData in a value, or a diff's replaced
+    ``url`` (sse_v3 sends only what changed: ``["replace", [0, "image", "url"], "http://..."]``)."""
+    if isinstance(value, str):
+        return [value] if value.startswith("http") and "/file=" in value else []
+    if isinstance(value, dict):
+        return [u for v in value.values() for u in file_urls(v)]
+    if isinstance(value, list):
+        return [u for v in value for u in file_urls(v)]
+    return []
+
+
 async def async_request(
     http: httpx.AsyncClient,
     url: str,
@@ -190,8 +202,12 @@ async def async_request(
     *,
     fetch: bool = False,
     keep_images: bool = False,
+    previews: list[int] | None = None,
 ) -> Outcome:
-    """One request through the queue: join, read the session's stream to this event's completion."""
+    """One request through the queue: join, read the session's stream to this event's completion.
+
+    ``previews`` (a list): fetch every file a progress message names as it comes, as the page's
+    browser fetches each live preview, and append each one's size in bytes."""
     t0 = time.perf_counter()
 
     def done(ok: bool, error: str | None = None, **kw: Any) -> Outcome:
@@ -216,6 +232,12 @@ async def async_request(
                     return done(False, f"unexpected_error: {message.get('message')}")
                 elif kind == "close_stream":
                     break
+                elif kind == "process_generating" and previews is not None and message.get("event_id") == event_id:
+                    for preview_url in file_urls(message.get("output")):
+                        if preview_url.endswith(".png"):
+                            continue  # the final images (PNGs), also yielded through a progress message
+                        got = await http.get(preview_url)
+                        previews.append(len(got.content) if got.status_code == 200 else -1)
                 # estimation, process_starts, progress, process_generating, log, heartbeat: read, passed over
         if completed is None:
             return done(False, "the stream closed without process_completed")

@@ -93,6 +93,13 @@ PREVIEW_MAX_SIDE = 256  # a live preview's longest side, in pixels: sized for di
 PREVIEW_QUALITY = 85  # JPEG quality of a live preview
 
 
+def display_size(width: int, height: int) -> tuple[int, int]:
+    """A preview's size: the picture's aspect, at most ``PREVIEW_MAX_SIDE`` on its longest side (the
+    browser scales it to the gallery; a full-size preview would cost a picture's encode per step)."""
+    scale = min(1.0, PREVIEW_MAX_SIDE / max(width, height))
+    return max(1, round(width * scale)), max(1, round(height * scale))
+
+
 @dataclass(frozen=True)
 class EncodedPreview:
     """A live preview as it crosses the boundary: a small JPEG, encoded on the model thread.

@@ -44,6 +44,16 @@ def test_previews_go_only_to_the_caller_who_asked_at_display_size_as_jpeg(tmp_pa
             with Image.open(path) as preview:
                 assert preview.format == "JPEG" and max(preview.size) <= PREVIEW_MAX_SIDE, (preview.format, preview.size)
                 assert preview.size == (256, 171)  # the picture's aspect, at display size
+        # The browser's GET of a preview is answered from memory by the front door (its own headers),
+        # with the bytes gradio_client downloaded.
+        import httpx
+
+        from pipeline.web.outputs import RECENT_PREVIEWS
+
+        path = next(p for p in reversed(RECENT_PREVIEWS._by_path) if RECENT_PREVIEWS.get(p) == shown[-1].read_bytes())
+        got = httpx.get(f"{url}gradio_api/file={path}")
+        assert got.status_code == 200 and got.headers["content-type"] == "image/jpeg"
+        assert got.headers["cache-control"] == "private, max-age=3600" and got.content == shown[-1].read_bytes()
         assert _previews(silent) == [], "a caller who did not ask was sent previews"
         assert any(o[1].get("status") == "running" for o in silent.outputs())  # its progress still came
         for result in (gallery, other):

@@ -105,3 +105,33 @@ def test_the_app_loads_it_by_name_only() -> None:
     p = model.profile
     assert (p.default_width, p.default_steps, p.default_guidance, p.device) == (256, 1, 0.0, "sim")
     assert not isinstance(load_model(Settings(), warmup=False), SimulatedModel)  # never the default
+
+
+@pytest.mark.parametrize("size", [512, 1024])
+def test_it_carries_real_shaped_latents_and_previews_that_announce_the_picture(size: int) -> None:
+    """Per step: latents of an SD-like VAE's shape for the size (4 x size/8 x size/8, float32); on the
+    job's preview steps only (never the last), display-sized previews that come to look like the final
+    picture; in its loop the same for each member that asked."""
+    from pipeline.engine.simulated import SimLatents
+    from pipeline.protocol import display_size
+
+    model = SimulatedModel(SimSpec(cpu_ms=0, dev_ms=0, decode_ms=0, size=size), "sim")
+    watched = InferenceJob("w", ("p", "p"), ("", ""), (3, 4), size, size, 8, 0.0, preview_every=2, preview_images=(1,))
+    latents = SimLatents(model, watched)
+    assert latents.latents.shape == (2, 4, size // 8, size // 8) and latents.latents.dtype == np.float32
+    shown: dict[int, Any] = {}
+    result = model.generate(watched, threading.Event(), lambda step, total, previews: shown.update(
+        {step: previews} if previews else {}))
+    assert sorted(shown) == [2, 4, 6] and all(set(p) == {1} for p in shown.values())
+    assert all(p[1].size == display_size(size, size) == (256, 256) for p in shown.values())
+    final = np.asarray(result.images[1].resize((256, 256)), dtype=np.float32) / 255
+    diffs = [float(np.abs(np.asarray(shown[s][1], dtype=np.float32) / 255 - final).mean()) for s in (2, 6)]
+    assert diffs[1] < diffs[0] and diffs[1] < 0.12, diffs
+    quiet: dict[int, Any] = {}
+    model.generate(job(steps=8, size=size), threading.Event(), lambda step, total, previews: quiet.update(
+        {step: previews} if previews else {}))
+    assert quiet == {}  # a job that asked for none gets none
+    loop = model.open_loop(watched)
+    slots = [loop.add(watched), loop.add(job(steps=8, size=size))]
+    seen = [loop.step() for _ in range(8)]
+    assert [sorted(s) for s in seen] == [[], [slots[0]], [], [slots[0]], [], [slots[0]], [], []]

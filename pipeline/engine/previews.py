@@ -30,18 +30,11 @@ from typing import Any
 import torch
 from PIL import Image
 
-from ..protocol import PREVIEW_MAX_SIDE
+from ..protocol import display_size
 
 log = logging.getLogger(__name__)
 
 PREVIEW_FOLDER = "preview"  # inside a model folder: preview.safetensors + preview.json
-
-
-def display_size(width: int, height: int) -> tuple[int, int]:
-    """A preview's size: the picture's aspect, at most ``PREVIEW_MAX_SIDE`` on its longest side (the
-    browser scales it to the gallery; a full-size preview would cost a picture's encode per step)."""
-    scale = min(1.0, PREVIEW_MAX_SIDE / max(width, height))
-    return max(1, round(width * scale)), max(1, round(height * scale))
 
 
 class PreviewMap:

@@ -8,7 +8,13 @@ A slow model hides a slow server. This one behaves like a GPU pipeline as the se
   a big device running small images batches almost for free, 0.05; a busy one barely gains, 0.9);
 - at the end it "decodes" for ``decode_ms`` per image, GIL released;
 - its images are ``size`` px pictures with realistic content (smooth gradients and mild noise), so
-  that encoding one costs what a real picture costs.
+  that encoding one costs what a real picture costs;
+- it carries what a real pipeline carries per step: latents of the real shape for the size (4
+  channels at 1/8 of the picture, float32), stepped toward the picture's own latents, and, on the
+  job's preview steps, previews made the way a real model makes them (a per-pixel map of the
+  latents to colours at display size, handed to the step callback as pictures, which the model
+  thread encodes as it does a real model's). Nothing picture-sized crosses per step, as in a real
+  pipeline: the latents stay with the model.
 
 Progress, stop and previews behave like any model's, and so does step-level joining
 (``engine.joining``): ``SimLoop`` charges each step the device time of the images in the loop then.
@@ -26,12 +32,13 @@ import numpy as np
 from PIL import Image
 
 from ..errors import Cancelled
-from ..protocol import InferenceJob, InferenceResult, ModelProfile, StepCallback, StopFlag
+from ..protocol import InferenceJob, InferenceResult, ModelProfile, StepCallback, StopFlag, display_size
 
 PREFIX = "sim:"
 POOL = 8  # distinct pictures per size (by seed)
 BATCH_COST = 0.6  # each extra image in a batch costs this fraction of one image's device time
 KEYS = ("cpu_ms", "dev_ms", "decode_ms", "size", "steps", "batch_cost")
+LATENT_CHANNELS, LATENT_FACTOR = 4, 8  # an SD-like VAE's latents: 4 channels at 1/8 of the picture
 
 
 @dataclass(frozen=True)
@@ -98,6 +105,7 @@ class SimulatedModel:
         self._busy = busy
         self._wait = wait
         self._pictures: dict[tuple[int, int, int], Image.Image] = {}
+        self._latents: dict[tuple[int, int, int], np.ndarray] = {}
         self.profile = ModelProfile(
             name=name,
             pipeline_class="SimulatedDevice",
@@ -129,15 +137,27 @@ class SimulatedModel:
         if stop.is_set():
             raise Cancelled(steps_done=0)
         started = time.time()
+        latents = SimLatents(self, job)
         for step in range(1, job.num_inference_steps + 1):
             self._busy(spec.cpu_ms)
             self._wait(spec.device_ms(images))
-            on_step(step, job.num_inference_steps, {})
+            latents.step()
+            on_step(step, job.num_inference_steps, latents.previews())
             if stop.is_set():
                 raise Cancelled(steps_done=step)
         self._wait(spec.decode_ms * images)
         pictures = tuple(self._picture(job.width, job.height, seed) for seed in job.seeds)
         return InferenceResult(pictures, job.num_inference_steps, started, time.time())
+
+    def _latents_of(self, width: int, height: int, seed: int) -> np.ndarray:
+        """The picture's latents: its colours in [0, 1] at 1/8, and a fourth channel (made once per picture)."""
+        key = (width, height, seed % POOL)
+        if key not in self._latents:
+            grid = (max(1, width // LATENT_FACTOR), max(1, height // LATENT_FACTOR))
+            small = self._picture(width, height, seed).resize(grid, Image.Resampling.BOX)
+            rgb = np.asarray(small, dtype=np.float32).transpose(2, 0, 1) / 255
+            self._latents[key] = np.concatenate([rgb, rgb.mean(axis=0, keepdims=True)])
+        return self._latents[key]
 
     def _picture(self, width: int, height: int, seed: int) -> Image.Image:
         """One of ``POOL`` pictures per size, made once: the device's time is ``decode_ms``, not this."""
@@ -147,36 +167,76 @@ class SimulatedModel:
         return self._pictures[key]
 
 
+class SimLatents:
+    """One job's latents on the simulated device: noise at first, each step a share closer to its
+    pictures' own latents (the picture's colours pooled to the latent grid, and a fourth channel),
+    so that its previews, like a real model's, come to look like the picture they announce."""
+
+    def __init__(self, model: SimulatedModel, job: InferenceJob) -> None:
+        self.job = job
+        h, w = max(1, job.height // LATENT_FACTOR), max(1, job.width // LATENT_FACTOR)
+        rng = np.random.default_rng(job.seeds[0] if job.seeds else 0)
+        self.noise = rng.standard_normal((job.num_images, LATENT_CHANNELS, h, w), dtype=np.float32)
+        self.target = np.stack([model._latents_of(job.width, job.height, seed) for seed in job.seeds])
+        self.latents = self.target + self.noise
+        self.done = 0
+
+    def step(self) -> None:
+        """The denoised estimate after this step: the noise left falls as the square of the steps left
+        (a sampler's estimate sharpens fast), and none after the last."""
+        self.done += 1
+        left = (self.job.num_inference_steps - self.done) / self.job.num_inference_steps
+        np.multiply(self.noise, left * left, out=self.latents)
+        self.latents += self.target
+
+    def previews(self) -> dict[int, Image.Image]:
+        """The job's previews on its preview steps (none on the last), as a real model's StepWatch."""
+        job, every = self.job, self.job.preview_every
+        if not every or self.done % every or self.done >= job.num_inference_steps:
+            return {}
+        size = display_size(job.width, job.height)
+        shown = {}
+        for index in job.preview_images:
+            if index < len(self.latents):
+                rgb = np.clip(self.latents[index, :3].transpose(1, 2, 0), 0, 1)  # the map: 3 of 4 channels
+                picture = Image.fromarray((rgb * 255).round().astype(np.uint8), "RGB")
+                shown[index] = picture.resize(size, Image.Resampling.BILINEAR)
+        return shown
+
+
 class SimLoop:
     """``engine.joining.Loop`` on the simulated device: a step costs ``cpu_ms`` of GIL, then the device
     time of a batch of the images in the loop; a finishing member's decode costs ``decode_ms`` per image."""
 
     def __init__(self, model: SimulatedModel) -> None:
         self.model = model
-        self.members: dict[int, list[Any]] = {}  # slot -> [job, steps done]
+        self.members: dict[int, SimLatents] = {}  # slot -> the member's latents (its job, its steps done)
         self._slots = 0
 
     def add(self, job: InferenceJob) -> int:
         self._slots += 1
-        self.members[self._slots] = [job, 0]
+        self.members[self._slots] = SimLatents(self.model, job)
         return self._slots
 
     def step(self) -> dict[int, dict[int, Image.Image]]:
         spec = self.model.spec
         self.model._busy(spec.cpu_ms)
         self.model._wait(spec.device_ms(self.images))
-        for member in self.members.values():
-            member[1] += 1
-        return {}
+        shown = {}
+        for slot, member in self.members.items():
+            member.step()
+            if previews := member.previews():
+                shown[slot] = previews
+        return shown
 
     def steps_done(self, slot: int) -> int:
-        return int(self.members[slot][1])
+        return self.members[slot].done
 
     def total_steps(self, slot: int) -> int:
-        return int(self.members[slot][0].num_inference_steps)
+        return self.members[slot].job.num_inference_steps
 
     def decode(self, slots: Sequence[int]) -> dict[int, tuple[Image.Image, ...]]:
-        jobs = [self.members.pop(slot)[0] for slot in slots]
+        jobs = [self.members.pop(slot).job for slot in slots]
         self.model._wait(self.model.spec.decode_ms * sum(job.num_images for job in jobs))
         return {
             slot: tuple(self.model._picture(job.width, job.height, seed) for seed in job.seeds)
@@ -188,7 +248,7 @@ class SimLoop:
 
     @property
     def images(self) -> int:
-        return sum(job.num_images for job, _ in self.members.values())
+        return sum(member.job.num_images for member in self.members.values())
 
     def peak_memory_bytes(self) -> int | None:
         return None

@@ -91,5 +91,13 @@ async def json(send: Send, status: int, detail: Any, headers: dict[str, str] | N
     await send({"type": "http.response.body", "body": body})
 
 
+async def body(send: Send, status: int, data: bytes, content_type: str, head_only: bool = False) -> None:
+    """A whole response from bytes in memory (HEAD: the headers only)."""
+    head = [(b"content-type", content_type.encode()), (b"content-length", str(len(data)).encode()),
+            (b"cache-control", b"private, max-age=3600")]  # fmt: skip
+    await send({"type": "http.response.start", "status": status, "headers": head})
+    await send({"type": "http.response.body", "body": b"" if head_only else data})
+
+
 async def close_websocket(send: Send) -> None:
     await send({"type": "websocket.close", "code": 1008})

@@ -15,7 +15,9 @@ In order, for each HTTP request (``FrontDoor.__call__``):
    ``--max-sessions-per-user`` open (``admission.SessionBook``);
 6. joins (``/queue/join``, ``/call/generate``), logins and MCP calls take a token from the
    identity's bucket (``--rate-limit``): 429 with ``Retry-After`` past it;
-7. a join's body (at most ``--max-body-kb``) is checked by ``inputs.InputPolicy`` and handed on.
+7. a join's body (at most ``--max-body-kb``) is checked by ``inputs.InputPolicy`` and handed on;
+8. a GET of a live preview the server has just written is answered from memory
+   (``outputs.RECENT_PREVIEWS``, to the login's caller under ``--auth``); any other file is Gradio's.
 
 Owner: the event loop (the server's); the books it keeps are only touched there.
 """
@@ -42,6 +44,7 @@ from .gradio_internals import cookie_user, login_cookie
 from .httplimits import ConnectionLimits
 from .identity import SEAL_HEADER, Caller, TrustedProxies, caller_of, seal, unseal
 from .inputs import InputPolicy, Refused
+from .outputs import RECENT_PREVIEWS
 from .site import LiveCalls
 
 log = logging.getLogger(__name__)
@@ -130,6 +133,7 @@ class FrontDoor:
         match: re.Match[str] | None = None,
     ) -> None:
         d = self.d
+        user = None
         if d.auth is not None:  # 4. the login
             user = self._bridge_login(scope, headers, internal)
             if user is None and kind in LOGIN_REQUIRED:
@@ -154,6 +158,10 @@ class FrontDoor:
             return await self.app(scope, receive, send)
         if kind in ("join", "call", "cancel", "small", "login"):
             return await self._with_body(scope, receive, send, kind, caller, internal)
+        if kind == "file" and (d.auth is None or user is not None):  # 8. a live preview, from memory
+            preview = RECENT_PREVIEWS.get(unquote(scope["path"].split("file=", 1)[-1]))
+            if preview is not None:
+                return await asgi.body(send, 200, preview, "image/jpeg", scope["method"] == "HEAD")
         return await self.app(scope, receive, send)
 
     async def _with_body(

@@ -8,9 +8,11 @@ when they are built.
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 import inspect
 import os
+import threading
 import typing
 import uuid
 from pathlib import Path
@@ -49,10 +51,37 @@ class Postprocess:
         return self.now(values)
 
 
+class RecentPreviews:
+    """The latest previews' bytes by their file's path, so the front door answers the browser's GET
+    of a preview from memory (``frontdoor``: no disk read on the event loop, none of Gradio's route
+    stack); an older one, past ``keep``, is served from its file by Gradio as any file is.
+
+    Owners: written by the postprocessing worker threads, read on the event loop (under the lock)."""
+
+    def __init__(self, keep: int = 256) -> None:
+        self.keep = keep
+        self._lock = threading.Lock()
+        self._by_path: collections.OrderedDict[str, bytes] = collections.OrderedDict()
+
+    def put(self, path: str, data: bytes) -> None:
+        with self._lock:
+            self._by_path[path] = data
+            self._by_path.move_to_end(path)
+            while len(self._by_path) > self.keep:
+                self._by_path.popitem(last=False)
+
+    def get(self, path: str) -> bytes | None:
+        with self._lock:
+            return self._by_path.get(path)
+
+
+RECENT_PREVIEWS = RecentPreviews()
+
+
 def cached_preview(preview: EncodedPreview, cache_dir: str) -> str:
     """The preview's JPEG bytes written as they are into Gradio's cache, where Gradio keeps a
     file it is handed (``Block.move_resource_to_block_cache``: no copy, no re-encode), in a folder
-    named by their hash as Gradio names its own copies. Returns the path."""
+    named by their hash as Gradio names its own copies; and kept in ``RECENT_PREVIEWS``. Returns the path."""
     folder = Path(cache_dir) / hashlib.sha256(preview.data).hexdigest()[:40]
     path = folder / "preview.jpg"
     if not path.exists():
@@ -60,6 +89,9 @@ def cached_preview(preview: EncodedPreview, cache_dir: str) -> str:
         staging = folder / f".preview.{uuid.uuid4().hex}.jpg"
         staging.write_bytes(preview.data)
         os.replace(staging, path)  # never a partly written file under the served name
+    from gradio.utils import abspath
+
+    RECENT_PREVIEWS.put(str(abspath(path)), preview.data)  # the path Gradio's URL names (file=...)
     return str(path)
 
 
