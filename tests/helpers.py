@@ -161,3 +161,12 @@ def gate_held(adapter: LocalAdapter) -> Iterator[None]:
             adapter._line.notify()
 
         adapter.on_loop(release)
+
+
+def assert_progress(steps: list[Any], total: int) -> None:
+    """A request's steps as its consumer read them (``Step`` or ``StepEvent``-like): in order, each of
+    ``total``, the last one always; steps a consumer that was behind had not read are coalesced
+    (``line.Mailbox``), so a fast model's steps may arrive as fewer."""
+    numbers = [s.step for s in steps]
+    assert numbers and numbers == sorted(set(numbers)) and numbers[0] >= 1, numbers
+    assert numbers[-1] == total and all(s.total == total for s in steps), [(s.step, s.total) for s in steps]

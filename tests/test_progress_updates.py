@@ -133,3 +133,23 @@ def test_the_handlers_are_introspected_once_and_gradio_still_finds_its_parameter
     inputs, progress_index, _, _ = helpers.special_args(generate, [raw[f] for f in FIELDS])
     assert progress_index == len(FIELDS)  # the gr.Progress parameter, found through its resolved hint
     assert inputs[:len(FIELDS)] == [raw[f] for f in FIELDS] and len(inputs) == len(FIELDS) + 3  # + progress, request, profile
+
+
+@pytest.mark.anyio
+async def test_a_consumer_behind_gets_the_latest_step_and_preview_never_a_backlog() -> None:
+    """``line.Mailbox``: steps put while the one before is unread replace it (keeping that one's preview
+    when the newer has none); a consumer that keeps up reads every step; the end is never coalesced."""
+    from pipeline.serving.line import End, Mailbox
+
+    box = Mailbox()
+    box.put(Step(1, 5))
+    box.put(Step(2, 5, PREVIEW))
+    box.put(Step(3, 5))
+    latest = await box.get()
+    assert (latest.step, latest.preview) == (3, PREVIEW) and box.coalesced == 2  # type: ignore[union-attr]
+    box.put(Step(4, 5))
+    assert (await box.get()).step == 4  # type: ignore[union-attr]
+    end = End()
+    box.put(Step(5, 5))
+    box.put(end)
+    assert [(await box.get()), (await box.get())] == [Step(5, 5), end]

@@ -8,8 +8,10 @@ adapter: the head of the line takes the compatible requests waiting behind it in
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import contextvars
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -160,6 +162,38 @@ class End:
     joined_at_step: int | None = None  # step-level: loop steps run before it joined
 
 
+class Mailbox:
+    """A request's steps, then its end, as its consumer reads them: coalesced when it is behind.
+
+    A step that arrives while the one before it is still unread replaces it (carrying that one's
+    preview if it has none of its own): a page or a program that falls behind gets the latest
+    step and the latest preview, never a backlog of stale ones. The end is never coalesced.
+    Owner: the event loop (``put`` and ``get`` run there only).
+    """
+
+    def __init__(self) -> None:
+        self._items: collections.deque[Step | End] = collections.deque()
+        self._ready = asyncio.Event()
+        self.coalesced = 0  # steps replaced before they were read
+
+    def put(self, item: Step | End) -> None:
+        if isinstance(item, Step) and self._items and isinstance(self._items[-1], Step):
+            unread = self._items[-1]
+            if item.preview is None and unread.preview is not None:
+                item = dataclasses.replace(item, preview=unread.preview)
+            self._items[-1] = item
+            self.coalesced += 1
+        else:
+            self._items.append(item)
+        self._ready.set()
+
+    async def get(self) -> Step | End:
+        while not self._items:
+            self._ready.clear()
+            await self._ready.wait()
+        return self._items.popleft()
+
+
 @dataclass(eq=False)
 class Member:
     """A prepared request in line for the GPU, and then in a job."""
@@ -167,7 +201,7 @@ class Member:
     request: GenerateRequest
     stop: StopSignal
     context: contextvars.Context | None = None  # the request's own (a batch runs in its head's)
-    events: asyncio.Queue[Step | End] = field(default_factory=asyncio.Queue)
+    events: Mailbox = field(default_factory=lambda: Mailbox())
     ticket: int = -1
     batch: Batch | None = None  # set when a job takes this request
     session: Session | None = None  # set when a step-level loop takes this request
@@ -177,7 +211,7 @@ class Member:
 
     def deliver(self, item: Step | End) -> None:
         """Put a step or the end on this request's stream (on the event loop's thread)."""
-        self.events.put_nowait(item)
+        self.events.put(item)
 
     @property
     def key(self) -> tuple[int, int, int, float, bool, str]:
