@@ -15,6 +15,8 @@
 #            eager; compile.json
 #   bench    python -m bench --device cuda --quick on the SD 1.5 build (every section; bench-gpu.json
 #            and bench-gpu.md), if at least 150 s of the budget are left
+#   page     python -m bench.page on the SD 1.5 build at 512 and 1024 px: page users (live previews,
+#            each fetched) against API users, server-process CPU per job and per step; page.json
 #   fast     the fast-device profiles of bench.fast --quick (a simulated device: the serving layer on
 #            this machine's CPUs), 8 and 32 callers; the model side in a process and in a thread for
 #            the SD-Turbo-like and launch-bound profiles; fast-<profile>.json. They need no GPU, so
@@ -27,7 +29,7 @@ out="${1:-${OUT:-out}}"
 mkdir -p "$out"
 budget="${GPU_SH_BUDGET_S:-570}"  # every step ends by then: 10 minutes less a margin for the summary
 end=$((SECONDS + budget))
-steps="${STEPS:-cuda build compile bench fast}"
+steps="${STEPS:-cuda build compile bench page fast}"
 model="${TMPDIR:-/tmp}/sd15-random"
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 summary=()
@@ -155,6 +157,13 @@ fi
 if wanted bench; then
   gpu_step bench 300 150 bash -c "set -o pipefail; python -m bench --device cuda --model '$model' --quick \
     --json '$out/bench-gpu.json' | tee '$out/bench-gpu.md'"
+fi
+
+if wanted page; then
+  # Page users against API users on the real pipeline (issue 28): live previews on, every preview
+  # fetched as a browser does, against previews off; server-process CPU per job and per step.
+  gpu_step page 110 60 python -m bench.page --model "$model" --sections model-512,model-1024 --rounds 2 \
+    --json "$out/page.json"
 fi
 
 if wanted fast; then

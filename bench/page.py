@@ -1,6 +1,7 @@
 """Page users against API users (issue 28): what a person on the page costs the server.
 
     python -m bench.page [--quick] [--sections sim-512,sim-1024,sd2-512,sd2-1024] [--json PATH]
+    python -m bench.page --model PATH --sections model-512,model-1024   # a real model (bench/gpu.sh)
 
 Two kinds of caller, alternated (A B B A ...) on one server per section, the same requests each:
 
@@ -65,8 +66,12 @@ SECTIONS = {
     "sim-1024": Section("sim-1024", SIM.format(size=1024), 1024, 20, 24),
     "sd2-512": Section("sd2-512", "sd2-v", 512, 8, 8),
     "sd2-1024": Section("sd2-1024", "sd2-v", 1024, 4, 4),
+    # --model PATH (bench/gpu.sh: the full-size SD 1.5 build on the GPU)
+    "model-512": Section("model-512", "--model", 512, 20, 16),
+    "model-1024": Section("model-1024", "--model", 1024, 20, 8),
 }
 QUICK = ("sim-512", "sd2-512")
+FAMILIES = ("sd2-v",)  # built by tests/families.py when its section runs
 
 
 def data(k: int, size: int, steps: int, previews: bool) -> list[Any]:
@@ -135,7 +140,7 @@ def figures(rounds: list[dict[str, Any]], steps: int) -> dict[str, Any]:
 
 def run_section(section: Section, rounds: int, tmp: Path) -> dict[str, Any]:
     model = section.model
-    if not section.simulated:
+    if model in FAMILIES:
         from tests.families import build_family
 
         model = str(build_family(model, tmp / model))
@@ -200,9 +205,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sections", default=None, help=f"comma-separated, of {', '.join(SECTIONS)}")
     parser.add_argument("--rounds", type=int, default=None, help="rounds per caller kind (default 4, quick 2)")
     parser.add_argument("--jobs", type=int, default=None, help="requests per round (default: the section's)")
+    parser.add_argument("--model", default=None, help="a model folder or hub id for the model-* sections")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
-    names = args.sections.split(",") if args.sections else list(QUICK if args.quick else SECTIONS)
+    default = [n for n in (QUICK if args.quick else SECTIONS) if not n.startswith("model-")]
+    names = args.sections.split(",") if args.sections else default
     unknown = [n for n in names if n not in SECTIONS]
     if unknown:
         parser.error(f"unknown sections {unknown}; known: {', '.join(SECTIONS)}")
@@ -212,6 +219,10 @@ def main(argv: list[str] | None = None) -> int:
         sections = []
         for name in names:
             section = SECTIONS[name]
+            if section.model == "--model":
+                if not args.model:
+                    parser.error(f"section {name} needs --model")
+                section = Section(section.name, args.model, section.size, section.steps, section.jobs)
             if args.jobs:
                 section = Section(section.name, section.model, section.size, section.steps, args.jobs)
             sections.append(run_section(section, rounds, Path(tmp)))
