@@ -41,7 +41,7 @@ def check(results: dict) -> None:
 
 PUBLISHED = sorted(p for p in (ROOT / "docs").glob("bench-*.json")
                    if not p.name.startswith(("bench-ray-", "bench-fast-", "bench-loadgen-", "bench-openloop-",
-                                             "bench-fairness-", "bench-cpu-")))
+                                             "bench-fairness-", "bench-cpu-", "bench-page-")))
 PUBLISHED_CPU = sorted((ROOT / "docs").glob("bench-cpu-*.json"))
 PUBLISHED_OPENLOOP = sorted((ROOT / "docs").glob("bench-openloop-*.json"))
 PUBLISHED_LOADGEN = sorted((ROOT / "docs").glob("bench-loadgen-*.json"))
@@ -64,6 +64,18 @@ def check_ray(results: dict) -> None:
 @pytest.mark.parametrize("path", PUBLISHED, ids=[p.name for p in PUBLISHED])
 def test_the_published_runs_are_complete(path: Path) -> None:
     check(json.loads(path.read_text()))
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "docs").glob("bench-page-*.json")), ids=lambda p: p.name)
+def test_the_published_page_runs_are_complete(path: Path) -> None:
+    from bench import page
+
+    result = json.loads(path.read_text())
+    assert page.errors_of(result) == 0 and result["sections"]
+    for section in result["sections"]:
+        assert section["page"]["previews_per_job"] > 0 and section["api"]["previews_per_job"] == 0
+        assert section["page_over_api_server_cpu"] > 0
+    assert "| page |" in page.render(result)
 
 
 @pytest.mark.parametrize("path", PUBLISHED_OPENLOOP, ids=[p.name for p in PUBLISHED_OPENLOOP])
@@ -254,4 +266,6 @@ def test_the_alternated_cpu_benchmark_runs_end_to_end(tmp_path: Path) -> None:
 @pytest.mark.parametrize("path", PUBLISHED_CPU, ids=[p.name for p in PUBLISHED_CPU])
 def test_the_published_cpu_runs_are_complete(path: Path) -> None:
     result = json.loads(path.read_text())
-    check_cpu(result, {"process", "thread", "floor"} | ({"against"} if result["against"] else set()))
+    # a run of some configurations (--configs) names exactly those; process is always one
+    assert "process" in result["configs"]
+    check_cpu(result, set(result["configs"]))
