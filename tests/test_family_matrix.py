@@ -131,8 +131,10 @@ def test_progress_and_cancel(served: tuple[str, Any, Any]) -> None:
     steps = min(60, adapter.profile.max_steps)
     job = client.submit(**request(adapter, width=64, height=64, num_inference_steps=steps, live_preview=True),
                         api_name="/generate")
-    wait_for(lambda: any(o[1].get("status") == "running" and o[1].get("step", 0) >= 2 for o in job.outputs()),
-             "two steps reported", timeout=120)
+    # The first preview comes at once; later ones at most every 0.25 s, and a short job (FLUX schnell's
+    # 8 steps here) may end before another: cancel at the first step reported, or find the job done.
+    wait_for(lambda: any(o[1].get("status") == "running" and o[1].get("step", 0) >= 1 for o in job.outputs())
+             or job.done(), "a step reported", timeout=120)
     job.cancel()
     wait_for(lambda: not adapter.inference_in_progress, "the cancelled job left the model", timeout=60)
     registry = adapter.metrics.registry
