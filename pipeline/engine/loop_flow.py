@@ -54,6 +54,14 @@ def _cat_rows(members: list[Member], name: str) -> torch.Tensor:
     return torch.cat([m.rows_of[name] for m in members])
 
 
+def packed_latents(pipe: Any, job: InferenceJob, dtype: torch.dtype, device: torch.device) -> Any:
+    """FLUX-style 2x2-packed starting latents and their image ids, from the member's own generators."""
+    channels = pipe.transformer.config.in_channels // 4
+    return pipe.prepare_latents(
+        job.num_images, channels, job.height, job.width, dtype, device, generators_of(job), None
+    )
+
+
 class _FlowLoop(MemberLoop):
     """The decode both flow families share: ``latents / scaling_factor + shift_factor``, then the VAE."""
 
@@ -80,17 +88,7 @@ class FluxLoop(_FlowLoop):
             max_sequence_length=_call_default(pipe, "max_sequence_length", 512),
         )
         # 2. Packed latents and their image ids from the member's own generators.
-        generators = generators_of(job)
-        latents, image_ids = pipe.prepare_latents(
-            job.num_images,
-            pipe.transformer.config.in_channels // 4,
-            job.height,
-            job.width,
-            embeds.dtype,
-            device,
-            generators,
-            None,
-        )
+        latents, image_ids = packed_latents(pipe, job, embeds.dtype, device)
         # 3. The member's own scheduler: the pipeline's sigmas and dynamic shift.
         scheduler = samplers.build(self.model.base_scheduler, job.scheduler)
         steps = job.num_inference_steps

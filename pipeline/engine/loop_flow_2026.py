@@ -43,7 +43,7 @@ from ..protocol import InferenceJob
 from . import samplers
 from .families import call_arguments
 from .loop_base import Member, generators_of
-from .loop_flow import _call_default, _cat_rows, _FlowLoop
+from .loop_flow import _call_default, _cat_rows, _FlowLoop, packed_latents
 
 
 def _shift(config: Any, tokens: int, fn: Any) -> float:
@@ -78,16 +78,7 @@ class ChromaLoop(_FlowLoop):
             do_classifier_free_guidance=cfg,
             max_sequence_length=_call_default(pipe, "max_sequence_length", 512),
         )
-        latents, image_ids = pipe.prepare_latents(
-            job.num_images,
-            pipe.transformer.config.in_channels // 4,
-            job.height,
-            job.width,
-            embeds.dtype,
-            device,
-            generators_of(job),
-            None,
-        )
+        latents, image_ids = packed_latents(pipe, job, embeds.dtype, device)
         tokens = latents.shape[1]
 
         def extended(m: torch.Tensor) -> torch.Tensor:
