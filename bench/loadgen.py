@@ -50,9 +50,9 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 CLIENTS = ("async", "gradio")
 
 
-def generate_data(k: int, size: int, steps: int) -> list[Any]:
+def generate_data(k: int, size: int, steps: int, lora: str = "none", lora_scale: float = 1.0) -> list[Any]:
     """The ``/generate`` inputs, in the API's order, for the k-th request."""
-    return [f"a red circle {k}", "", k, False, size, size, steps, 7.5, 1, False, "default"]
+    return [f"a red circle {k}", "", k, False, size, size, steps, 7.5, 1, False, "default", lora, lora_scale]
 
 
 @dataclasses.dataclass

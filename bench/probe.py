@@ -142,7 +142,7 @@ def light_request(url: str, fn_index: int, http: httpx.Client | None = None) -> 
     """
     t0 = time.perf_counter()
     try:
-        raw_http_predict(url, fn_index, ["x", "", 0, False, 65, 64, 20, 7.5, 1, False, "default"], http=http)
+        raw_http_predict(url, fn_index, ["x", "", 0, False, 65, 64, 20, 7.5, 1, False, "default", "none", 1.0], http=http)
     except (httpx.HTTPError, RuntimeError):
         pass  # a timed-out probe counts with the time it took
     return (time.perf_counter() - t0) * 1000

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from .loras import LoraSpec, parse_all, split_env
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -61,6 +63,11 @@ class Settings:
     )
     replica_cpus: float | None = None  # Ray backend: CPUs per replica; None: the cluster's CPUs split evenly
     replica_gpus: float | None = None  # Ray backend: GPUs per replica; None: 1 where the cluster has a GPU per replica
+    loras: tuple[str, ...] = ()  # --lora NAME=PATH_OR_HUB_ID[:SCALE] specs (pipeline.loras), in order
+    lora_batching: str = "auto"  # auto | mixed | separate: requests with different adapters in one loop or not
+
+    def lora_specs(self) -> tuple[LoraSpec, ...]:
+        return parse_all(self.loras)
 
     def auth_pair(self) -> tuple[str, str] | None:
         if self.auth is None:
@@ -257,6 +264,23 @@ def build_parser() -> argparse.ArgumentParser:
         description="Text-to-image demo: one GPU, many users.",
         epilog="Every flag also reads the environment variable named in its help.",
     )
+    parser.add_argument(
+        "--lora",
+        dest="loras",
+        action="append",
+        default=None,
+        metavar="NAME=PATH_OR_HUB_ID[:SCALE]",
+        help="a LoRA adapter loaded at start that requests may pick by NAME (repeatable; SCALE: the scale "
+        "the page suggests for it, default 1) [T2I_LORAS: specs separated by commas or line breaks]",
+    )
+    parser.add_argument(
+        "--lora-batching",
+        dest="lora_batching",
+        default=None,
+        help="auto, mixed or separate: requests with different LoRA adapters share a step-level loop's "
+        "denoiser calls, a LoRA per row (mixed), or run a loop per adapter (separate); auto: mixed "
+        "where the model's loop can, separate under --compile [T2I_LORA_BATCHING]",
+    )
     for dest, env, kind, text in _OPTIONS:
         flag = "--" + dest.replace("_", "-")
         if kind is bool:
@@ -277,6 +301,12 @@ def load_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] 
             values[dest] = flag_value
         elif environ.get(env) not in (None, ""):
             values[dest] = _env_value(env, kind, environ[env])
+    if args.loras is not None:
+        values["loras"] = tuple(args.loras)
+    elif environ.get("T2I_LORAS", "").strip():
+        values["loras"] = tuple(split_env(environ["T2I_LORAS"]))
+    if args.lora_batching is not None or environ.get("T2I_LORA_BATCHING"):
+        values["lora_batching"] = args.lora_batching or environ["T2I_LORA_BATCHING"]
     settings = Settings(**values)  # type: ignore[arg-type]
     _check(settings)
     return settings
@@ -331,5 +361,11 @@ def _check(s: Settings) -> None:
         value = getattr(s, name)
         if value is not None and not value >= 0:
             raise SystemExit(f"--{name.replace('_', '-')} must be 0 or more; got {value}")
+    if s.lora_batching not in {"auto", "mixed", "separate"}:
+        raise SystemExit(f"--lora-batching must be auto, mixed or separate; got {s.lora_batching!r}")
+    try:
+        s.lora_specs()
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     if s.concurrency < 2:
         raise SystemExit("--concurrency must be at least 2, or the whole handler is serialized")

@@ -56,6 +56,20 @@ class ModelProfile:
     negative_prompt_reason: str = ""  # why a negative prompt is refused, where it is
     previews: bool = True  # whether live previews can be drawn for this model
     cfg_above: float = 1.0  # classifier-free guidance (and so a negative prompt) runs above this guidance
+    loras: tuple[LoraInfo, ...] = ()  # the LoRA adapters loaded at start (``--lora``), in flag order
+    # how jobs with different adapters batch: "mixed" (one denoiser call, a LoRA per row: step-level
+    # loops), "separate" (a job or loop per adapter and scale)
+    lora_batching: str = "separate"
+
+
+@dataclass(frozen=True)
+class LoraInfo:
+    """A LoRA adapter the model side loaded: its name, recommended scale, A1111 short hash and where it went."""
+
+    name: str
+    scale: float = 1.0
+    hash: str = ""  # ``loras.short_hash`` of its file ("" where the file is not on disk here)
+    components: tuple[str, ...] = ()  # the pipeline components it adapts (unet, transformer, text_encoder, ...)
 
 
 @dataclass(frozen=True)
@@ -83,6 +97,9 @@ class InferenceJob:
     # Joinable jobs: the most images the loop may hold when this job enters it (0: no bound). The
     # server may send a joiner a step before there is room; the model side holds it until there is.
     loop_images_max: int = 0
+    # The LoRA adapter the job runs with (a name from ModelProfile.loras; "": none) and its scale.
+    lora: str = ""
+    lora_scale: float = 0.0
 
     @property
     def num_images(self) -> int:
@@ -171,6 +188,10 @@ class InferenceResult:
     batch_images: int = 0
     batch_jobs: int = 0
     joined_at_step: int | None = None
+    # The time this job's adapter switch took on the model side (0: the adapters were already set),
+    # and how many times that model side has loaded the model (a switch never loads it again).
+    lora_switch_ms: float = 0.0
+    model_loads: int = 0
 
 
 # crashed: the model process died during the job (it is being restarted); engine_dead: no model side is left

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from .errors import InvalidRequest
+from .loras import NONE, SCALE_MAX, SCALE_MIN, AdapterUse
 from .protocol import InferenceJob, ModelProfile
+from .token_windows import _truncation_notes, fits_every_window
 
 if TYPE_CHECKING:
     from .config import Settings
@@ -34,7 +36,9 @@ FIELDS = (
     "guidance_scale",
     "num_images",
     "live_preview",
-    "scheduler",  # last, so the earlier parameters keep their positions in the API
+    "scheduler",  # after the others, so the earlier parameters keep their positions in the API
+    "lora",
+    "lora_scale",
 )
 DEFAULT_SCHEDULER = "default"  # the model's own scheduler
 BUDGET_DEFAULT_JOBS = 8  # the default cost budget: this many of the model's default job (one image)
@@ -60,6 +64,7 @@ class Limits:
     step_choices: tuple[int, ...] = ()  # only these step counts run (Sana Sprint); empty: the whole range
     size_choices: tuple[tuple[int, int], ...] = ()  # only these sizes run (Kandinsky 5, HiDream); empty: any
     cfg_above: float = 1.0  # a negative prompt is read only above this guidance
+    loras: tuple[str, ...] = ()  # the LoRA adapters' names (``--lora``); a request may pick one or "none"
 
     @classmethod
     def for_model(
@@ -94,6 +99,7 @@ class Limits:
             step_choices=profile.step_choices,
             size_choices=profile.size_choices,
             cfg_above=profile.cfg_above,
+            loras=tuple(info.name for info in profile.loras),
         )
 
 
@@ -111,6 +117,13 @@ class GenerateRequest:
     warnings: tuple[str, ...] = ()
     live_preview: bool = False
     scheduler: str = DEFAULT_SCHEDULER
+    lora: str = ""  # a loaded adapter's name; "": none
+    lora_scale: float = 1.0
+
+    @property
+    def adapter(self) -> AdapterUse:
+        """The adapter and scale this request runs with (batching keys compare it)."""
+        return AdapterUse.of(self.lora, self.lora_scale)
 
     @property
     def seeds(self) -> tuple[int, ...]:
@@ -129,6 +142,8 @@ class GenerateRequest:
             guidance_scale=self.guidance_scale,
             preview_every=max(1, self.num_inference_steps // 8) if self.live_preview else 0,
             scheduler=self.scheduler,
+            lora=self.adapter.name,
+            lora_scale=self.adapter.scale,
         )
 
     def parameters(self) -> dict[str, Any]:
@@ -144,6 +159,8 @@ class GenerateRequest:
             "guidance_scale": self.guidance_scale,
             "num_images": self.num_images,
             "scheduler": self.scheduler,
+            "lora": self.lora or NONE,
+            "lora_scale": self.lora_scale,
         }
 
 
@@ -214,35 +231,16 @@ def _scheduler(value: Any, limits: Limits) -> str:
     return value
 
 
-def fits_every_window(text: str, encoders: tuple[tuple[str, int], ...]) -> bool:
-    """Whether ``text`` is surely within every text encoder's window, without counting its tokens.
-
-    Every tokenizer of these model families spends at least one character of an ASCII text on each
-    token: CLIP's byte-level BPE, and T5's and Gemma's SentencePiece, whose one exception is the
-    word marker it puts before the first word. So an ASCII text of n characters is at most n + 1
-    tokens (``tests/test_request.py`` checks it on each family's tokenizer). Counting a prompt
-    costs a round trip to the model process; most prompts are short enough to need none.
-    A ByT5 glyph encoder (HunyuanImage) reads the quoted text formatted as ``Text "...". ``: at
-    most five bytes for each character of the prompt (an empty ``""`` becomes ten), so its window
-    counts a fifth.
-    """
-    windows = [limit // 5 if name == "ByT5" else limit for name, limit in encoders]
-    return bool(encoders) and text.isascii() and len(text) + 1 <= min(windows)
-
-
-def _truncation_notes(field: str, tokens: Mapping[str, int], encoders: tuple[tuple[str, int], ...]) -> list[str]:
-    """One note per text encoder that cut the text, naming it (CLIP reads 75 tokens, T5 its own length)."""
-    notes = []
-    for encoder, limit in dict(encoders).items():
-        if (n := tokens.get(encoder, 0)) > limit:
-            others = [f"{e} reads up to {lim}" for e, lim in dict(encoders).items() if e != encoder and lim >= n]
-            rest = f" ({'; '.join(others)})" if others else ""
-            what = f"{field}'s quoted text" if encoder == "ByT5" else field  # the glyphs HunyuanImage draws
-            notes.append(
-                f"{what} is {n} tokens; the {encoder} text encoder reads the first {limit}, "
-                f"so it ignored the rest{rest}"
-            )
-    return notes
+def _lora(value: Any, limits: Limits) -> str:
+    """A loaded adapter's name (any case), or "" for none (None, "" or "none")."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", NONE)):
+        return ""
+    by_lower = {name.lower(): name for name in limits.loras}
+    if isinstance(value, str) and value.strip().lower() in by_lower:
+        return by_lower[value.strip().lower()]
+    choices = html.escape(", ".join((NONE, *limits.loras)))
+    loaded = "" if limits.loras else " (this server loaded no LoRA adapters: start it with --lora NAME=PATH)"
+    raise InvalidRequest("lora", f"lora must be one of: {choices}{loaded}; got {_show(value)}")
 
 
 def _within_budget(width: int, height: int, steps: int, images: int, limits: Limits) -> None:
@@ -331,6 +329,9 @@ def validate(
     if not isinstance(live_preview, bool):
         raise InvalidRequest("live_preview", f"live_preview must be true or false; got {_show(live_preview)}")
     scheduler = _scheduler(raw.get("scheduler"), limits)
+    lora = _lora(raw.get("lora"), limits)
+    scale_value = raw.get("lora_scale")
+    lora_scale = 1.0 if scale_value is None else _real_number("lora_scale", scale_value, SCALE_MIN, SCALE_MAX)
     _within_budget(width, height, steps, num_images, limits)
 
     request = GenerateRequest(
@@ -345,6 +346,8 @@ def validate(
         num_images=num_images,
         live_preview=live_preview,
         scheduler=scheduler,
+        lora=lora,
+        lora_scale=lora_scale,
     )
     return with_token_notes(request, limits, count_tokens) if count_tokens is not None else request
 

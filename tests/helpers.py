@@ -35,6 +35,8 @@ def raw_request(**overrides: Any) -> dict[str, Any]:
         "guidance_scale": 7.5,
         "num_images": 1,
         "scheduler": "default",
+        "lora": "none",
+        "lora_scale": 1.0,
     }
     raw.update(overrides)
     return raw

@@ -99,7 +99,7 @@ def test_only_generate_is_in_the_api_and_the_rest_shortcut_is_closed(client: Any
     live, scheduler = api["named_endpoints"]["/generate"]["parameters"][-2:]
     assert live["parameter_has_default"] and live["parameter_default"] is False  # off for API callers
     assert scheduler["parameter_has_default"] and scheduler["parameter_default"] == "default"  # the model's own
-    body = {"data": ["x", "", 1, False, 64, 64, 2, 7.5, 1, False, "default"]}
+    body = {"data": ["x", "", 1, False, 64, 64, 2, 7.5, 1, False, "default", "none", 1.0]}
     response = httpx.post(server + "gradio_api/run/generate", json=body, timeout=30)
     assert response.status_code >= 400, response.text
 

@@ -54,7 +54,7 @@ def generate_data(**overrides: Any) -> list[Any]:
     return [raw.get(k, v) for k, v in [("prompt", ""), ("negative_prompt", ""), ("seed", 0), ("randomize_seed", False),
                                        ("width", 64), ("height", 64), ("num_inference_steps", 2),
                                        ("guidance_scale", 7.5), ("num_images", 1), ("live_preview", False),
-                                       ("scheduler", "default")]]
+                                       ("scheduler", "default"), ("lora", "none"), ("lora_scale", 1.0)]]
 
 
 class Recorder:

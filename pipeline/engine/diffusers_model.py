@@ -7,6 +7,7 @@ must only be called from there (``count_tokens`` excepted). ``engine.loading`` b
 from __future__ import annotations
 
 import copy
+import dataclasses
 import gc
 import threading
 import time
@@ -20,6 +21,7 @@ from . import samplers
 from .families import call_arguments, counted_text, encoder_tokenizers, guidance_arguments, traits
 from .family_table import family_for
 from .loop_base import MemberLoop, loop_kind
+from .lora import Adapters, use_of
 from .previews import Previewer
 from .stepping import StepWatch, Stop
 
@@ -27,8 +29,12 @@ from .stepping import StepWatch, Stop
 class DiffusersModel:
     """A loaded diffusers pipeline that runs one ``InferenceJob`` at a time on the model thread."""
 
-    def __init__(self, pipe: Any, profile: ModelProfile, preview_map: Previewer | None = None) -> None:
+    def __init__(
+        self, pipe: Any, profile: ModelProfile, preview_map: Previewer | None = None, adapters: Adapters | None = None
+    ) -> None:
         self.pipe = pipe
+        self.adapters = adapters  # the --lora adapters (engine.lora), or None
+        self.loads = 0  # how many times this process has loaded a model (engine.loading sets it)
         self.profile = profile
         self.preview_map = preview_map
         self._device = profile.device
@@ -54,11 +60,19 @@ class DiffusersModel:
         self.pipe.scheduler = samplers.build(self.base_scheduler, job.scheduler)
         guiders = self._job_guiders(job)
         try:
-            return self._generate(job, stop, on_step)
+            switch_ms = self.use_adapter(job)  # set_adapters / disable_lora, only if it differs from the last job's
+            result = self._generate(job, stop, on_step)
+            return dataclasses.replace(result, lora_switch_ms=switch_ms, model_loads=self.loads)
         finally:
             self.pipe.scheduler = self.base_scheduler
             for name, guider in guiders.items():
                 setattr(self.pipe, name, guider)
+
+    def use_adapter(self, job: InferenceJob) -> float:
+        """Set ``job``'s LoRA adapter for the next call; the milliseconds the switch took (0: none needed)."""
+        if job.lora and (self.adapters is None or job.lora not in self.adapters.names):
+            raise ValueError(f"no LoRA adapter named {job.lora!r} is loaded")
+        return self.adapters.use(use_of(job)) if self.adapters is not None else 0.0
 
     def _job_guiders(self, job: InferenceJob) -> dict[str, Any]:
         """A "guider" family (HunyuanImage 2.1) reads its scale from its guider components: this job
@@ -135,11 +149,15 @@ class DiffusersModel:
         """Step-level joining (``engine.joining``) for SD 1.x/2.x, FLUX, SD3, Chroma and Z-Image; ``None`` for the rest.
 
         Members of one loop share the latent shape (width, height) and the sampler name; prompts,
-        negative prompts, seeds, image counts, steps and guidance (with or without CFG) may differ.
+        negative prompts, seeds, image counts, steps and guidance (with or without CFG) may differ,
+        and so may LoRA adapters where the profile's ``lora_batching`` is "mixed" (else the adapter
+        and its scale are part of the key).
         """
         kind = loop_kind(self.pipe)
         if kind is None or not self.profile.step_joining:
             return None
+        if self.adapters is not None and self.profile.lora_batching != "mixed":  # a loop per adapter and scale
+            return (kind, job.width, job.height, job.scheduler, use_of(job))
         return (kind, job.width, job.height, job.scheduler)
 
     def open_loop(self, job: InferenceJob) -> MemberLoop:

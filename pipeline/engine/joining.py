@@ -204,6 +204,7 @@ class LoopDriver:
                 m.task.emit(_error_of(exc))
             return
         ended, peak = time.time(), self.loop.peak_memory_bytes()
+        fields = getattr(self.loop, "result_fields", None)
         for m in finished:
             m.task.emit(
                 InferenceResult(
@@ -215,6 +216,7 @@ class LoopDriver:
                     batch_images=m.most_images,
                     batch_jobs=m.most_jobs,
                     joined_at_step=m.joined_at,
+                    **(fields(m.slot) if fields is not None else {}),
                 )
             )
 

@@ -20,7 +20,8 @@ from ..errors import ModelRefused
 from ..protocol import InferenceJob, ModelProfile
 from .diffusers_model import DiffusersModel
 from .families import pick_dtype_name, pipeline_class_of, traits
-from .loop_base import loop_kind
+from .loop_base import MIXED_ADAPTER_LOOPS, loop_kind
+from .lora import Adapters, load_adapters
 from .previews import Previewer, load_decoder, load_preview_map
 from .simulated import PREFIX as SIM_PREFIX
 from .simulated import SimSpec, SimulatedModel
@@ -48,7 +49,25 @@ def pick_dtype(requested: str, device: str, pipeline_class: str) -> torch.dtype:
     return getattr(torch, pick_dtype_name(requested, device, pipeline_class))
 
 
-def build_profile(pipe: Any, name: str, device: str, dtype: torch.dtype, saved: dict | None = None) -> ModelProfile:
+_LOADS = 0  # models this process has loaded (a LoRA switch never adds one)
+
+
+def lora_batching(pipe: Any, adapters: Adapters | None, setting: str) -> str:
+    """ "mixed" where adapters may share a loop's denoiser calls (a LoRA per row), else "separate"."""
+    if adapters is None or adapters.hotswap or loop_kind(pipe) not in MIXED_ADAPTER_LOOPS:
+        return "separate"
+    return "separate" if setting == "separate" else "mixed"
+
+
+def build_profile(
+    pipe: Any,
+    name: str,
+    device: str,
+    dtype: torch.dtype,
+    saved: dict | None = None,
+    adapters: Adapters | None = None,
+    batching: str = "separate",
+) -> ModelProfile:
     """Defaults and limits that follow the loaded model (``saved``: defaults written with a model trained here)."""
     t = traits(pipe, name)
     default_size = t.default_size
@@ -81,6 +100,8 @@ def build_profile(pipe: Any, name: str, device: str, dtype: torch.dtype, saved: 
         negative_prompt_reason=t.negative_reason,
         previews=t.previews,
         cfg_above=t.cfg_above,
+        loras=adapters.infos if adapters is not None else (),
+        lora_batching=batching,
     )
 
 
@@ -115,7 +136,15 @@ def load_model(settings: Settings, *, warmup: bool = True) -> DiffusersModel | S
         preview_map: Previewer | None = load_decoder(settings.preview_decoder, device, dtype)
     else:
         preview_map = load_preview_map(pipe, folder, fit=not zero_gpu_active())
-    model = DiffusersModel(pipe, build_profile(pipe, name, device, dtype, saved), preview_map)
+    # LoRA adapters, once, before any compile (hotswap under --compile, so a switch never recompiles).
+    hotswap = settings.compile and not zero_gpu_active()
+    adapters = load_adapters(pipe, settings.lora_specs(), hotswap=hotswap)
+    batching = lora_batching(pipe, adapters, settings.lora_batching)
+    profile = build_profile(pipe, name, device, dtype, saved, adapters, batching)
+    model = DiffusersModel(pipe, profile, preview_map, adapters)
+    global _LOADS
+    _LOADS += 1
+    model.loads = _LOADS
     if model.traits.guessed:
         log.info(
             "%s is not in the family registry (engine/family_table.py): served generically from its "

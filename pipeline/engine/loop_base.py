@@ -31,12 +31,18 @@ from PIL import Image
 
 from ..errors import OutOfMemory
 from ..protocol import InferenceJob
+from .lora import use_of
 from .previews import denoised, unpack
 
 if TYPE_CHECKING:
     from .diffusers_model import DiffusersModel
 
 T = TypeVar("T")
+
+# Loops whose denoiser input is one row per image (and CFG's [uncond, cond] per member), so that peft's
+# mixed-adapter batches can give each row its own LoRA (``engine.lora``). Z-Image's transformer takes
+# a list of images and packs their tokens together: its adapters batch a loop per adapter instead.
+MIXED_ADAPTER_LOOPS = frozenset({"sd", "sd3", "flux", "chroma"})
 
 
 def loop_kind(pipe: Any) -> str | None:
@@ -113,6 +119,7 @@ class MemberLoop:
         self.preview_map = model.preview_map
         self.device = torch.device(self.pipe._execution_device)
         self.members: dict[int, Member] = {}
+        self._switch_ms: dict[int, float] = {}  # slot -> the adapter switch its prompt encoding took
         self._next_slot = 0
         self._cuda = self.device.type == "cuda"
         if self._cuda:
@@ -135,10 +142,21 @@ class MemberLoop:
     # -- joining.Loop ------------------------------------------------------------------------------
 
     def add(self, job: InferenceJob) -> int:
+        switch_ms = self.model.use_adapter(job)  # its text encoders read its prompts through its own adapter
         member = self._guarded(job.request_id, self._enter, job)
         slot, self._next_slot = self._next_slot, self._next_slot + 1
         self.members[slot] = member
+        self._switch_ms[slot] = switch_ms
         return slot
+
+    def admits(self, job: InferenceJob) -> bool:
+        """Whether ``job`` may join now: each LoRA adapter runs at one scale in one denoiser call."""
+        adapters = self.model.adapters
+        return adapters is None or adapters.admits([use_of(m.job) for m in self.members.values()], use_of(job))
+
+    def result_fields(self, slot: int) -> dict[str, Any]:
+        """What a member's result carries besides its images (``joining.LoopDriver``)."""
+        return {"lora_switch_ms": self._switch_ms.pop(slot, 0.0), "model_loads": self.model.loads}
 
     def step(self) -> Mapping[int, Mapping[int, Image.Image]]:
         return self._guarded(self._request_ids(), self._step)
@@ -164,6 +182,7 @@ class MemberLoop:
 
     def remove(self, slot: int) -> None:
         self.members.pop(slot, None)
+        self._switch_ms.pop(slot, None)
 
     @property
     def images(self) -> int:
@@ -178,8 +197,14 @@ class MemberLoop:
         active = [(slot, m) for slot, m in self.members.items() if m.done < m.total]
         if not active:
             return {}
-        # 1. One denoiser call for all rows, each member at its own timestep and guidance.
-        predictions = self._predict([m for _, m in active])
+        # 1. One denoiser call for all rows, each member at its own timestep, guidance and LoRA adapter.
+        members = [m for _, m in active]
+        adapters = self.model.adapters
+        if adapters is None:
+            predictions = self._predict(members)
+        else:
+            with adapters.rows([use_of(m.job) for m in members for _ in range(m.rows)]):
+                predictions = self._predict(members)
         previews: dict[int, dict[int, Image.Image]] = {}
         for (slot, m), prediction in zip(active, predictions):
             # 2. The member's own scheduler on its own slice (its own generators for ancestral noise).

@@ -206,8 +206,9 @@ class ModelRunner:
 
         held: list[_Task] = []  # the next joiner, sent ahead of room: it enters once it fits (FIFO)
 
-        def fits(task: _Task) -> bool:
-            return room_for(task.job, loop.images)
+        def fits(task: _Task) -> bool:  # room for its images, and its LoRA adapter at one scale
+            admits = getattr(loop, "admits", None)
+            return room_for(task.job, loop.images) and (admits is None or bool(admits(task.job)))
 
         def pull() -> _Task | None:  # at a step boundary: the next joiner; anything else waits its turn
             if held:

@@ -8,18 +8,18 @@ adapter: the head of the line takes the compatible requests waiting behind it in
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import contextvars
-import dataclasses
 import itertools
 import math
 from dataclasses import dataclass, field
 from typing import AsyncGenerator, Callable, Generic, Hashable, Iterable, TypeVar
 
-from ..protocol import CountingStop, InferenceJob, InferenceResult
+from ..protocol import CountingStop, InferenceJob
 from ..request import GenerateRequest
 from .events import Step, Waiting
+from .mailbox import End as End  # re-exported: the serving side reads End from here
+from .mailbox import Mailbox
 
 T = TypeVar("T")
 
@@ -150,50 +150,6 @@ class WaitLine(Generic[T]):
             await moved.wait()
 
 
-@dataclass(frozen=True)
-class End:
-    """The last item on a member's stream: its share of the job's images, or the job's error."""
-
-    result: InferenceResult | None = None
-    error: BaseException | None = None
-    batch_size: int = 1  # images in the job this request ran in (step-level: the most its loop held)
-    batch_requests: int = 1  # requests in that job (step-level: the most its loop held)
-    batching: str = "job"  # job: one call for the whole batch; step: a step-level loop (engine.joining)
-    joined_at_step: int | None = None  # step-level: loop steps run before it joined
-
-
-class Mailbox:
-    """A request's steps, then its end, as its consumer reads them: coalesced when it is behind.
-
-    A step that arrives while the one before it is still unread replaces it (carrying that one's
-    preview if it has none of its own): a page or a program that falls behind gets the latest
-    step and the latest preview, never a backlog of stale ones. The end is never coalesced.
-    Owner: the event loop (``put`` and ``get`` run there only).
-    """
-
-    def __init__(self) -> None:
-        self._items: collections.deque[Step | End] = collections.deque()
-        self._ready = asyncio.Event()
-        self.coalesced = 0  # steps replaced before they were read
-
-    def put(self, item: Step | End) -> None:
-        if isinstance(item, Step) and self._items and isinstance(self._items[-1], Step):
-            unread = self._items[-1]
-            if item.preview is None and unread.preview is not None:
-                item = dataclasses.replace(item, preview=unread.preview)
-            self._items[-1] = item
-            self.coalesced += 1
-        else:
-            self._items.append(item)
-        self._ready.set()
-
-    async def get(self) -> Step | End:
-        while not self._items:
-            self._ready.clear()
-            await self._ready.wait()
-        return self._items.popleft()
-
-
 @dataclass(eq=False)
 class Member:
     """A prepared request in line for the GPU, and then in a job."""
@@ -208,28 +164,32 @@ class Member:
     peers: int = 1  # the most requests in its step-level loop while it was there
     last_step: bool = False  # step-level: it has one step left (its place may be promised to a joiner)
     user: Hashable | None = None  # who asked (None: a user of its own); the line is fair across users
+    mixed_adapters: bool = False  # the model's loops take members with different LoRA adapters (lora_batching)
 
     def deliver(self, item: Step | End) -> None:
         """Put a step or the end on this request's stream (on the event loop's thread)."""
         self.events.put(item)
 
     @property
-    def key(self) -> tuple[int, int, int, float, bool, str]:
-        """Requests with equal keys can share a job: the same size, steps, guidance and scheduler, and a
-        negative prompt on all or none (SDXL zeroes an all-empty one; one empty among others is encoded as "")."""
+    def key(self) -> tuple[Hashable, ...]:
+        """Requests with equal keys can share a job: the same size, steps, guidance, scheduler and LoRA
+        adapter (at one scale), and a negative prompt on all or none (SDXL zeroes an all-empty one; one
+        empty among others is encoded as "")."""
         r = self.request
-        return (r.width, r.height, r.num_inference_steps, r.guidance_scale, bool(r.negative_prompt), r.scheduler)
+        return (r.width, r.height, r.num_inference_steps, r.guidance_scale, bool(r.negative_prompt), r.scheduler,
+                r.adapter)  # fmt: skip
 
     @property
     def taken(self) -> bool:
         return self.batch is not None or self.session is not None
 
     @property
-    def loop_key(self) -> tuple[int, int, str]:
+    def loop_key(self) -> tuple[Hashable, ...]:
         """Requests with equal loop keys can share a step-level loop: the same size and sampler (they
-        may differ in prompt, seed, image count, steps and guidance)."""
+        may differ in prompt, seed, image count, steps and guidance), and the same LoRA adapter and
+        scale unless the model mixes adapters per row (then ``Session.admits`` keeps one scale each)."""
         r = self.request
-        return (r.width, r.height, r.scheduler)
+        return (r.width, r.height, r.scheduler) if self.mixed_adapters else (r.width, r.height, r.scheduler, r.adapter)
 
     async def relay(self) -> AsyncGenerator[Step | End, None]:
         """This request's steps as its job runs, then its ``End``."""
@@ -283,6 +243,8 @@ class Batch:
             preview_every=max(j.preview_every for j in jobs),
             preview_images=tuple(offsets[i] for i, j in enumerate(jobs) if j.preview_every),
             scheduler=first.scheduler,
+            lora=first.lora,  # the batch key holds one adapter and scale
+            lora_scale=first.lora_scale,
         )
 
 
@@ -293,7 +255,7 @@ class Session:
     job ends; the task that holds the gate runs the session until nobody is left in it.
     """
 
-    def __init__(self, key: tuple[int, int, str], max_images: int) -> None:
+    def __init__(self, key: tuple[Hashable, ...], max_images: int) -> None:
         self.key = key
         self.max_images = max_images
         self.members: list[Member] = []
@@ -304,6 +266,11 @@ class Session:
         """Images the loop must make room for: members on their last step are leaving, so a joiner
         may be sent for their place a step early (the model side holds it until the place is free)."""
         return sum(m.request.num_images for m in self.members if not m.last_step)
+
+    def admits(self, member: Member) -> bool:
+        """Whether ``member``'s LoRA adapter can share this loop's calls: each adapter at one scale."""
+        use = member.request.adapter
+        return not use.name or all(m.request.adapter.name != use.name or m.request.adapter == use for m in self.members)
 
     def add(self, member: Member) -> None:
         member.session = self
@@ -381,6 +348,8 @@ class Line(WaitLine[Member]):
             if member.stop.is_set():
                 continue  # leaving
             if member.loop_key != session.key or not self.fits(images, member, session.max_images):
+                break
+            if not session.admits(member):
                 break
             images += member.request.num_images
             self.remove(ticket)

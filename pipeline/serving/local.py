@@ -49,7 +49,7 @@ from .events import Done, Event, Timings, Waiting
 from .jobs import AUTO_LIMIT_FLOOR_SECONDS, GpuJobs, ModelCrashed, ModelFailed, TimedOut
 from .line import REPORT_INTERVAL, Batch, End, Line, Member, Session, StopSignal
 from .metrics import Metrics
-from .postprocess import encode_pngs, info_record, scheduler_used
+from .postprocess import adapter_fields, encode_pngs, info_record, scheduler_used
 from .streamer import ModelStreamer
 
 log = logging.getLogger(__name__)
@@ -178,7 +178,8 @@ class LocalAdapter(AdapterBase):
             cap = self.max_waiting_per_user
             if user is not None and cap is not None and (n := self._line.waiting(user)) >= cap:
                 raise TooManyWaiting(n)
-            member = Member(request, stop, contextvars.copy_context(), user=user)
+            mixed = getattr(self.side.profile, "lora_batching", "") == "mixed"
+            member = Member(request, stop, contextvars.copy_context(), user=user, mixed_adapters=mixed)
             self._line.join_member(member)
             if self.step_joining:
                 self._line.notify()  # a running loop may take it at its next step
@@ -318,7 +319,7 @@ class LocalAdapter(AdapterBase):
 
     def _encode(self, request: GenerateRequest, result: InferenceResult, user: str | None) -> list[Path]:
         p = self.profile
-        params, sampler = request.parameters(), scheduler_used(request, p)
+        params, sampler = {**request.parameters(), **adapter_fields(request, p)}, scheduler_used(request, p)
         return self._encode_pngs(result.images, self.output_dir, request.request_id, params, p.name, sampler, user)
 
     def _observe(self, info: dict[str, Any], images: int) -> None:

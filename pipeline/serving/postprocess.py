@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from PIL import Image
 
 from ..errors import StorageFull
+from ..loras import NONE, prompt_tag
 from ..protocol import InferenceResult, ModelProfile
 from ..request import DEFAULT_SCHEDULER, GenerateRequest
 from .events import Timings
@@ -47,6 +48,12 @@ def sampler_name(scheduler_class: str) -> str:
     return _SCHEDULER_NAMES.get(scheduler_class, scheduler_class)
 
 
+def adapter_fields(request: GenerateRequest, p: ModelProfile) -> dict[str, Any]:
+    """The adapter's A1111 short hash, for the PNG's ``Lora hashes`` and the info record ({} for none)."""
+    info = next((i for i in p.loras if i.name == request.lora), None) if request.lora else None
+    return {"lora_hash": info.hash} if info is not None else {}
+
+
 def scheduler_used(request: GenerateRequest, p: ModelProfile) -> str:
     """The sampler a request ran with: the one it chose, or the model's own for "default"."""
     return sampler_name(p.scheduler) if request.scheduler == DEFAULT_SCHEDULER else request.scheduler
@@ -61,6 +68,9 @@ def a1111_parameters(params: dict[str, Any], seed: int, model: str, scheduler_cl
     ``generation`` chunk. Settings values are quoted the way A1111 quotes them (``quote``).
     """
     lines = [one_line(params["prompt"])]
+    lora = params.get("lora")
+    if lora and lora != NONE:  # A1111 writes the adapter into the prompt, and Civitai reads its hash
+        lines[0] += f" {prompt_tag(lora, params.get('lora_scale', 1.0))}"
     if params.get("negative_prompt"):
         lines.append(f"Negative prompt: {one_line(params['negative_prompt'])}")
     settings = {
@@ -71,6 +81,8 @@ def a1111_parameters(params: dict[str, Any], seed: int, model: str, scheduler_cl
         "Size": f"{params['width']}x{params['height']}",
         "Model": model,
     }
+    if lora and lora != NONE and params.get("lora_hash"):
+        settings["Lora hashes"] = f"{lora}: {params['lora_hash']}"
     lines.append(", ".join(f"{key}: {quote(str(value))}" for key, value in settings.items()))
     return "\n".join(lines)
 
@@ -186,6 +198,9 @@ def info_record(
         "model": p.name,
         **params,
         "scheduler": scheduler_used(request, p),
+        **adapter_fields(request, p),
+        "lora_switch_ms": round(result.lora_switch_ms, 3),
+        "model_loads": result.model_loads,
         "batch_size": end.batch_size,
         "batch_requests": end.batch_requests,
         "batching": end.batching,

@@ -25,13 +25,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from ..loras import NONE, SCALE_MAX, SCALE_MIN, strip_tags
 from ..request import MAX_SEED, Limits
 
 _KEY = re.compile(r"\w[\w \-/+.]*")  # a settings key: checked with fullmatch on a short slice (linear)
 _SIZE = re.compile(r"^\s*(\d+)\s*[x×]\s*(\d+)\s*$")
 _NEGATIVE = "Negative prompt:"
 # Keys this app reads; every other key of the settings line is listed as "not used".
-_READ = {"Steps", "Sampler", "Schedule type", "CFG scale", "Seed", "Size", "Model"}
+_READ = {"Steps", "Sampler", "Schedule type", "CFG scale", "Seed", "Size", "Model", "Lora hashes"}
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,7 @@ def fill_from(
     *,
     samplers: Sequence[str] | None = None,
     model: str | None = None,
+    lora_hashes: dict[str, str] | None = None,
 ) -> Fill:
     """The values of ``pasted`` this model can take, each checked against ``limits``; a note per other field.
 
@@ -150,7 +152,10 @@ def fill_from(
                 "“Steps: 20, Sampler: Euler, CFG scale: 7, Seed: 1, Size: 512x512”)."
             ],
         )
+    prompt, tags = strip_tags(pasted.prompt)  # A1111 writes the LoRA into the prompt: <lora:NAME:SCALE>
+    pasted = Pasted(prompt, pasted.negative_prompt, s)
     _prompt(pasted, limits, values, notes)
+    _lora(tags, s.get("Lora hashes", ""), limits, lora_hashes or {}, values, notes)
     if not s:
         notes.append(
             "No settings line (“Steps: …, Sampler: …, CFG scale: …, Seed: …, Size: …”) was found; "
@@ -187,7 +192,7 @@ def fill_from(
         _sampler(s["Sampler"], s.get("Schedule type", ""), samplers, values, notes)
     if model and s.get("Model") and s["Model"] != model:
         notes.append(f"Model: the text names {s['Model']!r}; this app runs {model!r}, so the image will differ.")
-    unused = [key for key in s if key not in _READ]
+    unused = [key for key in s if key not in _READ or (key == "Lora hashes" and not limits.loras)]
     if unused:
         notes.append("Not used by this app: " + ", ".join(unused) + ".")
     return Fill(values, notes)
@@ -201,6 +206,7 @@ _FIELD_NAMES = {
     "seed": "seed",
     "width": "size",
     "scheduler": "sampler",
+    "lora": "LoRA",
 }
 
 
@@ -236,6 +242,48 @@ def _prompt(pasted: Pasted, limits: Limits, values: dict[str, Any], notes: list[
         )
     else:
         values["negative_prompt"] = negative  # none in the text: the image was made without one
+
+
+def _hashes(text: str) -> dict[str, str]:
+    """Civitai's ``Lora hashes: "a: 0123abcd4567, b: ..."`` as {name: hash}."""
+    pairs = (part.partition(":") for part in text.split(","))
+    return {name.strip().lower(): digest.strip().lower() for name, _, digest in pairs if name.strip()}
+
+
+def _lora(
+    tags: list[tuple[str, float]],
+    hashes_text: str,
+    limits: Limits,
+    our_hashes: dict[str, str],
+    values: dict[str, Any],
+    notes: list[str],
+) -> None:
+    """The pasted ``<lora:NAME:SCALE>`` selects that adapter; none in the text selects none."""
+    if not limits.loras:
+        if tags:
+            notes.append(f"LoRA {tags[0][0]!r} not applied: this app loaded no LoRA adapters.")
+        return
+    by_lower = {name.lower(): name for name in limits.loras}
+    known = [(by_lower[n.lower()], s) for n, s in tags if n.lower() in by_lower]
+    for name, _ in tags:
+        if name.lower() not in by_lower:
+            notes.append(f"LoRA {name!r} not applied: this app has {', '.join((NONE, *limits.loras))}.")
+    if not tags:
+        values["lora"] = NONE  # the image was made without one
+        return
+    if not known:
+        return
+    name, scale = known[0]
+    if len(tags) > 1:
+        notes.append(f"Only LoRA {name!r} applied: this app runs one adapter per image.")
+    values["lora"] = name
+    if SCALE_MIN <= scale <= SCALE_MAX:
+        values["lora_scale"] = scale
+    else:
+        notes.append(f"LoRA scale {scale:g} not applied: this app takes {SCALE_MIN:g} to {SCALE_MAX:g}.")
+    theirs, ours = _hashes(hashes_text).get(name.lower()), our_hashes.get(name, "")
+    if theirs and ours and theirs != ours.lower():
+        notes.append(f"LoRA {name!r}: the text's file hash is {theirs}, this app's is {ours}; the image will differ.")
 
 
 def _size(text: str, limits: Limits, values: dict[str, Any], notes: list[str]) -> None:

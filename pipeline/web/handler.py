@@ -234,6 +234,8 @@ def make_generate(
         num_images: float,
         live_preview: bool,
         scheduler: str,
+        lora: str = "none",
+        lora_scale: float = 1.0,
         progress: gr.Progress = gr.Progress(),
         request: gr.Request | None = None,  # injected by Gradio, not an API parameter
         profile: gr.OAuthProfile | None = None,  # injected by Gradio: the logged-in HF user, if any
@@ -255,6 +257,8 @@ def make_generate(
             live_preview: Stream rough preview images while denoising.
             scheduler: The sampler: "default" (the model's own) or one of the names the model offers
                 (Euler, Euler a, DPM++ 2M Karras, DDIM, UniPC where its family supports them).
+            lora: A LoRA adapter the server loaded (--lora), by name, or "none".
+            lora_scale: How strongly the adapter applies, from -2 to 2 (1: as trained).
         """
         raw = {
             "prompt": prompt,
@@ -268,6 +272,8 @@ def make_generate(
             "num_images": num_images,
             "live_preview": live_preview,
             "scheduler": scheduler,
+            "lora": lora,
+            "lora_scale": lora_scale,
         }
         request_id = new_request_id()
         view = ProgressView(num_inference_steps, progress_interval)

@@ -9,6 +9,7 @@ import gradio as gr
 
 from ..config import Settings
 from ..default_model import EXAMPLE_PROMPTS, GENERIC_PROMPTS
+from ..loras import NONE, SCALE_MAX, SCALE_MIN
 from ..request import MAX_SEED
 from ..serving.base import Adapter
 from ..serving.postprocess import sampler_name
@@ -135,6 +136,15 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
                         elem_id="sampler",
                         visible=len(lim.schedulers) > 1,
                     )
+                    # The LoRA adapter (the API's `lora`, `lora_scale`): "none" or a name loaded with
+                    # --lora; picking one moves the scale to the one its spec suggests. Hidden without any.
+                    with gr.Row(visible=bool(p.loras)):
+                        lora = gr.Dropdown(
+                            [NONE, *(info.name for info in p.loras)], value=NONE, label="LoRA", elem_id="lora"
+                        )
+                        lora_scale = gr.Slider(
+                            SCALE_MIN, SCALE_MAX, value=1.0, step=0.05, label="LoRA scale", elem_id="lora-scale"
+                        )
                     with gr.Row():
                         num_images = gr.Slider(
                             1, lim.max_images, value=1, step=1, label="Number of images", elem_id="num-images"
@@ -188,7 +198,9 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
             guidance_scale,
             num_images,
             live_preview,
-            sampler,  # the API's last parameter, `scheduler`
+            sampler,  # the API's `scheduler`
+            lora,
+            lora_scale,  # the API's last parameter
         ]
         # Two events, one handler, one shared concurrency limit: the page's (with a progress bar
         # as a third output) and the API's `/generate` (images + info, as documented). Their
@@ -260,10 +272,14 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
             num_inference_steps,
             guidance_scale,
             sampler,
+            lora,
+            lora_scale,
         )
+        suggested = {info.name: info.scale for info in p.loras}
+        lora.input(fn=lambda name: suggested.get(name, gr.skip()), inputs=[lora], outputs=[lora_scale], **ui)
         wire_sizes(presets, size_preset, swap_button, width, height)
         wire_history(generate_event, site, summary, history_gallery, download_button, history_zip, controls)
-        wire_paste(paste_button, paste_text, paste_notes, controls, lim, p.name)
+        wire_paste(paste_button, paste_text, paste_notes, controls, lim, p.name, {i.name: i.hash for i in p.loras})
         wire_keys(demo)
         demo.load(fn=None, outputs=[live_preview], js="() => true", api_visibility="private")
     if settings.mcp:  # the `generate` MCP tool answers with image content and the info as JSON text

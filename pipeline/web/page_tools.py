@@ -54,6 +54,8 @@ class Controls:
     num_inference_steps: gr.Slider
     guidance_scale: gr.Slider
     scheduler: gr.Dropdown | None = None
+    lora: gr.Dropdown | None = None
+    lora_scale: gr.Slider | None = None
 
     def names(self) -> list[str]:
         return [f.name for f in fields(self) if getattr(self, f.name) is not None]
@@ -173,7 +175,13 @@ def reuse_seed(site: Site) -> Any:
 
 
 def wire_paste(
-    button: gr.Button, text: gr.Textbox, notes: gr.HTML, controls: Controls, limits: Limits, model: str
+    button: gr.Button,
+    text: gr.Textbox,
+    notes: gr.HTML,
+    controls: Controls,
+    limits: Limits,
+    model: str,
+    lora_hashes: dict[str, str] | None = None,
 ) -> None:
     """Apply a pasted AUTOMATIC1111 parameters text to the controls; say what was not applied, and why."""
 
@@ -184,6 +192,7 @@ def wire_paste(
             limits,
             samplers=list(choices) if choices is not None else None,
             model=model,
+            lora_hashes=lora_hashes,
         )
         values = dict(fill.values)
         if "scheduler" in values and choices is not None:

@@ -23,7 +23,10 @@ from ..serving.postprocess import output_folder, write_then_rename
 HISTORY_SIZE = 24  # images kept per tab, newest first
 MAX_SESSIONS = 10_000  # sessions whose results are kept (Gradio's own session capacity); the oldest go first
 MAX_ZIP_BYTES = 256 * 2**20  # a zip holds the newest history images up to this size
-PARAMETERS = ("prompt", "negative_prompt", "width", "height", "num_inference_steps", "guidance_scale", "scheduler")
+PARAMETERS = (
+    "prompt", "negative_prompt", "width", "height", "num_inference_steps", "guidance_scale", "scheduler", "lora",
+    "lora_scale",
+)  # fmt: skip
 
 
 def summary_markdown(info: Any) -> str:
@@ -43,6 +46,8 @@ def summary_markdown(info: Any) -> str:
     ]
     if info.get("scheduler"):
         parts.append(f"**Sampler** {html.escape(str(info['scheduler']))}")
+    if info.get("lora") not in (None, "", "none"):
+        parts.append(f"**LoRA** {html.escape(str(info['lora']))} × {info.get('lora_scale', 1):g}")
     parts.append(f"**Time** {took:.2f} s" + (f" (waited {waited:.2f} s)" if waited >= 0.01 else ""))
     return " · ".join(parts)
 
@@ -69,7 +74,7 @@ def add_results(history: Any, gallery: Any, info: Any) -> list[dict[str, Any]]:
     if any(e.get("request_id") == request_id for e in entries):
         return entries
     seeds = info.get("seeds") or []
-    params = {key: info.get(key) for key in PARAMETERS}
+    params = {key: info.get(key) for key in PARAMETERS if key in info or key not in ("lora", "lora_scale")}
     new = [
         {"path": path, "request_id": request_id, "params": {**params, "seed": seed}}
         for path, seed in zip((_path_of(item) for item in gallery), seeds)
