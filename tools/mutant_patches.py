@@ -262,6 +262,36 @@ def _full_size_previews() -> None:
     EncodedPreview.of = classmethod(of)  # type: ignore[method-assign, assignment]
 
 
+def _adapter_ignored() -> None:
+    """Every job runs without its LoRA adapter (the request's choice never reaches the weights)."""
+    from pipeline.engine import lora
+    from pipeline.loras import AdapterUse
+
+    lora.use_of = lambda job: AdapterUse()  # type: ignore[assignment]
+
+
+def _previous_adapter_leaks() -> None:
+    """A job with no adapter keeps whatever the last job set (no ``disable_lora``)."""
+    from pipeline.engine.lora import Adapters
+
+    original = Adapters.use
+    Adapters.use = lambda self, use: 0.0 if not use.name else original(self, use)  # type: ignore[method-assign]
+
+
+def _mixed_batch_one_adapter() -> None:
+    """A loop with members on different adapters runs every row through the first member's adapter."""
+    import contextlib
+
+    from pipeline.engine.lora import Adapters
+
+    @contextlib.contextmanager
+    def rows(self: Any, per_row: Any) -> Any:
+        self.use(next((u for u in per_row if u.name), per_row[0]))
+        yield
+
+    Adapters.rows = rows  # type: ignore[method-assign, assignment]
+
+
 def _on(module: str, fn: Callable[[], None]) -> list[Patch]:
     return [(module, fn)]
 
@@ -355,6 +385,9 @@ MUTANTS: dict[str, list[Patch]] = {
     "z-image-loop-without-guidance": _attr(
         "pipeline.engine.loop_flow_2026", "ZImageLoop._guided",
         staticmethod(lambda pos, neg, scale, normalization: pos)),
+    "lora-adapter-ignored": _on("pipeline.engine.lora", _adapter_ignored),
+    "lora-previous-adapter-leaks": _on("pipeline.engine.lora", _previous_adapter_leaks),
+    "lora-mixed-batch-one-adapter": _on("pipeline.engine.lora", _mixed_batch_one_adapter),
 }
 
 

@@ -116,6 +116,11 @@ TESTS: dict[str, str] = {
     "z-image-loop-without-guidance": (
         "tests/test_joining_families.py::test_the_same_images_alone_and_after_joining_mid_run[z-image-default]"
     ),
+    "lora-adapter-ignored": "tests/test_lora.py::test_an_adapter_changes_the_picture_and_equals_plain_diffusers",
+    "lora-previous-adapter-leaks": "tests/test_lora.py::test_none_equals_no_adapters_and_the_last_adapter_never_leaks",
+    "lora-mixed-batch-one-adapter": (
+        "tests/test_lora.py::test_members_with_different_adapters_share_each_denoiser_call_with_their_own_pixels"
+    ),
 }
 
 
