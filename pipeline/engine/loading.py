@@ -108,6 +108,8 @@ def build_profile(
 def load_model(settings: Settings, *, warmup: bool = True) -> DiffusersModel | SimulatedModel:
     """Load ``settings.model`` (or the embedded default) through ``from_pretrained``. Runs on the model thread."""
     if settings.model and settings.model.startswith(SIM_PREFIX):  # a benchmark's simulated device
+        if settings.loras:
+            raise ModelRefused(f"--lora needs a diffusers pipeline; {settings.model} has no layers to adapt")
         return SimulatedModel(SimSpec.parse(settings.model), settings.model)
     source = settings.model or str(ensure_default_model())
     name = settings.model or DEFAULT_MODEL_NAME
