@@ -17,6 +17,8 @@
 #            and bench-gpu.md), if at least 150 s of the budget are left
 #   page     python -m bench.page on the SD 1.5 build at 512 and 1024 px: page users (live previews,
 #            each fetched) against API users, server-process CPU per job and per step; page.json
+#   lora     python -m bench.lora --quick on the SD 1.5 build at 512 px: mixed-adapter traffic (four tiny
+#            LoRAs, eight callers) against single-adapter, mixed batches against separate loops; lora.json
 #   fast     the fast-device profiles of bench.fast --quick (a simulated device: the serving layer on
 #            this machine's CPUs), 8 and 32 callers; the model side in a process and in a thread for
 #            the SD-Turbo-like and launch-bound profiles; fast-<profile>.json. They need no GPU, so
@@ -29,7 +31,7 @@ out="${1:-${OUT:-out}}"
 mkdir -p "$out"
 budget="${GPU_SH_BUDGET_S:-570}"  # every step ends by then: 10 minutes less a margin for the summary
 end=$((SECONDS + budget))
-steps="${STEPS:-cuda build compile bench page fast}"
+steps="${STEPS:-cuda build compile bench page lora fast}"
 model="${TMPDIR:-/tmp}/sd15-random"
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 summary=()
@@ -164,6 +166,12 @@ if wanted page; then
   # fetched as a browser does, against previews off; server-process CPU per job and per step.
   gpu_step page 110 60 python -m bench.page --model "$model" --sections model-512,model-1024 --rounds 2 \
     --json "$out/page.json"
+fi
+
+if wanted lora; then
+  # Per-request LoRA adapters (issue 29): four tiny random LoRAs on the SD 1.5 build, mixed-adapter
+  # traffic against single-adapter traffic, mixed batches against a loop per adapter, the switch's cost.
+  gpu_step lora 120 60 python -m bench.lora --quick --model "$model" --size 512 --steps 20 --json "$out/lora.json"
 fi
 
 if wanted fast; then

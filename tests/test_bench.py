@@ -41,7 +41,7 @@ def check(results: dict) -> None:
 
 PUBLISHED = sorted(p for p in (ROOT / "docs").glob("bench-*.json")
                    if not p.name.startswith(("bench-ray-", "bench-fast-", "bench-loadgen-", "bench-openloop-",
-                                             "bench-fairness-", "bench-cpu-", "bench-page-")))
+                                             "bench-fairness-", "bench-cpu-", "bench-page-", "bench-lora-")))
 PUBLISHED_CPU = sorted((ROOT / "docs").glob("bench-cpu-*.json"))
 PUBLISHED_OPENLOOP = sorted((ROOT / "docs").glob("bench-openloop-*.json"))
 PUBLISHED_LOADGEN = sorted((ROOT / "docs").glob("bench-loadgen-*.json"))
@@ -64,6 +64,21 @@ def check_ray(results: dict) -> None:
 @pytest.mark.parametrize("path", PUBLISHED, ids=[p.name for p in PUBLISHED])
 def test_the_published_runs_are_complete(path: Path) -> None:
     check(json.loads(path.read_text()))
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "docs").glob("bench-lora-*.json")), ids=lambda p: p.name)
+def test_the_published_lora_runs_are_complete(path: Path) -> None:
+    from bench import lora
+
+    result = json.loads(path.read_text())
+    assert finite_figures(result)
+    for traffic in lora.TRAFFICS:
+        k = result[traffic]
+        assert k["errors"] == 0 and k["requests"] >= 16 and k["model_loads"] == [1], (traffic, k)
+        assert 0 < k["p50_ms"] <= k["p99_ms"]
+    assert result["mixed"]["mean_batch_requests"] > 1.5 > result["mixed-separate"]["mean_batch_requests"]
+    assert 0 < result["switch"]["other_adapter_ms"] < 1000 * result["switch"]["model_load_s"]
+    assert "| mixed-separate |" in lora.render(result) and "nan" not in lora.render(result).lower()
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "docs").glob("bench-page-*.json")), ids=lambda p: p.name)

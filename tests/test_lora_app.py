@@ -37,7 +37,8 @@ def job_of(lora: str = "", scale: float = 1.0) -> InferenceJob:
 def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any, Any]]:
     tmp = tmp_path_factory.mktemp("lora-app")
     loras = loras_of("default")
-    args = ("--lora", f"ink={loras['a']}", "--lora", f"glow={loras['b']}:0.6", "--max-batch-size", "4", "--max-pixel-steps", str(10**9))
+    args = ("--lora", f"ink={loras['a']}", "--lora", f"glow={loras['b']}:0.6", "--max-batch-size", "4", "--max-pixel-steps", str(10**9),
+            "--lora-batching", "mixed")  # auto keeps a loop per adapter on the CPU: this checks the mixed path
     with running_app(tmp, *args) as (url, _demo, adapter):
         from gradio_client import Client
 

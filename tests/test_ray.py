@@ -32,8 +32,11 @@ pytestmark = pytest.mark.timeout(300)
 @pytest.fixture(scope="module")
 def side(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayAdapter]:
     tmp = tmp_path_factory.mktemp("ray")
+    from tests.test_lora import loras_of
+
     settings = Settings(backend="ray", replicas=2, torch_threads=1, replica_cpus=1, max_batch_size=2,
-                        queue_size=QUEUE, output_dir=tmp / "out", sweep_interval=3600, max_pixel_steps=128 * 128 * 100)
+                        queue_size=QUEUE, output_dir=tmp / "out", sweep_interval=3600, max_pixel_steps=128 * 128 * 100,
+                        loras=(f"ink={loras_of('default')['a']}",))
     cluster = ray_cluster.start(settings)
     adapter = RayAdapter(cluster, settings)
     try:
@@ -86,6 +89,24 @@ async def test_requests_spread_over_both_replicas_one_inference_each_at_a_time(s
         for (s1, e1), (s2, e2) in zip(ordered, ordered[1:]):
             assert s2 >= e1, f"replica {replica} ran two inferences at once: {(s1, e1)} and {(s2, e2)}"
     assert sum(len(v) for v in by_replica.values()) <= len(infos)
+
+
+@pytest.mark.anyio
+@pytest.mark.server
+async def test_every_replica_loads_the_same_adapters_and_honours_the_jobs_choice(side: RayAdapter) -> None:
+    import numpy as np
+    from PIL import Image
+
+    assert [i.name for i in side.profile.loras] == ["ink"]
+    results = await asyncio.gather(*(collect(side, req(5, steps=4, lora="ink", lora_scale=1.0)) for _ in range(QUEUE)))
+    _, plain = await collect(side, req(5, steps=4))
+    by_replica = {done.info["replica"]: np.asarray(Image.open(done.paths[0]), np.float32) for _, done in results}
+    assert len(by_replica) == 2, f"all requests ran on {list(by_replica)}"
+    first, second = by_replica.values()
+    none = np.asarray(Image.open(plain.paths[0]), np.float32)
+    assert np.abs(first - second).mean() <= 0.05  # the same adapter on both replicas
+    assert np.abs(first - none).mean() > 0.25  # and it applied
+    assert {done.info["lora"] for _, done in results} == {"ink"} and plain.info["lora"] == "none"
 
 
 @pytest.mark.anyio

@@ -52,11 +52,18 @@ def pick_dtype(requested: str, device: str, pipeline_class: str) -> torch.dtype:
 _LOADS = 0  # models this process has loaded (a LoRA switch never adds one)
 
 
-def lora_batching(pipe: Any, adapters: Adapters | None, setting: str) -> str:
-    """ "mixed" where adapters may share a loop's denoiser calls (a LoRA per row), else "separate"."""
+def lora_batching(pipe: Any, adapters: Adapters | None, setting: str, device: str = "cpu") -> str:
+    """How requests with different adapters batch: "mixed" (a loop's denoiser call with a LoRA per
+    row) or "separate" (a loop per adapter and scale).
+
+    ``auto``: mixed on a GPU, where a batch's rows cost far less than calls of their own; separate
+    on the CPU, where a batch costs its rows and the mixed forward's sub-batches add to it
+    (``bench.lora`` on 2 cores: mixed / separate 0.98 in images/s, p99 the same)."""
     if adapters is None or adapters.hotswap or loop_kind(pipe) not in MIXED_ADAPTER_LOOPS:
         return "separate"
-    return "separate" if setting == "separate" else "mixed"
+    if setting == "auto":
+        return "separate" if device == "cpu" else "mixed"
+    return setting
 
 
 def build_profile(
@@ -141,7 +148,7 @@ def load_model(settings: Settings, *, warmup: bool = True) -> DiffusersModel | S
     # LoRA adapters, once, before any compile (hotswap under --compile, so a switch never recompiles).
     hotswap = settings.compile and not zero_gpu_active()
     adapters = load_adapters(pipe, settings.lora_specs(), hotswap=hotswap)
-    batching = lora_batching(pipe, adapters, settings.lora_batching)
+    batching = lora_batching(pipe, adapters, settings.lora_batching, device)
     profile = build_profile(pipe, name, device, dtype, saved, adapters, batching)
     model = DiffusersModel(pipe, profile, preview_map, adapters)
     global _LOADS
