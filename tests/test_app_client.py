@@ -95,8 +95,11 @@ def test_only_generate_is_in_the_api_and_the_rest_shortcut_is_closed(client: Any
     assert set(api["named_endpoints"]) == {"/generate"}
     names = [p["parameter_name"] for p in api["named_endpoints"]["/generate"]["parameters"]]
     assert names == ["prompt", "negative_prompt", "seed", "randomize_seed", "width", "height",
-                     "num_inference_steps", "guidance_scale", "num_images", "live_preview", "scheduler"]
-    live, scheduler = api["named_endpoints"]["/generate"]["parameters"][-2:]
+                     "num_inference_steps", "guidance_scale", "num_images", "live_preview", "scheduler", "lora",
+                     "lora_scale"]
+    live, scheduler, lora, lora_scale = api["named_endpoints"]["/generate"]["parameters"][-4:]
+    assert lora["parameter_has_default"] and lora["parameter_default"] == "none"
+    assert lora_scale["parameter_has_default"] and lora_scale["parameter_default"] == 1.0
     assert live["parameter_has_default"] and live["parameter_default"] is False  # off for API callers
     assert scheduler["parameter_has_default"] and scheduler["parameter_default"] == "default"  # the model's own
     body = {"data": ["x", "", 1, False, 64, 64, 2, 7.5, 1, False, "default", "none", 1.0]}

@@ -190,3 +190,29 @@ def test_a_compile_that_fails_at_the_warm_up_falls_back_to_eager(monkeypatch: py
     loading._warm_up(model, compiled=True)
     assert not is_compiled(model.pipe.unet), "a model whose compile failed must still serve"
     assert len(draw(model)) == 1
+
+
+@pytest.mark.slow  # a cold compile of the UNet with LoRA layers: 1-2 minutes on 2 cores
+def test_lora_switches_under_compile_hotswap_and_never_recompile() -> None:
+    """``--compile --lora``: the adapters hotswap into one slot (issue 29), so switching the adapter,
+    its scale or to none leaves the compiled graphs as they are, with each adapter's own pixels."""
+    from dataclasses import replace
+
+    from torch._dynamo.utils import counters
+
+    from pipeline.engine.loading import load_model
+    from tests.test_lora import loras_of
+
+    if cpu_compiler() is None:
+        pytest.skip("no C++ compiler: inductor cannot build CPU kernels here (--compile stays eager)")
+    loras = loras_of("default")
+    specs = (f"a={loras['a']}", f"c={loras['c']}")  # b adapts the text encoder: refused under --compile
+    model = load_model(Settings(compile=True, loras=specs))
+    eager = load_model(Settings(loras=specs), warmup=False)
+    assert model.adapters is not None and model.adapters.hotswap and model.profile.lora_batching == "separate"
+    draw(model, replace(JOB, lora="a", lora_scale=1.0))  # the first job with weights in the slot
+    graphs = counters["stats"]["unique_graphs"]
+    for lora, scale in (("c", 1.0), ("", 0.0), ("a", 0.5), ("c", 1.5), ("a", 1.0)):
+        job = replace(JOB, lora=lora, lora_scale=scale)
+        assert_close(draw(model, job), draw(eager, job))
+    assert counters["stats"]["unique_graphs"] == graphs, "a switch recompiled the denoiser"

@@ -23,7 +23,7 @@ from tests.fakes import FakeModel
 pytestmark = pytest.mark.server
 
 FIELDS = ["prompt", "negative_prompt", "seed", "randomize_seed", "width", "height", "num_inference_steps",
-          "guidance_scale", "num_images", "live_preview", "scheduler"]
+          "guidance_scale", "num_images", "live_preview", "scheduler", "lora", "lora_scale"]
 # gradio_client's ValidationError: one refused parameter, and our message, which starts with its name.
 REFUSED = re.compile(r"1 parameter\(s\) failed validation:\n- (\w+): (.*)", re.S)
 

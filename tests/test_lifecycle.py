@@ -16,7 +16,7 @@ from tests.helpers import raw_request, running_app, wait_for
 from tests.fakes import WAIT, FakeModel
 
 PARAMS = ["prompt", "negative_prompt", "seed", "randomize_seed", "width", "height", "num_inference_steps",
-          "guidance_scale", "num_images", "live_preview", "scheduler"]
+          "guidance_scale", "num_images", "live_preview", "scheduler", "lora", "lora_scale"]
 
 
 @pytest.fixture(scope="module")
