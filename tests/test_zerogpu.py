@@ -120,7 +120,10 @@ def test_the_app_on_zerogpu_serves_each_user_in_their_own_context(tmp_path: Path
     log = tmp_path / "spaces.jsonl"
     env = {"PYTHONPATH": os.pathsep.join([str(STUBS), os.environ.get("PYTHONPATH", "")]),
            "SPACES_ZERO_GPU": "true", "SPACES_STUB_LOG": str(log)}
-    with app_process(tmp_path, "--max-batch-size", "1", env=env) as (url, proc, server_log):
+    from tests.test_lora import loras_of
+
+    ink = loras_of("default")["a"]  # and a LoRA: the job's choice crosses into the GPU process
+    with app_process(tmp_path, "--max-batch-size", "1", "--lora", f"ink={ink}", env=env) as (url, proc, server_log):
         assert calls(log) == [], "a GPU call outside any request (the warm-up)"
         client = Client(url, verbose=False, download_files=str(tmp_path / "dl"))
         submitted = client.submit(**raw_request(width=64, height=96, num_inference_steps=6, seed=3),
@@ -140,7 +143,14 @@ def test_the_app_on_zerogpu_serves_each_user_in_their_own_context(tmp_path: Path
         wait_for(lambda: len(calls(log)) == 2, "the GPU call returned after the cancel", 60)
         stopped = calls(log)[-1]
         assert stopped["stopped"] and stopped["yields"] < 100, stopped
-        _, after = client.predict(**raw_request(num_inference_steps=2, seed=5), api_name="/generate")
+        plain, after = client.predict(**raw_request(num_inference_steps=2, seed=5), api_name="/generate")
         assert after["status"] == "done"
+        styled, styled_info = client.predict(**raw_request(num_inference_steps=2, seed=5, lora="ink"),
+                                             api_name="/generate")
+        assert styled_info["lora"] == "ink" and after["lora"] == "none"
+        import numpy as np
+
+        with Image.open(plain[0]["image"]) as a, Image.open(styled[0]["image"]) as b:
+            assert np.abs(np.asarray(a, np.float32) - np.asarray(b, np.float32)).mean() > 0.25  # it applied
     output = server_log.read_text()
     assert "cannot pickle" not in output and "Traceback" not in output, output[-3000:]
