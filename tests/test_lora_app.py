@@ -81,7 +81,7 @@ def test_two_users_with_different_adapters_share_a_loop_each_with_their_own_pixe
             assert mad((picture.convert("RGB"),), (alone[name],)) <= BOUND, name
         assert info["model_loads"] == 1
     health = adapter.health()
-    assert health["model_restarts"] == 0
+    assert health["model_restarts"] == 0 and health["loras"] == ["ink", "glow"]
 
 
 def test_cancel_progress_and_previews_with_an_adapter(app: Any) -> None:

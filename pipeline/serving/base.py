@@ -218,6 +218,7 @@ class AdapterBase:
         return {
             "status": status,
             "model": None if dead else self.profile.name,
+            "loras": [] if dead else [i.name for i in getattr(self.profile, "loras", ())],  # the --lora names
             **own,
             "gpu_queue_depth": self.gpu_queue_depth,
             "inference_in_progress": self.inference_in_progress,
