@@ -39,14 +39,14 @@ def check(results: dict) -> None:
     assert "app / raw throughput" in table and "nan" not in table.lower()
 
 
-PUBLISHED = sorted(p for p in (ROOT / "docs").glob("bench-*.json")
+PUBLISHED = sorted(p for p in (ROOT / "bench" / "results").glob("bench-*.json")
                    if not p.name.startswith(("bench-ray-", "bench-fast-", "bench-loadgen-", "bench-openloop-",
                                              "bench-fairness-", "bench-cpu-", "bench-page-", "bench-lora-")))
-PUBLISHED_CPU = sorted((ROOT / "docs").glob("bench-cpu-*.json"))
-PUBLISHED_OPENLOOP = sorted((ROOT / "docs").glob("bench-openloop-*.json"))
-PUBLISHED_LOADGEN = sorted((ROOT / "docs").glob("bench-loadgen-*.json"))
-PUBLISHED_FAST = sorted((ROOT / "docs").glob("bench-fast-*.json"))
-PUBLISHED_RAY = sorted((ROOT / "docs").glob("bench-ray-*.json"))
+PUBLISHED_CPU = sorted((ROOT / "bench" / "results").glob("bench-cpu-*.json"))
+PUBLISHED_OPENLOOP = sorted((ROOT / "bench" / "results").glob("bench-openloop-*.json"))
+PUBLISHED_LOADGEN = sorted((ROOT / "bench" / "results").glob("bench-loadgen-*.json"))
+PUBLISHED_FAST = sorted((ROOT / "bench" / "results").glob("bench-fast-*.json"))
+PUBLISHED_RAY = sorted((ROOT / "bench" / "results").glob("bench-ray-*.json"))
 RAY_FIGURES = {"ray2_over_ray1", "ray1_over_local", "ray_added_ms_per_request", "deploy_seconds", "seconds"}
 
 
@@ -66,7 +66,7 @@ def test_the_published_runs_are_complete(path: Path) -> None:
     check(json.loads(path.read_text()))
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "docs").glob("bench-lora-*.json")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((ROOT / "bench" / "results").glob("bench-lora-*.json")), ids=lambda p: p.name)
 def test_the_published_lora_runs_are_complete(path: Path) -> None:
     from bench import lora
 
@@ -81,7 +81,7 @@ def test_the_published_lora_runs_are_complete(path: Path) -> None:
     assert "| mixed-separate |" in lora.render(result) and "nan" not in lora.render(result).lower()
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "docs").glob("bench-page-*.json")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((ROOT / "bench" / "results").glob("bench-page-*.json")), ids=lambda p: p.name)
 def test_the_published_page_runs_are_complete(path: Path) -> None:
     from bench import page
 
@@ -104,7 +104,7 @@ def test_the_published_open_loop_runs_are_complete(path: Path) -> None:
     assert "| step |" in openloop.render(result)
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "docs").glob("bench-fairness-*.json")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((ROOT / "bench" / "results").glob("bench-fairness-*.json")), ids=lambda p: p.name)
 def test_the_published_fair_share_runs_are_complete(path: Path) -> None:
     from bench import fairness
 
