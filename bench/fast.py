@@ -54,7 +54,7 @@ ROUND_SECONDS = 8.0  # the least a measured round lasts (full run)
 QUICK_ROUND_SECONDS = 3.0
 # gradio_client threads are not what limits these runs: 5-13 ms of caller CPU per request against the
 # server's 43-64 ms, and the asyncio client (20-52 % less) moves the app's rate only within the noise
-# (docs/benchmarks.md, "Load generator: gradio_client threads or one asyncio client"); so the default
+# (docs/performance-history.md, "Load generator: gradio_client threads or one asyncio client"); so the default
 # stays the client a user would use, and the published baseline stays comparable.
 DEFAULT_CLIENT = "gradio"
 SIDES = ("process", "thread")
