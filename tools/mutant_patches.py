@@ -292,6 +292,22 @@ def _mixed_batch_one_adapter() -> None:
     Adapters.rows = rows  # type: ignore[method-assign, assignment]
 
 
+def _thread_off_the_map() -> None:
+    """The serving side starts a thread the concurrency map (docs/architecture.md) does not name."""
+    import threading
+    import time
+
+    from pipeline.serving.streamer import ModelStreamer
+
+    original = ModelStreamer.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        threading.Thread(target=time.sleep, args=(60,), name="stream-helper", daemon=True).start()
+
+    ModelStreamer.__init__ = init  # type: ignore[method-assign]
+
+
 def _on(module: str, fn: Callable[[], None]) -> list[Patch]:
     return [(module, fn)]
 
@@ -388,6 +404,7 @@ MUTANTS: dict[str, list[Patch]] = {
     "lora-adapter-ignored": _on("pipeline.engine.lora", _adapter_ignored),
     "lora-previous-adapter-leaks": _on("pipeline.engine.lora", _previous_adapter_leaks),
     "lora-mixed-batch-one-adapter": _on("pipeline.engine.lora", _mixed_batch_one_adapter),
+    "thread-off-the-map": _on("pipeline.serving.streamer", _thread_off_the_map),
 }
 
 

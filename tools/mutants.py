@@ -121,6 +121,7 @@ TESTS: dict[str, str] = {
     "lora-mixed-batch-one-adapter": (
         "tests/test_lora.py::test_members_with_different_adapters_share_each_denoiser_call_with_their_own_pixels"
     ),
+    "thread-off-the-map": "tests/test_concurrency_map.py::test_every_thread_of_a_running_app_is_on_the_map",
 }
 
 
