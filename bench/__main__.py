@@ -52,7 +52,12 @@ class Server:
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "bench.servers", "--design", design, "--port", str(self.port), *extra],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
         self.ps = psutil.Process(self.proc.pid)
         self.ready_after = 0.0
         if start:
@@ -122,8 +127,13 @@ class Raw:
     def __init__(self, threads: int, device: str, model: str) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "bench.raw", "--threads", str(threads), "--device", device, "--model", model],
-            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        )
 
     def _read(self) -> dict[str, Any]:
         assert self.proc.stdout is not None
@@ -138,8 +148,9 @@ class Raw:
     def run(self, size: int, steps: int, n: int, first: int = 0, warm: bool = False, batch: int = 1) -> float:
         """Seconds for ``n`` serial calls of ``batch`` images."""
         assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps({"size": size, "steps": steps, "n": n, "first": first, "warm": warm,
-                                          "batch": batch}) + "\n")
+        self.proc.stdin.write(
+            json.dumps({"size": size, "steps": steps, "n": n, "first": first, "warm": warm, "batch": batch}) + "\n"
+        )
         self.proc.stdin.flush()
         return float(self._read()["seconds"])
 
@@ -171,7 +182,7 @@ def mean_inference(infos: list[dict[str, Any]]) -> float:
     return statistics.mean(i["timings"]["infer_end"] - i["timings"]["infer_start"] for i in infos)
 
 
-def overhead(server: Server, raw: Raw, plan: dict[int, tuple[int, int]], steps: int, clients: int) -> dict[str, Any]:
+def overhead(server: Server, raw: Raw, plan: dict[int, tuple[int, int]], steps: int, clients: int) -> dict[int, Any]:
     """App throughput (K clients) over the raw pipeline's, in alternating rounds of ``per_round`` images.
 
     ``plan`` maps each size to (rounds, per_round): fewer images where one costs more.
@@ -204,8 +215,10 @@ def overhead(server: Server, raw: Raw, plan: dict[int, tuple[int, int]], steps: 
         raw_ips = rounds * per_round / raw_s
         app_ips = len(loaded) / app_s
         rows[size] = {
-            "raw_images_per_second": raw_ips, "app_images_per_second": app_ips,
-            "throughput_ratio": app_ips / raw_ips, "gpu_busy_fraction": busy_fraction(loaded),
+            "raw_images_per_second": raw_ips,
+            "app_images_per_second": app_ips,
+            "throughput_ratio": app_ips / raw_ips,
+            "gpu_busy_fraction": busy_fraction(loaded),
             "inference_load_over_idle": mean_inference(loaded) / mean_inference(idle),
             "inference_app_over_raw": mean_inference(loaded) / (raw_s / (rounds * per_round)),
             "errors": len(errors),
@@ -213,7 +226,9 @@ def overhead(server: Server, raw: Raw, plan: dict[int, tuple[int, int]], steps: 
     return rows
 
 
-def responsiveness(server: Server, size: int, steps: int, clients: int, seconds: float, fn_index: int) -> dict[str, Any]:
+def responsiveness(
+    server: Server, size: int, steps: int, clients: int, seconds: float, fn_index: int
+) -> dict[str, Any]:
     idle_health = sample_health(server.url, seconds / 2)
     http = httpx.Client(timeout=60)
     light_request(server.url, fn_index, http)  # open the connection
@@ -228,8 +243,10 @@ def responsiveness(server: Server, size: int, steps: int, clients: int, seconds:
     load.join()
     http.close()
     return {
-        "health_idle_ms": pct(idle_health), "health_load_ms": pct(busy_health),
-        "light_idle_ms": pct(idle_light), "light_load_ms": pct(busy_light),
+        "health_idle_ms": pct(idle_health),
+        "health_load_ms": pct(busy_health),
+        "light_idle_ms": pct(idle_light),
+        "light_load_ms": pct(busy_light),
     }
 
 
@@ -240,8 +257,11 @@ def memory(server: Server, size: int, steps: int) -> dict[str, Any]:
     row = {"rss_1_mb": one / 2**20, "rss_16_mb": sixteen / 2**20, "rss_16_over_1": sixteen / one}
     device = [max((i.get("peak_memory_bytes") or 0) for i in infos) for infos in (infos_1, infos_16)]
     if device[0]:
-        row.update(device_peak_1_mb=device[0] / 2**20, device_peak_16_mb=device[1] / 2**20,
-                   device_peak_16_over_1=device[1] / device[0])
+        row.update(
+            device_peak_1_mb=device[0] / 2**20,
+            device_peak_16_mb=device[1] / 2**20,
+            device_peak_16_over_1=device[1] / device[0],
+        )
     return row
 
 
@@ -273,8 +293,9 @@ def design_chunk(server: Server, size: int, steps: int, n: int, row: dict[str, A
     row["peak_rss_mb"] = max(row.get("peak_rss_mb", 0.0), peak / 2**20)
 
 
-def naive_designs(servers: dict[str, Server], size: int, steps: int, rounds: int, per_round: int,
-                  clients: int = 16) -> dict[str, Any]:
+def naive_designs(
+    servers: dict[str, Server], size: int, steps: int, rounds: int, per_round: int, clients: int = 16
+) -> dict[str, Any]:
     """This design and the ones DESIGN.md warns against, on the same load, in alternating rounds."""
     rows: dict[str, dict[str, Any]] = {d: {} for d in servers}
     for server in servers.values():
@@ -294,8 +315,9 @@ def naive_designs(servers: dict[str, Server], size: int, steps: int, rounds: int
     return rows
 
 
-def batching(b1: Server, b4: Server, raw: Raw, plan: dict[int, tuple[int, ...]], steps: int,
-             clients: int, batch: int) -> dict[str, Any]:
+def batching(
+    b1: Server, b4: Server, raw: Raw, plan: dict[int, tuple[int, ...]], steps: int, clients: int, batch: int
+) -> dict[str, Any]:
     """Dynamic batching: the app with ``--max-batch-size batch`` against 1, and the raw pipeline's own gain.
 
     ``plan`` maps each size to (rounds, n) or (rounds, n, n1). Per size and round: the raw pipeline
@@ -341,13 +363,20 @@ def batching(b1: Server, b4: Server, raw: Raw, plan: dict[int, tuple[int, ...]],
         rates = steady[b4] + steady[b1]
         steady_gain = None if None in rates else sum(steady[b4]) / sum(steady[b1])  # type: ignore[arg-type]
         app_gain = steady_gain if steady_gain is not None else whole_gain
-        rows[size] = {"raw_gain": raw_gain, "app_gain": app_gain, "app_gain_over_raw_gain": app_gain / raw_gain,
-                      "app_gain_measured": "steady state" if steady_gain is not None else "whole run",
-                      "app_gain_whole_run": whole_gain,
-                      "mean_batch_size": statistics.mean(sizes_seen), "errors": errors,
-                      "app_batched_images_per_second": size_rounds / app_b,
-                      "app_unbatched_images_per_second": size_rounds / app1, "rounds": size_rounds, "requests": n,
-                      "requests_unbatched": n1}
+        rows[size] = {
+            "raw_gain": raw_gain,
+            "app_gain": app_gain,
+            "app_gain_over_raw_gain": app_gain / raw_gain,
+            "app_gain_measured": "steady state" if steady_gain is not None else "whole run",
+            "app_gain_whole_run": whole_gain,
+            "mean_batch_size": statistics.mean(sizes_seen),
+            "errors": errors,
+            "app_batched_images_per_second": size_rounds / app_b,
+            "app_unbatched_images_per_second": size_rounds / app1,
+            "rounds": size_rounds,
+            "requests": n,
+            "requests_unbatched": n1,
+        }
     # Low load: one client, one request at a time; batching must cost nothing there.
     lat: dict[str, list[float]] = {"b1": [], "b4": []}
     for _ in range(2):
@@ -379,13 +408,31 @@ def cancel_cost(server: Server, size: int) -> dict[str, Any]:
     stops = []
     starts = []
     for k in range(3):
-        start, count0, sum0 = metric("denoise_steps_total"), metric("steps_after_stop_count"), metric("steps_after_stop_sum")
-        job_a = a.submit(prompt="long", randomize_seed=False, seed=k, width=size, height=size, num_inference_steps=100,
-                         api_name="/generate")
+        start, count0, sum0 = (
+            metric("denoise_steps_total"),
+            metric("steps_after_stop_count"),
+            metric("steps_after_stop_sum"),
+        )
+        job_a = a.submit(
+            prompt="long",
+            randomize_seed=False,
+            seed=k,
+            width=size,
+            height=size,
+            num_inference_steps=100,
+            api_name="/generate",
+        )
         while metric("denoise_steps_total") - start < 5:
             time.sleep(0.005)
-        job_b = b.submit(prompt="next", randomize_seed=False, seed=k, width=size, height=size, num_inference_steps=5,
-                         api_name="/generate")
+        job_b = b.submit(
+            prompt="next",
+            randomize_seed=False,
+            seed=k,
+            width=size,
+            height=size,
+            num_inference_steps=5,
+            api_name="/generate",
+        )
         while httpx.get(server.url + "health").json()["gpu_queue_depth"] < 1:
             time.sleep(0.005)
         cancelled_at = time.time()
@@ -396,15 +443,20 @@ def cancel_cost(server: Server, size: int) -> dict[str, Any]:
             time.sleep(0.01)
         stops.append((metric("steps_after_stop_sum") - sum0) / max(1.0, metric("steps_after_stop_count") - count0))
         starts.append((info_b["timings"]["infer_start"] - cancelled_at) * 1000)
-    return {"steps_after_cancel": max(stops), "steps_after_cancel_mean": statistics.mean(stops),
-            "next_job_start_ms": statistics.median(starts)}
+    return {
+        "steps_after_cancel": max(stops),
+        "steps_after_cancel_mean": statistics.mean(stops),
+        "next_job_start_ms": statistics.median(starts),
+    }
 
 
 def cold_start(server: Server, size: int, steps: int) -> dict[str, Any]:
     """Process start to first image, on the freshly started main server."""
     predict_many(server.url, 1, 1, size=size, steps=steps)
-    return {"process_start_to_ready_s": server.ready_after,
-            "process_start_to_first_image_s": time.monotonic() - server.started}
+    return {
+        "process_start_to_ready_s": server.ready_after,
+        "process_start_to_first_image_s": time.monotonic() - server.started,
+    }
 
 
 def fn_index_of(url: str) -> int:
@@ -415,8 +467,11 @@ def fn_index_of(url: str) -> int:
 def versions() -> dict[str, str]:
     """From the installed packages' metadata: importing them here would cost the load generator
     ~15 s of CPU (torch, diffusers, gradio, ray) for four strings."""
-    found = {"python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
-             "cores": str(os.cpu_count())}
+    found = {
+        "python": platform.python_version(),
+        "cpu": platform.processor() or platform.machine(),
+        "cores": str(os.cpu_count()),
+    }
     for name in ("torch", "diffusers", "gradio", "ray"):
         try:
             found[name] = importlib.metadata.version(name)
@@ -431,12 +486,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer rounds and sizes (under 2 minutes)")
     parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "latest.json")
     parser.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) - 1), help="torch threads")
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
-                        help="cuda: a full-size SD 1.5 architecture with random weights (bench.sd15)")
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        choices=["cpu", "cuda"],
+        help="cuda: a full-size SD 1.5 architecture with random weights (bench.sd15)",
+    )
     parser.add_argument("--max-batch-size", type=int, default=4, help="the batching section's batch size")
     parser.add_argument("--model", default="", help="model path (default: the embedded model; SD 1.5 on cuda)")
-    parser.add_argument("--backend", default="local", choices=["local", "ray"],
-                        help="ray: the Ray Serve backend's scaling benchmark (bench.scale) instead")
+    parser.add_argument(
+        "--backend",
+        default="local",
+        choices=["local", "ray"],
+        help="ray: the Ray Serve backend's scaling benchmark (bench.scale) instead",
+    )
     args = parser.parse_args(argv)
     if args.backend == "ray":
         return scale_main(args)
@@ -458,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
     # full run under 10 minutes; their ratios are noisier for it.
     if quick:
         overhead_plan = {size: (rounds, 3) for size in sizes}
-        batching_plan = {small: (1, 8)}
+        batching_plan: dict[int, tuple[int, ...]] = {small: (1, 8)}
     elif gpu:
         overhead_plan = {size: (rounds, 5) for size in sizes}
         batching_plan = {size: (2, max(8, 24 * 64 // size)) for size in sizes}
@@ -468,16 +531,19 @@ def main(argv: list[str] | None = None) -> int:
         # to measure (see batching); it costs what two rounds of 12 did.
         # 256 px: 2 images on the unbatched side (about 9 s each here), 4 (one batch) on the other.
         batching_plan = {64: (1, 24), 128: (1, 4), 256: (1, 4, 2)}
-    results_plan = {"overhead": overhead_plan, "batching": batching_plan}
+    results_plan: dict[str, Any] = {"overhead": overhead_plan, "batching": batching_plan}
     flags = ["--torch-threads", str(args.threads), "--concurrency", "16", "--device", args.device]
     # The overhead and design sections compare like with like: one request per inference, as the
     # raw pipeline and the naive designs run. Batching has its own section, on its own server.
     unbatched = [*flags, "--max-batch-size", "1"]
     if model:
         flags += ["--model", model]
-    results: dict[str, Any] = {"mode": ("quick" if quick else "full") + (" gpu" if gpu else ""),
-                               "versions": versions(), "steps": steps,
-                               "plan": {k: {str(s): list(v) for s, v in p.items()} for k, p in results_plan.items()}}
+    results: dict[str, Any] = {
+        "mode": ("quick" if quick else "full") + (" gpu" if gpu else ""),
+        "versions": versions(),
+        "steps": steps,
+        "plan": {k: {str(s): list(v) for s, v in p.items()} for k, p in results_plan.items()},
+    }
     started = time.monotonic()
     stages: dict[str, float] = {}
 
@@ -503,8 +569,10 @@ def main(argv: list[str] | None = None) -> int:
             raw = Raw(args.threads, args.device, model)
             for design in ("whole_lock", "no_gate", "on_loop"):
                 servers[design] = Server(design, tmp, *unbatched, start=False)
-            extra = [*[servers[d] for d in ("whole_lock", "no_gate", "on_loop")],
-                     Server("gated", tmp, *flags, "--max-batch-size", str(args.max_batch_size), start=False)]
+            extra = [
+                *[servers[d] for d in ("whole_lock", "no_gate", "on_loop")],
+                Server("gated", tmp, *flags, "--max-batch-size", str(args.max_batch_size), start=False),
+            ]
 
         try:
             if quick:
@@ -521,16 +589,20 @@ def main(argv: list[str] | None = None) -> int:
                 s.wait_ready()
             fn_index = fn_index_of(server.url)
             results["overhead"] = timed("overhead", overhead, server, raw, overhead_plan, steps, clients=4)
-            results["responsiveness"] = timed("responsiveness", responsiveness, server, small, steps, 4, 1.0 if quick else 5.0, fn_index)
+            results["responsiveness"] = timed(
+                "responsiveness", responsiveness, server, small, steps, 4, 1.0 if quick else 5.0, fn_index
+            )
             results["memory"] = timed("memory", memory, server, small, steps)
             results["cancel"] = timed("cancel", cancel_cost, server, small)
             # Quick: 4 requests from 4 clients per design (creating a gradio_client Client costs the
             # machine ~0.3 s of CPU; 16 of them for 4 requests was most of the section).
-            results["designs"] = timed("designs", naive_designs, servers, small, steps, 1,
-                                       4 if quick else 16, 4 if quick else 16)
+            results["designs"] = timed(
+                "designs", naive_designs, servers, small, steps, 1, 4 if quick else 16, 4 if quick else 16
+            )
             results["designs_clients"] = 4 if quick else 16
-            results["batching"] = timed("batching", batching, server, batched, raw, batching_plan, steps,
-                                        8, args.max_batch_size)
+            results["batching"] = timed(
+                "batching", batching, server, batched, raw, batching_plan, steps, 8, args.max_batch_size
+            )
         finally:
             if raw is not None:
                 raw.close()
@@ -551,7 +623,11 @@ def scale_main(args: argparse.Namespace) -> int:
     results = scale.run(args.quick, args.device, args.model)
     results["mode"] = "quick" if args.quick else "full"
     results["versions"] = versions()
-    path = args.json if args.json != ROOT / "bench" / "results" / "latest.json" else ROOT / "bench" / "results" / "ray.json"
+    path = (
+        args.json
+        if args.json != ROOT / "bench" / "results" / "latest.json"
+        else ROOT / "bench" / "results" / "ray.json"
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=1))
     print(scale.render(results, results["versions"]))
@@ -560,50 +636,74 @@ def scale_main(args: argparse.Namespace) -> int:
 
 def render(r: dict[str, Any]) -> str:
     v = r["versions"]
-    lines = [f"Benchmark ({r['mode']}, {r['seconds']:.0f} s): {v['cores']} cores {v['cpu']}, torch {v['torch']}, "
-             f"diffusers {v['diffusers']}, gradio {v['gradio']}, {r['steps']} steps", "",
-             "| size | app / raw throughput | GPU section busy | inference under load / idle | "
-             "app inference / raw | raw img/s | app img/s |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Benchmark ({r['mode']}, {r['seconds']:.0f} s): {v['cores']} cores {v['cpu']}, torch {v['torch']}, "
+        f"diffusers {v['diffusers']}, gradio {v['gradio']}, {r['steps']} steps",
+        "",
+        "| size | app / raw throughput | GPU section busy | inference under load / idle | "
+        "app inference / raw | raw img/s | app img/s |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for size, row in r["overhead"].items():
         vs_raw = f"{row['inference_app_over_raw']:.3f}" if "inference_app_over_raw" in row else "-"
-        lines.append(f"| {size} px | {row['throughput_ratio']:.3f} | {row['gpu_busy_fraction']:.3f} | "
-                     f"{row['inference_load_over_idle']:.3f} | {vs_raw} | {row['raw_images_per_second']:.2f} | "
-                     f"{row['app_images_per_second']:.2f} |")
+        lines.append(
+            f"| {size} px | {row['throughput_ratio']:.3f} | {row['gpu_busy_fraction']:.3f} | "
+            f"{row['inference_load_over_idle']:.3f} | {vs_raw} | {row['raw_images_per_second']:.2f} | "
+            f"{row['app_images_per_second']:.2f} |"
+        )
     resp = r["responsiveness"]
     lines += ["", "| latency (ms) | idle p50 / p95 / p99 | under load p50 / p95 / p99 |", "|---|---|---|"]
     for name, key in (("/health", "health"), ("light queued event (rejected by validation)", "light")):
         idle, load = resp[f"{key}_idle_ms"], resp[f"{key}_load_ms"]
-        lines.append(f"| {name} | {idle['p50']:.1f} / {idle['p95']:.1f} / {idle['p99']:.1f} | "
-                     f"{load['p50']:.1f} / {load['p95']:.1f} / {load['p99']:.1f} |")
+        lines.append(
+            f"| {name} | {idle['p50']:.1f} / {idle['p95']:.1f} / {idle['p99']:.1f} | "
+            f"{load['p50']:.1f} / {load['p95']:.1f} / {load['p99']:.1f} |"
+        )
     m, c, cs = r["memory"], r["cancel"], r["cold_start"]
     if "device_peak_16_over_1" in m:
-        lines += ["", f"Peak GPU memory: 1 request {m['device_peak_1_mb']:.0f} MiB, 16 concurrent "
-                  f"{m['device_peak_16_mb']:.0f} MiB, ratio **{m['device_peak_16_over_1']:.3f}**."]
-    lines += ["", f"Peak RSS: 1 request {m['rss_1_mb']:.0f} MiB, 16 concurrent {m['rss_16_mb']:.0f} MiB, "
-              f"ratio **{m['rss_16_over_1']:.3f}**. Cancel: at most **{c['steps_after_cancel']:.0f}** step after the cancel reached the server "
-              f"(mean {c['steps_after_cancel_mean']:.2f}), next job started {c['next_job_start_ms']:.0f} ms after the client's cancel. Cold start: ready in "
-              f"{cs['process_start_to_ready_s']:.1f} s, first image at {cs['process_start_to_first_image_s']:.1f} s"
-              f"{' (quick: loaded alongside the other servers)' if cs.get('contended') else ''}.",
-              "", f"| design ({r.get('designs_clients', 16)} concurrent, {r['designs_size']} px) | throughput vs gated | /health p99 ms | light p99 ms | peak RSS vs gated | errors |",
-              "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"Peak GPU memory: 1 request {m['device_peak_1_mb']:.0f} MiB, 16 concurrent "
+            f"{m['device_peak_16_mb']:.0f} MiB, ratio **{m['device_peak_16_over_1']:.3f}**.",
+        ]
+    lines += [
+        "",
+        f"Peak RSS: 1 request {m['rss_1_mb']:.0f} MiB, 16 concurrent {m['rss_16_mb']:.0f} MiB, "
+        f"ratio **{m['rss_16_over_1']:.3f}**. Cancel: at most **{c['steps_after_cancel']:.0f}** step after the cancel reached the server "
+        f"(mean {c['steps_after_cancel_mean']:.2f}), next job started {c['next_job_start_ms']:.0f} ms after the client's cancel. Cold start: ready in "
+        f"{cs['process_start_to_ready_s']:.1f} s, first image at {cs['process_start_to_first_image_s']:.1f} s"
+        f"{' (quick: loaded alongside the other servers)' if cs.get('contended') else ''}.",
+        "",
+        f"| design ({r.get('designs_clients', 16)} concurrent, {r['designs_size']} px) | throughput vs gated | /health p99 ms | light p99 ms | peak RSS vs gated | errors |",
+        "|---|---|---|---|---|---|",
+    ]
     for design, row in r["designs"].items():
-        lines.append(f"| {design} | {row['throughput_vs_gated']:.3f} | {row['health_p99_ms']:.1f} | "
-                     f"{row['light_p99_ms']:.1f} | {row['rss_vs_gated']:.3f} | {row['errors']} |")
+        lines.append(
+            f"| {design} | {row['throughput_vs_gated']:.3f} | {row['health_p99_ms']:.1f} | "
+            f"{row['light_p99_ms']:.1f} | {row['rss_vs_gated']:.3f} | {row['errors']} |"
+        )
     b = r["batching"]
-    lines += ["", f"| dynamic batching ({b['clients']} clients, max batch {b['max_batch_size']}) | app gain "
-              "(batched / unbatched) | raw pipeline gain (batch / 1) | app gain / raw gain | mean batch | errors |",
-              "|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        f"| dynamic batching ({b['clients']} clients, max batch {b['max_batch_size']}) | app gain "
+        "(batched / unbatched) | raw pipeline gain (batch / 1) | app gain / raw gain | mean batch | errors |",
+        "|---|---|---|---|---|---|",
+    ]
     for size, row in b.items():
         if isinstance(row, dict):
             gain = f"{row['app_gain']:.2f}"
             if row.get("app_gain_measured") == "steady state":
                 gain += f" (steady state; whole run {row['app_gain_whole_run']:.2f})"
-            lines.append(f"| {size} px | {gain} | {row['raw_gain']:.2f} | "
-                         f"{row['app_gain_over_raw_gain']:.2f} | {row['mean_batch_size']:.2f} | {row['errors']} |")
-    lines += ["", f"Batching at low load (one client): latency batched / unbatched "
-              f"**{b['low_load_latency_batched_over_unbatched']:.3f}**; peak RSS with 16 concurrent / 1 on the "
-              f"batched server **{b['rss_16_over_1_batched']:.3f}**."]
+            lines.append(
+                f"| {size} px | {gain} | {row['raw_gain']:.2f} | "
+                f"{row['app_gain_over_raw_gain']:.2f} | {row['mean_batch_size']:.2f} | {row['errors']} |"
+            )
+    lines += [
+        "",
+        f"Batching at low load (one client): latency batched / unbatched "
+        f"**{b['low_load_latency_batched_over_unbatched']:.3f}**; peak RSS with 16 concurrent / 1 on the "
+        f"batched server **{b['rss_16_over_1_batched']:.3f}**.",
+    ]
     return "\n".join(lines)
 
 

@@ -32,8 +32,18 @@ from bench.__main__ import Server
 
 
 def _request(prompt: str, seed: int, steps: int) -> dict[str, Any]:
-    return dict(prompt=prompt, negative_prompt="", seed=seed, randomize_seed=False, width=64, height=64,
-                num_inference_steps=steps, guidance_scale=7.5, num_images=1, api_name="/generate")
+    return dict(
+        prompt=prompt,
+        negative_prompt="",
+        seed=seed,
+        randomize_seed=False,
+        width=64,
+        height=64,
+        num_inference_steps=steps,
+        guidance_scale=7.5,
+        num_images=1,
+        api_name="/generate",
+    )
 
 
 def jobs_before(light: dict[str, Any], others: list[dict[str, Any]]) -> int:
@@ -83,33 +93,49 @@ def run(heavy: int, light: int, steps: int) -> dict[str, Any]:
     rows = []
     for info in sorted(light_infos, key=lambda i: i["timings"]["gpu_wait_start"]):
         others = [i for i in everyone if i is not info]
-        rows.append({
-            "request_id": info["request_id"],
-            "jobs_before": jobs_before(info, others),
-            "heavy_waiting_at_arrival": waiting_at(info["timings"]["gpu_wait_start"], heavy_infos),
-            "other_active_users": 1 + waiting_at(info["timings"]["gpu_wait_start"], [i for i in light_infos
-                                                                                     if i is not info]),
-            "gpu_wait_ms": round(info["durations_ms"]["gpu_wait"], 1),
-            "total_ms": round(info["durations_ms"]["total"], 1),
-            "batching": info.get("batching"),
-        })
+        rows.append(
+            {
+                "request_id": info["request_id"],
+                "jobs_before": jobs_before(info, others),
+                "heavy_waiting_at_arrival": waiting_at(info["timings"]["gpu_wait_start"], heavy_infos),
+                "other_active_users": 1
+                + waiting_at(info["timings"]["gpu_wait_start"], [i for i in light_infos if i is not info]),
+                "gpu_wait_ms": round(info["durations_ms"]["gpu_wait"], 1),
+                "total_ms": round(info["durations_ms"]["total"], 1),
+                "batching": info.get("batching"),
+            }
+        )
     heavy_total = [i["durations_ms"]["total"] for i in heavy_infos]
-    return {"heavy": heavy, "light": light, "steps": steps, "step_ms_median": round(step_ms, 1),
-            "light_requests": rows, "heavy_total_ms_p50": round(statistics.median(heavy_total), 1),
-            "heavy_total_ms_max": round(max(heavy_total), 1)}
+    return {
+        "heavy": heavy,
+        "light": light,
+        "steps": steps,
+        "step_ms_median": round(step_ms, 1),
+        "light_requests": rows,
+        "heavy_total_ms_p50": round(statistics.median(heavy_total), 1),
+        "heavy_total_ms_max": round(max(heavy_total), 1),
+    }
 
 
 def render(result: dict[str, Any]) -> str:
-    lines = [f"Fair share: {result['heavy']} heavy requests from one user queued at once, then {result['light']} "
-             f"light users, one request each, a second apart (64 px, {result['steps']} steps; one step "
-             f"{result['step_ms_median']} ms).", "",
-             "| light request | jobs that entered the GPU before it | other active users | heavy requests waiting "
-             "when it arrived (FIFO would run these first) | GPU wait ms | total ms |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"Fair share: {result['heavy']} heavy requests from one user queued at once, then {result['light']} "
+        f"light users, one request each, a second apart (64 px, {result['steps']} steps; one step "
+        f"{result['step_ms_median']} ms).",
+        "",
+        "| light request | jobs that entered the GPU before it | other active users | heavy requests waiting "
+        "when it arrived (FIFO would run these first) | GPU wait ms | total ms |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in result["light_requests"]:
-        lines.append(f"| {r['request_id'][:8]} | {r['jobs_before']} | {r['other_active_users']} | "
-                     f"{r['heavy_waiting_at_arrival']} | {r['gpu_wait_ms']:.0f} | {r['total_ms']:.0f} |")
-    lines += ["", f"Heavy requests: total p50 {result['heavy_total_ms_p50']:.0f} ms, "
-              f"max {result['heavy_total_ms_max']:.0f} ms."]
+        lines.append(
+            f"| {r['request_id'][:8]} | {r['jobs_before']} | {r['other_active_users']} | "
+            f"{r['heavy_waiting_at_arrival']} | {r['gpu_wait_ms']:.0f} | {r['total_ms']:.0f} |"
+        )
+    lines += [
+        "",
+        f"Heavy requests: total p50 {result['heavy_total_ms_p50']:.0f} ms, max {result['heavy_total_ms_max']:.0f} ms.",
+    ]
     return "\n".join(lines)
 
 

@@ -314,7 +314,7 @@ def run(
                             }
                         )
                 entry: dict[str, Any] = {"profile": name, "model_side": side}
-                if name == REJECT_PROFILE or quick and name == names[-1]:
+                if name == REJECT_PROFILE or (quick and name == names[-1]):
                     entry["rejected"] = rejection_latency(server, sim, 20 if quick else 60)
                 servers.append(entry)
             finally:

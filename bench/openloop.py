@@ -41,273 +41,75 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import math
-import random
 import statistics
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import httpx
 import psutil
 
 from bench import loadgen
-from bench.__main__ import Raw, Server, finite_figures
+from bench.__main__ import Server, finite_figures
+from bench.openloop_parts import (  # re-exported: the plan, the models, the async client, the raw burst
+    BATCH,
+    COMMON,
+    DEFAULT_SIZE,
+    DESIGNS,
+    FULL,
+    LOADS,
+    QUICK,
+    SIM_SPEC,
+    TIMEOUT,
+    Model,
+    Plan,
+    RawBurst,
+    fire,
+    late_arrival,
+    memory,
+    models_for,
+    warm,
+)
+from bench.openloop_report import errors_of, render
 from bench.probe import steady_rate
+from bench.stats import (  # re-exported: the open-loop figures' own helpers
+    Shot,
+    late_figures,
+    latency_summary,
+    open_loop_summary,
+    orders,
+    percentile,
+    poisson_schedule,
+    schedule_rate,
+)
 
-BATCH = 4
-DESIGNS: dict[str, tuple[str, ...]] = {
-    "none": ("--max-batch-size", "1", "--step-joining", "off"),
-    "job": ("--max-batch-size", str(BATCH), "--step-joining", "off"),
-    "step": ("--max-batch-size", str(BATCH), "--step-joining", "on"),
-}
-# The same serving limits for every design: room for the 16-request memory check and for the
-# open loop's backlog at 95 % load, so that no design refuses or queues in Gradio's line instead of
-# its own. Every request has its own session, so the per-user cap (half of --concurrency) is moot.
-COMMON = ("--concurrency", "32", "--queue-size", "256")
-SIM_SPEC = "sim:cpu_ms=5,dev_ms=15,decode_ms=8,size=512,steps=4"
-DEFAULT_SIZE = 64
-LOADS = (0.5, 0.8, 0.95)
-TIMEOUT = 300.0
-
-
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """How much of each measurement a run makes."""
-
-    capacity_clients: int = 8
-    capacity_requests: int = 32  # per design per round
-    capacity_rounds: int = 2  # A B C, then C B A
-    loads: tuple[float, ...] = LOADS
-    open_requests: int = 120  # per design per load
-    burst: int = 8
-    burst_rounds: int = 3
-    late_steps: int = 20  # the long job's steps (and the late request's)
-    late_after: int = 3  # steps into the long job at which the late request is sent
-    late_rounds: int = 5
-    rss_full: int = 16
-    seed: int = 19
-    exact_rate: bool = True  # each schedule scaled to its nominal mean rate (see poisson_schedule)
-
-
-# Full: ~11 minutes on 2 cores (the default model's 20-step 64 px images at ~4-5/s, the simulated device's
-# at ~10/s; the open loop is most of it: 120 requests at 50, 80 and 95 % take 4.3 x 120 / capacity
-# seconds per design). Quick: ~2.5 minutes, every figure once, p99 of 24 requests is their largest.
-FULL = Plan()
-QUICK = Plan(capacity_requests=24, capacity_rounds=1, open_requests=24, burst_rounds=1, late_rounds=1)
-
-
-@dataclasses.dataclass(frozen=True)
-class Model:
-    """One section's model: ``spec`` None is the embedded default model (no ``--model`` flag)."""
-
-    name: str
-    spec: str | None
-    size: int
-    steps: int
-
-    def flags(self) -> tuple[str, ...]:
-        return () if self.spec is None else ("--model", self.spec)
-
-    def data(self, k: int, steps: int | None = None) -> list[Any]:
-        return loadgen.generate_data(k, self.size, steps or self.steps)
-
-    def numbered(self, first: int, steps: int | None = None) -> Callable[[int], list[Any]]:
-        """The inputs of requests ``first``, ``first + 1``, ... (prompts and seeds distinct per phase)."""
-        return lambda k: self.data(first + k, steps)
-
-
-def models_for(model: str | None, quick: bool) -> list[Model]:
-    """The sections: both by default, or the one ``--model`` names."""
-    from pipeline.engine.simulated import SimSpec
-
-    default = Model("default", None, DEFAULT_SIZE, 8 if quick else 20)
-
-    def sim(spec: str) -> Model:
-        parsed = SimSpec.parse(spec)
-        return Model("sim", spec, parsed.size, parsed.steps)
-
-    if model is None:
-        return [default, sim(SIM_SPEC)]
-    if model == "default":
-        return [default]
-    if not model.startswith("sim:"):  # a model folder (a tiny family build): 64 px, as the default
-        return [Model(Path(model).name, model, DEFAULT_SIZE, default.steps)]
-    return [sim(model)]
-
-
-# --- pure helpers (tested in tests/test_openloop.py) ------------------------------------------------
-
-
-def poisson_schedule(rate: float, n: int, seed: int, exact: bool = False) -> list[float]:
-    """``n`` send times (seconds from the start) of a Poisson process of ``rate`` per second: the first
-    at 0, then seeded exponential gaps of mean ``1 / rate``. The same seed gives the same schedule.
-
-    ``exact``: the gaps scaled so that the schedule's own mean rate, ``(n - 1) / last``, is ``rate``
-    exactly: the process conditioned on its last arrival at ``(n - 1) / rate`` (its arrivals are then
-    sorted uniform times, still Poisson in shape). A short run of 24 draws otherwise offers anywhere
-    from about 0.7 to 1.5 times the nominal rate, and the loads would compare draws, not loads.
-    """
-    if rate <= 0 or n < 1:
-        raise ValueError("rate must be > 0 and n >= 1")
-    rng = random.Random(seed)
-    times, t = [0.0], 0.0
-    for _ in range(n - 1):
-        t += rng.expovariate(rate)
-        times.append(t)
-    if exact and n > 1:
-        scale = (n - 1) / rate / times[-1]
-        times = [x * scale for x in times]
-    return times
-
-
-def schedule_rate(schedule: Sequence[float]) -> float | None:
-    """A schedule's own mean rate: its gaps over its length (None for fewer than two sends)."""
-    return (len(schedule) - 1) / schedule[-1] if len(schedule) > 1 and schedule[-1] > 0 else None
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q``-th percentile (0-100), linear between the closest ranks (numpy's default)."""
-    if not values:
-        raise ValueError("no values")
-    s = sorted(values)
-    pos = (len(s) - 1) * q / 100
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
-
-def latency_summary(values_ms: Sequence[float]) -> dict[str, float]:
-    """p50 / p95 / p99 / mean / max / n of latencies in ms (an empty dict for none)."""
-    if not values_ms:
-        return {}
-    return {"p50": percentile(values_ms, 50), "p95": percentile(values_ms, 95), "p99": percentile(values_ms, 99),
-            "mean": statistics.fmean(values_ms), "max": max(values_ms), "n": float(len(values_ms))}
-
-
-def orders(names: Sequence[str], rounds: int) -> list[list[str]]:
-    """The designs' order in each round: forwards, then backwards, ... (a steady drift favours none)."""
-    return [list(names) if r % 2 == 0 else list(reversed(names)) for r in range(rounds)]
-
-
-@dataclasses.dataclass
-class Shot:
-    """One request of an open-loop run: when it was due, sent and answered (``time.monotonic()``)."""
-
-    scheduled: float
-    sent: float
-    finished: float
-    ok: bool
-    images: int
-    info: dict[str, Any] | None
-    error: str | None = None
-
-
-def open_loop_summary(shots: Sequence[Shot], offered: float | None = None) -> dict[str, Any]:
-    """Latency from each request's scheduled submit to its answer (a late send counts against the
-    server's side, as in any open-loop measure), the achieved rate (images over the first scheduled
-    submit to the last answer), the client's worst send lag, the batches seen, and errors."""
-    good = [s for s in shots if s.ok]
-    span = max(s.finished for s in shots) - min(s.scheduled for s in shots) if shots else 0.0
-    images = sum(s.images for s in good)
-    sizes = [int(s.info["batch_size"]) for s in good if s.info and s.info.get("batch_size") is not None]
-    return {
-        "requests": len(shots),
-        "errors": len(shots) - len(good),
-        "error_messages": [str(s.error) for s in shots if not s.ok][:3],
-        "offered_images_per_second": offered,
-        "achieved_images_per_second": images / span if span > 0 else 0.0,
-        "latency_ms": latency_summary([(s.finished - s.scheduled) * 1000 for s in good]),
-        "send_lag_ms_max": max(((s.sent - s.scheduled) * 1000 for s in shots), default=0.0),
-        "mean_batch_size": statistics.fmean(sizes) if sizes else None,
-        # from the records' "batching" / "joined_at_step" where the server writes them: requests served
-        # by a step-level loop, and those that entered one already running (joined after step 0)
-        "in_step_loop": sum(1 for s in good if s.info and s.info.get("batching") == "step"),
-        "joined_running_loop": sum(1 for s in good if s.info and (s.info.get("joined_at_step") or 0) > 0),
-    }
-
-
-def late_figures(long_info: dict[str, Any], late_info: dict[str, Any], long_steps: int) -> dict[str, Any]:
-    """The late request's wait before its first step against one step of the running job."""
-    step_ms = long_info["durations_ms"]["inference"] / long_steps
-    wait_ms = late_info["durations_ms"]["gpu_wait"]
-    arrived = (late_info["timings"]["gpu_wait_start"] - long_info["timings"]["infer_start"]) * 1000
-    return {
-        "step_ms": step_ms,
-        "wait_ms": wait_ms,
-        "wait_over_step": wait_ms / step_ms if step_ms > 0 else None,
-        "arrived_at_step": arrived / step_ms if step_ms > 0 else None,
-        "late_batch_size": late_info.get("batch_size"),
-        "batching": late_info.get("batching"),
-        "joined_at_step": late_info.get("joined_at_step"),
-    }
-
-
-# --- the async client --------------------------------------------------------------------------------
-
-
-def _client(n: int) -> httpx.AsyncClient:
-    # two connections per request in flight (its join and its event stream), never a wait for one
-    return httpx.AsyncClient(timeout=TIMEOUT, limits=httpx.Limits(max_connections=None,
-                                                                 max_keepalive_connections=2 * n + 4))
-
-
-async def fire(url: str, schedule: Sequence[float], data: Callable[[int], list[Any]], first: int = 0) -> list[Shot]:
-    """Send request ``k`` at ``schedule[k]`` seconds from now, each on its own session, whether or not
-    the earlier ones are answered; wait for every answer."""
-    async with _client(len(schedule)) as http:
-        fn_index, trigger_id = await loadgen._endpoint(http, url, "generate")
-        start = time.monotonic() + 0.02
-
-        async def one(k: int, at: float) -> Shot:
-            due = start + at
-            if (delay := due - time.monotonic()) > 0:
-                await asyncio.sleep(delay)
-            sent = time.monotonic()
-            out = await loadgen.async_request(http, url, fn_index, trigger_id, uuid.uuid4().hex[:11],
-                                              data(first + k))
-            return Shot(due, sent, out.finished, out.ok, len(out.image_urls), out.info, out.error)
-
-        return list(await asyncio.gather(*(one(k, at) for k, at in enumerate(schedule))))
-
-
-async def _denoise_steps(http: httpx.AsyncClient, url: str) -> float | None:
-    """The server's ``denoise_steps_total`` counter, or None where it has none."""
-    text = (await http.get(url + "metrics")).text
-    for line in text.splitlines():
-        if line.startswith("denoise_steps_total "):
-            return float(line.split()[1])
-    return None
-
-
-async def late_arrival(url: str, model: Model, plan: Plan, fallback_s: float, k: int) -> dict[str, Any]:
-    """A long job, then a compatible request once the server has counted ``late_after`` of its steps
-    (or after ``fallback_s`` where it counts none)."""
-    async with _client(2) as http:
-        fn_index, trigger_id = await loadgen._endpoint(http, url, "generate")
-        base = await _denoise_steps(http, url)
-
-        def request(j: int) -> Any:
-            return loadgen.async_request(http, url, fn_index, trigger_id, uuid.uuid4().hex[:11],
-                                         model.data(j, plan.late_steps))
-
-        long_task = asyncio.create_task(request(k))
-        deadline = time.monotonic() + fallback_s
-        while not long_task.done() and time.monotonic() < deadline:
-            count = None if base is None else await _denoise_steps(http, url)
-            if count is not None and base is not None and count - base >= plan.late_after:
-                break
-            await asyncio.sleep(0.005 if count is not None else fallback_s / 20)
-        sent_while_running = not long_task.done()
-        late = await request(k + 1)
-        long = await long_task
-    if not (long.ok and late.ok and long.info and late.info):
-        return {"errors": int(not long.ok) + int(not late.ok), "error_messages": [long.error, late.error]}
-    return {**late_figures(long.info, late.info, plan.late_steps), "sent_while_running": sent_while_running,
-            "late_latency_ms": late.latency_ms, "errors": 0}
-
+__all__ = [
+    "BATCH",
+    "COMMON",
+    "DEFAULT_SIZE",
+    "DESIGNS",
+    "FULL",
+    "LOADS",
+    "QUICK",
+    "SIM_SPEC",
+    "TIMEOUT",
+    "Model",
+    "Plan",
+    "RawBurst",
+    "Shot",
+    "errors_of",
+    "fire",
+    "late_arrival",
+    "late_figures",
+    "latency_summary",
+    "models_for",
+    "open_loop_summary",
+    "orders",
+    "percentile",
+    "poisson_schedule",
+    "render",
+    "schedule_rate",
+]  # fmt: skip
 
 # --- the measurements ---------------------------------------------------------------------------------
 
@@ -321,17 +123,30 @@ def capacity(servers: dict[str, Server], model: Model, plan: Plan) -> dict[str, 
     for r, order in enumerate(orders(list(servers), plan.capacity_rounds)):
         first = 1000 + r * plan.capacity_requests
         for design in order:
-            result = asyncio.run(loadgen.run_async(
-                servers[design].url, plan.capacity_clients, n=plan.capacity_requests, timeout=TIMEOUT,
-                data=model.numbered(first)))
+            result = asyncio.run(
+                loadgen.run_async(
+                    servers[design].url,
+                    plan.capacity_clients,
+                    n=plan.capacity_requests,
+                    timeout=TIMEOUT,
+                    data=model.numbered(first),
+                )
+            )
             steady = steady_rate(result.finished, plan.capacity_clients)
             rates[design].append(steady if steady is not None else result.images_per_second)
             whole[design].append(result.images_per_second)
             sizes[design] += [int(i.get("batch_size") or 1) for i in result.infos]
             errors[design] += result.errors
-    return {d: {"images_per_second": statistics.fmean(rates[d]), "whole_run_images_per_second":
-                statistics.fmean(whole[d]), "mean_batch_size": statistics.fmean(sizes[d]) if sizes[d] else None,
-                "rounds": len(rates[d]), "errors": errors[d]} for d in servers}
+    return {
+        d: {
+            "images_per_second": statistics.fmean(rates[d]),
+            "whole_run_images_per_second": statistics.fmean(whole[d]),
+            "mean_batch_size": statistics.fmean(sizes[d]) if sizes[d] else None,
+            "rounds": len(rates[d]),
+            "errors": errors[d],
+        }
+        for d in servers
+    }
 
 
 def open_loop(servers: dict[str, Server], model: Model, plan: Plan, rate_100: float) -> dict[str, Any]:
@@ -342,62 +157,20 @@ def open_loop(servers: dict[str, Server], model: Model, plan: Plan, rate_100: fl
         rate = load * rate_100
         seed = plan.seed * 1000 + round(load * 100)
         schedule = poisson_schedule(rate, plan.open_requests, seed, exact=plan.exact_rate)
-        point: dict[str, Any] = {"load": load, "rate_per_second": rate, "seed": seed, "requests": plan.open_requests,
-                                 "exact_rate": plan.exact_rate, "schedule_rate_per_second": schedule_rate(schedule),
-                                 "schedule_seconds": schedule[-1]}
-        for design in (names if i % 2 == 0 else names[::-1]):
+        point: dict[str, Any] = {
+            "load": load,
+            "rate_per_second": rate,
+            "seed": seed,
+            "requests": plan.open_requests,
+            "exact_rate": plan.exact_rate,
+            "schedule_rate_per_second": schedule_rate(schedule),
+            "schedule_seconds": schedule[-1],
+        }
+        for design in names if i % 2 == 0 else names[::-1]:
             shots = asyncio.run(fire(servers[design].url, schedule, model.data, first=10_000 * (i + 1)))
             point[design] = open_loop_summary(shots, offered=rate)
         out[f"{round(load * 100)}%"] = point
     return out
-
-
-class RawBurst:
-    """The burst's physical reference: the raw pipeline (``bench.raw``, the app's one torch thread) or
-    the simulated device in this process, running the burst's requests one by one and in batches of
-    ``BATCH``, as a job-level server at saturation would. Its one-by-one / batched is the most any
-    batching design can gain on this machine at ``--max-batch-size BATCH``."""
-
-    def __init__(self, model: Model, n: int) -> None:
-        self.model, self.n = model, n
-        self.raw: Raw | None = None
-        if model.spec is None or not model.spec.startswith("sim:"):
-            self.raw = Raw(1, "cpu", model.spec or "")
-            self.raw.wait_ready()
-            self.raw.run(model.size, model.steps, 1, warm=True, batch=BATCH)
-            self.raw.run(model.size, model.steps, 1, warm=True)
-
-    def measure(self) -> tuple[float, float]:
-        """Seconds for the burst one by one, then in batches of BATCH (the last one smaller)."""
-        sizes = [min(BATCH, self.n - i) for i in range(0, self.n, BATCH)]
-        if self.raw is not None:
-            size, steps = self.model.size, self.model.steps
-            one = self.raw.run(size, steps, self.n, first=20_000)
-            batched = sum(self.raw.run(size, steps, 1, first=20_000 + i * BATCH, batch=b) for i, b in enumerate(sizes))
-            return one, batched
-        import threading
-
-        from pipeline.engine.simulated import SimSpec, SimulatedModel
-        from pipeline.protocol import InferenceJob
-
-        sim = SimulatedModel(SimSpec.parse(str(self.model.spec)), "raw")
-
-        def job(images: int) -> InferenceJob:
-            return InferenceJob("raw", ("p",) * images, ("",) * images, tuple(range(images)), self.model.size,
-                                self.model.size, self.model.steps, 0.0)
-
-        def seconds(batches: list[int]) -> float:
-            t0 = time.perf_counter()
-            for b in batches:
-                sim.generate(job(b), threading.Event(), lambda *_: None)
-            return time.perf_counter() - t0
-
-        seconds(sizes)  # its pictures made once, as in the app
-        return seconds([1] * self.n), seconds(sizes)
-
-    def close(self) -> None:
-        if self.raw is not None:
-            self.raw.close()
 
 
 def burst(servers: dict[str, Server], model: Model, plan: Plan) -> dict[str, Any]:
@@ -416,8 +189,9 @@ def burst(servers: dict[str, Server], model: Model, plan: Plan) -> dict[str, Any
 
     def one_by_one() -> None:
         nonlocal seq_errors
-        result = asyncio.run(loadgen.run_async(servers["none"].url, 1, n=plan.burst, timeout=TIMEOUT,
-                                               data=model.numbered(20_000)))
+        result = asyncio.run(
+            loadgen.run_async(servers["none"].url, 1, n=plan.burst, timeout=TIMEOUT, data=model.numbered(20_000))
+        )
         sequential.append(result.seconds)
         seq_errors += result.errors
 
@@ -437,14 +211,27 @@ def burst(servers: dict[str, Server], model: Model, plan: Plan) -> dict[str, Any
         raw.close()
     seq = statistics.fmean(sequential)
     raw_gain = statistics.fmean(raw_one) / statistics.fmean(raw_batched)
-    rows: dict[str, Any] = {"requests": plan.burst, "sequential_on_none_s": seq, "sequential_errors": seq_errors,
-                            "raw": {"one_by_one_s": statistics.fmean(raw_one),
-                                    "batched_s": statistics.fmean(raw_batched), "batch": BATCH, "gain": raw_gain}}
+    rows: dict[str, Any] = {
+        "requests": plan.burst,
+        "sequential_on_none_s": seq,
+        "sequential_errors": seq_errors,
+        "raw": {
+            "one_by_one_s": statistics.fmean(raw_one),
+            "batched_s": statistics.fmean(raw_batched),
+            "batch": BATCH,
+            "gain": raw_gain,
+        },
+    }
     for d in servers:
         span = statistics.fmean(makespans[d])
-        rows[d] = {"makespan_s": span, "over_sequential": span / seq, "errors": errors[d],
-                   "gain": seq / span, "gain_over_raw_gain": seq / span / raw_gain,
-                   "mean_batch_size": statistics.fmean(sizes[d]) if sizes[d] else None}
+        rows[d] = {
+            "makespan_s": span,
+            "over_sequential": span / seq,
+            "errors": errors[d],
+            "gain": seq / span,
+            "gain_over_raw_gain": seq / span / raw_gain,
+            "mean_batch_size": statistics.fmean(sizes[d]) if sizes[d] else None,
+        }
     return rows
 
 
@@ -470,33 +257,6 @@ def late(servers: dict[str, Server], model: Model, plan: Plan, idle_long_s: dict
     return rows
 
 
-def memory(servers: dict[str, Server], model: Model, plan: Plan) -> dict[str, Any]:
-    """Peak RSS of each server's process tree: one full batch (``BATCH`` concurrent), then ``rss_full``."""
-    rows: dict[str, Any] = {}
-    for design in servers:
-        server = servers[design]
-        batch_shots, one = server.peak_rss(lambda s=server: asyncio.run(fire(s.url, [0.0] * BATCH, model.data, 40_000)))
-        many_shots, many = server.peak_rss(
-            lambda s=server: asyncio.run(fire(s.url, [0.0] * plan.rss_full, model.data, 40_000)))
-        rows[design] = {"rss_batch_mb": one / 2**20, "rss_full_mb": many / 2**20, "full_over_batch": many / one,
-                        "errors": sum(1 for s in [*batch_shots, *many_shots] if not s.ok)}
-    rows["concurrent"] = {"batch": BATCH, "full": plan.rss_full}
-    return rows
-
-
-def warm(server: Server, model: Model, plan: Plan) -> float:
-    """Every compiled path and picture once (the sizes, the batch, the simulated device's picture pool);
-    returns the seconds of one long (``late_steps``) job alone, the late arrival's fallback."""
-    from pipeline.engine.simulated import POOL
-
-    pool = POOL if model.spec and model.spec.startswith("sim:") else 2
-    asyncio.run(loadgen.run_async(server.url, 1, n=pool, data=model.data, timeout=TIMEOUT))
-    asyncio.run(fire(server.url, [0.0] * BATCH, model.data))
-    t0 = time.monotonic()
-    asyncio.run(loadgen.run_async(server.url, 1, n=1, data=model.numbered(0, plan.late_steps), timeout=TIMEOUT))
-    return time.monotonic() - t0
-
-
 def start_servers(model: Model, tmp: Path, designs: Sequence[str]) -> dict[str, Server]:
     """The designs' servers, loading together; an error names the one that did not come up."""
     servers: dict[str, Server] = {}
@@ -506,8 +266,10 @@ def start_servers(model: Model, tmp: Path, designs: Sequence[str]) -> dict[str, 
         for d, server in servers.items():
             server.wait_ready()
             if server.proc.poll() is not None:
-                raise RuntimeError(f"the {d} server ({' '.join(DESIGNS[d])}) exited with {server.proc.returncode}; "
-                                   f"try `python app.py {' '.join([*model.flags(), *DESIGNS[d]])}` by hand")
+                raise RuntimeError(
+                    f"the {d} server ({' '.join(DESIGNS[d])}) exited with {server.proc.returncode}; "
+                    f"try `python app.py {' '.join([*model.flags(), *DESIGNS[d]])}` by hand"
+                )
     except BaseException:
         for server in servers.values():
             server.close()
@@ -515,8 +277,9 @@ def start_servers(model: Model, tmp: Path, designs: Sequence[str]) -> dict[str, 
     return servers
 
 
-def run_section(model: Model, plan: Plan, tmp: Path, designs: Sequence[str] = tuple(DESIGNS),
-                base: str = "none") -> dict[str, Any]:
+def run_section(
+    model: Model, plan: Plan, tmp: Path, designs: Sequence[str] = tuple(DESIGNS), base: str = "none"
+) -> dict[str, Any]:
     if "none" not in designs:
         raise ValueError("the none design defines 100 % load and the sequential reference")
     stages: dict[str, float] = {}
@@ -524,6 +287,7 @@ def run_section(model: Model, plan: Plan, tmp: Path, designs: Sequence[str] = tu
     servers = start_servers(model, tmp, designs)
     stages["start"] = time.monotonic() - t_start
     try:
+
         def timed(name: str, fn: Callable[..., Any], *a: Any) -> Any:
             t0 = time.monotonic()
             try:
@@ -534,10 +298,17 @@ def run_section(model: Model, plan: Plan, tmp: Path, designs: Sequence[str] = tu
         idle_long = timed("warm", lambda: {d: warm(s, model, plan) for d, s in servers.items()})
         cap = timed("capacity", capacity, servers, model, plan)
         rate_100 = cap[base]["images_per_second"]
-        section = {"model": model.name, "spec": model.spec, "size": model.size, "steps": model.steps,
-                   "designs": {d: [*COMMON, *DESIGNS[d]] for d in designs}, "capacity": cap,
-                   "rate_100_images_per_second": rate_100, "capacity_clients": plan.capacity_clients,
-                   "load_base": base}
+        section = {
+            "model": model.name,
+            "spec": model.spec,
+            "size": model.size,
+            "steps": model.steps,
+            "designs": {d: [*COMMON, *DESIGNS[d]] for d in designs},
+            "capacity": cap,
+            "rate_100_images_per_second": rate_100,
+            "capacity_clients": plan.capacity_clients,
+            "load_base": base,
+        }
         section["open_loop"] = timed("open_loop", open_loop, servers, model, plan, rate_100)
         section["burst"] = timed("burst", burst, servers, model, plan)
         section["late"] = timed("late", late, servers, model, plan, idle_long)
@@ -551,103 +322,46 @@ def run_section(model: Model, plan: Plan, tmp: Path, designs: Sequence[str] = tu
     return section
 
 
-def run(quick: bool, model: str | None = None, plan: Plan | None = None,
-        designs: Sequence[str] = tuple(DESIGNS), base: str = "none") -> dict[str, Any]:
+def run(
+    quick: bool,
+    model: str | None = None,
+    plan: Plan | None = None,
+    designs: Sequence[str] = tuple(DESIGNS),
+    base: str = "none",
+) -> dict[str, Any]:
     plan = plan or (QUICK if quick else FULL)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-openloop-") as tmpdir:
         sections = [run_section(m, plan, Path(tmpdir), designs, base) for m in models_for(model, quick)]
-    return {"quick": quick, "cores": psutil.cpu_count(), "plan": dataclasses.asdict(plan), "sections": sections,
-            "seconds": round(time.monotonic() - started, 1)}
+    return {
+        "quick": quick,
+        "cores": psutil.cpu_count(),
+        "plan": dataclasses.asdict(plan),
+        "sections": sections,
+        "seconds": round(time.monotonic() - started, 1),
+    }
 
 
 # --- the report ---------------------------------------------------------------------------------------
 
 
-def _f(value: Any, fmt: str = ".0f") -> str:
-    return "-" if value is None or (isinstance(value, float) and not math.isfinite(value)) else format(value, fmt)
-
-
-def _joined(steps: Sequence[int | None]) -> str:
-    """The late requests' ``joined_at_step`` over the rounds ("-" where the records carry none)."""
-    return ", ".join(str(j) for j in steps if j is not None) or "-"
-
-
-def render(result: dict[str, Any]) -> str:
-    lines = [f"Open-loop batching benchmark ({'quick' if result['quick'] else 'full'}, {result['cores']} cores, "
-             f"{result['seconds']:.0f} s)"]
-    for s in result["sections"]:
-        names = [d for d in DESIGNS if d in s["capacity"]]
-        what = "embedded default model" if s["spec"] is None else f"`{s['spec']}`"
-        cap = s["capacity"]
-        lines += ["", f"### {s['model']}: {what}, {s['size']} px, {s['steps']} steps",
-                  "", f"100 % load = the `{s.get('load_base', 'none')}` design's saturated rate, "
-                  f"{s['capacity_clients']} callers in a closed "
-                  f"loop: **{s['rate_100_images_per_second']:.2f} img/s**. Latency: scheduled submit to images "
-                  f"received; seeded Poisson arrivals (the same for every design), "
-                  f"{s['open_loop'][next(iter(s['open_loop']))]['requests']} requests per point, one image each; "
-                  "img/s: achieved (mean batch).", ""]
-        points = list(s["open_loop"])
-        head = ["design", "saturated img/s (mean batch)"]
-        for p in points:
-            head += [f"{p} ({s['open_loop'][p]['rate_per_second']:.2f}/s): p50 / p95 / p99 ms", f"{p}: img/s (batch)"]
-        lines += ["| " + " | ".join(head) + " | errors |", "|" + "---|" * (len(head) + 1)]
-        for d in names:
-            errors = cap[d]["errors"]
-            row = [d, f"{cap[d]['images_per_second']:.2f} ({_f(cap[d]['mean_batch_size'], '.2f')})"]
-            for p in points:
-                o = s["open_loop"][p][d]
-                lat = o["latency_ms"]
-                row += [f"{_f(lat.get('p50'))} / {_f(lat.get('p95'))} / {_f(lat.get('p99'))}",
-                        f"{o['achieved_images_per_second']:.2f} ({_f(o['mean_batch_size'], '.2f')})"]
-                errors += o["errors"]
-            lines.append("| " + " | ".join(row) + f" | {errors} |")
-        b, lt, m = s["burst"], s["late"], s["memory"]
-        raw = b.get("raw")
-        raw_text = (f" The raw pipeline on the same {b['requests']}: {raw['one_by_one_s']:.2f} s one by one, "
-                    f"{raw['batched_s']:.2f} s in batches of {raw['batch']}, a gain of {raw['gain']:.2f}x." if raw else "")
-        lines += ["", f"Burst: {b['requests']} at once; one by one on `none`: {b['sequential_on_none_s']:.2f} s.{raw_text} "
-                  f"Late arrival: sent {lt['sent_after_steps']} steps into a {lt['long_steps']}-step job; its wait is "
-                  f"its record's `gpu_wait`. Memory: peak RSS of the process tree, {m['concurrent']['full']} "
-                  f"concurrent requests against {m['concurrent']['batch']} (one full batch).", "",
-                  "| design | burst makespan s | burst / one by one | burst gain / raw gain | late: wait ms | "
-                  "late: one step ms | "
-                  "late: wait / step | late: arrived at step | late: joined at step | peak RSS 4 MiB | "
-                  "peak RSS 16 MiB | 16 / 4 | errors |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        for d in names:
-            errors = b[d]["errors"] + lt[d]["errors"] + m[d]["errors"]
-            lines.append(f"| {d} | {b[d]['makespan_s']:.2f} | {b[d]['over_sequential']:.2f} | "
-                         f"{_f(b[d].get('gain_over_raw_gain'), '.2f')} | {_f(lt[d]['wait_ms'])} | "
-                         f"{_f(lt[d]['step_ms'], '.1f')} | {_f(lt[d]['wait_over_step'], '.2f')} | "
-                         f"{_f(lt[d]['arrived_at_step'], '.1f')} | {_joined(lt[d]['joined_at_step'])} | "
-                         f"{m[d]['rss_batch_mb']:.0f} | "
-                         f"{m[d]['rss_full_mb']:.0f} | {m[d]['full_over_batch']:.3f} | {errors} |")
-    return "\n".join(lines)
-
-
-def errors_of(result: dict[str, Any]) -> int:
-    """Every failed request in the run (the exit status)."""
-    total = 0
-    for s in result["sections"]:
-        designs = [d for d in DESIGNS if d in s["capacity"]]
-        total += sum(s["capacity"][d]["errors"] for d in designs)
-        total += sum(p[d]["errors"] for p in s["open_loop"].values() for d in designs)
-        total += s["burst"]["sequential_errors"]
-        total += sum(s[k][d]["errors"] for k in ("burst", "late", "memory") for d in designs)
-    return total
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer requests and rounds (under ~4 minutes on 2 cores)")
-    parser.add_argument("--model", default=None,
-                        help="default (the embedded model at 64 px), a sim:... spec or a model folder (64 px, "
-                        "e.g. a tiny family build of tests/families.py); omitted: both sections")
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="default (the embedded model at 64 px), a sim:... spec or a model folder (64 px, "
+        "e.g. a tiny family build of tests/families.py); omitted: both sections",
+    )
     parser.add_argument("--requests", type=int, default=None, help="open-loop requests per design and load")
-    parser.add_argument("--load-base", choices=("none", "job"), default="none",
-                        help="whose saturated rate is 100 %% load: none (one request per inference, the "
-                        "GPU's own capacity; default) or job (job-level batching, the app before step joining)")
+    parser.add_argument(
+        "--load-base",
+        choices=("none", "job"),
+        default="none",
+        help="whose saturated rate is 100 %% load: none (one request per inference, the "
+        "GPU's own capacity; default) or job (job-level batching, the app before step joining)",
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.model not in (None, "default") and not args.model.startswith("sim:") and not Path(args.model).is_dir():

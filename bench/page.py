@@ -191,7 +191,8 @@ def render(result: dict[str, Any]) -> str:
                 f"{k['tree_cpu_ms_per_job']:.0f} | {k['images_per_second']:.2f} | {f(k.get('app_over_raw'), '.3f')} | "
                 f"{k['previews_per_job']:.1f} ({f(k['preview_kb'])}) | "
                 f"{f(s['page_over_api_server_cpu'], '.2f') if page else ''} | "
-                f"{f(s['page_over_api_tree_cpu'], '.2f') if page else ''} | {k['errors'] + k['failed_previews']} |")
+                f"{f(s['page_over_api_tree_cpu'], '.2f') if page else ''} | {k['errors'] + k['failed_previews']} |"
+            )
     return "\n".join(lines)
 
 

@@ -15,6 +15,7 @@ import argparse
 import io
 import statistics
 import time
+from typing import Any
 
 from PIL import Image
 
@@ -41,12 +42,13 @@ def measure_app_encoder(size: int, repeat: int) -> list[tuple[str, float, float]
     from pipeline.serving import png
 
     images = [picture(size, seed) for seed in range(4)]
+
     def pillow(image: Image.Image) -> bytes:
         buffer = io.BytesIO()
         image.save(buffer, format="PNG", compress_level=1, compress_type=png.Z_RLE)
         return buffer.getvalue()
 
-    encoders = [("pillow, level 1, Z_RLE", pillow, png.isal_zlib)]
+    encoders: list[tuple[str, Any, Any]] = [("pillow, level 1, Z_RLE", pillow, png.isal_zlib)]
     if png.isal_zlib is not None:
         encoders.append(("app encoder, zlib level 1 Z_RLE (without isal)", png.encode_png, None))
     encoders.append((f"app encoder ({png.encoder_name()})", png.encode_png, png.isal_zlib))

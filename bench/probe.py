@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import statistics
@@ -13,8 +14,16 @@ from typing import Any, Iterator
 import httpx
 
 
-def predict_many(url: str, n: int, clients: int, *, size: int, steps: int, stop: threading.Event | None = None,
-                 finished: list[float] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+def predict_many(
+    url: str,
+    n: int,
+    clients: int,
+    *,
+    size: int,
+    steps: int,
+    stop: threading.Event | None = None,
+    finished: list[float] | None = None,
+) -> tuple[list[dict[str, Any]], list[str]]:
     """``n`` requests from ``clients`` concurrent gradio_client Clients; returns (info records, errors).
 
     ``finished``, if given, receives each successful request's ``time.monotonic()`` at its answer.
@@ -32,7 +41,7 @@ def predict_many(url: str, n: int, clients: int, *, size: int, steps: int, stop:
         # so skipping it only keeps the load generator off the server's cores.
         try:
             client = Client(url, verbose=False, download_files=False, ssl_verify=not url.startswith("http://"))
-        except Exception as exc:  # noqa: BLE001 - a server too busy to answer its config (on_loop): an error
+        except Exception as exc:
             with lock:
                 errors.append(f"client: {exc!r}"[:300])
             return  # the other clients take this one's requests
@@ -42,14 +51,24 @@ def predict_many(url: str, n: int, clients: int, *, size: int, steps: int, stop:
             if k >= n:
                 return
             try:
-                _, info = client.predict(prompt=f"a red circle {k}", negative_prompt="", seed=k, randomize_seed=False,
-                                         width=size, height=size, num_inference_steps=steps, guidance_scale=7.5,
-                                         num_images=1, live_preview=False, api_name="/generate")
+                _, info = client.predict(
+                    prompt=f"a red circle {k}",
+                    negative_prompt="",
+                    seed=k,
+                    randomize_seed=False,
+                    width=size,
+                    height=size,
+                    num_inference_steps=steps,
+                    guidance_scale=7.5,
+                    num_images=1,
+                    live_preview=False,
+                    api_name="/generate",
+                )
                 with lock:
                     infos.append(info)
                     if finished is not None:
                         finished.append(time.monotonic())
-            except Exception as exc:  # noqa: BLE001 - counted and reported
+            except Exception as exc:
                 with lock:
                     errors.append(repr(exc)[:300])
 
@@ -87,17 +106,21 @@ def sample_health(url: str, seconds: float, every: float = 0.02) -> list[float]:
     with httpx.Client(timeout=30) as http:
         while time.monotonic() < end:
             t0 = time.perf_counter()
-            try:
+            with contextlib.suppress(httpx.HTTPError):  # a timed-out probe counts with the time it took
                 http.get(url + "health")
-            except httpx.HTTPError:
-                pass  # a timed-out probe counts with the time it took
             out.append((time.perf_counter() - t0) * 1000)
             time.sleep(every)
     return out
 
 
-def raw_http_predict(url: str, fn_index: int, data: list[Any], timeout: float = 60.0,
-                     http: httpx.Client | None = None, session: str | None = None) -> dict[str, Any]:
+def raw_http_predict(
+    url: str,
+    fn_index: int,
+    data: list[Any],
+    timeout: float = 60.0,
+    http: httpx.Client | None = None,
+    session: str | None = None,
+) -> dict[str, Any]:
     """One request through Gradio's queue over raw HTTP (which, unlike gradio_client, can send NaN).
 
     Returns the ``process_completed`` message: ``success`` plus ``output`` (data or error); a refused
@@ -141,10 +164,10 @@ def light_request(url: str, fn_index: int, http: httpx.Client | None = None) -> 
     (its SSL context alone, ~50 ms here) than the whole trip through the server.
     """
     t0 = time.perf_counter()
-    try:
-        raw_http_predict(url, fn_index, ["x", "", 0, False, 65, 64, 20, 7.5, 1, False, "default", "none", 1.0], http=http)
-    except (httpx.HTTPError, RuntimeError):
-        pass  # a timed-out probe counts with the time it took
+    with contextlib.suppress(httpx.HTTPError, RuntimeError):  # a timed-out probe counts with the time it took
+        raw_http_predict(
+            url, fn_index, ["x", "", 0, False, 65, 64, 20, 7.5, 1, False, "default", "none", 1.0], http=http
+        )
     return (time.perf_counter() - t0) * 1000
 
 
@@ -152,7 +175,7 @@ def pct(values: list[float]) -> dict[str, float]:
     s = sorted(values)
 
     def q(p: float) -> float:
-        return s[min(len(s) - 1, int(round(p * (len(s) - 1))))]
+        return s[min(len(s) - 1, round(p * (len(s) - 1)))]
 
     return {"p50": q(0.50), "p95": q(0.95), "p99": q(0.99), "mean": statistics.mean(s), "n": float(len(s))}
 

@@ -84,8 +84,9 @@ def step_level(arrivals: Sequence[float], steps: int, cost: Cost, batch: int) ->
     return latency
 
 
-def ratios(t1: float, alpha: float, steps: int, load: float, base: str, batch: int = 4,
-           requests: int = 200_000) -> dict[str, float]:
+def ratios(
+    t1: float, alpha: float, steps: int, load: float, base: str, batch: int = 4, requests: int = 200_000
+) -> dict[str, float]:
     """Step / job latency at p50, p95 and p99; ``load`` of the ``job`` or ``none`` (one by one) rate."""
 
     def cost(b: int) -> float:
@@ -114,7 +115,9 @@ def main(argv: list[str] | None = None) -> None:
         for base in ("job", "none"):
             for load in (0.5, 0.8, 0.95):
                 r = ratios(t1, alpha, steps, load, base, requests=args.requests)
-                print(f"| {name} | {base} rate | {round(load * 100)} % | {r['p50']:.2f} | {r['p95']:.2f} | {r['p99']:.2f} |")
+                print(
+                    f"| {name} | {base} rate | {round(load * 100)} % | {r['p50']:.2f} | {r['p95']:.2f} | {r['p99']:.2f} |"
+                )
 
 
 if __name__ == "__main__":

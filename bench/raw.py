@@ -40,8 +40,13 @@ def main() -> None:
 
     def call(size: int, steps: int, k: int, batch: int) -> None:
         with torch.inference_mode():
-            pipe([f"a red circle {k}"] * batch, num_inference_steps=steps, width=size, height=size,
-                 generator=[torch.Generator().manual_seed(k + i) for i in range(batch)])
+            pipe(
+                [f"a red circle {k}"] * batch,
+                num_inference_steps=steps,
+                width=size,
+                height=size,
+                generator=[torch.Generator().manual_seed(k + i) for i in range(batch)],
+            )
 
     call(64 if args.device == "cpu" else 256, 1, -1, 1)  # warm-up, as the app warms up at load
     print(json.dumps({"ready": True}), flush=True)

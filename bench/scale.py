@@ -25,18 +25,27 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.serving.events import Done
-from pipeline.serving.local import LocalAdapter
 from pipeline.config import Settings
 from pipeline.request import limits_for
+from pipeline.serving.events import Done
+from pipeline.serving.local import LocalAdapter
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def request(size: int, steps: int, k: int) -> dict[str, Any]:
-    return {"prompt": f"a red circle on a blue background {k}", "negative_prompt": "", "seed": k,
-            "randomize_seed": False, "width": size, "height": size, "num_inference_steps": steps,
-            "guidance_scale": 4.0, "num_images": 1, "live_preview": False}
+    return {
+        "prompt": f"a red circle on a blue background {k}",
+        "negative_prompt": "",
+        "seed": k,
+        "randomize_seed": False,
+        "width": size,
+        "height": size,
+        "num_inference_steps": steps,
+        "guidance_scale": 4.0,
+        "num_images": 1,
+        "live_preview": False,
+    }
 
 
 async def one(adapter: Any, raw: dict[str, Any]) -> dict[str, Any]:
@@ -76,9 +85,18 @@ def run(quick: bool, device: str = "cpu", model: str = "") -> dict[str, Any]:
     size, steps = (128, 20) if quick else (256, 20)
     n, rounds, seq = (4, 1, 4) if quick else (8, 2, 10)
     tmp = Path(tempfile.mkdtemp(prefix="bench-ray-"))
-    base = Settings(model=model or None, device=device, torch_threads=1, max_batch_size=1, queue_size=64,
-                    output_dir=tmp / "out", sweep_interval=3600, backend="ray", replica_cpus=1,
-                    replica_gpus=1 if device == "cuda" else 0)
+    base = Settings(
+        model=model or None,
+        device=device,
+        torch_threads=1,
+        max_batch_size=1,
+        queue_size=64,
+        output_dir=tmp / "out",
+        sweep_interval=3600,
+        backend="ray",
+        replica_cpus=1,
+        replica_gpus=1 if device == "cuda" else 0,
+    )
     t_start = time.monotonic()
     cores = os.cpu_count() or 2
     # Logical CPUs: three replicas (1 + 2) must be placed at once; each runs one torch thread and
@@ -87,8 +105,12 @@ def run(quick: bool, device: str = "cpu", model: str = "") -> dict[str, Any]:
     # Ray starts its workers at nice 15; the LocalAdapter's model thread runs at 0 in this process.
     # Like for like: the replicas at 0 too (the raylet reads this when it starts).
     os.environ.setdefault("RAY_worker_niceness", "0")
-    ray.init(num_cpus=max(3, cores), include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": path}})
+    ray.init(
+        num_cpus=max(3, cores),
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": path}},
+    )
     results: dict[str, Any] = {"size": size, "steps": steps, "requests_per_round": n, "rounds": rounds}
     clusters = []
     try:
@@ -147,19 +169,21 @@ def run(quick: bool, device: str = "cpu", model: str = "") -> dict[str, Any]:
 def render(r: dict[str, Any], versions: dict[str, str]) -> str:
     ips = r["images_per_second"]
     o = r["outside_inference_ms"]
-    return "\n".join([
-        f"Ray backend ({r['mode']}, {r['seconds']:.0f} s): {versions['cores']} cores {versions['cpu']}, "
-        f"ray {versions.get('ray', '?')}, torch 1 thread per replica, {r['size']} px, {r['steps']} steps, "
-        f"{r['requests_per_round']} concurrent requests x {r['rounds']} interleaved rounds",
-        "",
-        "| model side | images/s | vs 1 replica |",
-        "|---|---|---|",
-        f"| LocalAdapter (in process) | {ips['local']:.3f} | {ips['local'] / ips['ray1']:.3f} |",
-        f"| Ray Serve, 1 replica | {ips['ray1']:.3f} | 1.000 |",
-        f"| Ray Serve, 2 replicas | {ips['ray2']:.3f} | **{r['ray2_over_ray1']:.3f}** |",
-        "",
-        f"2 replicas used {r['replicas_used_by_ray2']} of 2. Per request, outside its inference (64 px, "
-        f"one at a time, median): LocalAdapter {o['local']:.1f} ms, Ray 1 replica {o['ray1']:.1f} ms: the Ray "
-        f"path adds **{r['ray_added_ms_per_request']:.1f} ms**. Deploying both Ray apps took "
-        f"{r['deploy_seconds']:.0f} s.",
-    ])
+    return "\n".join(
+        [
+            f"Ray backend ({r['mode']}, {r['seconds']:.0f} s): {versions['cores']} cores {versions['cpu']}, "
+            f"ray {versions.get('ray', '?')}, torch 1 thread per replica, {r['size']} px, {r['steps']} steps, "
+            f"{r['requests_per_round']} concurrent requests x {r['rounds']} interleaved rounds",
+            "",
+            "| model side | images/s | vs 1 replica |",
+            "|---|---|---|",
+            f"| LocalAdapter (in process) | {ips['local']:.3f} | {ips['local'] / ips['ray1']:.3f} |",
+            f"| Ray Serve, 1 replica | {ips['ray1']:.3f} | 1.000 |",
+            f"| Ray Serve, 2 replicas | {ips['ray2']:.3f} | **{r['ray2_over_ray1']:.3f}** |",
+            "",
+            f"2 replicas used {r['replicas_used_by_ray2']} of 2. Per request, outside its inference (64 px, "
+            f"one at a time, median): LocalAdapter {o['local']:.1f} ms, Ray 1 replica {o['ray1']:.1f} ms: the Ray "
+            f"path adds **{r['ray_added_ms_per_request']:.1f} ms**. Deploying both Ray apps took "
+            f"{r['deploy_seconds']:.0f} s.",
+        ]
+    )

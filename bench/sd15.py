@@ -17,23 +17,40 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 # stable-diffusion-v1-5's unet/vae/text_encoder config.json, the fields that shape the compute.
 UNET = dict(
-    sample_size=64, in_channels=4, out_channels=4, layers_per_block=2,
+    sample_size=64,
+    in_channels=4,
+    out_channels=4,
+    layers_per_block=2,
     block_out_channels=(320, 640, 1280, 1280),
     down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"),
     up_block_types=("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
-    cross_attention_dim=768, attention_head_dim=8, norm_num_groups=32,
+    cross_attention_dim=768,
+    attention_head_dim=8,
+    norm_num_groups=32,
 )
 VAE = dict(
-    in_channels=3, out_channels=3, latent_channels=4, layers_per_block=2, sample_size=512,
+    in_channels=3,
+    out_channels=3,
+    latent_channels=4,
+    layers_per_block=2,
+    sample_size=512,
     block_out_channels=(128, 256, 512, 512),
-    down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
+    down_block_types=("DownEncoderBlock2D",) * 4,
+    up_block_types=("UpDecoderBlock2D",) * 4,
 )
-TEXT = dict(
-    vocab_size=49408, hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
-    max_position_embeddings=77, hidden_act="quick_gelu", projection_dim=768,
+TEXT: dict[str, Any] = dict(
+    vocab_size=49408,
+    hidden_size=768,
+    intermediate_size=3072,
+    num_hidden_layers=12,
+    num_attention_heads=12,
+    max_position_embeddings=77,
+    hidden_act="quick_gelu",
+    projection_dim=768,
 )
 _STAMP = "sd15_random_build.json"
 
@@ -56,22 +73,44 @@ def build(out: Path, dtype: str = "float16", seed: int = 0) -> Path:
     torch.manual_seed(seed)
     tokenizer = CLIPTokenizer.from_pretrained(ensure_default_model() / "tokenizer")
     vocab = tokenizer.get_vocab()
-    text_encoder = CLIPTextModel(CLIPTextConfig(
-        **TEXT, bos_token_id=vocab["<|startoftext|>"], eos_token_id=vocab["<|endoftext|>"],
-        pad_token_id=vocab["<|endoftext|>"]))
-    unet = UNet2DConditionModel(**UNET)
+    text_encoder = CLIPTextModel(
+        CLIPTextConfig(
+            **TEXT,
+            bos_token_id=vocab["<|startoftext|>"],
+            eos_token_id=vocab["<|endoftext|>"],
+            pad_token_id=vocab["<|endoftext|>"],
+        )
+    )
+    unet: Any = UNet2DConditionModel(**UNET)
     vae = AutoencoderKL(**VAE)
-    scheduler = PNDMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
-                              num_train_timesteps=1000, skip_prk_steps=True, steps_offset=1, set_alpha_to_one=False)
-    pipe = StableDiffusionPipeline(unet=unet, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
-                                   scheduler=scheduler, safety_checker=None, feature_extractor=None,
-                                   requires_safety_checker=False)
+    scheduler = PNDMScheduler(
+        beta_start=0.00085,
+        beta_end=0.012,
+        beta_schedule="scaled_linear",
+        num_train_timesteps=1000,
+        skip_prk_steps=True,
+        steps_offset=1,
+        set_alpha_to_one=False,
+    )
+    pipe: Any = StableDiffusionPipeline(
+        unet=unet,
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        scheduler=scheduler,
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
     pipe.to(dtype=getattr(torch, dtype))
     out.mkdir(parents=True, exist_ok=True)
     pipe.save_pretrained(out, safe_serialization=True)
     (out / _STAMP).write_text(json.dumps(stamp))
-    print(f"built SD 1.5 architecture ({sum(p.numel() for p in unet.parameters()) / 1e6:.0f}M UNet parameters) "
-          f"in {time.time() - t0:.1f} s", flush=True)
+    print(
+        f"built SD 1.5 architecture ({sum(p.numel() for p in unet.parameters()) / 1e6:.0f}M UNet parameters) "
+        f"in {time.time() - t0:.1f} s",
+        flush=True,
+    )
     return out
 
 

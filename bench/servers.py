@@ -31,6 +31,7 @@ ONE_ADDRESS = {
     "T2I_MAX_PIXEL_STEPS": str(2**40),
 }
 
+
 def naive_demo(design: str, settings: Any) -> Any:
     import gradio as gr
 
@@ -41,12 +42,30 @@ def naive_demo(design: str, settings: Any) -> Any:
     model = load_model(settings)
     limits = limits_for(settings, model.profile)
 
-    async def generate(prompt: str, negative_prompt: str, seed: float, randomize_seed: bool, width: float,
-                       height: float, num_inference_steps: float, guidance_scale: float, num_images: float,
-                       live_preview: bool) -> tuple[list[str], dict[str, Any]]:
-        raw = dict(prompt=prompt, negative_prompt=negative_prompt, seed=seed, randomize_seed=randomize_seed,
-                   width=width, height=height, num_inference_steps=num_inference_steps,
-                   guidance_scale=guidance_scale, num_images=num_images, live_preview=live_preview)
+    async def generate(
+        prompt: str,
+        negative_prompt: str,
+        seed: float,
+        randomize_seed: bool,
+        width: float,
+        height: float,
+        num_inference_steps: float,
+        guidance_scale: float,
+        num_images: float,
+        live_preview: bool,
+    ) -> tuple[list[str], dict[str, Any]]:
+        raw = dict(
+            prompt=prompt,
+            negative_prompt=negative_prompt,
+            seed=seed,
+            randomize_seed=randomize_seed,
+            width=width,
+            height=height,
+            num_inference_steps=num_inference_steps,
+            guidance_scale=guidance_scale,
+            num_images=num_images,
+            live_preview=live_preview,
+        )
         try:
             request = validate(raw, limits, model.count_tokens)
         except Exception as exc:
@@ -56,18 +75,43 @@ def naive_demo(design: str, settings: Any) -> Any:
             result = await asyncio.to_thread(model.generate, job, threading.Event(), lambda *_: None)
         else:
             result = model.generate(job, threading.Event(), lambda *_: None)
-        paths = encode_pngs(result.images, settings.output_dir, request.request_id, request.parameters(),
-                            model.profile.name, model.profile.scheduler)
-        return [str(p) for p in paths], {"status": "done", "request_id": request.request_id, "num_images": len(paths),
-                                         "timings": {"infer_start": result.started, "infer_end": result.ended}}
+        paths = encode_pngs(
+            result.images,
+            settings.output_dir,
+            request.request_id,
+            request.parameters(),
+            model.profile.name,
+            model.profile.scheduler,
+        )
+        return [str(p) for p in paths], {
+            "status": "done",
+            "request_id": request.request_id,
+            "num_images": len(paths),
+            "timings": {"infer_start": result.started, "infer_end": result.ended},
+        }
 
     with gr.Blocks() as demo:
-        inputs = [gr.Textbox(), gr.Textbox(value=""), gr.Number(value=0, precision=0), gr.Checkbox(value=True),
-                  gr.Number(value=limits.max_size // 2), gr.Number(value=limits.max_size // 2),
-                  gr.Number(value=20), gr.Number(value=7.5), gr.Number(value=1), gr.Checkbox(value=False)]
+        inputs = [
+            gr.Textbox(),
+            gr.Textbox(value=""),
+            gr.Number(value=0, precision=0),
+            gr.Checkbox(value=True),
+            gr.Number(value=limits.max_size // 2),
+            gr.Number(value=limits.max_size // 2),
+            gr.Number(value=20),
+            gr.Number(value=7.5),
+            gr.Number(value=1),
+            gr.Checkbox(value=False),
+        ]
         button = gr.Button()
-        button.click(generate, inputs, [gr.Gallery(format="png"), gr.JSON()], api_name="generate",
-                     concurrency_limit=settings.concurrency, preprocess=False)
+        button.click(
+            generate,
+            inputs,
+            [gr.Gallery(format="png"), gr.JSON()],
+            api_name="generate",
+            concurrency_limit=settings.concurrency,
+            preprocess=False,
+        )
     demo.queue(max_size=settings.queue_size, api_open=False)
 
     from fastapi.responses import JSONResponse
@@ -98,8 +142,14 @@ def main(argv: list[str] | None = None) -> None:
     else:
         settings = dataclasses.replace(settings, concurrency=64)
         demo, routes = naive_demo(args.design, settings)
-        demo.launch(server_name=settings.host, server_port=settings.port, ssr_mode=False, prevent_thread_lock=True,
-                    app_kwargs={"routes": routes}, quiet=True)
+        demo.launch(
+            server_name=settings.host,
+            server_port=settings.port,
+            ssr_mode=False,
+            prevent_thread_lock=True,
+            app_kwargs={"routes": routes},
+            quiet=True,
+        )
     serve_forever()
 
 

@@ -19,8 +19,15 @@ BROWSER_MARKS = [
 ROOT = Path(__file__).resolve().parent.parent
 # Screenshots are kept as test artifacts (CI can upload the folder); git ignores it.
 ARTIFACTS = Path(os.environ.get("T2I_TEST_ARTIFACTS", ROOT / "test-artifacts"))
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 PHONE = dict(viewport={"width": 390, "height": 844}, device_scale_factor=2, is_mobile=True, has_touch=True)
 
 

@@ -155,8 +155,8 @@ def make_qwen2_tokenizer(
     vocab = {tok: i for i, tok in enumerate(dict.fromkeys(vocab_list))}
     tokenizer = Qwen2Tokenizer(
         vocab=vocab,
-        merges=merges,  # type: ignore[arg-type]  # (a, b) pairs
-        unk_token=None,  # type: ignore[arg-type]  # as Qwen's tokenizer_config.json: none
+        merges=merges,  # (a, b) pairs
+        unk_token=None,  # as Qwen's tokenizer_config.json: none
         eos_token=eos_token,
         pad_token="<|endoftext|>",
         model_max_length=model_max_length,

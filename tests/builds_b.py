@@ -131,7 +131,7 @@ def make_qwen_tokenizer(chat_template: str | None = None, extra_tokens: tuple[st
         vocab.setdefault(tok, len(vocab))
     tokenizer = Qwen2Tokenizer(
         vocab=vocab,
-        merges=merges,  # type: ignore[arg-type]  # it takes (a, b) pairs
+        merges=merges,  # it takes (a, b) pairs
         unk_token=None,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",

@@ -54,7 +54,7 @@ def make_clip_tokenizer(pad_token: str = "<|endoftext|>") -> Any:
     from transformers import CLIPTokenizer
 
     vocab, merges = learn_bpe(_WORDS, _CLIP_MERGES)
-    tokenizer = CLIPTokenizer(vocab=vocab, merges=merges, pad_token=pad_token)  # type: ignore[arg-type]
+    tokenizer = CLIPTokenizer(vocab=vocab, merges=merges, pad_token=pad_token)
     tokenizer.model_max_length = 77
     return tokenizer
 
@@ -98,7 +98,7 @@ def make_gemma_tokenizer() -> Any:
         if a + b not in vocab_list:
             vocab_list.append(a + b)
     vocab = {tok: i for i, tok in enumerate(dict.fromkeys(vocab_list))}
-    tokenizer = GemmaTokenizer(vocab=vocab, merges=merges, model_max_length=8192)  # type: ignore[arg-type]  # pairs
+    tokenizer = GemmaTokenizer(vocab=vocab, merges=merges, model_max_length=8192)  # pairs
     tokenizer.padding_side = "right"
     return tokenizer
 
@@ -736,8 +736,12 @@ def built_family(name: str) -> Path:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="folder; each family goes into OUT/<family>")
-    parser.add_argument("families", nargs="*", metavar="FAMILY",
-                        help=f"default: all of {', '.join(FAMILIES)}; or any of {', '.join(families_2026())}")
+    parser.add_argument(
+        "families",
+        nargs="*",
+        metavar="FAMILY",
+        help=f"default: all of {', '.join(FAMILIES)}; or any of {', '.join(families_2026())}",
+    )
     args = parser.parse_args(argv)
     unknown = [name for name in args.families if name not in FAMILIES and name not in families_2026()]
     if unknown:

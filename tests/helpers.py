@@ -57,7 +57,9 @@ async def collect(adapter: LocalAdapter, raw: dict[str, Any], **kwargs: Any) -> 
 
 
 @contextlib.contextmanager
-def running_app(tmp: Path, *args: str, load: Callable[[], Any] | None = None) -> Iterator[tuple[str, Any, LocalAdapter]]:
+def running_app(
+    tmp: Path, *args: str, load: Callable[[], Any] | None = None
+) -> Iterator[tuple[str, Any, LocalAdapter]]:
     """The real app launched on a free port (real model unless ``load`` injects one); closed after.
 
     An injected fake's default job is 64 px and 4 steps, so the default cost budget (8 of them)
@@ -109,8 +111,9 @@ def api_fn_index(url: str, api_name: str = "generate") -> int:
 
 
 @contextlib.contextmanager
-def app_process(tmp: Path, *args: str, env: dict[str, str] | None = None,
-                ready_timeout: float = 120.0) -> Iterator[tuple[str, subprocess.Popen[bytes], Path]]:
+def app_process(
+    tmp: Path, *args: str, env: dict[str, str] | None = None, ready_timeout: float = 120.0
+) -> Iterator[tuple[str, subprocess.Popen[bytes], Path]]:
     """``python app.py`` in a subprocess on a free port, as a user starts it; killed afterwards.
 
     Yields (url, process, log path) once ``/health`` answers ok; the log is in the assertion on failure.
@@ -119,12 +122,23 @@ def app_process(tmp: Path, *args: str, env: dict[str, str] | None = None,
 
     port = free_port()
     log_path = tmp / f"server-{port}.log"
-    full_env = {**os.environ, "GRADIO_TEMP_DIR": str(tmp / "gradio"), "T2I_OUTPUT_DIR": str(tmp / "out"),
-                "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+    full_env = {
+        **os.environ,
+        "GRADIO_TEMP_DIR": str(tmp / "gradio"),
+        "T2I_OUTPUT_DIR": str(tmp / "out"),
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1",
+        **(env or {}),
+    }
     url = f"http://127.0.0.1:{port}/"
     with log_path.open("w") as log:
-        proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port), *args],
-                                cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "app.py", "--port", str(port), *args],
+            cwd=ROOT,
+            env=full_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         try:
             deadline = time.monotonic() + ready_timeout
             while True:
@@ -158,6 +172,7 @@ def gate_held(adapter: LocalAdapter) -> Iterator[None]:
     try:
         yield
     finally:
+
         def release() -> None:
             gate.release()
             adapter._line.notify()

@@ -22,10 +22,8 @@ TEXT = ["q_proj", "k_proj", "v_proj", "out_proj"]
 def _adapter_state(module: Any, targets: list[str], seed: int, rank: int, strength: float) -> dict[str, Any]:
     import torch
     from diffusers.utils import convert_state_dict_to_diffusers
-    from peft import LoraConfig
+    from peft import LoraConfig, inject_adapter_in_model
     from peft.utils import get_peft_model_state_dict
-
-    from peft import inject_adapter_in_model
 
     torch.manual_seed(seed)
     config = LoraConfig(r=rank, lora_alpha=rank, target_modules=targets, init_lora_weights=False)

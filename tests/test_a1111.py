@@ -56,11 +56,15 @@ def test_what_fits_is_filled_and_each_field_that_does_not_gets_a_note() -> None:
     notes = "\n".join(fill.notes)
     assert "Size: 512x768 not applied: this model takes multiples of 8 from 64 to 512" in notes
     assert "Model: the text names 'dreamshaper_8'; this app runs 'fake-model'" in notes
-    assert ("Not used by this app: Model hash, Denoising strength, Clip skip, Hires upscale, Hires upscaler, "
-            "Lora hashes, Version.") in notes
+    assert (
+        "Not used by this app: Model hash, Denoising strength, Clip skip, Hires upscale, Hires upscaler, "
+        "Lora hashes, Version."
+    ) in notes
     shown = notes_html(fill)
-    assert shown.startswith('<div class="t2i-notes"><p><strong>Filled:</strong> prompt, negative prompt, steps, '
-                            "guidance, seed, sampler.</p><ul>")
+    assert shown.startswith(
+        '<div class="t2i-notes"><p><strong>Filled:</strong> prompt, negative prompt, steps, '
+        "guidance, seed, sampler.</p><ul>"
+    )
     assert "<li>Size: 512x768 not applied" in shown
 
 
@@ -123,8 +127,13 @@ def test_a_value_this_model_cannot_take_is_left_out_with_a_note(line: str, note:
         assert fill.notes == [] and fill.values["width"] == 512
         return
     assert any(n.startswith(note) for n in fill.notes), fill.notes
-    field = {"Steps": "num_inference_steps", "CFG scale": "guidance_scale", "Seed": "seed", "Size": "width",
-             "Sampler": "scheduler"}[key]
+    field = {
+        "Steps": "num_inference_steps",
+        "CFG scale": "guidance_scale",
+        "Seed": "seed",
+        "Size": "width",
+        "Sampler": "scheduler",
+    }[key]
     assert field not in fill.values and fill.values["prompt"] == "a prompt"
 
 
@@ -162,8 +171,14 @@ def test_a_negative_prompt_a_model_cannot_use_and_an_over_long_prompt_are_refuse
 
 def test_a_prompts_line_breaks_cannot_plant_lines_and_quoted_values_round_trip() -> None:
     planted = "a cat\nNegative prompt: planted\nSteps: 99, Sampler: Heun, CFG scale: 1, Seed: 5, Size: 64x64"
-    params = {"prompt": planted, "negative_prompt": "blurry,\r\nSteps: 1, Seed: 2, Size: 8x8",
-              "num_inference_steps": 12, "guidance_scale": 7.5, "width": 96, "height": 64}
+    params = {
+        "prompt": planted,
+        "negative_prompt": "blurry,\r\nSteps: 1, Seed: 2, Size: 8x8",
+        "num_inference_steps": 12,
+        "guidance_scale": 7.5,
+        "width": 96,
+        "height": 64,
+    }
     model = 'C:\\models\\odd, "quoted": name'
     text = a1111_parameters(params, 4242, model, "Euler a")
     assert len(text.splitlines()) == 3, text  # prompt, negative prompt, settings: nothing more
@@ -172,12 +187,17 @@ def test_a_prompts_line_breaks_cannot_plant_lines_and_quoted_values_round_trip()
     assert pasted.negative_prompt == "blurry, Steps: 1, Seed: 2, Size: 8x8"
     assert pasted.settings["Model"] == model and pasted.settings["Seed"] == "4242"
     assert pasted.settings["Steps"] == "12" and pasted.settings["Sampler"] == "Euler a"
-    assert text.splitlines()[-1].endswith('Model: ' + json.dumps(model))  # A1111's quote: JSON
+    assert text.splitlines()[-1].endswith("Model: " + json.dumps(model))  # A1111's quote: JSON
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.from_regex(r"[A-Za-z][A-Za-z0-9 ]{0,12}", fullmatch=True), st.text(max_size=30)),
-                min_size=1, max_size=6))
+@given(
+    st.lists(
+        st.tuples(st.from_regex(r"[A-Za-z][A-Za-z0-9 ]{0,12}", fullmatch=True), st.text(max_size=30)),
+        min_size=1,
+        max_size=6,
+    )
+)
 def test_every_quoted_settings_line_reads_back_as_written(pairs: list[tuple[str, str]]) -> None:
     pairs = [(k.strip(), v.strip()) for k, v in pairs if k.strip()]
     line = ", ".join(f"{k}: {quote(v)}" for k, v in pairs)
@@ -185,14 +205,16 @@ def test_every_quoted_settings_line_reads_back_as_written(pairs: list[tuple[str,
 
 
 def test_the_notes_are_plain_text() -> None:
-    fill = fill_from(parse_parameters("a\nSteps: ![x](https://evil.example/t.png), Seed: <b>1</b>, CFG scale: 2"),
-                     LIMITS)
+    fill = fill_from(
+        parse_parameters("a\nSteps: ![x](https://evil.example/t.png), Seed: <b>1</b>, CFG scale: 2"), LIMITS
+    )
     shown = notes_html(fill)
     assert "<b>" not in shown and "&lt;b&gt;" in shown and "<img" not in shown
 
 
-@pytest.mark.parametrize("shape", ['"x" * 1_000_000', '"a," * 500_000 + ":"', "'k: \"' * 250_000",
-                                   '"k: v, " * 170_000'])
+@pytest.mark.parametrize(
+    "shape", ['"x" * 1_000_000', '"a," * 500_000 + ":"', "'k: \"' * 250_000", '"k: v, " * 170_000']
+)
 def test_the_parser_reads_a_megabyte_of_its_worst_cases_in_one_pass(shape: str) -> None:
     """Linear, not quadratic: a megabyte in about a second at most (A1111's regular expression: 16k
     characters took 1.8 s, so a megabyte would take hours). Far from the bound, not a timing test.

@@ -44,8 +44,15 @@ def _churn(mode: str, **env: str) -> dict[str, object]:
     import os
 
     environ = {k: v for k, v in os.environ.items() if k not in allocator.USER_SETTINGS and k != "GLIBC_TUNABLES"}
-    out = subprocess.run([sys.executable, "-c", CHURN, mode], cwd=ROOT, env={**environ, **env},
-                         capture_output=True, text=True, timeout=120, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", CHURN, mode],
+        cwd=ROOT,
+        env={**environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
     result: dict[str, object] = json.loads(out.strip().splitlines()[-1])
     return result
 
@@ -56,8 +63,8 @@ def test_tuned_malloc_reuses_pages_where_the_default_faults_in_new_ones() -> Non
     assert default["state"] == "default" and tuned["state"] == "set"
     # glibc's defaults give a request's freed megabytes back to the kernel, so each request faults
     # its pages in anew (about 900 here: 3.5 MiB of 4 KiB pages); tuned, they are reused.
-    assert float(default["faults_per_request"]) > 200, default  # type: ignore[arg-type]
-    assert float(tuned["faults_per_request"]) < 10, tuned  # type: ignore[arg-type]
+    assert float(default["faults_per_request"]) > 200, default
+    assert float(tuned["faults_per_request"]) < 10, tuned
 
 
 @pytest.mark.parametrize(

@@ -5,8 +5,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers import raw_request, running_app
 from tests.fakes import FakeModel
+from tests.helpers import raw_request, running_app
 
 pytestmark = pytest.mark.server
 
@@ -31,8 +31,11 @@ def test_auth_protects_the_app_and_the_api(tmp_path: Path) -> None:
 
 
 def test_under_auth_health_stays_open_and_metrics_needs_the_login_or_the_token(tmp_path: Path) -> None:
-    with running_app(tmp_path, "--auth", "alice:s3cret", "--metrics-token", "scrape-me",
-                     load=FakeModel) as (url, _demo, _adapter):
+    with running_app(tmp_path, "--auth", "alice:s3cret", "--metrics-token", "scrape-me", load=FakeModel) as (
+        url,
+        _demo,
+        _adapter,
+    ):
         assert httpx.get(url + "health", timeout=10).json()["status"] == "ok"
         assert httpx.get(url + "metrics", timeout=10).status_code == 401
         assert httpx.get(url + "metrics", auth=("alice", "wrong"), timeout=10).status_code == 401

@@ -13,15 +13,17 @@ from typing import Any
 
 import pytest
 
-from pipeline.serving.events import Done, Step
 from pipeline.errors import OutOfMemory
-from tests.helpers import assert_progress, collect, raw_request, wait_until
+from pipeline.serving.events import Done, Step
 from tests.fakes import FakeModel
+from tests.helpers import assert_progress, collect, raw_request, wait_until
 
 pytestmark = pytest.mark.anyio
 
 
-async def _line_up(adapter: Any, model: FakeModel, requests: list[tuple[str, dict[str, Any]]]) -> list[asyncio.Task[Any]]:
+async def _line_up(
+    adapter: Any, model: FakeModel, requests: list[tuple[str, dict[str, Any]]]
+) -> list[asyncio.Task[Any]]:
     """Start a blocker job, then queue ``requests`` (id, raw) behind it in this order."""
     tasks = [asyncio.create_task(collect(adapter, raw_request(prompt="blocker"), request_id="blocker"))]
     await wait_until(lambda: model.active == 1, "the blocker is in the model")
@@ -79,8 +81,16 @@ async def test_compatible_waiting_requests_share_one_job_and_keep_their_own_imag
     assert results[0][-1].info["batch_size"] == 1
 
 
-@pytest.mark.parametrize("different", [{"width": 128}, {"height": 128}, {"num_inference_steps": 5},
-                                       {"guidance_scale": 3.0}, {"negative_prompt": "blurry"}])
+@pytest.mark.parametrize(
+    "different",
+    [
+        {"width": 128},
+        {"height": 128},
+        {"num_inference_steps": 5},
+        {"guidance_scale": 3.0},
+        {"negative_prompt": "blurry"},
+    ],
+)
 async def test_incompatible_requests_are_not_merged(make_adapter: Any, different: dict[str, Any]) -> None:
     adapter, model = make_adapter(FakeModel(hold=True), max_batch_size=8)
     requests = [("a", raw_request(seed=1)), ("b", raw_request(seed=2, **different)), ("c", raw_request(seed=3))]
@@ -94,8 +104,12 @@ async def test_incompatible_requests_are_not_merged(make_adapter: Any, different
 async def test_only_requests_with_the_same_scheduler_share_a_job(make_adapter: Any) -> None:
     """Schedulers are per job (each job builds its own), so a job carries one scheduler for all its images."""
     adapter, model = make_adapter(FakeModel(hold=True), max_batch_size=8)
-    requests = [("a", raw_request(seed=1, scheduler="DDIM")), ("b", raw_request(seed=2, scheduler="Euler a")),
-                ("c", raw_request(seed=3, scheduler="DDIM")), ("d", raw_request(seed=4))]
+    requests = [
+        ("a", raw_request(seed=1, scheduler="DDIM")),
+        ("b", raw_request(seed=2, scheduler="Euler a")),
+        ("c", raw_request(seed=3, scheduler="DDIM")),
+        ("d", raw_request(seed=4)),
+    ]
 
     results = await _run_lined_up(adapter, model, requests)
     assert _jobs(model) == [["blocker"], ["a", "c"], ["b"], ["d"]]
@@ -107,8 +121,13 @@ async def test_only_requests_with_the_same_scheduler_share_a_job(make_adapter: A
 async def test_the_head_of_the_line_always_goes_next(make_adapter: Any) -> None:
     adapter, model = make_adapter(FakeModel(hold=True), max_batch_size=8)
     small, large = {"width": 64, "height": 64}, {"width": 128, "height": 128}
-    requests = [("s1", raw_request(**small)), ("l1", raw_request(**large)), ("s2", raw_request(**small)),
-                ("l2", raw_request(**large)), ("s3", raw_request(**small))]
+    requests = [
+        ("s1", raw_request(**small)),
+        ("l1", raw_request(**large)),
+        ("s2", raw_request(**small)),
+        ("l2", raw_request(**large)),
+        ("s3", raw_request(**small)),
+    ]
 
     await _run_lined_up(adapter, model, requests)
     # FIFO for the head: s1 leads, taking the later small ones; then l1, the oldest left, leads.
@@ -117,8 +136,13 @@ async def test_the_head_of_the_line_always_goes_next(make_adapter: Any) -> None:
 
 async def test_max_batch_size_bounds_the_images_in_a_job(make_adapter: Any) -> None:
     adapter, model = make_adapter(FakeModel(hold=True), max_batch_size=3)
-    requests = [("a", raw_request(num_images=2)), ("b", raw_request(num_images=2)), ("c", raw_request(num_images=1)),
-                ("d", raw_request(num_images=1)), ("e", raw_request(num_images=1))]
+    requests = [
+        ("a", raw_request(num_images=2)),
+        ("b", raw_request(num_images=2)),
+        ("c", raw_request(num_images=1)),
+        ("d", raw_request(num_images=1)),
+        ("e", raw_request(num_images=1)),
+    ]
 
     await _run_lined_up(adapter, model, requests)
     assert all(job.num_images <= 3 for job in model.calls)

@@ -19,7 +19,11 @@ pytestmark = BROWSER_MARKS
 @pytest.fixture(scope="module")
 def app_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     # Stop needs a job of seconds (100 steps at 256 px): over the default cost budget.
-    with running_app(tmp_path_factory.mktemp("browser"), "--max-pixel-steps", str(256 * 256 * 100)) as (url, _demo, _adapter):
+    with running_app(tmp_path_factory.mktemp("browser"), "--max-pixel-steps", str(256 * 256 * 100)) as (
+        url,
+        _demo,
+        _adapter,
+    ):
         yield url
 
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from pipeline.serving.events import Done, Step, Waiting
 from pipeline.errors import ShuttingDown
-from tests.helpers import collect, raw_request, wait_until
+from pipeline.serving.events import Done, Step, Waiting
 from tests.fakes import FakeModel
+from tests.helpers import collect, raw_request, wait_until
 
 pytestmark = pytest.mark.anyio
 

@@ -14,11 +14,21 @@ def test_defaults() -> None:
 
 
 def test_environment_then_flags() -> None:
-    env = {"GRADIO_SERVER_NAME": "0.0.0.0", "GRADIO_SERVER_PORT": "9000", "T2I_MODEL": "stabilityai/sd-turbo",
-           "T2I_CPU_OFFLOAD": "1", "T2I_OUTPUT_DIR": "/tmp/x"}
+    env = {
+        "GRADIO_SERVER_NAME": "0.0.0.0",
+        "GRADIO_SERVER_PORT": "9000",
+        "T2I_MODEL": "stabilityai/sd-turbo",
+        "T2I_CPU_OFFLOAD": "1",
+        "T2I_OUTPUT_DIR": "/tmp/x",
+    }
     s = load_settings([], environ=env)
     assert (s.host, s.port, s.model, s.cpu_offload, s.output_dir) == (
-        "0.0.0.0", 9000, "stabilityai/sd-turbo", True, Path("/tmp/x"))
+        "0.0.0.0",
+        9000,
+        "stabilityai/sd-turbo",
+        True,
+        Path("/tmp/x"),
+    )
     s = load_settings(["--port", "9100", "--model", "./local", "--share", "--vae-tiling"], environ=env)
     assert (s.port, s.model, s.share, s.vae_tiling) == (9100, "./local", True, True)
 
@@ -57,8 +67,10 @@ def test_replica_resources_split_the_cluster() -> None:
     assert replica_resources(two, {"CPU": 32, "GPU": 2}) == (16.0, 1.0)
     assert replica_resources(two, {"CPU": 32, "GPU": 1}) == (16.0, 0.0)  # not one GPU each: CPU replicas
     assert replica_resources(Settings(backend="ray", replicas=2, device="cpu"), {"CPU": 8, "GPU": 4}) == (4.0, 0.0)
-    assert replica_resources(Settings(backend="ray", replicas=3, replica_cpus=0.5, replica_gpus=0.25),
-                             {"CPU": 1}) == (0.5, 0.25)
+    assert replica_resources(Settings(backend="ray", replicas=3, replica_cpus=0.5, replica_gpus=0.25), {"CPU": 1}) == (
+        0.5,
+        0.25,
+    )
 
 
 def test_the_default_waiting_cap_leaves_other_users_a_handler_slot() -> None:

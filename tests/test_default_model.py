@@ -36,7 +36,11 @@ def test_held_out_combinations_are_never_drawn_for_training() -> None:
     assert trained == set(shapes.training_combos())  # every other combination is
     held = sorted(shapes.HELD_OUT)  # and each held-out word is still seen in other combinations
     for fg, shape, bg in held:
-        assert any(c[0] == fg for c in trained) and any(c[1] == shape for c in trained) and any(c[2] == bg for c in trained)
+        assert (
+            any(c[0] == fg for c in trained)
+            and any(c[1] == shape for c in trained)
+            and any(c[2] == bg for c in trained)
+        )
     assert {p for p, spec in prompt_set() if spec.combo in shapes.HELD_OUT}  # the evaluation covers them
 
 
@@ -54,11 +58,11 @@ def test_a_missing_default_model_is_a_clear_error(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def pipe():  # noqa: ANN201
+def pipe():
     return load(DEFAULT_MODEL_DIR)
 
 
-def test_the_prompt_controls_the_picture(pipe) -> None:  # noqa: ANN001
+def test_the_prompt_controls_the_picture(pipe) -> None:
     """Eight prompts (the UI's examples), a fixed seed, 64 px: the colours and shapes asked for."""
     prompts = list(SHOWCASE)
     assert len(prompts) >= 8
@@ -74,10 +78,14 @@ def test_the_prompt_controls_the_picture(pipe) -> None:  # noqa: ANN001
     assert shape >= 5, detail
 
 
-def test_the_same_prompt_with_other_colours_gives_other_colours(pipe) -> None:  # noqa: ANN001
+def test_the_same_prompt_with_other_colours_gives_other_colours(pipe) -> None:
     """Not a fixed picture: swapping the colour words swaps the colours drawn."""
-    images = generate(pipe, ["a red square on a blue background", "a blue square on a red background"], [3, 3],
-                      guidance_of(DEFAULT_MODEL_DIR))
+    images = generate(
+        pipe,
+        ["a red square on a blue background", "a blue square on a red background"],
+        [3, 3],
+        guidance_of(DEFAULT_MODEL_DIR),
+    )
     first, second = (shapes.score(i) for i in images)
     assert (first.fg, first.bg) == ("red", "blue") and (second.fg, second.bg) == ("blue", "red")
 
@@ -94,8 +102,8 @@ def test_training_is_deterministic_and_writes_a_loadable_model(tmp_path: Path) -
     """The training script, end to end on a tiny configuration, twice: the same bytes, and the app's
     loader reads the result (with the defaults saved next to it)."""
     from pipeline.config import Settings
-    from pipeline.engine.loading import load_model
     from pipeline.default_model.train import train
+    from pipeline.engine.loading import load_model
 
     tiny = dict(vae_images=32, vae_steps=3, vae_batch=4, images=64, unet_steps=3, unet_batch=8)
     train(tmp_path / "a", seed=5, config=tiny, threads=1)

@@ -24,15 +24,27 @@ def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def run(script: str, *args: str) -> str:
-    out = subprocess.run([sys.executable, str(ROOT / "examples" / script), *args], cwd=ROOT, capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / script), *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
 
 
 def test_generate_prints_progress_and_saves_pngs_with_their_parameters(url: str, tmp_path: Path) -> None:
-    stdout = run("generate.py", "--url", url, "--prompt", "a red circle on a blue background", "--steps", "12",
-                 "--images", "2", "--out", str(tmp_path))
+    stdout = run(
+        "generate.py",
+        "--url",
+        url,
+        "--prompt",
+        "a red circle on a blue background",
+        "--steps",
+        "12",
+        "--images",
+        "2",
+        "--out",
+        str(tmp_path),
+    )
     assert "step 12/12" in stdout and stdout.count("saved ") == 2
     saved = sorted(tmp_path.glob("*.png"))
     assert len(saved) == 2

@@ -20,8 +20,24 @@ def test_jobs_before_counts_only_entries_between_ready_and_entered() -> None:
 
 
 def test_the_report_names_every_light_request() -> None:
-    row = {"request_id": "abcdef123", "jobs_before": 1, "heavy_waiting_at_arrival": 40, "other_active_users": 1,
-           "gpu_wait_ms": 12.0, "total_ms": 99.0, "batching": "step"}
-    text = render({"heavy": 50, "light": 1, "steps": 8, "step_ms_median": 10.0, "light_requests": [row],
-                   "heavy_total_ms_p50": 1.0, "heavy_total_ms_max": 2.0})
+    row = {
+        "request_id": "abcdef123",
+        "jobs_before": 1,
+        "heavy_waiting_at_arrival": 40,
+        "other_active_users": 1,
+        "gpu_wait_ms": 12.0,
+        "total_ms": 99.0,
+        "batching": "step",
+    }
+    text = render(
+        {
+            "heavy": 50,
+            "light": 1,
+            "steps": 8,
+            "step_ms_median": 10.0,
+            "light_requests": [row],
+            "heavy_total_ms_p50": 1.0,
+            "heavy_total_ms_max": 2.0,
+        }
+    )
     assert "| abcdef12 | 1 | 1 | 40 | 12 | 99 |" in text

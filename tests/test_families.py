@@ -125,8 +125,9 @@ def test_every_offered_sampler_runs_with_progress_and_previews(family: tuple[Fam
     spec, _, pipe = family
     profile = build_profile(pipe, spec.name, "cpu", torch.float32)
     flow = spec.prediction_type == "flow"
-    assert profile.schedulers == (("default",) if flow else ("default", "Euler", "Euler a", "DPM++ 2M Karras",
-                                                              "DDIM", "UniPC"))
+    assert profile.schedulers == (
+        ("default",) if flow else ("default", "Euler", "Euler a", "DPM++ 2M Karras", "DDIM", "UniPC")
+    )
     channels = pipe.vae.config.latent_channels
     model = DiffusersModel(pipe, profile, PreviewMap([(torch.zeros(3, channels), torch.full((3,), 0.5))]))
     base, base_config = pipe.scheduler, dict(pipe.scheduler.config)

@@ -39,8 +39,16 @@ EXPECTED: dict[str, tuple[int, float, int, bool, str]] = {
 FAMILIES = list(EXPECTED)
 RESULTS: dict[str, dict[str, str]] = {}
 SERVED_MAX_GUIDANCE = [1.5]  # the family being served's top guidance (the fixture sets it)
-ROWS = ("starts", "defaults", "negative prompt", "sizes", "progress + cancel", "same pixels", "long prompt",
-        "batching + seed")
+ROWS = (
+    "starts",
+    "defaults",
+    "negative prompt",
+    "sizes",
+    "progress + cancel",
+    "same pixels",
+    "long prompt",
+    "batching + seed",
+)
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -53,7 +61,10 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     # The model on a thread of the test process: the family is under test here, not the model process
     # (tests/test_model_process.py), which would cost each family ~8 s to start.
     with running_app(tmp, "--model", str(folder), "--model-side", "thread", "--max-batch-size", "4") as (
-        url, _demo, adapter):
+        url,
+        _demo,
+        adapter,
+    ):
         RESULTS.setdefault(family, {})["starts"] = "yes"
         SERVED_MAX_GUIDANCE[0] = adapter.profile.max_guidance
         yield family, Client(url, verbose=False, download_files=str(tmp / "dl")), adapter
@@ -88,7 +99,11 @@ def test_defaults_and_limits_come_from_the_model(served: tuple[str, Any, Any]) -
     steps, guidance, multiple, negative, _ = EXPECTED[family]
     p = adapter.profile
     assert (p.default_steps, p.default_guidance, p.size_multiple, p.supports_negative_prompt) == (
-        steps, guidance, multiple, negative), p
+        steps,
+        guidance,
+        multiple,
+        negative,
+    ), p
     assert p.min_steps <= 2 and p.default_width % multiple == 0
     record(family, "defaults", f"{steps} steps, guidance {guidance:g}")
 
@@ -117,7 +132,7 @@ def test_every_offered_size_works_and_a_wrong_one_names_the_multiple(served: tup
     family, client, adapter = served
     m = adapter.profile.size_multiple
     width, height = max(64, m * 2), max(64, m * 2) + m  # not square, each a multiple
-    gallery, info = generate(client, width=width, height=height, num_inference_steps=steps_for(family))
+    gallery, _info = generate(client, width=width, height=height, num_inference_steps=steps_for(family))
     with Image.open(gallery[0]["image"]) as image:
         assert image.size == (width, height)
     if m > 8:
@@ -129,19 +144,26 @@ def test_every_offered_size_works_and_a_wrong_one_names_the_multiple(served: tup
 def test_progress_and_cancel(served: tuple[str, Any, Any]) -> None:
     family, client, adapter = served
     steps = min(60, adapter.profile.max_steps)
-    job = client.submit(**request(adapter, width=64, height=64, num_inference_steps=steps, live_preview=True),
-                        api_name="/generate")
+    job = client.submit(
+        **request(adapter, width=64, height=64, num_inference_steps=steps, live_preview=True), api_name="/generate"
+    )
     # The first preview comes at once; later ones at most every 0.25 s, and a short job (FLUX schnell's
     # 8 steps here) may end before another: cancel at the first step reported, or find the job done.
-    wait_for(lambda: any(o[1].get("status") == "running" and o[1].get("step", 0) >= 1 for o in job.outputs())
-             or job.done(), "a step reported", timeout=120)
+    wait_for(
+        lambda: any(o[1].get("status") == "running" and o[1].get("step", 0) >= 1 for o in job.outputs()) or job.done(),
+        "a step reported",
+        timeout=120,
+    )
     job.cancel()
     wait_for(lambda: not adapter.inference_in_progress, "the cancelled job left the model", timeout=60)
     registry = adapter.metrics.registry
-    after = registry.get_sample_value("steps_after_stop_sum") / max(1, registry.get_sample_value("steps_after_stop_count"))
+    after = registry.get_sample_value("steps_after_stop_sum") / max(
+        1, registry.get_sample_value("steps_after_stop_count")
+    )
     assert after <= 1, f"{after} steps ran after the stop"
-    shown = client.submit(**request(adapter, width=64, height=64, num_inference_steps=8, live_preview=True),
-                          api_name="/generate")
+    shown = client.submit(
+        **request(adapter, width=64, height=64, num_inference_steps=8, live_preview=True), api_name="/generate"
+    )
     _, info = shown.result(timeout=300)
     previews = [o[0] for o in shown.outputs() if o[1].get("status") == "running" and o[0]]
     assert info["status"] == "done" and len(previews) >= 1, "no live preview"
@@ -160,8 +182,14 @@ def test_the_same_pixels_as_a_plain_diffusers_call(served: tuple[str, Any, Any])
     pipe = DiffusionPipeline.from_pretrained(str(built_family(family)))
     pipe.set_progress_bar_config(disable=True)
     with torch.inference_mode():
-        plain = pipe(prompt=["a red circle"], width=size, height=size, num_inference_steps=args["num_inference_steps"],
-                     guidance_scale=gs, generator=[torch.Generator("cpu").manual_seed(5)]).images[0]
+        plain = pipe(
+            prompt=["a red circle"],
+            width=size,
+            height=size,
+            num_inference_steps=args["num_inference_steps"],
+            guidance_scale=gs,
+            generator=[torch.Generator("cpu").manual_seed(5)],
+        ).images[0]
     diff = float(np.abs(pixels(gallery) - np.asarray(plain, dtype=np.float32) / 255).mean())
     assert diff <= 1 / 255, diff
     record(family, "same pixels", f"yes ({diff * 255:.2f}/255)")
@@ -179,17 +207,24 @@ def test_the_long_prompt_note_names_the_encoder_that_cut_it(served: tuple[str, A
 
 def test_batching_keeps_each_image_and_a_seed_repeats(served: tuple[str, Any, Any]) -> None:
     family, client, adapter = served
-    common = dict(width=64, height=64, num_inference_steps=steps_for(family),
-                  guidance_scale=min(1.5, adapter.profile.max_guidance))
+    common = dict(
+        width=64,
+        height=64,
+        num_inference_steps=steps_for(family),
+        guidance_scale=min(1.5, adapter.profile.max_guidance),
+    )
     alone, _ = generate(client, seed=21, **common)
     again, _ = generate(client, seed=21, **common)
     assert np.array_equal(pixels(alone), pixels(again))
-    blocker = client.submit(**request(adapter, width=256, height=256,
-                                      num_inference_steps=min(30, adapter.profile.max_steps), seed=1),
-                            api_name="/generate")
+    blocker = client.submit(
+        **request(adapter, width=256, height=256, num_inference_steps=min(30, adapter.profile.max_steps), seed=1),
+        api_name="/generate",
+    )
     wait_for(lambda: any(o[1].get("status") == "running" for o in blocker.outputs()), "the blocker runs", 120)
-    jobs = [client.submit(**request(seed=s, prompt=p, **common), api_name="/generate")
-            for s, p in ((21, "a red circle"), (22, "a green star"))]
+    jobs = [
+        client.submit(**request(seed=s, prompt=p, **common), api_name="/generate")
+        for s, p in ((21, "a red circle"), (22, "a green star"))
+    ]
     results = [job.result(timeout=300) for job in jobs]
     blocker.result(timeout=300)
     sizes = [info["batch_size"] for _, info in results]

@@ -57,8 +57,17 @@ FAMILIES = list(EXPECTED)
 # neither a guidance change nor a negative prompt can show there, in the app or in diffusers.
 INERT_TEXT = ("ernie-image", "kandinsky5")
 RESULTS: dict[str, dict[str, str]] = {}
-ROWS = ("defaults", "size step", "same pixels", "guidance", "negative prompt", "progress + cancel", "previews",
-        "long prompt", "batching")
+ROWS = (
+    "defaults",
+    "size step",
+    "same pixels",
+    "guidance",
+    "negative prompt",
+    "progress + cancel",
+    "previews",
+    "long prompt",
+    "batching",
+)
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -70,8 +79,17 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     tmp = tmp_path_factory.mktemp(family)
     # The model on a thread of the test process: the family is what is under test here, and a model
     # process of its own (tests/test_model_process.py) would cost each family ~8 s to start.
-    with running_app(tmp, "--model", str(folder), "--model-side", "thread", "--max-prompt-chars", "20000",
-                     "--max-pixel-steps", str(2048 * 2048 * 200)) as (url, _demo, adapter):
+    with running_app(
+        tmp,
+        "--model",
+        str(folder),
+        "--model-side",
+        "thread",
+        "--max-prompt-chars",
+        "20000",
+        "--max-pixel-steps",
+        str(2048 * 2048 * 200),
+    ) as (url, _demo, adapter):
         yield family, Client(url, verbose=False, download_files=str(tmp / "dl")), adapter
 
 
@@ -100,8 +118,13 @@ def steps_of(adapter: Any, wanted: int = 2) -> int:
 
 def generate(client: Any, adapter: Any, **over: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     width, height = size_of(adapter)
-    args = {"width": width, "height": height, "num_inference_steps": steps_of(adapter),
-            "guidance_scale": adapter.profile.default_guidance, **over}
+    args = {
+        "width": width,
+        "height": height,
+        "num_inference_steps": steps_of(adapter),
+        "guidance_scale": adapter.profile.default_guidance,
+        **over,
+    }
     return client.predict(**raw_request(**args), api_name="/generate")
 
 
@@ -111,8 +134,14 @@ def test_defaults_and_the_size_step(served: tuple[str, Any, Any]) -> None:
     family, client, adapter = served
     steps, guidance, arg, step, size, negative, _, _ = EXPECTED[family]
     p = adapter.profile
-    assert (p.default_steps, p.default_guidance, p.guidance_arg, p.size_multiple, p.default_width,
-            p.supports_negative_prompt) == (steps, guidance, arg, step, size, negative), p
+    assert (
+        p.default_steps,
+        p.default_guidance,
+        p.guidance_arg,
+        p.size_multiple,
+        p.default_width,
+        p.supports_negative_prompt,
+    ) == (steps, guidance, arg, step, size, negative), p
     record(family, "defaults", f"{steps} steps, " + (f"{arg} {guidance:g}" if arg else "no guidance"))
     width, height = size_of(adapter)
     if p.size_choices:
@@ -139,8 +168,14 @@ def test_the_same_pixels_as_a_plain_diffusers_call_and_the_controls(served: tupl
     assert info["status"] == "done" and Image.open(gallery[0]["image"]).size == (width, height)
     pipe = DiffusionPipeline.from_pretrained(str(built_family(family)))
     pipe.set_progress_bar_config(disable=True)
-    call = dict(prompt=["a red circle"], width=width, height=height, num_inference_steps=steps,
-                generator=[torch.Generator("cpu").manual_seed(5)], **fixed)
+    call = dict(
+        prompt=["a red circle"],
+        width=width,
+        height=height,
+        num_inference_steps=steps,
+        generator=[torch.Generator("cpu").manual_seed(5)],
+        **fixed,
+    )
     if arg is not None and family != "hunyuanimage-2.1":  # HunyuanImage's scale is its guider's config
         call[arg] = p.default_guidance
     with torch.inference_mode():
@@ -171,14 +206,21 @@ def test_the_same_pixels_as_a_plain_diffusers_call_and_the_controls(served: tupl
         moved = float(np.abs(plain_other - np.asarray(plain, dtype=np.float32) / 255).mean())
         if moved > 1e-4:
             assert np.abs(pixels(changed) - pixels(gallery)).mean() > 1e-4, f"{arg} changed nothing"
-        record(family, "guidance", f"{arg} " + ("changes the image" if moved > 1e-4 else
-                                                "reaches the model (no effect in the tiny build)"))
+        record(
+            family,
+            "guidance",
+            f"{arg} " + ("changes the image" if moved > 1e-4 else "reaches the model (no effect in the tiny build)"),
+        )
     if negative:
         with_negative, _ = generate(client, adapter, seed=5, negative_prompt="a blue square")
         changed_by = float(np.abs(pixels(with_negative) - pixels(gallery)).mean())
         if family not in INERT_TEXT:
             assert changed_by > 1e-4, "the negative prompt changed nothing"
-        record(family, "negative prompt", "changes the image" if changed_by > 1e-4 else "sent (no effect in the tiny build)")
+        record(
+            family,
+            "negative prompt",
+            "changes the image" if changed_by > 1e-4 else "sent (no effect in the tiny build)",
+        )
     else:
         with pytest.raises(ValidationError, match="negative_prompt must be empty: "):
             generate(client, adapter, seed=5, negative_prompt="a blue square")
@@ -190,18 +232,35 @@ def test_progress_cancel_and_previews(served: tuple[str, Any, Any]) -> None:
     p = adapter.profile
     width, height = size_of(adapter)
     steps = p.step_choices[-1] if p.step_choices else min(30, p.max_steps)
-    job = client.submit(**raw_request(width=width, height=height, num_inference_steps=steps, live_preview=True,
-                                      guidance_scale=p.default_guidance), api_name="/generate")
-    wait_for(lambda: any(o[1].get("status") == "running" and o[1].get("step", 0) >= 1 for o in job.outputs())
-             or job.done(), "a step reported", timeout=300)
+    job = client.submit(
+        **raw_request(
+            width=width, height=height, num_inference_steps=steps, live_preview=True, guidance_scale=p.default_guidance
+        ),
+        api_name="/generate",
+    )
+    wait_for(
+        lambda: any(o[1].get("status") == "running" and o[1].get("step", 0) >= 1 for o in job.outputs()) or job.done(),
+        "a step reported",
+        timeout=300,
+    )
     job.cancel()
     wait_for(lambda: not adapter.inference_in_progress, "the cancelled job left the model", timeout=120)
     registry = adapter.metrics.registry
-    after = registry.get_sample_value("steps_after_stop_sum") / max(1, registry.get_sample_value("steps_after_stop_count"))
+    after = registry.get_sample_value("steps_after_stop_sum") / max(
+        1, registry.get_sample_value("steps_after_stop_count")
+    )
     assert after <= 1, f"{after} steps ran after the stop"
     record(family, "progress + cancel", "yes")
-    shown = client.submit(**raw_request(width=width, height=height, num_inference_steps=steps_of(adapter, 4),
-                                        live_preview=True, guidance_scale=p.default_guidance), api_name="/generate")
+    shown = client.submit(
+        **raw_request(
+            width=width,
+            height=height,
+            num_inference_steps=steps_of(adapter, 4),
+            live_preview=True,
+            guidance_scale=p.default_guidance,
+        ),
+        api_name="/generate",
+    )
     _, info = shown.result(timeout=300)
     previews = [o[0] for o in shown.outputs() if o[1].get("status") == "running" and o[0]]
     assert info["status"] == "done"
@@ -222,10 +281,13 @@ def test_the_long_prompt_note_names_the_encoder_that_cut_it(served: tuple[str, A
     assert any(f"the {encoder} text encoder reads the first {encoders[encoder]}" in w for w in info["warnings"]), info
     if "ByT5" in encoders:  # HunyuanImage's glyph encoder reads the quoted text only
         assert not any("ByT5" in w for w in info["warnings"]), info
-        _, info = generate(client, adapter, prompt='a sign that says "' + "x" * 150 + '"',
-                           num_inference_steps=steps_of(adapter, 1))
-        assert any("prompt's quoted text is 159 tokens; the ByT5 text encoder reads the first 128" in w
-                   for w in info["warnings"]), info
+        _, info = generate(
+            client, adapter, prompt='a sign that says "' + "x" * 150 + '"', num_inference_steps=steps_of(adapter, 1)
+        )
+        assert any(
+            "prompt's quoted text is 159 tokens; the ByT5 text encoder reads the first 128" in w
+            for w in info["warnings"]
+        ), info
     record(family, "long prompt", ", ".join(f"{e} {n}" for e, n in encoders.items()))
 
 
@@ -239,9 +301,19 @@ def test_two_waiting_requests_share_a_job_and_keep_their_own_pixels(served: tupl
     alone, _ = generate(client, adapter, **first)
     with gate_held(adapter):
         width, height = size_of(adapter)
-        jobs = [client.submit(**raw_request(width=width, height=height, num_inference_steps=steps_of(adapter),
-                                            guidance_scale=adapter.profile.default_guidance, **r), api_name="/generate")
-                for r in (first, second)]
+        jobs = [
+            client.submit(
+                **raw_request(
+                    width=width,
+                    height=height,
+                    num_inference_steps=steps_of(adapter),
+                    guidance_scale=adapter.profile.default_guidance,
+                    **r,
+                ),
+                api_name="/generate",
+            )
+            for r in (first, second)
+        ]
         wait_for(lambda: adapter.gpu_queue_depth == 2, "both requests wait at the gate", timeout=60)
     (gallery, info), (other, other_info) = (job.result(timeout=300) for job in jobs)
     assert (info["batch_size"], other_info["batch_size"]) == (2, 2), (info, other_info)

@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from pipeline.protocol import InferenceJob
-from tests.helpers import raw_request, running_app
 from tests.fakes import WAIT, FakeModel
+from tests.helpers import raw_request, running_app
 
 pytestmark = pytest.mark.server
 
@@ -62,8 +62,10 @@ def test_a_pipeline_exception_gives_a_generic_message_with_the_request_id(
     request_id = re.search(r"request id ([0-9a-f]{12})", message).group(1)
     assert "internal error" in message and "secret internal detail" not in message
     # The traceback goes to the log only (as text: the model side reports errors as plain data).
-    assert any(request_id in r.getMessage() and "Traceback" in r.getMessage() and "secret internal detail"
-               in r.getMessage() for r in caplog.records)
+    assert any(
+        request_id in r.getMessage() and "Traceback" in r.getMessage() and "secret internal detail" in r.getMessage()
+        for r in caplog.records
+    )
     fake.outcome = None
     _ok(client)
 
@@ -93,7 +95,9 @@ def test_three_failures_in_a_row_make_health_degraded(client: Any, fake: FakeMod
     assert httpx.get(url + "health").json()["status"] == "ok"
 
 
-def test_a_hung_job_ends_with_a_clear_error_at_the_time_limit(client: Any, fake: FakeModel, app: tuple[str, Any, Any]) -> None:
+def test_a_hung_job_ends_with_a_clear_error_at_the_time_limit(
+    client: Any, fake: FakeModel, app: tuple[str, Any, Any]
+) -> None:
     from gradio_client.exceptions import AppError
 
     url = app[0]

@@ -17,13 +17,26 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import api_fn_index, queue_call, raw_request, running_app
 from tests.fakes import FakeModel
+from tests.helpers import api_fn_index, queue_call, raw_request, running_app
 
 pytestmark = pytest.mark.server
 
-FIELDS = ["prompt", "negative_prompt", "seed", "randomize_seed", "width", "height", "num_inference_steps",
-          "guidance_scale", "num_images", "live_preview", "scheduler", "lora", "lora_scale"]
+FIELDS = [
+    "prompt",
+    "negative_prompt",
+    "seed",
+    "randomize_seed",
+    "width",
+    "height",
+    "num_inference_steps",
+    "guidance_scale",
+    "num_images",
+    "live_preview",
+    "scheduler",
+    "lora",
+    "lora_scale",
+]
 # gradio_client's ValidationError: one refused parameter, and our message, which starts with its name.
 REFUSED = re.compile(r"1 parameter\(s\) failed validation:\n- (\w+): (.*)", re.S)
 
@@ -42,8 +55,18 @@ weird_values = st.one_of(
 )
 weird_text = st.one_of(
     st.text(max_size=200),
-    st.sampled_from(["", " ", "<script>alert(1)</script>", "<img src=x onerror=alert(1)>", "\u202e\u0000x",
-                     "ð\U0001f600" * 50, "a" * 1_000_000, "word " * 400]),
+    st.sampled_from(
+        [
+            "",
+            " ",
+            "<script>alert(1)</script>",
+            "<img src=x onerror=alert(1)>",
+            "\u202e\u0000x",
+            "ð\U0001f600" * 50,
+            "a" * 1_000_000,
+            "word " * 400,
+        ]
+    ),
     weird_values,
 )
 
@@ -66,7 +89,11 @@ def fake() -> FakeModel:
 def url(fake: FakeModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tmp = tmp_path_factory.mktemp("fuzz")
     # Hundreds of calls from one client: the per-address rate (tests/test_hostile.py's business) is lifted.
-    with running_app(tmp, "--model-side", "thread", "--rate-limit", "1000", load=lambda: fake) as (url, _demo, _adapter):
+    with running_app(tmp, "--model-side", "thread", "--rate-limit", "1000", load=lambda: fake) as (
+        url,
+        _demo,
+        _adapter,
+    ):
         yield url
 
 
@@ -91,8 +118,11 @@ def _refused_at_join(message: dict[str, Any]) -> tuple[str, str]:
     return refused[0]
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                 HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(request=case())
 def test_raw_http_fuzz(url: str, fake: FakeModel, request: dict[str, Any]) -> None:
     before = len(fake.calls)
@@ -105,8 +135,11 @@ def test_raw_http_fuzz(url: str, fake: FakeModel, request: dict[str, Any]) -> No
         _check(False, _refused_at_join(message), before, fake)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(request=case())
 def test_gradio_client_fuzz(url: str, fake: FakeModel, client_cache: dict[str, Any], request: dict[str, Any]) -> None:
     from gradio_client.exceptions import ValidationError

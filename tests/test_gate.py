@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from pipeline.serving.events import Done, Step, Waiting
-from tests.helpers import assert_progress, collect, raw_request, wait_until
 from tests.fakes import FakeModel
+from tests.helpers import assert_progress, collect, raw_request, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -99,8 +99,16 @@ async def test_progress_events_in_order_and_timings_in_order(make_adapter: Any) 
     done = events[-1]
     assert isinstance(done, Done) and len(done.paths) == 2
     t = done.info["timings"]
-    order = ["received", "prepare_start", "prepare_end", "gpu_wait_start", "infer_start", "infer_end",
-             "finalize_start", "finalize_end"]
+    order = [
+        "received",
+        "prepare_start",
+        "prepare_end",
+        "gpu_wait_start",
+        "infer_start",
+        "infer_end",
+        "finalize_start",
+        "finalize_end",
+    ]
     assert [t[k] for k in order] == sorted(t[k] for k in order)
     assert done.info["seeds"] == [1, 2] and done.info["batch_size"] == 2 and done.info["batch_requests"] == 1
 
@@ -115,7 +123,7 @@ async def test_only_a_prompt_that_might_not_fit_is_counted_and_off_the_loop(make
         counted.append((text, threading.current_thread().name))
         release.wait(10)
 
-    adapter, model = make_adapter(FakeModel(prepare_hook=slow_count))
+    adapter, _model = make_adapter(FakeModel(prepare_hook=slow_count))
     short = await collect(adapter, raw_request(prompt="a red circle"))
     assert counted == [] and isinstance(short[-1], Done) and short[-1].info["warnings"] == []
     long_prompt = "word " * 80

@@ -43,8 +43,10 @@ def gallery(*paths: str) -> list[tuple[str, str]]:
 
 def test_the_summary_names_seed_size_steps_guidance_sampler_and_time() -> None:
     line = summary_markdown(done("r1", [7]))
-    assert line == ("**Seed** 7 · **Size** 96×64 · **Steps** 12 · **Guidance** 7.5 · **Sampler** Euler a · "
-                    "**Time** 1.23 s (waited 0.25 s)")
+    assert line == (
+        "**Seed** 7 · **Size** 96×64 · **Steps** 12 · **Guidance** 7.5 · **Sampler** Euler a · "
+        "**Time** 1.23 s (waited 0.25 s)"
+    )
     assert summary_markdown(done("r2", [7, 8, 9])).startswith("**Seeds** 7–9 ·")
     assert summary_markdown({"status": "running", "step": 3}) == "" and summary_markdown(None) == ""
 

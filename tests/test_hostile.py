@@ -30,8 +30,20 @@ from tests.helpers import raw_request, running_app, wait_for
 
 pytestmark = pytest.mark.server
 
-LIMITS = ("--trusted-proxies", "127.0.0.1", "--max-sessions-per-user", "4", "--rate-limit", "2",
-          "--max-connections-per-address", "8", "--request-timeout", "1", "--max-pixel-steps", "1000000")
+LIMITS = (
+    "--trusted-proxies",
+    "127.0.0.1",
+    "--max-sessions-per-user",
+    "4",
+    "--rate-limit",
+    "2",
+    "--max-connections-per-address",
+    "8",
+    "--request-timeout",
+    "1",
+    "--max-pixel-steps",
+    "1000000",
+)
 
 
 def peer(address: str, **kwargs: Any) -> httpx.Client:
@@ -43,18 +55,33 @@ def fn_index(demo: Any, api_name: str) -> int:
     return next(i for i, fn in demo.fns.items() if fn.api_name == api_name)
 
 
-def join(http: httpx.Client, url: str, fn: int, data: list[Any], session: str | None = None,
-         **extra: Any) -> httpx.Response:
+def join(
+    http: httpx.Client, url: str, fn: int, data: list[Any], session: str | None = None, **extra: Any
+) -> httpx.Response:
     body = {"data": data, "fn_index": fn, "session_hash": session or uuid.uuid4().hex[:11], **extra}
     return http.post(url + "gradio_api/queue/join", json=body)
 
 
 def generate_data(**overrides: Any) -> list[Any]:
     raw = raw_request(**overrides)
-    return [raw.get(k, v) for k, v in [("prompt", ""), ("negative_prompt", ""), ("seed", 0), ("randomize_seed", False),
-                                       ("width", 64), ("height", 64), ("num_inference_steps", 2),
-                                       ("guidance_scale", 7.5), ("num_images", 1), ("live_preview", False),
-                                       ("scheduler", "default"), ("lora", "none"), ("lora_scale", 1.0)]]
+    return [
+        raw.get(k, v)
+        for k, v in [
+            ("prompt", ""),
+            ("negative_prompt", ""),
+            ("seed", 0),
+            ("randomize_seed", False),
+            ("width", 64),
+            ("height", 64),
+            ("num_inference_steps", 2),
+            ("guidance_scale", 7.5),
+            ("num_images", 1),
+            ("live_preview", False),
+            ("scheduler", "default"),
+            ("lora", "none"),
+            ("lora_scale", 1.0),
+        ]
+    ]
 
 
 class Recorder:
@@ -79,8 +106,8 @@ def recorder() -> Iterator[Recorder]:
 
     rec = Recorder()
     saved = gradio.processing_utils.async_ssrf_protected_download, gradio.routes.secure_url_stream_response
-    gradio.processing_utils.async_ssrf_protected_download = rec.download  # type: ignore[assignment]
-    gradio.routes.secure_url_stream_response = rec.stream  # type: ignore[assignment]
+    gradio.processing_utils.async_ssrf_protected_download = rec.download
+    gradio.routes.secure_url_stream_response = rec.stream
     yield rec
     gradio.processing_utils.async_ssrf_protected_download, gradio.routes.secure_url_stream_response = saved
 
@@ -162,12 +189,16 @@ def test_history_and_zip_come_only_from_what_the_server_wrote_for_that_session(a
 
 
 @pytest.mark.parametrize("where", ["generate", "apply", "select"])
-def test_file_shaped_payloads_are_refused_before_gradio_fetches_anything(app: Any, recorder: Recorder,
-                                                                         where: str) -> None:
+def test_file_shaped_payloads_are_refused_before_gradio_fetches_anything(
+    app: Any, recorder: Recorder, where: str
+) -> None:
     url, demo, _adapter, model = app
     calls = len(model.calls)
-    file_data = {"path": "https://example.com/big.bin", "url": "https://example.com/big.bin",
-                 "meta": {"_type": "gradio.FileData"}}
+    file_data = {
+        "path": "https://example.com/big.bin",
+        "url": "https://example.com/big.bin",
+        "meta": {"_type": "gradio.FileData"},
+    }
     with peer("127.0.0.5") as http:
         if where == "generate":
             data = generate_data()
@@ -176,7 +207,9 @@ def test_file_shaped_payloads_are_refused_before_gradio_fetches_anything(app: An
         elif where == "apply":
             answer = join(http, url, fn_index(demo, "apply"), [file_data])
         else:  # a select event's data: cut down to its index, the file in it never reaches Gradio
-            answer = join(http, url, fn_index(demo, "restore_selected"), [], event_data={"index": 0, "value": file_data})
+            answer = join(
+                http, url, fn_index(demo, "restore_selected"), [], event_data={"index": 0, "value": file_data}
+            )
             assert answer.status_code == 200
             time.sleep(0.5)
     if where != "select":
@@ -187,12 +220,24 @@ def test_file_shaped_payloads_are_refused_before_gradio_fetches_anything(app: An
 def test_urls_and_closed_routes_fetch_nothing(app: Any, recorder: Recorder) -> None:
     url, _demo, _adapter, _model = app
     with peer("127.0.0.6") as http:
-        for path in ("gradio_api/file=https://example.com/x.png", "gradio_api/file=http%3A//example.com/x",
-                     "gradio_api/file=//example.com/x", "gradio_api/proxy=https://x.hf.space/file=a",
-                     "monitoring", "monitoring/summary", "gradio_api/vibe-code"):
+        for path in (
+            "gradio_api/file=https://example.com/x.png",
+            "gradio_api/file=http%3A//example.com/x",
+            "gradio_api/file=//example.com/x",
+            "gradio_api/proxy=https://x.hf.space/file=a",
+            "monitoring",
+            "monitoring/summary",
+            "gradio_api/vibe-code",
+        ):
             assert http.get(url + path).status_code in (403, 404), path
-        for path in ("gradio_api/process_recording", "gradio_api/run/generate", "gradio_api/api/generate",
-                     "gradio_api/component_server", "gradio_api/stream/x", "gradio_api/vibe-edit"):
+        for path in (
+            "gradio_api/process_recording",
+            "gradio_api/run/generate",
+            "gradio_api/api/generate",
+            "gradio_api/component_server",
+            "gradio_api/stream/x",
+            "gradio_api/vibe-edit",
+        ):
             assert http.post(url + path, json={"data": []}).status_code == 404, path
         assert http.get(url + "health").status_code == 200 and http.get(url).status_code == 200
     assert recorder.fetched == []
@@ -205,11 +250,13 @@ def test_a_flood_of_fresh_sessions_is_refused_and_a_waiting_users_job_and_histor
         results: list[dict[str, Any]] = []
         with peer("127.0.0.7") as user, peer("127.0.0.8") as flood:
             waiting = threading.Thread(
-                target=lambda: results.append(raw_http_predict(url, gen, generate_data(), http=user, session="u1")))
+                target=lambda: results.append(raw_http_predict(url, gen, generate_data(), http=user, session="u1"))
+            )
             waiting.start()
             wait_for(lambda: model.active == 1, "the user's job runs")
-            codes = [join(flood, url, gen, generate_data(), session=uuid.uuid4().hex[:11]).status_code
-                     for _ in range(200)]
+            codes = [
+                join(flood, url, gen, generate_data(), session=uuid.uuid4().hex[:11]).status_code for _ in range(200)
+            ]
             assert codes.count(429) >= 190, codes  # four sessions (the cap), then nothing more
             # One session flooding a cheap event: the identity's bucket (2 a second, 20 saved up) runs dry.
             with peer("127.0.0.17") as same:
@@ -286,8 +333,9 @@ def raw_json(http: httpx.Client, url: str, body: dict[str, Any], headers: dict[s
     joined = http.post(url + "gradio_api/queue/join", json=body, headers=headers)
     if joined.status_code != 200:
         return joined.text
-    with http.stream("GET", url + "gradio_api/queue/data", params={"session_hash": body["session_hash"]},
-                     headers=headers) as stream:
+    with http.stream(
+        "GET", url + "gradio_api/queue/data", params={"session_hash": body["session_hash"]}, headers=headers
+    ) as stream:
         for line in stream.iter_lines():
             if line.startswith("data:") and json.loads(line[5:]).get("msg") == "process_completed":
                 return line
@@ -298,8 +346,12 @@ def test_an_over_budget_request_is_refused_before_the_queue(app: Any) -> None:
     url, demo, adapter, model = app
     calls = len(model.calls)
     with peer("127.0.0.12") as http:
-        answer = join(http, url, fn_index(demo, "generate"),
-                      generate_data(width=512, height=512, num_inference_steps=50, num_images=4))
+        answer = join(
+            http,
+            url,
+            fn_index(demo, "generate"),
+            generate_data(width=512, height=512, num_inference_steps=50, num_images=4),
+        )
     assert answer.status_code == 422, answer.text
     assert "pixel-steps (the cost budget, --max-pixel-steps)" in answer.text and "512×512×50×4" in answer.text
     assert len(model.calls) == calls and adapter.gpu_queue_depth == 0
@@ -350,8 +402,12 @@ def test_a_prompts_newlines_plant_no_metadata_and_the_paste_reads_it_back(app: A
     url, demo, _adapter, _model = app
     prompt = "a red circle\nNegative prompt: planted\nSteps: 99, Sampler: Heun, CFG scale: 1, Seed: 5, Size: 64x64"
     with peer("127.0.0.16") as http:
-        done = raw_http_predict(url, fn_index(demo, "generate"),
-                                generate_data(prompt=prompt, negative_prompt="dark, blurry: no\nmore"), http=http)
+        done = raw_http_predict(
+            url,
+            fn_index(demo, "generate"),
+            generate_data(prompt=prompt, negative_prompt="dark, blurry: no\nmore"),
+            http=http,
+        )
         assert done["success"], done
         path = done["output"]["data"][0][0]["image"]["path"]
         text = Image.open(path).text["parameters"]
@@ -376,8 +432,18 @@ class NoisyModel(FakeModel):
 
 
 def test_gradio_temp_file_sets_stay_bounded_under_a_soak(tmp_path: Path) -> None:
-    args = ("--output-max-mb", "1", "--sweep-interval", "0.1", "--rate-limit", "1000", "--max-sessions-per-user", "1000",
-            "--max-pixel-steps", str(256 * 256 * 4))
+    args = (
+        "--output-max-mb",
+        "1",
+        "--sweep-interval",
+        "0.1",
+        "--rate-limit",
+        "1000",
+        "--max-sessions-per-user",
+        "1000",
+        "--max-pixel-steps",
+        str(256 * 256 * 4),
+    )
     with running_app(tmp_path, *args, load=lambda: NoisyModel()) as (url, demo, _adapter):
         gen = fn_index(demo, "generate")
         counts = []
@@ -414,8 +480,9 @@ def test_a_full_disk_says_retry_later_leaves_no_partial_file_and_the_app_serves_
     with running_app(small_disk.parent, *args, load=lambda: NoisyModel()) as (url, demo, _adapter):
         gen = fn_index(demo, "generate")
         with peer("127.0.0.18") as http:
-            outcomes = [raw_http_predict(url, gen, generate_data(seed=k, width=256, height=256), http=http)
-                        for k in range(8)]  # about 200 KB each: the disk fills within five
+            outcomes = [
+                raw_http_predict(url, gen, generate_data(seed=k, width=256, height=256), http=http) for k in range(8)
+            ]  # about 200 KB each: the disk fills within five
         errors = [o["output"].get("error") for o in outcomes if not o["success"]]
         assert errors and all(e == "The server's storage is full; please retry later." for e in errors), errors
         assert not list(small_disk.rglob("*.tmp")), "a partial file was left"

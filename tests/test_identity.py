@@ -65,7 +65,11 @@ def test_a_seal_is_believed_only_on_loopback_and_only_if_this_process_made_it() 
 
 
 def test_the_handler_takes_the_front_doors_caller_and_adds_the_login() -> None:
-    request = gr.Request(username="ann", session_hash="s1", client={"host": "10.0.0.1", "port": 1},
-                         headers={"x-forwarded-for": "203.0.113.9"})
+    request = gr.Request(
+        username="ann",
+        session_hash="s1",
+        client={"host": "10.0.0.1", "port": 1},
+        headers={"x-forwarded-for": "203.0.113.9"},
+    )
     assert request_caller(request, PROXY).key == "user:ann@203.0.113.9"  # resolved here when no door ran
     assert request_caller(None, PROXY) is None

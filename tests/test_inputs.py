@@ -45,17 +45,26 @@ def test_over_long_text_is_refused_naming_the_field_and_the_cap(policy: Any) -> 
     refused = refusal(rules, join(index["py"], ["x" * 1_000_000, 3]))
     assert refused.status == 422
     bad = [d for d in refused.detail if not d["is_valid"]]
-    assert bad == [{"__type__": "validate", "is_valid": False, "parameter_name": "pasted",
-                    "message": "Parameters text must be text of at most 100 characters; got 1000000 characters"}]
+    assert bad == [
+        {
+            "__type__": "validate",
+            "is_valid": False,
+            "parameter_name": "pasted",
+            "message": "Parameters text must be text of at most 100 characters; got 1000000 characters",
+        }
+    ]
     assert len(refused.detail) == 2  # one entry per input, as Gradio's validator answers
 
 
-@pytest.mark.parametrize("value", [
-    {"path": "https://example.com/x.png", "meta": {"_type": "gradio.FileData"}},
-    {"path": "/etc/passwd"},
-    [1, {"url": "https://example.com/a"}],
-    {"meta": {"_type": "gradio.FileData"}},
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"path": "https://example.com/x.png", "meta": {"_type": "gradio.FileData"}},
+        {"path": "/etc/passwd"},
+        [1, {"url": "https://example.com/a"}],
+        {"meta": {"_type": "gradio.FileData"}},
+    ],
+)
 def test_a_file_shaped_value_anywhere_is_refused(policy: Any, value: Any) -> None:
     rules, index = policy
     refused = refusal(rules, join(index["py"], ["a", value]))
@@ -69,19 +78,22 @@ def test_a_large_non_text_value_is_refused(policy: Any) -> None:
     rules.check_join(join(index["py"], ["a", [1, 2, 3]]))  # small: types are the validators' business
 
 
-@pytest.mark.parametrize(("body", "status"), [
-    ("not an object", 400),
-    ({"data": [], "fn_index": 999, "session_hash": "a"}, 404),
-    ({"data": ["a", 1], "fn_index": "0", "session_hash": "a"}, 404),
-    ({"data": ["a", 1], "fn_index": True, "session_hash": "a"}, 404),
-    ({"data": ["a"], "fn_index": None, "session_hash": "a"}, 404),
-    ({"data": ["a", 1], "session_hash": "../../etc"}, 400),
-    ({"data": ["a", 1], "session_hash": "x" * 65}, 400),
-    ({"data": ["a", 1], "session_hash": None}, 400),
-    ({"data": ["a"], "session_hash": "a"}, 400),
-    ({"data": ["a", 1], "session_hash": "a", "trigger_id": "x"}, 400),
-    ({"data": ["a", 1], "session_hash": "a", "surprise": 1}, 400),
-])
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        ("not an object", 400),
+        ({"data": [], "fn_index": 999, "session_hash": "a"}, 404),
+        ({"data": ["a", 1], "fn_index": "0", "session_hash": "a"}, 404),
+        ({"data": ["a", 1], "fn_index": True, "session_hash": "a"}, 404),
+        ({"data": ["a"], "fn_index": None, "session_hash": "a"}, 404),
+        ({"data": ["a", 1], "session_hash": "../../etc"}, 400),
+        ({"data": ["a", 1], "session_hash": "x" * 65}, 400),
+        ({"data": ["a", 1], "session_hash": None}, 400),
+        ({"data": ["a"], "session_hash": "a"}, 400),
+        ({"data": ["a", 1], "session_hash": "a", "trigger_id": "x"}, 400),
+        ({"data": ["a", 1], "session_hash": "a", "surprise": 1}, 400),
+    ],
+)
 def test_the_body_itself_is_checked(policy: Any, body: Any, status: int) -> None:
     rules, index = policy
     if isinstance(body, dict) and "fn_index" not in body:

@@ -173,7 +173,7 @@ async def test_members_may_differ_in_steps_guidance_prompt_and_image_count(make_
     results = await asyncio.gather(*tasks)
     from PIL import Image
 
-    for (rid, raw), result in zip(spec.items(), results):
+    for (_rid, raw), result in zip(spec.items(), results):
         done = result[-1]
         assert isinstance(done, Done), result
         assert done.info["steps_done"] == raw["num_inference_steps"]
@@ -191,7 +191,7 @@ async def test_different_samplers_never_share_a_loop(make_adapter: Any) -> None:
     await _loop_blocked_in(model, 1)
     b = await _start(adapter, "b", scheduler="DDIM")
     steps.release(20)
-    ra, rb = await asyncio.gather(a, b)
+    _ra, rb = await asyncio.gather(a, b)
     assert all(len(s) == 1 for s in model.loop_steps)
     assert rb[-1].info["joined_at_step"] == 0 and rb[-1].info["scheduler"] == "DDIM"
 
@@ -217,14 +217,14 @@ async def test_step_joining_off_keeps_job_level_batching(make_adapter: Any) -> N
     await wait_until(lambda: model.active == 1, "a runs")
     b = await _start(adapter, "b", num_inference_steps=3)
     steps.release(20)
-    ra, rb = await asyncio.gather(a, b)
+    _ra, rb = await asyncio.gather(a, b)
     assert [job.request_id for job in model.calls] == ["a", "b"] and not model.loop_steps
     assert rb[-1].info["batching"] == "job" and rb[-1].info["joined_at_step"] is None
     assert model.max_active == 1
 
 
 async def test_a_model_without_a_loop_keeps_job_level_batching(make_adapter: Any) -> None:
-    adapter, model = make_adapter(FakeModel(), max_batch_size=4, step_joining=True)
+    adapter, _model = make_adapter(FakeModel(), max_batch_size=4, step_joining=True)
     assert not adapter.step_joining
     done = (await collect(adapter, raw_request()))[-1]
     assert done.info["batching"] == "job"
@@ -280,11 +280,18 @@ def test_the_model_side_holds_a_joiner_until_the_loop_has_room() -> None:
     try:
         base = InferenceJob("a", ("p",), ("",), (1,), 64, 64, 3, 7.5, joinable=True, loop_images_max=2)
         two = dict(prompts=("p", "p"), negative_prompts=("", ""), seeds=(2, 3))
-        jobs = [base, dataclasses.replace(base, request_id="b", num_inference_steps=2, **two),
-                dataclasses.replace(base, request_id="c", seeds=(4,), num_inference_steps=1)]
+        jobs = [
+            base,
+            dataclasses.replace(base, request_id="b", num_inference_steps=2, **two),
+            dataclasses.replace(base, request_id="c", seeds=(4,), num_inference_steps=1),
+        ]
         ends: queue.SimpleQueue[Any] = queue.SimpleQueue()
         for job in jobs:  # all queued before the first step: a opens the loop, b (2 images) cannot fit yet
-            runner.submit(job, threading.Event(), lambda e, r=job.request_id: ends.put((r, e)) if isinstance(e, TERMINAL) else None)
+            runner.submit(
+                job,
+                threading.Event(),
+                lambda e, r=job.request_id: ends.put((r, e)) if isinstance(e, TERMINAL) else None,
+            )
         steps.release(20)
         results = dict(ends.get(timeout=10) for _ in jobs)
     finally:

@@ -285,8 +285,15 @@ def test_loop_keys_name_size_and_sampler_and_only_the_supported_families_have_on
     class PixArtSigmaPipeline:  # any pipeline without a loop: job-level batching, as before
         scheduler = model.pipe.scheduler
 
-        def __call__(self, prompt: Any = None, negative_prompt: Any = None, height: int | None = None,
-                     width: int | None = None, num_inference_steps: int = 20, guidance_scale: float = 4.5) -> None: ...
+        def __call__(
+            self,
+            prompt: Any = None,
+            negative_prompt: Any = None,
+            height: int | None = None,
+            width: int | None = None,
+            num_inference_steps: int = 20,
+            guidance_scale: float = 4.5,
+        ) -> None: ...
 
     other = DiffusersModel(PixArtSigmaPipeline(), replace(model.profile, family="pixart"), None)
     assert other.loop_key(a) is None

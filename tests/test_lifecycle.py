@@ -12,11 +12,24 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from tests.helpers import raw_request, running_app, wait_for
 from tests.fakes import WAIT, FakeModel
+from tests.helpers import raw_request, running_app, wait_for
 
-PARAMS = ["prompt", "negative_prompt", "seed", "randomize_seed", "width", "height", "num_inference_steps",
-          "guidance_scale", "num_images", "live_preview", "scheduler", "lora", "lora_scale"]
+PARAMS = [
+    "prompt",
+    "negative_prompt",
+    "seed",
+    "randomize_seed",
+    "width",
+    "height",
+    "num_inference_steps",
+    "guidance_scale",
+    "num_images",
+    "live_preview",
+    "scheduler",
+    "lora",
+    "lora_scale",
+]
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +95,9 @@ def test_health_reports_idle_then_busy(url: str, fake: FakeModel, client: Any) -
 def test_metrics_count_completed_cancelled_and_rejected(url: str, fake: FakeModel, client: Any) -> None:
     from gradio_client.exceptions import ValidationError
 
-    before = {o: metric(url, "jobs_total", f'{{outcome="{o}"}}') for o in ("completed", "cancelled", "rejected", "failed")}
+    before = {
+        o: metric(url, "jobs_total", f'{{outcome="{o}"}}') for o in ("completed", "cancelled", "rejected", "failed")
+    }
     steps_before = metric(url, "denoise_steps_total")
 
     client.predict(**raw_request(num_inference_steps=4, seed=21), api_name="/generate")  # completed: 4 steps
@@ -156,8 +171,9 @@ def test_a_dropped_connection_stops_the_job(url: str, fake: FakeModel, served: t
     session = uuid.uuid4().hex[:10]
     data = [raw_request(num_inference_steps=40, seed=41, live_preview=False)[p] for p in PARAMS]
     fake.step_gate = threading.Semaphore(0)
-    joined = httpx.post(url + "gradio_api/queue/join", timeout=10,
-                        json={"data": data, "fn_index": fn_index, "session_hash": session})
+    joined = httpx.post(
+        url + "gradio_api/queue/join", timeout=10, json={"data": data, "fn_index": fn_index, "session_hash": session}
+    )
     assert joined.status_code == 200, joined.text
     with httpx.stream("GET", url + f"gradio_api/queue/data?session_hash={session}", timeout=WAIT) as stream:
         fake.step_gate.release(3)
@@ -187,8 +203,9 @@ def _last_id(fake: FakeModel) -> str:
 
 
 @pytest.mark.server
-def test_progress_outputs_never_rebuild_a_component(served: tuple[str, Any, Any], client: Any,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_progress_outputs_never_rebuild_a_component(
+    served: tuple[str, Any, Any], client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A prop update (``gr.skip()``, ``gr.update()``) makes Gradio rebuild the component and its JSON
     schema on the event loop; progress outputs must not send one (issue 5: half the loop's GIL time)."""
     import gradio.state_holder

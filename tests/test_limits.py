@@ -28,14 +28,17 @@ async def test_the_cost_budget_is_a_few_default_jobs_and_a_request_over_it_is_re
     with pytest.raises(InvalidRequest) as refused:
         validate(raw_request(width=128, height=128, num_inference_steps=8, num_images=2), limits)
     assert refused.value.field == "num_inference_steps"
-    assert str(refused.value) == ("width × height × num_inference_steps × num_images must be at most 131072 "
-                                  "pixel-steps (the cost budget, --max-pixel-steps); got 128×128×8×2 = 262144")
+    assert str(refused.value) == (
+        "width × height × num_inference_steps × num_images must be at most 131072 "
+        "pixel-steps (the cost budget, --max-pixel-steps); got 128×128×8×2 = 262144"
+    )
     assert Limits.for_model(FAKE_PROFILE, max_pixel_steps=10**9).max_pixel_steps == 10**9
 
 
 def _job(steps: int, images: int = 1, loop_images_max: int = 0) -> InferenceJob:
-    return InferenceJob("r", ("p",) * images, ("",) * images, tuple(range(images)), 64, 64, steps, 7.5,
-                        loop_images_max=loop_images_max)
+    return InferenceJob(
+        "r", ("p",) * images, ("",) * images, tuple(range(images)), 64, 64, steps, 7.5, loop_images_max=loop_images_max
+    )
 
 
 async def test_without_job_timeout_each_job_is_limited_by_the_measured_rate(make_adapter: Any) -> None:

@@ -28,7 +28,10 @@ def test_previews_go_only_to_the_caller_who_asked_at_display_size_as_jpeg(tmp_pa
     from gradio_client import Client
 
     with running_app(tmp_path, "--max-batch-size", "4", "--max-size", "512", "--max-pixel-steps", str(10**9)) as (
-            url, _demo, adapter):
+        url,
+        _demo,
+        adapter,
+    ):
         client = Client(url, verbose=False, download_files=str(tmp_path / "dl"))
         common = dict(width=384, height=256, num_inference_steps=8, guidance_scale=4.0)
         client.predict(**raw_request(width=64, height=64, num_inference_steps=1), api_name="/generate")
@@ -42,7 +45,10 @@ def test_previews_go_only_to_the_caller_who_asked_at_display_size_as_jpeg(tmp_pa
         assert shown, "the caller who asked got no preview"
         for path in shown:
             with Image.open(path) as preview:
-                assert preview.format == "JPEG" and max(preview.size) <= PREVIEW_MAX_SIDE, (preview.format, preview.size)
+                assert preview.format == "JPEG" and max(preview.size) <= PREVIEW_MAX_SIDE, (
+                    preview.format,
+                    preview.size,
+                )
                 assert preview.size == (256, 171)  # the picture's aspect, at display size
         # The browser's GET of a preview is answered from memory by the front door (its own headers),
         # with the bytes gradio_client downloaded.

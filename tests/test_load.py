@@ -18,8 +18,8 @@ import httpx
 import psutil
 import pytest
 
-from tests.helpers import free_port, raw_request, running_app, wait_for
 from tests.fakes import WAIT, FakeModel
+from tests.helpers import free_port, raw_request, running_app, wait_for
 
 pytestmark = pytest.mark.server
 
@@ -58,16 +58,37 @@ def test_queue_full_rejects_exactly_the_excess_at_once(tmp_path: Path) -> None:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, psutil.Process, list[Path]]]:
     tmp = tmp_path_factory.mktemp("soak")
     port = free_port()
-    env = {**os.environ, "GRADIO_TEMP_DIR": str(tmp / "gradio"), "T2I_OUTPUT_DIR": str(tmp / "out"),
-           "HF_HUB_OFFLINE": "1"}
+    env = {
+        **os.environ,
+        "GRADIO_TEMP_DIR": str(tmp / "gradio"),
+        "T2I_OUTPUT_DIR": str(tmp / "out"),
+        "HF_HUB_OFFLINE": "1",
+    }
     log = (tmp / "server.log").open("w")
     proc = subprocess.Popen(
-        [sys.executable, "app.py", "--port", str(port), "--output-max-mb", str(OUTPUT_BUDGET_MB),
-         # files younger than the interval are kept (at most 10 s): long enough for the clients to fetch them
-         "--sweep-interval", "2",
-         # many load clients share one address here, where each would be its own person
-         "--rate-limit", "1000", "--max-connections-per-address", "1000", "--max-sessions-per-user", "1000"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        [
+            sys.executable,
+            "app.py",
+            "--port",
+            str(port),
+            "--output-max-mb",
+            str(OUTPUT_BUDGET_MB),
+            # files younger than the interval are kept (at most 10 s): long enough for the clients to fetch them
+            "--sweep-interval",
+            "2",
+            # many load clients share one address here, where each would be its own person
+            "--rate-limit",
+            "1000",
+            "--max-connections-per-address",
+            "1000",
+            "--max-sessions-per-user",
+            "1000",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}/"
     try:
         wait_for(lambda: _healthy(url), "the server is up", timeout=90)
@@ -85,7 +106,9 @@ def _healthy(url: str) -> bool:
         return False
 
 
-def _run_clients(url: str, clients: int, *, seconds: float | None = None, total: int | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+def _run_clients(
+    url: str, clients: int, *, seconds: float | None = None, total: int | None = None
+) -> tuple[list[dict[str, Any]], list[str]]:
     from gradio_client import Client
 
     infos: list[dict[str, Any]] = []
@@ -105,7 +128,7 @@ def _run_clients(url: str, clients: int, *, seconds: float | None = None, total:
                 _, info = client.predict(**raw_request(seed=n, num_inference_steps=3), api_name="/generate")
                 with lock:
                     infos.append(info)
-            except Exception as exc:  # noqa: BLE001 - every error is collected and asserted on
+            except Exception as exc:
                 with lock:
                     errors.append(repr(exc))
 
@@ -143,7 +166,9 @@ def test_load_several_clients_for_a_fixed_time(server: tuple[str, psutil.Process
     _assert_one_inference_at_a_time(infos)
 
 
-@pytest.mark.parametrize("requests", [pytest.param(200, id="short"), pytest.param(3000, id="long", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "requests", [pytest.param(200, id="short"), pytest.param(3000, id="long", marks=pytest.mark.slow)]
+)
 def test_soak_memory_and_files_level_off(server: tuple[str, psutil.Process, list[Path]], requests: int) -> None:
     url, process, folders = server
     warmup, _ = _run_clients(url, clients=4, total=50)

@@ -22,7 +22,10 @@ def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     # The load generator stands in for many users from one address: the per-address limits are lifted.
     lifted = ("--rate-limit", "1000", "--max-sessions-per-user", "1000", "--max-connections-per-address", "1000")
     with app_process(tmp_path_factory.mktemp("loadgen"), "--model", NULL_128, "--max-batch-size", "1", *lifted) as (
-        url, _, _):
+        url,
+        _,
+        _,
+    ):
         yield url
 
 

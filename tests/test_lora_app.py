@@ -30,15 +30,27 @@ COMMON = dict(prompt="a red circle", seed=3, width=64, height=64, num_inference_
 
 def job_of(lora: str = "", scale: float = 1.0) -> InferenceJob:
     """The in-process job the app's request above runs as."""
-    return InferenceJob("j", ("a red circle",), ("",), (3,), 64, 64, 3, 3.0, lora=lora, lora_scale=scale if lora else 0.0)
+    return InferenceJob(
+        "j", ("a red circle",), ("",), (3,), 64, 64, 3, 3.0, lora=lora, lora_scale=scale if lora else 0.0
+    )
 
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any, Any]]:
     tmp = tmp_path_factory.mktemp("lora-app")
     loras = loras_of("default")
-    args = ("--lora", f"ink={loras['a']}", "--lora", f"glow={loras['b']}:0.6", "--max-batch-size", "4", "--max-pixel-steps", str(10**9),
-            "--lora-batching", "mixed")  # auto keeps a loop per adapter on the CPU: this checks the mixed path
+    args = (
+        "--lora",
+        f"ink={loras['a']}",
+        "--lora",
+        f"glow={loras['b']}:0.6",
+        "--max-batch-size",
+        "4",
+        "--max-pixel-steps",
+        str(10**9),
+        "--lora-batching",
+        "mixed",
+    )  # auto keeps a loop per adapter on the CPU: this checks the mixed path
     with running_app(tmp, *args) as (url, _demo, adapter):
         from gradio_client import Client
 
@@ -88,7 +100,7 @@ def test_cancel_progress_and_previews_with_an_adapter(app: Any) -> None:
     _url, adapter, client = app
     previewed = client.submit(**raw_request(**{**COMMON, "lora": "ink", "num_inference_steps": 16,
                                                "live_preview": True}), api_name="/generate")  # fmt: skip
-    gallery, info = previewed.result(timeout=300)
+    _gallery, info = previewed.result(timeout=300)
     running = [o[1] for o in previewed.outputs() if o[1].get("status") == "running"]
     assert running and all(r["total"] == 16 for r in running) and running[-1]["step"] <= 16
     assert any(o[0] for o in previewed.outputs() if o[1].get("status") == "running"), "no preview came"
@@ -113,7 +125,7 @@ def test_cancel_progress_and_previews_with_an_adapter(app: Any) -> None:
 def test_an_unknown_adapter_is_refused_at_join_with_the_choices(app: Any) -> None:
     from gradio_client.exceptions import AppError
 
-    _url, adapter, client = app
+    _url, _adapter, client = app
     with pytest.raises((AppError, ValueError)) as caught:
         client.predict(**raw_request(**{**COMMON, "lora": "sketch"}), api_name="/generate")
     assert "lora must be one of: none, ink, glow" in str(caught.value)

@@ -107,7 +107,9 @@ def test_a_bad_adapter_or_scale_names_the_field_and_the_choices(raw: dict[str, A
 def test_on_a_server_without_adapters_only_none_is_accepted_and_it_says_how_to_load_one() -> None:
     plain = Limits.for_model(FAKE_PROFILE)
     assert validate(raw_request(lora="none"), plain).lora == ""
-    with pytest.raises(InvalidRequest, match="one of: none \\(this server loaded no LoRA adapters: start it with --lora"):
+    with pytest.raises(
+        InvalidRequest, match="one of: none \\(this server loaded no LoRA adapters: start it with --lora"
+    ):
         validate(raw_request(lora="ink"), plain)
 
 
@@ -128,7 +130,9 @@ async def test_a_job_holds_one_adapter_at_one_scale(make_adapter: Any) -> None:
     plan = [("a", "ink", 0.8), ("b", "Pixel-Art", 0.8), ("c", "ink", 0.8), ("d", "ink", 0.5), ("e", "none", 0.8)]
     tasks = []
     for i, (rid, lora, scale) in enumerate(plan):
-        tasks.append(asyncio.create_task(collect(adapter, raw_request(seed=i, lora=lora, lora_scale=scale), request_id=rid)))
+        tasks.append(
+            asyncio.create_task(collect(adapter, raw_request(seed=i, lora=lora, lora_scale=scale), request_id=rid))
+        )
         await wait_until(lambda: adapter.gpu_queue_depth == i + 1, f"{rid} waits")
     for _ in range(6):
         model.release.release()

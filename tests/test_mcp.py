@@ -59,9 +59,18 @@ async def test_generate_is_listed_as_a_described_typed_tool(url: str) -> None:
 @pytest.mark.parametrize("with_progress", [False, True], ids=["plain-call", "with-progress-token"])
 async def test_the_tool_returns_the_pictures_and_the_info_as_json(url: str, with_progress: bool) -> None:
     # Gradio answers a call with a progress token and one without on two different paths; both.
-    args = {"prompt": "a red circle on a blue background", "negative_prompt": "", "seed": 3, "randomize_seed": False,
-            "width": 64, "height": 96, "num_inference_steps": 4, "guidance_scale": 4.0, "num_images": 2,
-            "live_preview": False}  # 64 x 96, not square: a swapped width and height fails
+    args = {
+        "prompt": "a red circle on a blue background",
+        "negative_prompt": "",
+        "seed": 3,
+        "randomize_seed": False,
+        "width": 64,
+        "height": 96,
+        "num_inference_steps": 4,
+        "guidance_scale": 4.0,
+        "num_images": 2,
+        "live_preview": False,
+    }  # 64 x 96, not square: a swapped width and height fails
 
     async def progress(*_: Any) -> None:
         pass
@@ -90,6 +99,7 @@ async def test_the_tool_returns_the_pictures_and_the_info_as_json(url: str, with
 
 # -- under --auth, with forged headers, and a caller that goes away (issue 26) ---------------------------------
 
+
 def _client(address: str = "127.0.0.1", **headers: str) -> Any:
     import httpx
 
@@ -106,8 +116,18 @@ async def _session_with(url: str, http: Any, work: Any) -> Any:
             return await work(session)
 
 
-TOOL_ARGS = {"prompt": "a red circle", "negative_prompt": "", "seed": 1, "randomize_seed": False, "width": 64,
-             "height": 64, "num_inference_steps": 2, "guidance_scale": 4.0, "num_images": 1, "live_preview": False}
+TOOL_ARGS = {
+    "prompt": "a red circle",
+    "negative_prompt": "",
+    "seed": 1,
+    "randomize_seed": False,
+    "width": 64,
+    "height": 64,
+    "num_inference_steps": 2,
+    "guidance_scale": 4.0,
+    "num_images": 1,
+    "live_preview": False,
+}
 
 
 async def test_under_auth_mcp_needs_the_login_and_works_with_basic_or_bearer(tmp_path: Any) -> None:
@@ -115,15 +135,18 @@ async def test_under_auth_mcp_needs_the_login_and_works_with_basic_or_bearer(tmp
 
     with running_app(tmp_path, "--mcp", "--auth", "u:p", load=lambda: FakeModel()) as (url, _demo, _adapter):
         async with httpx.AsyncClient() as anonymous:
-            listed = await anonymous.post(url + "gradio_api/mcp/", json={"jsonrpc": "2.0", "id": 1,
-                                                                        "method": "tools/list"},
-                                          headers={"accept": "application/json, text/event-stream"})
+            listed = await anonymous.post(
+                url + "gradio_api/mcp/",
+                json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+                headers={"accept": "application/json, text/event-stream"},
+            )
         assert listed.status_code == 401 and "Basic" in listed.headers["www-authenticate"]
         basic = "Basic " + base64.b64encode(b"u:p").decode()
         tools = await _session_with(url, _client(authorization=basic), lambda s: s.list_tools())
         assert "generate" in [t.name for t in tools.tools]
-        result = await _session_with(url, _client(authorization="Bearer u:p"),
-                                     lambda s: s.call_tool("generate", TOOL_ARGS))
+        result = await _session_with(
+            url, _client(authorization="Bearer u:p"), lambda s: s.call_tool("generate", TOOL_ARGS)
+        )
         assert not result.isError, _summary(result.content)
         assert [c.type for c in result.content].count("image") == 1
         wrong = _client(authorization="Bearer u:wrong")
@@ -137,11 +160,13 @@ async def test_an_mcp_caller_is_who_it_connects_from_not_what_its_headers_say(tm
     model = FakeModel(hold=True)
     args = ("--mcp", "--max-waiting-per-user", "1", "--concurrency", "6", "--max-batch-size", "1")
     with running_app(tmp_path, *args, load=lambda: model) as (url, _demo, adapter):
-        running = asyncio.create_task(_session_with(url, _client("127.0.0.2"), lambda s: s.call_tool("generate",
-                                                                                                  TOOL_ARGS)))
+        running = asyncio.create_task(
+            _session_with(url, _client("127.0.0.2"), lambda s: s.call_tool("generate", TOOL_ARGS))
+        )
         await asyncio.to_thread(wait_for, lambda: model.active == 1, "the first call runs")
-        waiting = asyncio.create_task(_session_with(url, _client("127.0.0.2"), lambda s: s.call_tool("generate",
-                                                                                                  TOOL_ARGS)))
+        waiting = asyncio.create_task(
+            _session_with(url, _client("127.0.0.2"), lambda s: s.call_tool("generate", TOOL_ARGS))
+        )
         await asyncio.to_thread(wait_for, lambda: adapter.gpu_queue_depth == 1, "the second call waits")
         forged = _client("127.0.0.2", **{"x-forwarded-for": "198.51.100.1", "x-t2i-caller": "198.51.100.2|x|y"})
         refused = await _session_with(url, forged, lambda s: s.call_tool("generate", TOOL_ARGS))
@@ -159,15 +184,17 @@ async def test_an_mcp_caller_that_disconnects_stops_its_job(tmp_path: Any) -> No
     steps = threading.Semaphore(0)
     model = FakeModel(step_gate=steps)
     with running_app(tmp_path, "--mcp", load=lambda: model) as (url, _demo, adapter):
-        call = asyncio.create_task(_session_with(url, _client(), lambda s: s.call_tool(
-            "generate", {**TOOL_ARGS, "num_inference_steps": 40})))
+        call = asyncio.create_task(
+            _session_with(url, _client(), lambda s: s.call_tool("generate", {**TOOL_ARGS, "num_inference_steps": 40}))
+        )
         steps.release(2)
         await asyncio.to_thread(wait_for, lambda: sum(model.steps_run.values()) >= 2, "two steps ran")
         call.cancel()  # the caller goes away: its connection closes
         with contextlib.suppress(asyncio.CancelledError):
             await call
-        await asyncio.to_thread(wait_for, lambda: any(stop.is_set() for stop in model.stops.values()),
-                                "the model is told to stop", 20)
+        await asyncio.to_thread(
+            wait_for, lambda: any(stop.is_set() for stop in model.stops.values()), "the model is told to stop", 20
+        )
         steps.release(40)
         await asyncio.to_thread(wait_for, lambda: adapter.in_flight == 0, "the job ended")
         assert sum(model.steps_run.values()) <= 4, model.steps_run  # stopped within a step or two, not all 40

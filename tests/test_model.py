@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from pipeline.engine.runner import ModelRunner
-from pipeline.serving.events import Done
-from pipeline.serving.local import LocalAdapter
 from pipeline.config import Settings
 from pipeline.default_model import DEFAULT_MODEL_DIR, ensure_default_model, model_defaults
 from pipeline.default_model.architecture import build_untrained
+from pipeline.engine.runner import ModelRunner
 from pipeline.request import Limits
+from pipeline.serving.events import Done
+from pipeline.serving.local import LocalAdapter
 from tests.helpers import collect, raw_request
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,8 +46,12 @@ def test_embedded_model_loads_from_disk_through_from_pretrained_offline() -> Non
         "print(type(p).__name__, p.vae_scale_factor, im.size)"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(ROOT)},
-        capture_output=True, text=True, timeout=180, cwd=ROOT,
+        [sys.executable, "-c", code],
+        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["StableDiffusionPipeline", "4", "(64,", "64)"]
@@ -65,7 +69,11 @@ def test_default_model_build_is_deterministic(tmp_path: Path) -> None:
 def test_default_model_profile_and_speed_settings(model: Any) -> None:
     p = model.profile
     assert (p.pipeline_class, p.scheduler, p.device, p.dtype) == (
-        "StableDiffusionPipeline", "EulerDiscreteScheduler", "cpu", "float32")
+        "StableDiffusionPipeline",
+        "EulerDiscreteScheduler",
+        "cpu",
+        "float32",
+    )
     assert (p.default_width, p.default_height, p.default_steps, p.size_multiple) == (64, 64, 20, 4)
     assert p.default_guidance == model_defaults(DEFAULT_MODEL_DIR)["guidance"]  # saved with the trained weights
     assert p.text_encoders == (("CLIP", 75),) and p.supports_negative_prompt and p.family == "sd"
@@ -83,9 +91,10 @@ def test_unguarded_threads_race_the_euler_scheduler(model: Any) -> None:
         barrier.wait()
         try:
             with torch.inference_mode():
-                pipe("a cat", num_inference_steps=20, width=64, height=64,
-                     generator=torch.Generator().manual_seed(seed))
-        except BaseException as exc:  # noqa: BLE001 - recorded for the assertion
+                pipe(
+                    "a cat", num_inference_steps=20, width=64, height=64, generator=torch.Generator().manual_seed(seed)
+                )
+        except BaseException as exc:
             errors.append(exc)
 
     for _attempt in range(RACE_ATTEMPTS):
@@ -110,10 +119,12 @@ async def test_the_same_load_through_the_adapter_never_races(model: Any, tmp_pat
     runs: list[list[Any]] = []
     try:
         for attempt in range(RACE_ATTEMPTS // 3):
-            runs += await asyncio.gather(*(
-                collect(adapter, raw_request(prompt="a cat", seed=attempt * 2 + s, num_inference_steps=20))
-                for s in (1, 2)
-            ))
+            runs += await asyncio.gather(
+                *(
+                    collect(adapter, raw_request(prompt="a cat", seed=attempt * 2 + s, num_inference_steps=20))
+                    for s in (1, 2)
+                )
+            )
     finally:
         adapter.shutdown_model(timeout=30)
         adapter.close()
@@ -184,8 +195,12 @@ def test_out_of_memory_frees_memory_and_says_what_to_do(model: Any) -> None:
         type(pipe).__call__ = original_call
         model.free_memory = original_free
     assert freed == [1] and info.value.__context__ is None  # freed outside the except block
-    assert model.generate(InferenceJob("after", ("x",), ("",), (1,), 64, 64, 2, 7.5), threading.Event(),
-                          lambda *_: None).steps_done == 2
+    assert (
+        model.generate(
+            InferenceJob("after", ("x",), ("",), (1,), 64, 64, 2, 7.5), threading.Event(), lambda *_: None
+        ).steps_done
+        == 2
+    )
 
 
 @pytest.mark.anyio
@@ -196,7 +211,9 @@ async def test_a_request_draws_the_same_images_alone_and_in_a_batch(model: Any, 
 
     runner = ModelRunner(lambda: model)
     runner.start(timeout=30)
-    adapter = LocalAdapter(runner, Limits.for_model(model.profile, max_pixel_steps=128 * 128 * 60), tmp_path, max_batch_size=4)
+    adapter = LocalAdapter(
+        runner, Limits.for_model(model.profile, max_pixel_steps=128 * 128 * 60), tmp_path, max_batch_size=4
+    )
     common = dict(num_inference_steps=8, width=64, height=64, guidance_scale=7.5)
     mine = raw_request(prompt="a red circle", negative_prompt="blurry", seed=1234, num_images=2, **common)
     # Both with a negative prompt: a request with one and a request without never share a job.
@@ -239,8 +256,9 @@ def test_live_previews_look_like_the_final_picture(model: Any) -> None:
     for seed, prompt in enumerate(EXAMPLE_PROMPTS[:4]):
         previews: dict[int, Any] = {}
         job = InferenceJob("p", (prompt,), ("",), (seed,), 64, 64, 20, 4.0, preview_every=2)
-        result = model.generate(job, threading.Event(), lambda step, total, shown: previews.update(
-            {step: shown[0]} if 0 in shown else {}))
+        result = model.generate(
+            job, threading.Event(), lambda step, total, shown: previews.update({step: shown[0]} if 0 in shown else {})
+        )
         assert sorted(previews) == list(range(2, 20, 2))  # every 2 steps, never the last
         final = np.asarray(result.images[0], dtype=np.float32) / 255
         diffs.append([float(np.abs(np.asarray(previews[s], dtype=np.float32) / 255 - final).mean()) for s in (10, 18)])
@@ -260,8 +278,12 @@ def test_a_preview_decoder_from_a_local_folder_draws_the_previews(tmp_path: Path
     from pipeline.protocol import InferenceJob
 
     torch.manual_seed(0)
-    AutoencoderTiny(encoder_block_out_channels=(8, 8, 8, 8), decoder_block_out_channels=(8, 8, 8, 8),
-                    num_encoder_blocks=(1, 1, 1, 1), num_decoder_blocks=(1, 1, 1, 1)).save_pretrained(tmp_path / "taesd")
+    AutoencoderTiny(
+        encoder_block_out_channels=(8, 8, 8, 8),
+        decoder_block_out_channels=(8, 8, 8, 8),
+        num_encoder_blocks=(1, 1, 1, 1),
+        num_decoder_blocks=(1, 1, 1, 1),
+    ).save_pretrained(tmp_path / "taesd")
     model = load_model(Settings(preview_decoder=tmp_path / "taesd"), warmup=False)
     assert isinstance(model.preview_map, DecoderPreview)
     decoded: list[tuple[int, ...]] = []
@@ -292,7 +314,11 @@ def test_each_job_gets_its_own_scheduler_and_the_pipelines_own_is_never_stepped(
         assert len(during) == 4 and all(s is during[0] for s in during), name  # one instance for the whole job
         used.append(during[0])
     assert [type(s).__name__ for s in used] == [
-        "DDIMScheduler", "EulerAncestralDiscreteScheduler", "EulerDiscreteScheduler", "EulerDiscreteScheduler"]
+        "DDIMScheduler",
+        "EulerAncestralDiscreteScheduler",
+        "EulerDiscreteScheduler",
+        "EulerDiscreteScheduler",
+    ]
     assert len({id(s) for s in [*used, base]}) == 5  # four jobs, four instances, none of them the pipeline's
     assert all(len(s.timesteps) == 4 for s in used)  # each was set up for its own job
     assert pipe.scheduler is base and pipe.config["scheduler"] == before[3]
@@ -312,8 +338,9 @@ def test_every_sampler_draws_the_prompt_and_its_previews_announce_the_picture(mo
     prompt = "a large yellow circle in the center on a blue background"
     previews: dict[int, Any] = {}
     job = InferenceJob("p", (prompt,), ("",), (3,), 64, 64, 20, 4.0, preview_every=2, scheduler=scheduler)
-    result = model.generate(job, threading.Event(), lambda step, total, shown: previews.update(
-        {step: shown[0]} if 0 in shown else {}))
+    result = model.generate(
+        job, threading.Event(), lambda step, total, shown: previews.update({step: shown[0]} if 0 in shown else {})
+    )
     assert sorted(previews) == list(range(2, 20, 2))
     score = shapes.score(result.images[0])
     assert (score.bg, score.fg, score.shape) == ("blue", "yellow", "circle"), score

@@ -137,7 +137,7 @@ def test_a_model_process_exits_when_its_server_is_killed(tmp_path: Path) -> None
 
 def test_an_unpicklable_loader_is_refused_with_the_way_out() -> None:
     with pytest.raises(TypeError, match="--model-side thread"):
-        ProcessSide(lambda: None)  # type: ignore[arg-type,return-value]
+        ProcessSide(lambda: None)  # type: ignore[return-value]  # any lambda: it cannot be pickled
 
 
 @pytest.mark.server
@@ -178,11 +178,15 @@ def test_the_running_app_heals_when_its_model_process_is_killed_mid_job(tmp_path
         assert adapter.health()["model_side"] == "ready"
         first = adapter.side.pid
         client = Client(url, verbose=False, download_files=str(tmp_path / "client"))
-        params = dict(prompt="a red circle", randomize_seed=False, width=256, height=256, guidance_scale=7.5,
-                      num_images=1)
+        params = dict(
+            prompt="a red circle", randomize_seed=False, width=256, height=256, guidance_scale=7.5, num_images=1
+        )
         doomed = client.submit(api_name="/generate", seed=1, num_inference_steps=100, **params)
-        wait_for(lambda: adapter.inference_in_progress and adapter.metrics.denoise_steps._value.get() > 0,
-                 "the job is denoising in the model process", timeout=WAIT)
+        wait_for(
+            lambda: adapter.inference_in_progress and adapter.metrics.denoise_steps._value.get() > 0,
+            "the job is denoising in the model process",
+            timeout=WAIT,
+        )
         seen: list[str] = []
         watching = threading.Event()
 
@@ -242,7 +246,7 @@ def test_a_step_crosses_as_a_few_bytes_and_a_preview_as_a_small_jpeg(monkeypatch
             else:
                 shown = [s.preview(0) for s in steps[:-1]]  # none on the last step
                 assert all(isinstance(p, EncodedPreview) for p in shown)
-                assert all(max(p.size) <= PREVIEW_MAX_SIDE and p.image().size == p.size for p in shown)  # type: ignore[union-attr]
+                assert all(max(p.size) <= PREVIEW_MAX_SIDE and p.image().size == p.size for p in shown)
                 assert max(step_messages) < 64 * 1024, sizes  # a small JPEG, not a 512 px picture
     finally:
         side.shutdown(timeout=WAIT)

@@ -81,10 +81,22 @@ def test_latency_summary() -> None:
 def test_open_loop_summary_measures_from_the_scheduled_send() -> None:
     shots = [
         Shot(scheduled=10.0, sent=10.001, finished=10.5, ok=True, images=1, info={"batch_size": 1}),
-        Shot(scheduled=10.2, sent=10.204, finished=11.2, ok=True, images=1,
-             info={"batch_size": 2, "batching": "step", "joined_at_step": 0}),
-        Shot(scheduled=10.4, sent=10.402, finished=11.2, ok=True, images=1,
-             info={"batch_size": 2, "batching": "step", "joined_at_step": 3}),
+        Shot(
+            scheduled=10.2,
+            sent=10.204,
+            finished=11.2,
+            ok=True,
+            images=1,
+            info={"batch_size": 2, "batching": "step", "joined_at_step": 0},
+        ),
+        Shot(
+            scheduled=10.4,
+            sent=10.402,
+            finished=11.2,
+            ok=True,
+            images=1,
+            info={"batch_size": 2, "batching": "step", "joined_at_step": 3},
+        ),
         Shot(scheduled=10.6, sent=10.6, finished=12.0, ok=False, images=0, info=None, error="boom"),
     ]
     s = openloop.open_loop_summary(shots, offered=5.0)
@@ -101,10 +113,15 @@ def test_open_loop_summary_measures_from_the_scheduled_send() -> None:
 
 
 def test_late_figures_count_in_steps_of_the_running_job() -> None:
-    long_info = {"durations_ms": {"inference": 400.0, "gpu_wait": 0.0},
-                 "timings": {"infer_start": 100.0, "gpu_wait_start": 100.0}}
-    late_info = {"durations_ms": {"inference": 420.0, "gpu_wait": 340.0},
-                 "timings": {"infer_start": 100.4, "gpu_wait_start": 100.06}, "batch_size": 1}
+    long_info = {
+        "durations_ms": {"inference": 400.0, "gpu_wait": 0.0},
+        "timings": {"infer_start": 100.0, "gpu_wait_start": 100.0},
+    }
+    late_info = {
+        "durations_ms": {"inference": 420.0, "gpu_wait": 340.0},
+        "timings": {"infer_start": 100.4, "gpu_wait_start": 100.06},
+        "batch_size": 1,
+    }
     f = openloop.late_figures(long_info, late_info, 20)
     assert f["step_ms"] == pytest.approx(20.0)
     assert f["wait_ms"] == 340.0 and f["wait_over_step"] == pytest.approx(17.0)
@@ -116,7 +133,10 @@ def test_late_figures_count_in_steps_of_the_running_job() -> None:
 
 def test_the_designs_alternate_so_that_drift_favours_none() -> None:
     assert openloop.orders(["none", "job", "step"], 3) == [
-        ["none", "job", "step"], ["step", "job", "none"], ["none", "job", "step"]]
+        ["none", "job", "step"],
+        ["step", "job", "none"],
+        ["none", "job", "step"],
+    ]
     assert set(openloop.DESIGNS) == {"none", "job", "step"}
     for flags in openloop.DESIGNS.values():
         assert "--max-batch-size" in flags and "--step-joining" in flags
@@ -135,8 +155,19 @@ def test_the_sections() -> None:
 # --- one small run against a real app --------------------------------------------------------------------
 
 FAST_SIM = "sim:cpu_ms=1,dev_ms=3,decode_ms=1,size=64,steps=2"
-TINY = openloop.Plan(capacity_clients=2, capacity_requests=6, capacity_rounds=1, loads=(0.5, 0.9), open_requests=6,
-                     burst=3, burst_rounds=1, late_steps=8, late_after=2, late_rounds=1, rss_full=8)
+TINY = openloop.Plan(
+    capacity_clients=2,
+    capacity_requests=6,
+    capacity_rounds=1,
+    loads=(0.5, 0.9),
+    open_requests=6,
+    burst=3,
+    burst_rounds=1,
+    late_steps=8,
+    late_after=2,
+    late_rounds=1,
+    rss_full=8,
+)
 
 
 @pytest.mark.server
@@ -162,7 +193,8 @@ def test_a_small_run_has_every_figure(tmp_path: Path) -> None:
     # the raw reference ran the same 3 one by one and as one batch: the sim's batch costs 1 + 0.6 (b - 1)
     assert burst["raw"]["batch"] == openloop.BATCH and burst["raw"]["gain"] > 1.1
     assert burst["none"]["gain_over_raw_gain"] == pytest.approx(
-        burst["sequential_on_none_s"] / burst["none"]["makespan_s"] / burst["raw"]["gain"])
+        burst["sequential_on_none_s"] / burst["none"]["makespan_s"] / burst["raw"]["gain"]
+    )
     late = section["late"]["none"]
     for key in ("step_ms", "wait_ms", "wait_over_step", "arrived_at_step", "late_latency_ms"):
         assert late[key] is not None and math.isfinite(late[key]), key

@@ -40,7 +40,11 @@ STATUS = "#status .t2i-status"  # the app's own status line (Gradio's tracker re
 @pytest.fixture(scope="module")
 def app_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     # Escape and the ETA need jobs of seconds (up to 100 steps at 192 px): over the default cost budget.
-    with running_app(tmp_path_factory.mktemp("page"), "--max-pixel-steps", str(192 * 192 * 100)) as (url, _demo, _adapter):
+    with running_app(tmp_path_factory.mktemp("page"), "--max-pixel-steps", str(192 * 192 * 100)) as (
+        url,
+        _demo,
+        _adapter,
+    ):
         yield url
 
 
@@ -131,16 +135,20 @@ def test_history_keeps_two_generations_restores_one_and_downloads_all(page: Any,
         names = archive.namelist()
         records = json.loads(archive.read("parameters.json"))
     assert len([n for n in names if n.endswith(".png")]) == 2 and "parameters.json" in names
-    assert [r["prompt"] for r in records] == ["a yellow star on a purple background",
-                                              "a red circle on a blue background"]
+    assert [r["prompt"] for r in records] == [
+        "a yellow star on a purple background",
+        "a red circle on a blue background",
+    ]
     page.get_by_label("Randomize seed").check()
 
 
 def test_pasted_parameters_fill_the_controls_and_say_what_was_not_applied(page: Any) -> None:
     open_accordion(page, "paste")
-    text = ("a green triangle,\non a yellow background\nNegative prompt: blurry\n"
-            "Steps: 7, Sampler: Euler a, CFG scale: 3.5, Seed: 1234, Size: 96x64, Model hash: abc123, "
-            "Model: dreamshaper_8, Clip skip: 2, Hires upscale: 2")
+    text = (
+        "a green triangle,\non a yellow background\nNegative prompt: blurry\n"
+        "Steps: 7, Sampler: Euler a, CFG scale: 3.5, Seed: 1234, Size: 96x64, Model hash: abc123, "
+        "Model: dreamshaper_8, Clip skip: 2, Hires upscale: 2"
+    )
     page.locator("#paste-text textarea").fill(text)
     page.locator("#paste-apply").click()
     wait_value(page.locator("#prompt textarea"), "a green triangle,\non a yellow background")
@@ -269,12 +277,24 @@ def test_the_chosen_sampler_reaches_the_png_metadata(page: Any, app_url: str) ->
 def test_every_control_has_a_label(page: Any) -> None:
     for panel in ("advanced", "paste", "info-panel", "history-panel"):
         open_accordion(page, panel)
-    for role, name in [("textbox", "Prompt"), ("textbox", "Negative prompt"), ("button", "Generate"),
-                       ("button", "Stop"), ("button", "⇄ Swap"), ("button", "Download all (zip)"),
-                       ("checkbox", "Randomize seed"), ("checkbox", "Live preview"), ("radio", "16:9 · 112×64"),
-                       ("slider", "Width"), ("slider", "Height"), ("slider", "Steps"), ("slider", "Guidance scale"),
-                       ("slider", "Number of images"), ("spinbutton", "Seed"),
-                       ("textbox", "Parameters text (AUTOMATIC1111 format, as in this app's PNGs)")]:
+    for role, name in [
+        ("textbox", "Prompt"),
+        ("textbox", "Negative prompt"),
+        ("button", "Generate"),
+        ("button", "Stop"),
+        ("button", "⇄ Swap"),
+        ("button", "Download all (zip)"),
+        ("checkbox", "Randomize seed"),
+        ("checkbox", "Live preview"),
+        ("radio", "16:9 · 112×64"),
+        ("slider", "Width"),
+        ("slider", "Height"),
+        ("slider", "Steps"),
+        ("slider", "Guidance scale"),
+        ("slider", "Number of images"),
+        ("spinbutton", "Seed"),
+        ("textbox", "Parameters text (AUTOMATIC1111 format, as in this app's PNGs)"),
+    ]:
         assert page.get_by_role(role, name=re.compile(re.escape(name))).first.is_visible(), (role, name)
     # Every visible control has a name of its own: its aria-label, its label's text, its own text or
     # title; not empty, and not the component's name Gradio falls back to for an empty label.
@@ -321,8 +341,10 @@ def test_the_readme_screenshot_shows_the_page_mid_generation(page: Any) -> None:
     """``docs/screenshot.png``, the README's first picture: the page as a newcomer finds it, mid-generation."""
     page.goto(page.url)  # a fresh tab: its own history
     open_ready(page, page.url, panels=("advanced",))
-    for prompt in ("a yellow star on a purple background",
-                   "a small white square in the top left on a black background"):
+    for prompt in (
+        "a yellow star on a purple background",
+        "a small white square in the top left on a black background",
+    ):
         generate(page, prompt)
     set_steps(page, 100)
     set_size(page, 160)

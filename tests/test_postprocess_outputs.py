@@ -13,12 +13,12 @@ import contextlib
 from pathlib import Path
 from typing import Any, AsyncGenerator, Iterator
 
-import app  # noqa: F401  (its Gradio settings: no analytics summary after each event)
 import gradio as gr
 import httpx
 import pytest
 from PIL import Image
 
+import app  # noqa: F401  (its Gradio settings: no analytics summary after each event)
 from bench.loadgen import _sse_messages
 from pipeline.web.handler import gallery_items, status_html
 from pipeline.web.outputs import Postprocess
@@ -31,8 +31,11 @@ def script(picture: Path) -> list[tuple[Any, ...]]:
     info = {"status": "done", "seeds": [7, 8], "durations_ms": {"total": 40.0}, "warnings": []}
     return [
         (None, {"status": "waiting", "ahead": 2, "eta_seconds": None}, status_html("waiting for the GPU: 2 ahead")),
-        ([Image.new("RGB", (16, 16), (200, 30, 30))], {"status": "running", "step": 2, "total": 4},
-         status_html("step 2/4", 2, 4)),
+        (
+            [Image.new("RGB", (16, 16), (200, 30, 30))],
+            {"status": "running", "step": 2, "total": 4},
+            status_html("step 2/4", 2, 4),
+        ),
         (gallery_items([picture, picture], info), info, status_html("done in 0.04 s")),
     ]
 
@@ -57,8 +60,9 @@ def two_events(tmp: Path) -> Iterator[tuple[str, dict[str, int]]]:
         gr.Button().click(gradios, None, outputs, api_name="gradios")
         gr.Button().click(handlers, None, outputs, api_name="handlers", postprocess=False)
     port = free_port()
-    demo.queue().launch(server_port=port, prevent_thread_lock=True, quiet=True, ssr_mode=False,
-                        allowed_paths=[str(tmp)])
+    demo.queue().launch(
+        server_port=port, prevent_thread_lock=True, quiet=True, ssr_mode=False, allowed_paths=[str(tmp)]
+    )
     try:
         config = httpx.get(f"http://127.0.0.1:{port}/config").json()
         ids = {d["api_name"]: int(d["id"]) for d in config["dependencies"] if d.get("api_name")}

@@ -60,7 +60,7 @@ async def shown(
     """(the status of each output the handler yields, its progress tracker calls); the API's by default."""
     with gr.Blocks() as demo:
         pass
-    generate = make_generate(ScriptedAdapter(events), demo, ui=ui, progress_interval=interval)  # type: ignore[arg-type]
+    generate = make_generate(ScriptedAdapter(events), demo, ui=ui, progress_interval=interval)
     raw = {**raw_request(num_inference_steps=num_inference_steps), "live_preview": True}
     progress = CountingProgress()
     outputs = [out async for out in generate(*(raw[f] for f in FIELDS), progress=progress)]
@@ -106,7 +106,14 @@ async def test_a_multi_step_job_sends_starting_the_last_step_and_the_latest_prev
     # progress output has no picture: it would blank the preview on screen until the images come).
     events = [Waiting(0), *steps(8, preview_every=3), done()]
     assert await shown(events, 8) == (["waiting 0", "running 3", "done"], every_step)
-    assert (await shown(events, 8, interval=0))[0] == ["waiting 0", "running 1", "running 2", "running 3", "running 6", "done"]
+    assert (await shown(events, 8, interval=0))[0] == [
+        "waiting 0",
+        "running 1",
+        "running 2",
+        "running 3",
+        "running 6",
+        "done",
+    ]
     events = [Waiting(0), *steps(8, preview_every=4), done()]
     assert await shown(events, 8) == (["waiting 0", "running 4", "running 8", "done"], every_step)
     # Steps slower than the interval: every step, as before.
@@ -124,15 +131,17 @@ def test_the_handlers_are_introspected_once_and_gradio_still_finds_its_parameter
 
     with gr.Blocks() as demo:
         pass
-    generate = make_generate(ScriptedAdapter([done()]), demo)  # type: ignore[arg-type]
-    check = make_validator(ScriptedAdapter([]))  # type: ignore[arg-type]
+    generate = make_generate(ScriptedAdapter([done()]), demo)
+    check = make_validator(ScriptedAdapter([]))
     for fn in (generate, check):
-        assert inspect.signature(fn) is fn.__signature__  # type: ignore[attr-defined]
+        assert inspect.signature(fn) is fn.__signature__
         assert not [name for name, hint in fn.__annotations__.items() if isinstance(hint, str)]
     raw = {**raw_request(), "live_preview": False}
     inputs, progress_index, _, _ = helpers.special_args(generate, [raw[f] for f in FIELDS])
     assert progress_index == len(FIELDS)  # the gr.Progress parameter, found through its resolved hint
-    assert inputs[:len(FIELDS)] == [raw[f] for f in FIELDS] and len(inputs) == len(FIELDS) + 3  # + progress, request, profile
+    assert (
+        inputs[: len(FIELDS)] == [raw[f] for f in FIELDS] and len(inputs) == len(FIELDS) + 3
+    )  # + progress, request, profile
 
 
 @pytest.mark.anyio
@@ -146,9 +155,9 @@ async def test_a_consumer_behind_gets_the_latest_step_and_preview_never_a_backlo
     box.put(Step(2, 5, PREVIEW))
     box.put(Step(3, 5))
     latest = await box.get()
-    assert (latest.step, latest.preview) == (3, PREVIEW) and box.coalesced == 2  # type: ignore[union-attr]
+    assert (latest.step, latest.preview) == (3, PREVIEW) and box.coalesced == 2
     box.put(Step(4, 5))
-    assert (await box.get()).step == 4  # type: ignore[union-attr]
+    assert (await box.get()).step == 4
     end = End()
     box.put(Step(5, 5))
     box.put(end)

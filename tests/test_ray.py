@@ -16,9 +16,9 @@ from typing import Any, Iterator
 
 import pytest
 
-from pipeline.serving.events import Done, Step, Waiting
 from pipeline.config import Settings
 from pipeline.errors import Cancelled, GenerationFailed, InvalidRequest, QueueFull, ReplicaDead
+from pipeline.serving.events import Done, Step, Waiting
 
 ray = pytest.importorskip("ray")
 
@@ -34,9 +34,18 @@ def side(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayAdapter]:
     tmp = tmp_path_factory.mktemp("ray")
     from tests.test_lora import loras_of
 
-    settings = Settings(backend="ray", replicas=2, torch_threads=1, replica_cpus=1, max_batch_size=2,
-                        queue_size=QUEUE, output_dir=tmp / "out", sweep_interval=3600, max_pixel_steps=128 * 128 * 100,
-                        loras=(f"ink={loras_of('default')['a']}",))
+    settings = Settings(
+        backend="ray",
+        replicas=2,
+        torch_threads=1,
+        replica_cpus=1,
+        max_batch_size=2,
+        queue_size=QUEUE,
+        output_dir=tmp / "out",
+        sweep_interval=3600,
+        max_pixel_steps=128 * 128 * 100,
+        loras=(f"ink={loras_of('default')['a']}",),
+    )
     cluster = ray_cluster.start(settings)
     adapter = RayAdapter(cluster, settings)
     try:
@@ -47,9 +56,18 @@ def side(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayAdapter]:
 
 
 def req(k: int, *, size: int = 64, steps: int = 20, **over: Any) -> dict[str, Any]:
-    raw = {"prompt": "a red circle on a blue background", "negative_prompt": "", "seed": k,
-           "randomize_seed": False, "width": size, "height": size, "num_inference_steps": steps,
-           "guidance_scale": 4.0, "num_images": 1, "live_preview": False}
+    raw = {
+        "prompt": "a red circle on a blue background",
+        "negative_prompt": "",
+        "seed": k,
+        "randomize_seed": False,
+        "width": size,
+        "height": size,
+        "num_inference_steps": steps,
+        "guidance_scale": 4.0,
+        "num_images": 1,
+        "live_preview": False,
+    }
     return {**raw, **over}
 
 
@@ -177,8 +195,7 @@ def _both(side: RayAdapter) -> list[dict[str, Any]]:
 @pytest.mark.anyio
 @pytest.mark.server
 async def test_a_full_line_gets_a_clear_error_and_the_rest_finish(side: RayAdapter) -> None:
-    outcomes = await asyncio.gather(*(collect(side, req(k)) for k in range(2 * 2 + QUEUE + 8)),
-                                    return_exceptions=True)
+    outcomes = await asyncio.gather(*(collect(side, req(k)) for k in range(2 * 2 + QUEUE + 8)), return_exceptions=True)
     full = [o for o in outcomes if isinstance(o, QueueFull)]
     done = [o for o in outcomes if isinstance(o, tuple)]
     assert full, "nobody was told the queue is full"
@@ -204,8 +221,9 @@ def test_the_gradio_app_runs_unchanged_on_the_ray_backend(side: RayAdapter, tmp_
     app.launch(demo, side, settings)
     try:
         client = Client(f"http://127.0.0.1:{settings.port}/", verbose=False, download_files=str(tmp_path))
-        gallery, info = client.predict("a blue square on a yellow background", "", 5, False, 64, 64, 10, 4.0, 1,
-                                       False, api_name="/generate")
+        gallery, info = client.predict(
+            "a blue square on a yellow background", "", 5, False, 64, 64, 10, 4.0, 1, False, api_name="/generate"
+        )
         assert info["status"] == "done" and info["replica"] and info["backend"] == "ray"
         assert len(gallery) == 1
         health = httpx.get(f"http://127.0.0.1:{settings.port}/health").json()
@@ -227,7 +245,7 @@ async def test_a_replica_killed_mid_job_fails_that_job_and_the_next_jobs_succeed
                         started = next(iter(side.started.values()))
                         killed = started.replica
                         os.kill(started.pid, signal.SIGKILL)
-        except Exception as exc:  # noqa: BLE001 - the test inspects it
+        except Exception as exc:
             return exc, killed
         return None, killed
 

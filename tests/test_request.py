@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-
 import math
 
 import pytest
 
 from pipeline.errors import InvalidRequest
 from pipeline.request import Limits, validate
-from tests.helpers import raw_request
 from tests.fakes import FAKE_PROFILE
+from tests.helpers import raw_request
 
 LIMITS = Limits.for_model(FAKE_PROFILE, max_images=4, max_prompt_chars=100)
 
@@ -37,8 +36,11 @@ LIMITS = Limits.for_model(FAKE_PROFILE, max_images=4, max_prompt_chars=100)
         ("prompt", 42, "prompt must be text of at most 100 characters; got 42"),
         ("prompt", "x" * 101, "prompt must be text of at most 100 characters; got 101 characters"),
         ("negative_prompt", ["a"], "negative_prompt must be text of at most 100 characters; got [&#x27;a&#x27;]"),
-        ("scheduler", "Heun", "scheduler must be one of: default, Euler, Euler a, DPM++ 2M Karras, DDIM, UniPC; "
-                              "got &#x27;Heun&#x27;"),
+        (
+            "scheduler",
+            "Heun",
+            "scheduler must be one of: default, Euler, Euler a, DPM++ 2M Karras, DDIM, UniPC; got &#x27;Heun&#x27;",
+        ),
         ("scheduler", 3, "scheduler must be one of: default, Euler, Euler a, DPM++ 2M Karras, DDIM, UniPC; got 3"),
     ],
 )
@@ -136,8 +138,11 @@ def test_an_ascii_text_is_at_most_one_token_per_character_plus_one(family: str) 
 
     from tests import families
 
-    make = {"clip": families.make_clip_tokenizer, "t5": families.make_t5_tokenizer,
-            "gemma": families.make_gemma_tokenizer}[family]
+    make = {
+        "clip": families.make_clip_tokenizer,
+        "t5": families.make_t5_tokenizer,
+        "gemma": families.make_gemma_tokenizer,
+    }[family]
     tokenizer = make()
     rng = random.Random(17)
     words = list(families._WORDS)

@@ -7,7 +7,6 @@ import threading
 from typing import Any
 
 import pytest
-from PIL import Image
 
 from pipeline.engine import runner as runner_module
 from pipeline.engine.runner import ModelRunner, install, run_job
@@ -30,7 +29,7 @@ def test_model_is_loaded_and_run_on_the_named_thread() -> None:
     threads: list[str] = []
 
     class Recording(FakeModel):
-        def generate(self, job, stop, on_step):  # type: ignore[no-untyped-def]
+        def generate(self, job, stop, on_step):
             threads.append(threading.current_thread().name)
             return super().generate(job, stop, on_step)
 

@@ -38,12 +38,32 @@ def test_signal_answers_every_job_and_exits_within_ten_seconds(tmp_path: Path, s
     from gradio_client.exceptions import AppError
 
     port = free_port()
-    env = {**os.environ, "GRADIO_TEMP_DIR": str(tmp_path / "gradio"), "T2I_OUTPUT_DIR": str(tmp_path / "out"),
-           "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "GRADIO_TEMP_DIR": str(tmp_path / "gradio"),
+        "T2I_OUTPUT_DIR": str(tmp_path / "out"),
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
     log = (tmp_path / "server.log").open("w")
-    proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--concurrency", "2",
-                             "--max-waiting-per-user", "4", "--max-pixel-steps", str(256 * 256 * 100)],
-                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "app.py",
+            "--port",
+            str(port),
+            "--concurrency",
+            "2",
+            "--max-waiting-per-user",
+            "4",
+            "--max-pixel-steps",
+            str(256 * 256 * 100),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}/"
     try:
         _wait_for(lambda: httpx.get(url + "health", timeout=2).json()["status"] == "ok", "the server is up")
@@ -52,10 +72,19 @@ def test_signal_answers_every_job_and_exits_within_ten_seconds(tmp_path: Path, s
         # client is one user, whose cap (half of --concurrency by default: 1) is raised above 4.
         # Each has its own width, so none can share a job with another (dynamic batching). The cost
         # budget is raised to let 100 steps at 256 px in.
-        jobs = [client.submit(**raw_request(num_inference_steps=100, width=256 - 8 * i, height=256, seed=i),
-                              api_name="/generate") for i in range(4)]
-        _wait_for(lambda: httpx.get(url + "health", timeout=2).json()["queue_depth"] >= 3
-                  and httpx.get(url + "health", timeout=2).json()["inference_in_progress"], "1 runs and 3 wait")
+        jobs = [
+            client.submit(
+                **raw_request(num_inference_steps=100, width=256 - 8 * i, height=256, seed=i), api_name="/generate"
+            )
+            for i in range(4)
+        ]
+        _wait_for(
+            lambda: (
+                httpx.get(url + "health", timeout=2).json()["queue_depth"] >= 3
+                and httpx.get(url + "health", timeout=2).json()["inference_in_progress"]
+            ),
+            "1 runs and 3 wait",
+        )
         sent = time.monotonic()
         proc.send_signal(sig)
         messages = []

@@ -34,16 +34,24 @@ def test_the_spec_takes_any_subset_of_keys_and_names_a_bad_one() -> None:
 
 def test_a_batch_cost_other_than_0_6_is_charged() -> None:
     calls: list[tuple[str, float]] = []
-    model = SimulatedModel(SimSpec(cpu_ms=0, dev_ms=10, decode_ms=0, size=64, steps=1, batch_cost=0.05), "sim",
-                           busy=lambda ms: calls.append(("gil", ms)), wait=lambda ms: calls.append(("device", ms)))
+    model = SimulatedModel(
+        SimSpec(cpu_ms=0, dev_ms=10, decode_ms=0, size=64, steps=1, batch_cost=0.05),
+        "sim",
+        busy=lambda ms: calls.append(("gil", ms)),
+        wait=lambda ms: calls.append(("device", ms)),
+    )
     model.generate(job(steps=1, images=4), threading.Event(), lambda s, t, p: None)
     assert ("device", pytest.approx(10 * (1 + 0.05 * 3))) in calls
 
 
 def test_per_step_cpu_then_device_time_and_batches_cost_0_6_per_extra_image() -> None:
     calls: list[tuple[str, float]] = []
-    model = SimulatedModel(SimSpec(cpu_ms=5, dev_ms=10, decode_ms=8, size=64, steps=2), "sim",
-                           busy=lambda ms: calls.append(("gil", ms)), wait=lambda ms: calls.append(("device", ms)))
+    model = SimulatedModel(
+        SimSpec(cpu_ms=5, dev_ms=10, decode_ms=8, size=64, steps=2),
+        "sim",
+        busy=lambda ms: calls.append(("gil", ms)),
+        wait=lambda ms: calls.append(("device", ms)),
+    )
     steps: list[int] = []
     result = model.generate(job(steps=2, images=3), threading.Event(), lambda s, t, p: steps.append(s))
     assert calls == [("gil", 5), ("device", 10 * (1 + 0.6 * 2))] * 2 + [("device", 24)]
@@ -55,8 +63,12 @@ def test_its_loop_charges_each_step_for_the_images_in_the_loop_then() -> None:
     from pipeline.engine.joining import LoopDriver
 
     calls: list[tuple[str, float]] = []
-    model = SimulatedModel(SimSpec(cpu_ms=5, dev_ms=10, decode_ms=8, size=64, steps=2), "sim",
-                           busy=lambda ms: calls.append(("gil", ms)), wait=lambda ms: calls.append(("device", ms)))
+    model = SimulatedModel(
+        SimSpec(cpu_ms=5, dev_ms=10, decode_ms=8, size=64, steps=2),
+        "sim",
+        busy=lambda ms: calls.append(("gil", ms)),
+        wait=lambda ms: calls.append(("device", ms)),
+    )
     a, b = job(steps=3, images=1), job(steps=1, images=2)
     assert model.profile.step_joining and model.loop_key(a) == model.loop_key(b)
     events: dict[str, list[Any]] = {"a": [], "b": []}
@@ -70,9 +82,16 @@ def test_its_loop_charges_each_step_for_the_images_in_the_loop_then() -> None:
 
     waiting = [Task("b", b)]
     LoopDriver(model.open_loop(a), lambda: waiting.pop() if waiting and calls else None).run(Task("a", a))
-    assert calls == [("gil", 5), ("device", 10),  # a alone
-                     ("gil", 5), ("device", 10 * (1 + 0.6 * 2)), ("device", 16),  # with b's two images; b decoded
-                     ("gil", 5), ("device", 10), ("device", 8)]  # a alone; a decoded
+    assert calls == [
+        ("gil", 5),
+        ("device", 10),  # a alone
+        ("gil", 5),
+        ("device", 10 * (1 + 0.6 * 2)),
+        ("device", 16),  # with b's two images; b decoded
+        ("gil", 5),
+        ("device", 10),
+        ("device", 8),
+    ]  # a alone; a decoded
     assert [len(e.images) for e in (events["a"][-1], events["b"][-1])] == [1, 2]
     assert events["b"][-1].joined_at_step == 1 and events["b"][-1].batch_images == 3
 
@@ -120,16 +139,20 @@ def test_it_carries_real_shaped_latents_and_previews_that_announce_the_picture(s
     latents = SimLatents(model, watched)
     assert latents.latents.shape == (2, 4, size // 8, size // 8) and latents.latents.dtype == np.float32
     shown: dict[int, Any] = {}
-    result = model.generate(watched, threading.Event(), lambda step, total, previews: shown.update(
-        {step: previews} if previews else {}))
+    result = model.generate(
+        watched, threading.Event(), lambda step, total, previews: shown.update({step: previews} if previews else {})
+    )
     assert sorted(shown) == [2, 4, 6] and all(set(p) == {1} for p in shown.values())
     assert all(p[1].size == display_size(size, size) == (256, 256) for p in shown.values())
     final = np.asarray(result.images[1].resize((256, 256)), dtype=np.float32) / 255
     diffs = [float(np.abs(np.asarray(shown[s][1], dtype=np.float32) / 255 - final).mean()) for s in (2, 6)]
     assert diffs[1] < diffs[0] and diffs[1] < 0.12, diffs
     quiet: dict[int, Any] = {}
-    model.generate(job(steps=8, size=size), threading.Event(), lambda step, total, previews: quiet.update(
-        {step: previews} if previews else {}))
+    model.generate(
+        job(steps=8, size=size),
+        threading.Event(),
+        lambda step, total, previews: quiet.update({step: previews} if previews else {}),
+    )
     assert quiet == {}  # a job that asked for none gets none
     loop = model.open_loop(watched)
     slots = [loop.add(watched), loop.add(job(steps=8, size=size))]

@@ -51,6 +51,7 @@ def load_spaces(monkeypatch: pytest.MonkeyPatch, log: Path) -> Iterator[Callable
         else:
             monkeypatch.setenv("SPACES_ZERO_GPU", zero_gpu)
         import spaces
+
         assert Path(spaces.__file__).parent == STUBS / "spaces"
         return spaces
 
@@ -71,7 +72,7 @@ def bounded(fn: Callable[[], Any], timeout: float = TIMEOUT) -> Any:
     def run() -> None:
         try:
             box.put((True, fn()))
-        except BaseException as e:  # noqa: BLE001 (handed back to the test)
+        except BaseException as e:
             box.put((False, e))
 
     threading.Thread(target=run, daemon=True).start()
@@ -93,7 +94,7 @@ def take(gen: Iterator[Any], n: int | None = None) -> list[Any]:
             if n is not None and len(out) == n:
                 break
     finally:
-        gen.close()  # type: ignore[attr-defined]
+        gen.close()
     return out
 
 
@@ -153,13 +154,22 @@ def test_a_generator_streams_its_yields_back_from_a_forked_child(spaces: ModuleT
     assert len(pids) == 1 and os.getpid() not in pids
     [rec] = records(spaces, log)
     assert rec == {
-        "function": "count_up", "size": "xlarge", "duration": 6, "saw_request": False, "session_hash": None,
-        "pid_parent": os.getpid(), "pid_child": pids.pop(), "yields": 3, "stopped": False, "error": None,
+        "function": "count_up",
+        "size": "xlarge",
+        "duration": 6,
+        "saw_request": False,
+        "session_hash": None,
+        "pid_parent": os.getpid(),
+        "pid_child": pids.pop(),
+        "yields": 3,
+        "stopped": False,
+        "error": None,
     }
 
 
-@pytest.mark.parametrize("make", [threading.Lock, threading.Event, lambda: (lambda: None)],
-                         ids=["lock", "event", "closure"])
+@pytest.mark.parametrize(
+    "make", [threading.Lock, threading.Event, lambda: lambda: None], ids=["lock", "event", "closure"]
+)
 def test_an_unpicklable_argument_fails_in_the_caller(spaces: ModuleType, log: Path, make: Callable[[], Any]) -> None:
     wrapped = spaces.GPU(duration=10)(takes_anything)
     gen = wrapped(make())  # a generator function: nothing happens until the first next()
@@ -207,7 +217,7 @@ def test_a_worker_that_dies_aborts_the_call(spaces: ModuleType, log: Path) -> No
 def test_the_request_is_read_from_gradios_context_var_in_the_caller(spaces: ModuleType, log: Path) -> None:
     wrapped = spaces.GPU(duration=5)(count_up)
     ctx = contextvars.copy_context()
-    ctx.run(LocalContext.request.set, SimpleNamespace(session_hash="abc123"))  # type: ignore[arg-type]
+    ctx.run(LocalContext.request.set, SimpleNamespace(session_hash="abc123"))
     bounded(lambda: ctx.run(take, wrapped(1, "in")))
     bounded(lambda: take(wrapped(1, "out")))
     assert [(r["saw_request"], r["session_hash"]) for r in records(spaces, log)] == [(True, "abc123"), (False, None)]
@@ -220,7 +230,9 @@ def test_a_regular_function_crosses_the_same_boundary(spaces: ModuleType, log: P
     with pytest.raises(pickle.PicklingError, match="cannot pickle '_thread.lock' object"):
         bounded(lambda: wrapped(threading.Lock()))
     assert [(r["pid_child"], r["yields"], r["error"]) for r in records(spaces, log)] == [
-        (pid, 0, None), (spaces.calls[1]["pid_child"], 0, "PicklingError")]
+        (pid, 0, None),
+        (spaces.calls[1]["pid_child"], 0, "PicklingError"),
+    ]
 
 
 def test_the_decorator_forms_and_its_cache(spaces: ModuleType) -> None:
@@ -231,10 +243,22 @@ def test_the_decorator_forms_and_its_cache(spaces: ModuleType) -> None:
         spaces.GPU(a_coroutine)
 
 
-@pytest.mark.parametrize("value,on", [("1", True), ("t", True), ("TRUE", True), ("True", True),
-                                      ("0", False), ("yes", False), ("", False), (None, False)])
+@pytest.mark.parametrize(
+    "value,on",
+    [
+        ("1", True),
+        ("t", True),
+        ("TRUE", True),
+        ("True", True),
+        ("0", False),
+        ("yes", False),
+        ("", False),
+        (None, False),
+    ],
+)
 def test_off_zero_gpu_the_function_comes_back_unchanged(
-        load_spaces: Callable[[str | None], ModuleType], value: str | None, on: bool) -> None:
+    load_spaces: Callable[[str | None], ModuleType], value: str | None, on: bool
+) -> None:
     spaces = load_spaces(value)
     assert spaces.config.Config.zero_gpu is on
     if not on:

@@ -62,7 +62,11 @@ def test_a_class_the_registry_does_not_know_is_served_generically_and_says_so(
     model = load_model(Settings(model=str(tmp_path / "pag")))
     p = model.profile
     assert (p.pipeline_class, p.family, p.size_multiple, p.guidance_arg) == (
-        "StableDiffusionPAGPipeline", "other", 8, "guidance_scale")
+        "StableDiffusionPAGPipeline",
+        "other",
+        8,
+        "guidance_scale",
+    )
     assert any("not in the family registry" in r.getMessage() and "guessed" in r.getMessage() for r in caplog.records)
     job = InferenceJob("one", ("a red circle",), ("",), (1,), 64, 64, 2, p.default_guidance)
     assert model.generate(job, threading.Event(), lambda *_: None).images[0].size == (64, 64)
@@ -91,7 +95,12 @@ def test_a_folder_whose_tokenizer_is_a_processor_loads_without_torchvision(tmp_p
 
     pipe.set_progress_bar_config(disable=True)
     with torch.inference_mode():
-        image = pipe(prompt=["a red circle"], width=64, height=64, num_inference_steps=1,
-                     generator=[torch.Generator().manual_seed(0)]).images[0]
+        image = pipe(
+            prompt=["a red circle"],
+            width=64,
+            height=64,
+            num_inference_steps=1,
+            generator=[torch.Generator().manual_seed(0)],
+        ).images[0]
     assert image.size == (64, 64)
     assert json.loads((folder / "model_index.json").read_text())["tokenizer"][1] == "PixtralProcessor"  # untouched

@@ -40,7 +40,7 @@ def _rejected(adapter: _Adapter) -> float:
 @pytest.mark.anyio
 async def test_the_validator_gives_the_handlers_message_at_the_bad_field_only() -> None:
     adapter = _Adapter()
-    check = make_validator(adapter)  # type: ignore[arg-type]
+    check = make_validator(adapter)
     bad = {**raw_request(width=7), "live_preview": False}
     results = await check(*(bad[f] for f in FIELDS))
     with pytest.raises(InvalidRequest) as handler_error:

@@ -82,8 +82,9 @@ def test_a_job_runs_in_the_gpu_process_and_streams_back(spaces_stub: Path) -> No
     runner.start(timeout=WAIT)
     side = model_side(runner)
     assert isinstance(side, ZeroGpuSide)
-    events = list(side.stream(InferenceJob("z", ("p",), ("",), (5,), 64, 64, 3, 7.5, preview_every=1),
-                              threading.Event()))
+    events = list(
+        side.stream(InferenceJob("z", ("p",), ("",), (5,), 64, 64, 3, 7.5, preview_every=1), threading.Event())
+    )
     assert [e.step for e in events if isinstance(e, StepEvent)] == [1, 2, 3]
     assert isinstance(events[-1], InferenceResult) and events[-1].images[0].size == (64, 64)
     [call] = calls(spaces_stub)
@@ -118,16 +119,20 @@ def test_the_app_on_zerogpu_serves_each_user_in_their_own_context(tmp_path: Path
     from PIL import Image
 
     log = tmp_path / "spaces.jsonl"
-    env = {"PYTHONPATH": os.pathsep.join([str(STUBS), os.environ.get("PYTHONPATH", "")]),
-           "SPACES_ZERO_GPU": "true", "SPACES_STUB_LOG": str(log)}
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(STUBS), os.environ.get("PYTHONPATH", "")]),
+        "SPACES_ZERO_GPU": "true",
+        "SPACES_STUB_LOG": str(log),
+    }
     from tests.test_lora import loras_of
 
     ink = loras_of("default")["a"]  # and a LoRA: the job's choice crosses into the GPU process
     with app_process(tmp_path, "--max-batch-size", "1", "--lora", f"ink={ink}", env=env) as (url, proc, server_log):
         assert calls(log) == [], "a GPU call outside any request (the warm-up)"
         client = Client(url, verbose=False, download_files=str(tmp_path / "dl"))
-        submitted = client.submit(**raw_request(width=64, height=96, num_inference_steps=6, seed=3),
-                                  api_name="/generate")
+        submitted = client.submit(
+            **raw_request(width=64, height=96, num_inference_steps=6, seed=3), api_name="/generate"
+        )
         gallery, info = submitted.result(timeout=120)
         assert info["status"] == "done" and info["seeds"] == [3]
         with Image.open(gallery[0]["image"]) as image:
@@ -145,8 +150,9 @@ def test_the_app_on_zerogpu_serves_each_user_in_their_own_context(tmp_path: Path
         assert stopped["stopped"] and stopped["yields"] < 100, stopped
         plain, after = client.predict(**raw_request(num_inference_steps=2, seed=5), api_name="/generate")
         assert after["status"] == "done"
-        styled, styled_info = client.predict(**raw_request(num_inference_steps=2, seed=5, lora="ink"),
-                                             api_name="/generate")
+        styled, styled_info = client.predict(
+            **raw_request(num_inference_steps=2, seed=5, lora="ink"), api_name="/generate"
+        )
         assert styled_info["lora"] == "ink" and after["lora"] == "none"
         import numpy as np
 

@@ -87,7 +87,7 @@ def kind_of(name: str) -> str:
 
 def machine_of(d: dict[str, Any]) -> str:
     versions = d.get("versions") or {}
-    machine = d.get("machine") if isinstance(d.get("machine"), dict) else {}
+    machine: dict[str, Any] = d["machine"] if isinstance(d.get("machine"), dict) else {}
     cores = d.get("cores") or machine.get("cores") or versions.get("cores")
     device = "CUDA" if "cuda" in json.dumps(versions).lower() and "+cpu" not in json.dumps(versions) else "CPU"
     return f"{cores or 2} cores, {device}"
@@ -112,7 +112,7 @@ def line(path: Path) -> str:
 
 
 def render() -> str:
-    rows = [line(p) for p in sorted(RESULTS.glob("*.json"), key=lambda p: (p.name[len(kind_of(p.name)):], p.name))]
+    rows = [line(p) for p in sorted(RESULTS.glob("*.json"), key=lambda p: (p.name[len(kind_of(p.name)) :], p.name))]
     return "\n".join([
         "# Published benchmark runs", "",
         "One line a run: when, the file, the commit that published it, the machine, and its headline. The",

@@ -31,7 +31,7 @@ def _thread_per_job() -> None:
         events: list[Any] = []
         try:
             result = self.model.generate(job, stop or threading.Event(), lambda s, t, p: events.append(StepEvent(s, t)))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             yield from events
             yield ErrorEvent("failed", repr(exc))
             return
@@ -62,7 +62,7 @@ def _gate_wraps_whole_request() -> None:
             async for event in original(self, *args):
                 yield event
 
-    LocalAdapter._request = _request  # type: ignore[method-assign]
+    LocalAdapter._request = _request  # type: ignore[method-assign, assignment]
 
 
 def _release_gate_on_cancel() -> None:
@@ -127,7 +127,7 @@ def _ray_replica_admits_eight() -> None:
     from pipeline.ray import cluster
 
     original = cluster.deployment_options
-    cluster.deployment_options = lambda *a: {**original(*a), "max_ongoing_requests": 8}  # type: ignore[assignment]
+    cluster.deployment_options = lambda *a: {**original(*a), "max_ongoing_requests": 8}
 
 
 Patch = tuple[str, Callable[[], None]]  # (the module it patches, the patch), applied once that module is loaded
@@ -258,7 +258,7 @@ def _full_size_previews() -> None:
         image.convert("RGB").save(out, "JPEG", quality=85)
         return cls(out.getvalue(), image.width, image.height)
 
-    previews.display_size = lambda width, height: (width, height)  # type: ignore[assignment]
+    previews.display_size = lambda width, height: (width, height)
     EncodedPreview.of = classmethod(of)  # type: ignore[method-assign, assignment]
 
 
@@ -267,7 +267,7 @@ def _adapter_ignored() -> None:
     from pipeline.engine import lora
     from pipeline.loras import AdapterUse
 
-    lora.use_of = lambda job: AdapterUse()  # type: ignore[assignment]
+    lora.use_of = lambda job: AdapterUse()
 
 
 def _previous_adapter_leaks() -> None:
@@ -289,7 +289,7 @@ def _mixed_batch_one_adapter() -> None:
         self.use(next((u for u in per_row if u.name), per_row[0]))
         yield
 
-    Adapters.rows = rows  # type: ignore[method-assign, assignment]
+    Adapters.rows = rows  # type: ignore[method-assign]
 
 
 def _thread_off_the_map() -> None:
@@ -355,7 +355,9 @@ MUTANTS: dict[str, list[Patch]] = {
     "join-ignores-compatibility": _on("pipeline.engine.joining", _loop_key_is_constant)
     + _on("pipeline.serving.line", _serving_loop_key_is_constant),
     "leave-drops-another-member": _on("pipeline.engine.joining", _leave_drops_another),
-    "joiner-waits-for-the-end": _attr("pipeline.serving.jobs", "GpuJobs._deliver_member_step", _joiner_waits_for_the_end),
+    "joiner-waits-for-the-end": _attr(
+        "pipeline.serving.jobs", "GpuJobs._deliver_member_step", _joiner_waits_for_the_end
+    ),
     "early-joiner-not-held": _attr("pipeline.engine.joining", "room_for", lambda job, loop_images: True),
     "swap-does-nothing": _attr("pipeline.web.page_tools", "swapped", lambda width, height: (width, height)),
     "history-restores-nothing": _attr("pipeline.web.page_tools", "restore", lambda history, index: None),
@@ -380,27 +382,34 @@ MUTANTS: dict[str, list[Patch]] = {
     "prompt-lines-kept": _attr("pipeline.serving.postprocess", "one_line", lambda text: text),
     "notes-rendered": _attr("pipeline.web.a1111", "notes_html", lambda fill: "<br>".join(fill.notes)),
     "ui-events-unbounded": _attr("pipeline.web.page_tools", "UI_CONCURRENCY", None)
-    + _attr("pipeline.web.page_tools", "UI", {"api_visibility": "private", "concurrency_id": "ui",
-                                              "concurrency_limit": None, "show_progress": "hidden"}),
+    + _attr(
+        "pipeline.web.page_tools",
+        "UI",
+        {"api_visibility": "private", "concurrency_id": "ui", "concurrency_limit": None, "show_progress": "hidden"},
+    ),
     "auto-limit-off": _attr("pipeline.serving.jobs", "GpuJobs.time_limit", lambda self, job: self.job_timeout),
     "paste-regex-backtracks": _attr("pipeline.web.a1111", "settings_pairs", _backtracking_pairs),
     # Issue 27: the guidance control sent as guidance_scale whatever the family reads (Qwen-Image's is
     # true_cfg_scale); packed latents previewed as they are (no unpacking: no preview for FLUX.2 and kin);
     # Z-Image's step-level loop without its classifier-free guidance.
     "guidance-always-guidance-scale": _attr(
-        "pipeline.engine.families", "guidance_arguments",
-        lambda t, guidance, steps=0: {**t.fixed, "guidance_scale": guidance}),
+        "pipeline.engine.families",
+        "guidance_arguments",
+        lambda t, guidance, steps=0: {**t.fixed, "guidance_scale": guidance},
+    ),
     "packed-previews-not-unpacked": _attr(
-        "pipeline.engine.previews", "unpack", lambda pipe, latents, width, height: latents),
+        "pipeline.engine.previews", "unpack", lambda pipe, latents, width, height: latents
+    ),
     # Issue 28: previews for a caller who did not ask; previews at the picture's full size; a preview
     # made at every step whatever the job asked (a picture-sized payload per step with previews off).
     "previews-for-everyone": _on("pipeline.request", _previews_for_everyone),
     "previews-at-full-size": _on("pipeline.protocol", _full_size_previews),
     "previews-every-step": _attr(
-        "pipeline.engine.stepping", "StepWatch._preview_due", lambda self, step: self.preview_map is not None),
+        "pipeline.engine.stepping", "StepWatch._preview_due", lambda self, step: self.preview_map is not None
+    ),
     "z-image-loop-without-guidance": _attr(
-        "pipeline.engine.loop_flow_2026", "ZImageLoop._guided",
-        staticmethod(lambda pos, neg, scale, normalization: pos)),
+        "pipeline.engine.loop_flow_2026", "ZImageLoop._guided", staticmethod(lambda pos, neg, scale, normalization: pos)
+    ),
     "lora-adapter-ignored": _on("pipeline.engine.lora", _adapter_ignored),
     "lora-previous-adapter-leaks": _on("pipeline.engine.lora", _previous_adapter_leaks),
     "lora-mixed-batch-one-adapter": _on("pipeline.engine.lora", _mixed_batch_one_adapter),

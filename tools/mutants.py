@@ -31,9 +31,7 @@ TESTS: dict[str, str] = {
         "tests/test_cancel.py::test_cancel_mid_inference_stops_within_one_step_and_holds_the_gate"
     ),
     "batch-ignores-compatibility": "tests/test_batching.py::test_incompatible_requests_are_not_merged",
-    "no-batching": (
-        "tests/test_batching.py::test_compatible_waiting_requests_share_one_job_and_keep_their_own_images"
-    ),
+    "no-batching": ("tests/test_batching.py::test_compatible_waiting_requests_share_one_job_and_keep_their_own_images"),
     "batch-ignores-max-size": "tests/test_batching.py::test_max_batch_size_bounds_the_images_in_a_job",
     "one-cancel-stops-the-batch": "tests/test_batching.py::test_cancelling_one_member_does_not_fail_the_others",
     "oom-no-retry": "tests/test_batching.py::test_out_of_memory_in_a_batch_is_retried_one_request_at_a_time",
@@ -84,8 +82,7 @@ TESTS: dict[str, str] = {
     ),
     "one-login-one-user": "tests/test_hostile.py::test_two_people_on_one_login_from_two_addresses_both_get_in",
     "forwarded-for-believed": (
-        "tests/test_hostile.py::test_forged_and_repeated_forwarded_for_headers_name_nobody_else "
-        "tests/test_identity.py"
+        "tests/test_hostile.py::test_forged_and_repeated_forwarded_for_headers_name_nobody_else tests/test_identity.py"
     ),
     "mcp-caller-unsealed": "tests/test_mcp.py::test_an_mcp_caller_is_who_it_connects_from_not_what_its_headers_say",
     "mcp-outside-the-login": "tests/test_mcp.py::test_under_auth_mcp_needs_the_login_and_works_with_basic_or_bearer",

@@ -62,12 +62,12 @@ from typing import Any, Literal, TypeVar, overload
 # half-initialised submodule is left behind for the app's own ``import spaces`` later.
 if (_gr := sys.modules.get("gradio")) is not None:
     try:
-        _gr.Blocks
+        _gr.Blocks  # noqa: B018 (the real package touches it the same way)
     except AttributeError:
         raise ImportError from None
 
-from .config import Config  # noqa: E402
-from .record import calls  # noqa: E402
+from .config import Config
+from .record import calls
 
 R = TypeVar("R")
 GPUSize = Literal["large", "xlarge"]
@@ -78,19 +78,26 @@ decorated_cache: dict[Callable[..., Any], Callable[..., Any]] = {}
 
 
 @overload
-def GPU(task: None = None, *, duration: DynamicDuration = None, size: GPUSize | None = None,
-        ) -> Callable[[Callable[..., R]], Callable[..., R]]: ...
+def GPU(
+    task: None = None,
+    *,
+    duration: DynamicDuration = None,
+    size: GPUSize | None = None,
+) -> Callable[[Callable[..., R]], Callable[..., R]]: ...
 @overload
-def GPU(task: Callable[..., R], *, duration: DynamicDuration = None, size: GPUSize | None = None,
-        ) -> Callable[..., R]: ...
-def GPU(task: Any = None, *, duration: DynamicDuration = None, size: GPUSize | None = None,
-        **kwargs: Any) -> Any:
+def GPU(
+    task: Callable[..., R],
+    *,
+    duration: DynamicDuration = None,
+    size: GPUSize | None = None,
+) -> Callable[..., R]: ...
+def GPU(task: Any = None, *, duration: DynamicDuration = None, size: GPUSize | None = None, **kwargs: Any) -> Any:
     """ZeroGPU decorator (see the module docstring)."""
     if "enable_queue" in kwargs:
-        warnings.warn("`enable_queue` parameter is now ignored and always set to `True`")
+        warnings.warn("`enable_queue` parameter is now ignored and always set to `True`", stacklevel=2)
     if not callable(task):
         if isinstance(task, str):
-            size = task  # type: ignore[assignment]
+            size = task
         elif task is not None:
             duration = task
         return partial(_GPU, duration=duration, size=size)

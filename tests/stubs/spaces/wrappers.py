@@ -5,6 +5,7 @@ See the package docstring for what differs."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import multiprocessing
 import os
@@ -79,7 +80,7 @@ class GradioQueueEvent:
 
 
 # --- utils.py ----------------------------------------------------------------------------------------------
-class SimpleQueue(_SimpleQueue):  # type: ignore[type-arg]
+class SimpleQueue(_SimpleQueue):
     """utils.SimpleQueue: a pipe; ``put`` pickles in the caller and turns "...pickle..." errors into PicklingError."""
 
     def __init__(self) -> None:
@@ -94,26 +95,25 @@ class SimpleQueue(_SimpleQueue):  # type: ignore[type-arg]
             message = str(e)
             if "pickle" not in message:
                 raise
-            raise PicklingError(message)
+            raise PicklingError(message)  # noqa: B904 (as the real package raises it)
 
     def wlock_release(self) -> None:
         if (lock := getattr(self, "_wlock", None)) is None:
             return
-        try:
+        with contextlib.suppress(ValueError):
             lock.release()
-        except ValueError:
-            pass
 
 
 def drop_params(fn: Callable[[], T]) -> Callable[..., T]:
     def drop(*args: Any) -> T:
         return fn()
+
     return drop
 
 
 # --- zero/gradio.py ----------------------------------------------------------------------------------------
 def tracked_iterable__reduce__(self: TrackedIterable) -> Any:
-    res: tuple[Any, ...] = super(TrackedIterable, self).__reduce__()  # type: ignore[assignment]
+    res: tuple[Any, ...] = super(TrackedIterable, self).__reduce__()
     cls, base, state, *_ = res
     return cls, base, {**state, "iterable": None, "_tqdm": None}
 
@@ -126,7 +126,7 @@ class GradioPartialContext(NamedTuple):
     @staticmethod
     def get() -> GradioPartialContext:
         # As the real one: patch gradio's TrackedIterable so a Progress pickles, then send it as it is.
-        TrackedIterable.__reduce__ = tracked_iterable__reduce__  # type: ignore[method-assign,assignment]
+        TrackedIterable.__reduce__ = tracked_iterable__reduce__
         return GradioPartialContext(
             event_id=LocalContext.event_id.get(None),
             in_event_listener=LocalContext.in_event_listener.get(False),
@@ -145,7 +145,8 @@ def try_process_queue_event(method_name: str, *args: Any, **kwargs: Any) -> None
     queue = None if blocks is None else blocks._queue
     if queue is None:
         import warnings
-        warnings.warn("ZeroGPU: Cannot get Gradio app Queue instance")
+
+        warnings.warn("ZeroGPU: Cannot get Gradio app Queue instance", stacklevel=2)
         return
     method = getattr(queue, method_name, None)
     assert callable(method)
@@ -154,17 +155,19 @@ def try_process_queue_event(method_name: str, *args: Any, **kwargs: Any) -> None
 
 def patch_gradio_queue(res_queue: SimpleQueue) -> None:
     """In the worker: progress and gr.Info/Warning calls become events sent to the caller's Gradio queue."""
+
     def rpc_method(method_name: str) -> Callable[..., None]:
         def method(*args: Any, **kwargs: Any) -> None:
             if args and isinstance(args[0], GradioQueue):
                 args = args[1:]  # drop `self`
             res_queue.put(GradioQueueEvent(method_name, args, kwargs))
+
         return method
 
     for method_name in QUEUE_RPC_METHODS:
         if callable(getattr(GradioQueue, method_name, None)):
             setattr(GradioQueue, method_name, rpc_method(method_name))
-    TrackedIterable.__reduce__ = tracked_iterable__reduce__  # type: ignore[method-assign,assignment]
+    TrackedIterable.__reduce__ = tracked_iterable__reduce__
 
 
 def error(title: str, message: str) -> gr.Error:
@@ -179,7 +182,9 @@ def error(title: str, message: str) -> gr.Error:
 
 def duration_warning() -> None:
     message = "GPU task is exceeding its requested duration and might be aborted"
-    kwargs: dict[str, Any] = {"title": "ZeroGPU duration"} if "title" in inspect.signature(gr.Warning).parameters else {}
+    kwargs: dict[str, Any] = (
+        {"title": "ZeroGPU duration"} if "title" in inspect.signature(gr.Warning).parameters else {}
+    )
     gr.Warning(message, **kwargs)
 
 
@@ -194,7 +199,8 @@ class Worker:
         self.res_queue = SimpleQueue()
         self.stop_event = multiprocessing_ctx.Event()
         self.process = multiprocessing_ctx.Process(
-            target=target, args=(self.arg_queue, self.res_queue, self.stop_event), daemon=True)
+            target=target, args=(self.arg_queue, self.res_queue, self.stop_event), daemon=True
+        )
         self.process.start()
         self._sentinel.start()
 
@@ -252,8 +258,11 @@ def raise_exception_result(res: ExceptionResult) -> None:
     raise error("ZeroGPU worker error", res.error_cls)
 
 
-def child_main(body: Callable[[SimpleQueue, SimpleQueue, Any], None]) -> Callable[[SimpleQueue, SimpleQueue, Any], None]:
+def child_main(
+    body: Callable[[SimpleQueue, SimpleQueue, Any], None],
+) -> Callable[[SimpleQueue, SimpleQueue, Any], None]:
     """The worker's target: ``body`` once, then ``os._exit`` (no parent atexit handler or finalizer runs here)."""
+
     def target(arg_queue: SimpleQueue, res_queue: SimpleQueue, stop_event: Any) -> None:
         global forked
         forked = True
@@ -261,21 +270,25 @@ def child_main(body: Callable[[SimpleQueue, SimpleQueue, Any], None]) -> Callabl
         try:
             signal.signal(signal.SIGTERM, drop_params(arg_queue.close))
             body(arg_queue, res_queue, stop_event)
-        except BaseException:  # noqa: BLE001
+        except BaseException:
             traceback.print_exc()  # as multiprocessing would; the caller then sees "GPU task aborted"
             code = 1
         finally:
             for stream in (sys.stdout, sys.stderr):
-                try:
+                with contextlib.suppress(Exception):
                     stream.flush()
-                except Exception:  # noqa: BLE001, S110
-                    pass
             os._exit(code)
+
     return target
 
 
-def _begin(task: Callable[..., Any], duration: DynamicDuration, gpu_size: str | None, args: Any, kwargs: Any,
-           ) -> dict[str, Any]:
+def _begin(
+    task: Callable[..., Any],
+    duration: DynamicDuration,
+    gpu_size: str | None,
+    args: Any,
+    kwargs: Any,
+) -> dict[str, Any]:
     request = LocalContext.request.get(None)  # spaces.utils.gradio_request_var()
     duration_ = process_duration(static_duration(duration, *args, **kwargs))
     seconds = get_duration_seconds(duration_, gpu_size)
@@ -295,11 +308,15 @@ def _warn_after(seconds: float, done: ThreadEvent) -> Callable[[], None]:
     def warn_duration() -> None:
         if not done.wait(seconds):
             duration_warning()
+
     return warn_duration
 
 
-def regular_function_wrapper(task: Callable[P, R], duration: DynamicDuration, gpu_size: str | None,
-                             ) -> Callable[P, R]:
+def regular_function_wrapper(
+    task: Callable[P, R],
+    duration: DynamicDuration,
+    gpu_size: str | None,
+) -> Callable[P, R]:
 
     @wraps(task)
     def gradio_handler(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -323,7 +340,7 @@ def regular_function_wrapper(task: Callable[P, R], duration: DynamicDuration, gp
                             rec["error"] = res.error_cls
                             raise_exception_result(res)
                         if isinstance(res, OkResult):
-                            return res.value  # type: ignore[no-any-return]
+                            return res.value
                         if isinstance(res, GradioQueueEvent):
                             try_process_queue_event(res.method_name, *res.args, **res.kwargs)
                             continue
@@ -350,7 +367,7 @@ def regular_function_wrapper(task: Callable[P, R], duration: DynamicDuration, gp
             res: OkResult[Any] | ExceptionResult
             try:
                 res = OkResult(task(*args, **kwargs))
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 res = exception_result(e)
             try:
                 res_queue.put(res)
@@ -368,8 +385,9 @@ def regular_function_wrapper(task: Callable[P, R], duration: DynamicDuration, gp
     return gradio_handler
 
 
-def generator_function_wrapper(task: Callable[P, Generator[R, None, None]], duration: DynamicDuration,
-                               gpu_size: str | None) -> Callable[P, Generator[R, None, None]]:
+def generator_function_wrapper(
+    task: Callable[P, Generator[R, None, None]], duration: DynamicDuration, gpu_size: str | None
+) -> Callable[P, Generator[R, None, None]]:
 
     @wraps(task)
     def gradio_handler(*args: P.args, **kwargs: P.kwargs) -> Generator[R, None, None]:
@@ -455,7 +473,7 @@ def generator_function_wrapper(task: Callable[P, Generator[R, None, None]], dura
                     res = next(gen)
                 except StopIteration:
                     break
-                except Exception as e:  # noqa: BLE001
+                except Exception as e:
                     res_queue.put(exception_result(e))
                     break
                 if stop_event.is_set():
