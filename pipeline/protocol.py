@@ -4,8 +4,9 @@ The serving side calls the model side with one frozen ``InferenceJob`` and reads
 ``ModelEvent`` values: ``StepEvent`` (step k of N, with optional small encoded previews), then exactly one
 terminal event, an ``InferenceResult`` (images, timings, peak memory) or an ``ErrorEvent`` (an error
 as a value, classified by ``kind``). Stop is a separate one-way signal, any object with
-``is_set()``, which the model side reads at every step boundary: a ``threading.Event`` in-thread,
-or, across a process boundary, the closing of the stream at its next yield.
+``is_set()``, which the model side reads at every step boundary: in-thread, the caller's flag
+itself; to the model process, a ``StopJob`` message sent the moment the flag is set
+(``engine.wire``); on ZeroGPU, the closing of the GPU call's stream at its next yield.
 
 No closures, locks or callbacks cross: the same generator (``engine.runner.run_job``) runs on the
 in-process model thread, in ZeroGPU's forked process (which pickles its arguments and every yield),
@@ -261,7 +262,20 @@ class Model(Protocol):
 
 
 class ModelSide(Protocol):
-    """What the serving side drives: a profile, a token counter and the boundary's event stream."""
+    """What the serving side drives, whatever hosts the model: the in-process thread
+    (``engine.runner.ModelRunner``, also inside each Ray replica), the model process
+    (``engine.process.ProcessSide``) and ZeroGPU (``engine.zerogpu.ZeroGpuSide``)."""
+
+    @property
+    def many_in_flight(self) -> bool:
+        """Whether ``submit`` returns at once, so that several jobs can be in flight (step-level
+        joining); False: ``submit`` runs the job to its end on the calling thread."""
+        ...
+
+    def submit(self, job: InferenceJob, stop: StopFlag, emit: Callable[[ModelEvent], None]) -> object:
+        """Run ``job``, calling ``emit`` with each of its events (exactly one terminal), from the
+        side's own thread (``many_in_flight``) or the caller's."""
+        ...
 
     @property
     def profile(self) -> ModelProfile: ...

@@ -137,7 +137,9 @@ def _model_process_never_hears_stop() -> None:
     from pipeline.engine.process import _Child
 
     original = _Child.send
-    _Child.send = lambda self, message: True if message[0] == "stop" else original(self, message)  # type: ignore[method-assign]
+    from pipeline.engine.wire import StopJob
+
+    _Child.send = lambda self, message: True if isinstance(message, StopJob) else original(self, message)  # type: ignore[method-assign]
 
 
 def _restart_gives_up_at_once(self: Any) -> None:

@@ -20,10 +20,23 @@ import sys
 import threading
 from functools import partial
 from multiprocessing.connection import Connection
-from typing import Any, Mapping
+from typing import Mapping
 
 from ..errors import EngineDead
 from ..protocol import TERMINAL, CountingStop, ErrorEvent, ModelEvent
+from .wire import (
+    CountTokens,
+    JobEvent,
+    LoadFailed,
+    Ready,
+    RunJob,
+    Shutdown,
+    StopJob,
+    StoppedAt,
+    TokenCounts,
+    ToModel,
+    ToServer,
+)
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +58,7 @@ def main(fd: int) -> None:
     conn = Connection(fd)
     send_lock = threading.Lock()
 
-    def send(message: tuple[Any, ...]) -> None:
+    def send(message: ToServer) -> None:
         with send_lock:
             conn.send(message)
 
@@ -54,9 +67,9 @@ def main(fd: int) -> None:
     try:
         profile = runner.start()
     except EngineDead as exc:
-        send(("failed", str(exc)))
+        send(LoadFailed(str(exc)))
         return
-    send(("ready", profile))
+    send(Ready(profile))
     out: queue.SimpleQueue[tuple[int, ModelEvent] | None] = queue.SimpleQueue()
     stops: dict[int, CountingStop] = {}
 
@@ -68,8 +81,8 @@ def main(fd: int) -> None:
                 cancelled = isinstance(event, ErrorEvent) and event.kind == "cancelled"
                 if cancelled and stop is not None and stop.steps_at_set is not None:
                     # the model's own count when the stop reached it (the server's lags by the steps in flight)
-                    send(("stopped_at", serial, stop.steps_at_set))
-                send(("event", serial, event))
+                    send(StoppedAt(serial, stop.steps_at_set))
+                send(JobEvent(serial, event))
             except OSError:
                 return  # the server has gone
             if isinstance(event, TERMINAL):
@@ -79,23 +92,22 @@ def main(fd: int) -> None:
     relay.start()
     try:
         while True:
-            message = conn.recv()
-            kind = message[0]
-            if kind == "job":
-                serial, stop = message[1], CountingStop()
-                stops[serial] = stop
-                runner.submit(message[2], stop, partial(_post, out, serial))
-            elif kind == "stop":
-                if (flag := stops.get(message[1])) is not None:
+            message: ToModel = conn.recv()
+            if isinstance(message, RunJob):
+                stop = CountingStop()
+                stops[message.serial] = stop
+                runner.submit(message.job, stop, partial(_post, out, message.serial))
+            elif isinstance(message, StopJob):
+                if (flag := stops.get(message.serial)) is not None:
                     flag.set()
-            elif kind == "count":
+            elif isinstance(message, CountTokens):
                 try:
-                    counts: Mapping[str, int] | None = dict(runner.count_tokens(message[2]))
+                    counts: Mapping[str, int] | None = dict(runner.count_tokens(message.text))
                 except Exception:
                     log.exception("count_tokens failed")
                     counts = None
-                send(("count", message[1], counts))
-            elif kind == "shutdown":
+                send(TokenCounts(message.key, counts))
+            elif isinstance(message, Shutdown):
                 break
     except (EOFError, OSError):
         log.info("the server has gone: the model process exits")

@@ -3,11 +3,12 @@
 Why a process: the server's event loop, its PNG encoders and the model's Python-side work all want
 the GIL; in its own process the model has a GIL of its own, and the server never imports torch.
 The server's gate and its ``model-stream`` thread call ``ProcessSide.submit``/``stream`` as they
-call the in-process ``ModelRunner``; only plain, pickled messages cross, on one socket pair:
+call the in-process ``ModelRunner``; only the pickled message dataclasses of ``engine.wire`` cross,
+on one socket pair:
 
-    server -> model process   ("job", serial, InferenceJob) | ("stop", serial) | ("count", id, text) | ("shutdown",)
-    model process -> server   ("ready", ModelProfile) | ("failed", message)
-                              | ("event", serial, ModelEvent) | ("count", id, counts or None)
+    server -> model process   RunJob(serial, job) | StopJob(serial) | CountTokens(key, text) | Shutdown()
+    model process -> server   Ready(profile) | LoadFailed(message)
+                              | JobEvent(serial, event) | StoppedAt(serial, steps) | TokenCounts(key, counts)
 
 Inside the model process one named thread owns the model and the device: the same ``ModelRunner``
 (``gpu-worker``) as under ``--model-side thread``. Several jobs may be in flight (joinable ones share
@@ -41,10 +42,23 @@ import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Generator, Mapping
+from typing import TYPE_CHECKING, Callable, Generator, Mapping
 
 from ..errors import EngineDead
 from ..protocol import TERMINAL, ErrorEvent, InferenceJob, Model, ModelEvent, ModelProfile, StopFlag
+from .wire import (
+    CountTokens,
+    JobEvent,
+    LoadFailed,
+    Ready,
+    RunJob,
+    Shutdown,
+    StopJob,
+    StoppedAt,
+    TokenCounts,
+    ToModel,
+    ToServer,
+)
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -133,7 +147,7 @@ class _Child:
             raise EngineDead(f"the model process failed to load the model: {self._failure}")
         return self.profile
 
-    def send(self, message: tuple[Any, ...]) -> bool:
+    def send(self, message: ToModel) -> bool:
         """Send one message; False if the process has gone (its reader is telling everyone)."""
         with self.lock:
             if self.exited:
@@ -151,26 +165,25 @@ class _Child:
     def _read(self) -> None:
         try:
             while True:
-                message = self.conn.recv()
-                kind = message[0]
-                if kind == "event":
+                message: ToServer = self.conn.recv()
+                if isinstance(message, JobEvent):
                     with self.lock:
-                        sink = self.pending.get(message[1])
+                        sink = self.pending.get(message.serial)
                     if sink is not None:
-                        sink(message[2])
-                elif kind == "stopped_at":
+                        sink(message.event)
+                elif isinstance(message, StoppedAt):
                     with self.lock:
-                        self.stopped_at[message[1]] = message[2]
-                elif kind == "count":
+                        self.stopped_at[message.serial] = message.steps
+                elif isinstance(message, TokenCounts):
                     with self.lock:
-                        answer = self.counts.pop(message[1], None)
+                        answer = self.counts.pop(message.key, None)
                     if answer is not None:
-                        answer.put(message[2])
-                elif kind == "ready":
-                    self.profile = message[1]
+                        answer.put(message.counts)
+                elif isinstance(message, Ready):
+                    self.profile = message.profile
                     self._ready.set()
-                elif kind == "failed":
-                    self._failure = message[1]
+                elif isinstance(message, LoadFailed):
+                    self._failure = message.message
                     self._ready.set()
         except (EOFError, OSError):
             pass
@@ -264,9 +277,11 @@ class ProcessSide:
             if child.exited:
                 return {}
             child.counts[key] = answer
-        if not child.send(("count", key, text)):
+        if not child.send(CountTokens(key, text)):
             return {}
         return answer.get() or {}
+
+    many_in_flight = True  # ``submit`` sends the job to the model process and returns
 
     def submit(self, job: InferenceJob, stop: StopFlag, emit: Callable[[ModelEvent], None]) -> Callable[[], None]:
         """Send ``job`` to the model process; ``emit`` gets its events on the ``model-pipe`` thread, the
@@ -303,7 +318,7 @@ class ProcessSide:
             with child.lock:
                 if registered := not child.exited:
                     child.pending[serial] = sink
-            if registered and child.send(("job", serial, job)):
+            if registered and child.send(RunJob(serial, job)):
                 break
             with child.lock:  # it died before the job reached it: the job waits for the next process
                 child.pending.pop(serial, None)
@@ -311,7 +326,7 @@ class ProcessSide:
         def forward_stop() -> None:  # on whichever thread sets the stop (the event loop, usually)
             if not forwarded.is_set():
                 forwarded.set()
-                child.send(("stop", serial))
+                child.send(StopJob(serial))
 
         on_set = getattr(stop, "on_set", None)
         if on_set is not None:
@@ -344,7 +359,7 @@ class ProcessSide:
             self._state = "closed"
             self._cond.notify_all()
         child = self._child
-        child.send(("shutdown",))
+        child.send(Shutdown())
         try:
             child.proc.wait(timeout)
         except subprocess.TimeoutExpired:

@@ -133,6 +133,8 @@ class ModelRunner:
         return self.model.count_tokens(text)
 
     # -- jobs --------------------------------------------------------------------------------
+    many_in_flight = True  # ``submit`` queues the job for the model thread and returns
+
     def submit(self, job: InferenceJob, stop: StopFlag, emit: Callable[[ModelEvent], None]) -> None:
         """Queue ``job``; ``emit`` gets its events on the model thread, the last one terminal. Never blocks."""
         self._after_fork()

@@ -71,6 +71,12 @@ class ZeroGpuSide:
     def shutdown(self, timeout: float | None = None) -> None:
         self.runner.shutdown(timeout)
 
+    many_in_flight = False  # one GPU call at a time: ``submit`` runs it on the caller's thread
+
+    def submit(self, job: InferenceJob, stop: StopFlag, emit: Callable[[ModelEvent], None]) -> None:
+        for event in self.stream(job, stop):
+            emit(event)
+
     def stream(self, job: InferenceJob, stop: StopFlag) -> Generator[ModelEvent, None, None]:
         """Only ``job`` crosses. Stop: close the wrapper's stream; the child stops at its next yield."""
         step = 0

@@ -65,8 +65,8 @@ class ModelStreamer:
 
     @property
     def many_in_flight(self) -> bool:
-        """Whether several jobs can be in flight on the side at once (it has ``submit``)."""
-        return callable(getattr(self.side, "submit", None))
+        """Whether several jobs can be in flight on the side at once (``ModelSide.many_in_flight``)."""
+        return bool(self.side.many_in_flight)
 
     def submit(
         self,
@@ -124,7 +124,7 @@ class ModelStreamer:
             task.deliver(event)
 
         try:
-            self.side.submit(task.job, task.stop, emit)  # type: ignore[attr-defined]
+            self.side.submit(task.job, task.stop, emit)
         except Exception as exc:
             log.error("handing job %s to the model side failed", task.job.request_id, exc_info=True)
             emit(ErrorEvent("failed", f"{type(exc).__name__}: {exc}", 0, traceback.format_exc()))

@@ -1,0 +1,72 @@
+"""The messages on the model process's socket pair: one frozen dataclass each, pickled whole. Free of torch.
+
+Server -> model process: ``RunJob`` (a job under its serial), ``StopJob`` (that job's stop, the
+moment the server's stop is set), ``CountTokens`` (a prompt to measure), ``Shutdown``.
+
+Model process -> server: ``Ready`` (the loaded model's profile) or ``LoadFailed`` (why not), then
+``JobEvent`` for every event of every job in flight, ``StoppedAt`` (the model's own step count when
+a job's stop reached it, sent before that job's cancelled event), ``TokenCounts`` (a count's answer).
+
+``engine.process`` sends and reads the server's side, ``engine.child`` the model process's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from ..protocol import InferenceJob, ModelEvent, ModelProfile
+
+
+@dataclass(frozen=True)
+class RunJob:
+    serial: int
+    job: InferenceJob
+
+
+@dataclass(frozen=True)
+class StopJob:
+    serial: int
+
+
+@dataclass(frozen=True)
+class CountTokens:
+    key: int
+    text: str
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    pass
+
+
+@dataclass(frozen=True)
+class Ready:
+    profile: ModelProfile
+
+
+@dataclass(frozen=True)
+class LoadFailed:
+    message: str
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    serial: int
+    event: ModelEvent
+
+
+@dataclass(frozen=True)
+class StoppedAt:
+    serial: int
+    steps: int
+
+
+@dataclass(frozen=True)
+class TokenCounts:
+    key: int
+    counts: Mapping[str, int] | None  # None: counting failed (logged in the model process)
+
+
+ToModel = RunJob | StopJob | CountTokens | Shutdown
+ToServer = Ready | LoadFailed | JobEvent | StoppedAt | TokenCounts
