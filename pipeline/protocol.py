@@ -8,6 +8,13 @@ as a value, classified by ``kind``). Stop is a separate one-way signal, any obje
 itself; to the model process, a ``StopJob`` message sent the moment the flag is set
 (``engine.wire``); on ZeroGPU, the closing of the GPU call's stream at its next yield.
 
+Stops, one type per role: ``StopFlag``, what the model side reads (anything with ``is_set()``);
+``CountingStop``, a job's flag on the model side, which remembers the step it was set at;
+``serving.line.StopSignal``, a request's flag on the serving side, which also calls back when set
+(a batch stops once all its members have); ``engine.runner``'s private ``_JobStop``, the caller's flag
+or the stream closed, as the model thread sees a job; and ``engine.stepping.StoppedAtStep``, the
+exception that ends a pipeline call at the step boundary where the flag was found set.
+
 No closures, locks or callbacks cross: the same generator (``engine.runner.run_job``) runs on the
 in-process model thread, in ZeroGPU's forked process (which pickles its arguments and every yield),
 in a Ray replica, and in a model process of our own.

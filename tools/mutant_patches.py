@@ -94,9 +94,9 @@ def _patch(module: str, name: str, value: Callable[..., Any]) -> Callable[[], No
 
 
 def _key_is_constant() -> None:
-    from pipeline.serving.line import Member
+    from pipeline.serving.line import Entry
 
-    Member.key = property(lambda self: 0)  # type: ignore[assignment,method-assign]
+    Entry.key = property(lambda self: 0)  # type: ignore[assignment,method-assign]
 
 
 async def _stopped_at_once(self: Any, session: str, timeout: float) -> bool:
@@ -162,9 +162,9 @@ def _loop_key_is_constant() -> None:
 
 
 def _serving_loop_key_is_constant() -> None:
-    from pipeline.serving.line import Member
+    from pipeline.serving.line import Entry
 
-    Member.loop_key = property(lambda self: 0)  # type: ignore[assignment,method-assign]
+    Entry.loop_key = property(lambda self: 0)  # type: ignore[assignment,method-assign]
 
 
 def _leave_drops_another() -> None:

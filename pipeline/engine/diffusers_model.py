@@ -23,7 +23,7 @@ from .family_table import family_for
 from .loop_base import MemberLoop, loop_kind
 from .lora import Adapters, use_of
 from .previews import Previewer
-from .stepping import StepWatch, Stop
+from .stepping import StepWatch, StoppedAtStep
 
 
 class DiffusersModel:
@@ -112,7 +112,7 @@ class DiffusersModel:
         try:
             with torch.inference_mode(), watch:
                 images = getattr(pipe(**kwargs), self.traits.output)
-        except Stop:
+        except StoppedAtStep:
             raise Cancelled(steps_done=watch.steps_done) from None
         except (torch.OutOfMemoryError, MemoryError):
             oom = True

@@ -120,7 +120,7 @@ class Task(Protocol):
 
 
 @dataclass
-class _Member:
+class _Seat:
     task: Task
     slot: int
     joined_at: int  # loop steps run before it joined
@@ -137,7 +137,7 @@ class LoopDriver:
     def __init__(self, loop: Loop, pull: Callable[[], Task | None]) -> None:
         self.loop = loop
         self._pull = pull
-        self.members: list[_Member] = []
+        self.members: list[_Seat] = []
         self.steps = 0  # loop steps run so far
 
     def run(self, first: Task) -> None:
@@ -185,7 +185,7 @@ class LoopDriver:
             task.emit(_error_of(exc))
             return
         note = getattr(task.stop, "note", None)
-        self.members.append(_Member(task, slot, self.steps, time.time(), note if callable(note) else None))
+        self.members.append(_Seat(task, slot, self.steps, time.time(), note if callable(note) else None))
 
     def _leave_stopped(self) -> None:
         for m in [m for m in self.members if m.task.stop.is_set()]:
@@ -194,7 +194,7 @@ class LoopDriver:
             self.loop.remove(m.slot)
             m.task.emit(ErrorEvent("cancelled", "stopped", done))
 
-    def _finish(self, finished: list[_Member]) -> None:
+    def _finish(self, finished: list[_Seat]) -> None:
         for m in finished:
             self.members.remove(m)
         try:

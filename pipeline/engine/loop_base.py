@@ -73,7 +73,7 @@ def step_kwargs(scheduler: Any, generators: list[torch.Generator], eta: float = 
 
 
 @dataclass
-class Member:
+class LoopMember:
     """One job in the loop: what the pipeline's ``__call__`` keeps for one call."""
 
     job: InferenceJob
@@ -118,7 +118,7 @@ class MemberLoop:
         self.pipe = model.pipe
         self.preview_map = model.preview_map
         self.device = torch.device(self.pipe._execution_device)
-        self.members: dict[int, Member] = {}
+        self.members: dict[int, LoopMember] = {}
         self._switch_ms: dict[int, float] = {}  # slot -> the adapter switch its prompt encoding took
         self._next_slot = 0
         self._cuda = self.device.type == "cuda"
@@ -127,11 +127,11 @@ class MemberLoop:
 
     # -- family hooks ------------------------------------------------------------------------------
 
-    def _enter(self, job: InferenceJob) -> Member:
+    def _enter(self, job: InferenceJob) -> LoopMember:
         """Encode the prompts, build the scheduler and timesteps, draw the starting latents."""
         raise NotImplementedError
 
-    def _predict(self, members: list[Member]) -> list[torch.Tensor]:
+    def _predict(self, members: list[LoopMember]) -> list[torch.Tensor]:
         """One denoiser call for every member's rows; each member's guided prediction."""
         raise NotImplementedError
 
@@ -219,7 +219,7 @@ class MemberLoop:
         return previews
 
     def _previews(
-        self, m: Member, out: Any, prediction: torch.Tensor, t: torch.Tensor, sample: torch.Tensor
+        self, m: LoopMember, out: Any, prediction: torch.Tensor, t: torch.Tensor, sample: torch.Tensor
     ) -> dict[int, Image.Image]:
         every, job = m.job.preview_every, m.job
         if self.preview_map is None or not every or m.done % every or m.done >= m.total:

@@ -41,7 +41,7 @@ from PIL import Image
 from ..protocol import InferenceJob
 from . import samplers
 from .families import call_arguments
-from .loop_base import Member, MemberLoop, generators_of
+from .loop_base import LoopMember, MemberLoop, generators_of
 
 
 def _call_default(pipe: Any, name: str, fallback: Any) -> Any:
@@ -50,7 +50,7 @@ def _call_default(pipe: Any, name: str, fallback: Any) -> Any:
     return fallback if parameter is None or parameter.default is inspect.Parameter.empty else parameter.default
 
 
-def _cat_rows(members: list[Member], name: str) -> torch.Tensor:
+def _cat_rows(members: list[LoopMember], name: str) -> torch.Tensor:
     return torch.cat([m.rows_of[name] for m in members])
 
 
@@ -77,7 +77,7 @@ class _FlowLoop(MemberLoop):
 class FluxLoop(_FlowLoop):
     """``joining.Loop`` for ``FluxPipeline`` (see the module docstring)."""
 
-    def _enter(self, job: InferenceJob) -> Member:
+    def _enter(self, job: InferenceJob) -> LoopMember:
         pipe, device = self.pipe, self.device
         # 1. Prompts (CLIP pooled + T5), exactly as the call encodes them.
         embeds, pooled, text_ids = pipe.encode_prompt(
@@ -109,7 +109,7 @@ class FluxLoop(_FlowLoop):
         # 4. Guidance-distilled (dev): the member's scale as rows of a vector.
         if pipe.transformer.config.guidance_embeds:
             rows_of["guidance"] = torch.full([job.num_images], job.guidance_scale, device=device, dtype=torch.float32)
-        return Member(
+        return LoopMember(
             job=job,
             scheduler=scheduler,
             timesteps=timesteps,
@@ -119,7 +119,7 @@ class FluxLoop(_FlowLoop):
             shared={"txt_ids": text_ids, "img_ids": image_ids},
         )
 
-    def _predict(self, members: list[Member]) -> list[torch.Tensor]:
+    def _predict(self, members: list[LoopMember]) -> list[torch.Tensor]:
         latents = torch.cat([m.latents for m in members])
         timestep = torch.cat([m.timestep.expand(m.images).to(latents.dtype) for m in members])
         transformer = self.pipe.transformer
@@ -145,7 +145,7 @@ class FluxLoop(_FlowLoop):
 class SD3Loop(_FlowLoop):
     """``joining.Loop`` for ``StableDiffusion3Pipeline`` (see the module docstring)."""
 
-    def _enter(self, job: InferenceJob) -> Member:
+    def _enter(self, job: InferenceJob) -> LoopMember:
         pipe, device = self.pipe, self.device
         # 1. Guidance as the pipeline decides it; prompts through its own encoder.
         cfg = job.guidance_scale > 1
@@ -192,7 +192,7 @@ class SD3Loop(_FlowLoop):
                 config.get("max_shift", 1.16),
             )
         timesteps, _ = retrieve_timesteps(scheduler, job.num_inference_steps, device, sigmas=None, **extra)
-        return Member(
+        return LoopMember(
             job=job,
             scheduler=scheduler,
             timesteps=timesteps,
@@ -201,7 +201,7 @@ class SD3Loop(_FlowLoop):
             rows_of={"encoder_hidden_states": embeds, "pooled_projections": pooled},
         )
 
-    def _predict(self, members: list[Member]) -> list[torch.Tensor]:
+    def _predict(self, members: list[LoopMember]) -> list[torch.Tensor]:
         inputs = torch.cat([torch.cat([m.latents] * 2) if m.cfg else m.latents for m in members])
         timestep = torch.cat([m.timestep.expand(m.rows) for m in members])
         out = self.pipe.transformer(

@@ -42,7 +42,7 @@ from PIL import Image
 from ..protocol import InferenceJob
 from . import samplers
 from .families import call_arguments
-from .loop_base import Member, generators_of
+from .loop_base import LoopMember, generators_of
 from .loop_flow import _call_default, _cat_rows, _FlowLoop, packed_latents
 
 
@@ -67,7 +67,7 @@ def _negatives(loop: _FlowLoop, job: InferenceJob) -> Any:
 class ChromaLoop(_FlowLoop):
     """``joining.Loop`` for ``ChromaPipeline`` (see the module docstring)."""
 
-    def _enter(self, job: InferenceJob) -> Member:
+    def _enter(self, job: InferenceJob) -> LoopMember:
         pipe, device = self.pipe, self.device
         cfg = job.guidance_scale > 1
         embeds, text_ids, mask, negative_embeds, _, negative_mask = pipe.encode_prompt(
@@ -97,10 +97,10 @@ class ChromaLoop(_FlowLoop):
                 "encoder_hidden_states": torch.cat([negative_embeds, embeds]),
                 "attention_mask": torch.cat([extended(negative_mask), rows["attention_mask"]]),
             }
-        return Member(job=job, scheduler=scheduler, timesteps=timesteps, latents=latents, cfg=cfg, rows_of=rows,
+        return LoopMember(job=job, scheduler=scheduler, timesteps=timesteps, latents=latents, cfg=cfg, rows_of=rows,
                       shared={"txt_ids": text_ids, "img_ids": image_ids})  # fmt: skip
 
-    def _predict(self, members: list[Member]) -> list[torch.Tensor]:
+    def _predict(self, members: list[LoopMember]) -> list[torch.Tensor]:
         inputs = torch.cat([torch.cat([m.latents] * 2) if m.cfg else m.latents for m in members])
         timestep = torch.cat([m.timestep.expand(m.rows).to(inputs.dtype) for m in members])
         out = self.pipe.transformer(
@@ -121,7 +121,7 @@ class ChromaLoop(_FlowLoop):
 
 
 @dataclass
-class ZMember(Member):
+class ZImageMember(LoopMember):
     """A Z-Image member: its prompt embeddings are a list (one tensor per prompt, each its own length)."""
 
     embeds: list[torch.Tensor] = field(default_factory=list)
@@ -139,7 +139,7 @@ class ZMember(Member):
 class ZImageLoop(_FlowLoop):
     """``joining.Loop`` for ``ZImagePipeline`` (see the module docstring)."""
 
-    def _enter(self, job: InferenceJob) -> Member:
+    def _enter(self, job: InferenceJob) -> LoopMember:
         pipe, device = self.pipe, self.device
         signature = inspect.signature(pipe.__call__).parameters
         cfg = job.guidance_scale > 0
@@ -169,18 +169,18 @@ class ZImageLoop(_FlowLoop):
         truncation = float(signature["cfg_truncation"].default)
         normalization = float(signature["cfg_normalization"].default or 0.0)
         t_norms = ((1000 - timesteps.float()) / 1000).tolist() if cfg and truncation <= 1 else None
-        return ZMember(job=job, scheduler=scheduler, timesteps=timesteps, latents=latents, cfg=cfg, rows_of={},
+        return ZImageMember(job=job, scheduler=scheduler, timesteps=timesteps, latents=latents, cfg=cfg, rows_of={},
                        embeds=list(embeds), negative=list(negative) if cfg else [], t_norms=t_norms,
                        truncation=truncation, normalization=normalization)  # fmt: skip
 
-    def _predict(self, members: list[Member]) -> list[torch.Tensor]:
+    def _predict(self, members: list[LoopMember]) -> list[torch.Tensor]:
         transformer = self.pipe.transformer
         latents: list[torch.Tensor] = []
         embeds: list[torch.Tensor] = []
         timesteps: list[torch.Tensor] = []
         scales: list[float] = []
         for m in members:
-            assert isinstance(m, ZMember)
+            assert isinstance(m, ZImageMember)
             scale = m.scale_now()
             scales.append(scale)
             t = ((1000 - m.timestep.expand(m.images)) / 1000).to(torch.float32)
@@ -197,7 +197,7 @@ class ZImageLoop(_FlowLoop):
         predictions: list[torch.Tensor] = []
         start = 0
         for m, scale in zip(members, scales):
-            assert isinstance(m, ZMember)
+            assert isinstance(m, ZImageMember)
             n = m.images
             if m.cfg and scale > 0:
                 pos, neg = out[start : start + n], out[start + n : start + 2 * n]

@@ -35,13 +35,13 @@ from PIL import Image
 from ..protocol import InferenceJob
 from . import samplers
 from .families import call_arguments
-from .loop_base import Member, MemberLoop, generators_of, step_kwargs
+from .loop_base import LoopMember, MemberLoop, generators_of, step_kwargs
 
 
 class SDLoop(MemberLoop):
     """``joining.Loop`` for ``StableDiffusionPipeline`` (see the module docstring)."""
 
-    def _enter(self, job: InferenceJob) -> Member:
+    def _enter(self, job: InferenceJob) -> LoopMember:
         pipe, device = self.pipe, self.device
         unet_config = pipe.unet.config
         # 1. Guidance, as the pipeline decides it.
@@ -70,7 +70,7 @@ class SDLoop(MemberLoop):
             rows_of["timestep_cond"] = pipe.get_guidance_scale_embedding(
                 scales, embedding_dim=unet_config.time_cond_proj_dim
             ).to(device=device, dtype=latents.dtype)
-        return Member(
+        return LoopMember(
             job=job,
             scheduler=scheduler,
             timesteps=timesteps,
@@ -80,7 +80,7 @@ class SDLoop(MemberLoop):
             step_kwargs=step_kwargs(scheduler, generators),
         )
 
-    def _predict(self, members: list[Member]) -> list[torch.Tensor]:
+    def _predict(self, members: list[LoopMember]) -> list[torch.Tensor]:
         inputs, times = [], []
         for m in members:
             x = torch.cat([m.latents] * 2) if m.cfg else m.latents

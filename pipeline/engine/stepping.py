@@ -20,7 +20,7 @@ from ..protocol import InferenceJob, StepCallback, StopFlag
 from .previews import Previewer, denoised, unpack
 
 
-class Stop(Exception):
+class StoppedAtStep(Exception):
     """Raised inside a step to leave the pipeline's ``__call__`` at once: no more steps, no decode."""
 
 
@@ -83,4 +83,4 @@ class StepWatch:
                     previews[index] = self.preview_map.image(latents[index], self.job.width, self.job.height)
         self.on_step(self.steps_done, total, previews)
         if self.stop.is_set():
-            raise Stop
+            raise StoppedAtStep

@@ -30,7 +30,7 @@ from ..errors import Cancelled, EngineDead, OutOfMemory
 from ..protocol import ErrorEvent, InferenceJob, InferenceResult, ModelEvent, StepEvent
 from .eta import EtaBook, JobClock, Shape
 from .events import Step
-from .line import Batch, End, Line, Member, Session, StopSignal
+from .line import Batch, End, Entry, Line, Session, StopSignal
 from .metrics import Metrics
 from .streamer import ModelStreamer
 
@@ -213,7 +213,7 @@ class GpuJobs:
         """Run ``session`` until nobody is left in it, taking joiners whenever the line moves. Never raises."""
         tasks: set[asyncio.Task[None]] = set()
 
-        def start(members: list[Member]) -> None:
+        def start(members: list[Entry]) -> None:
             for peer in session.members:  # who shared the loop (an out-of-memory error is retried alone)
                 peer.peers = max(peer.peers, len(session.members))
             for member in members:
@@ -234,7 +234,7 @@ class GpuJobs:
         if tasks:  # members' tasks end after they leave; nothing is left on the model side
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _member(self, member: Member, session: Session, line: Line) -> None:
+    async def _member(self, member: Entry, session: Session, line: Line) -> None:
         """One member's job in the loop: its steps, its time limit, its end. Then it leaves the session."""
         try:
             end = await self._member_attempt(member, session, line, joinable=True)
@@ -247,7 +247,7 @@ class GpuJobs:
             session.leave(member)
             line.notify()  # room in the loop: the session may take joiners, or end
 
-    async def _member_attempt(self, member: Member, session: Session, line: Line, *, joinable: bool) -> End:
+    async def _member_attempt(self, member: Entry, session: Session, line: Line, *, joinable: bool) -> End:
         job = dataclasses.replace(member.request.to_job(), joinable=joinable, loop_images_max=session.max_images)
         offsets = [0, job.num_images]
         outcome = await self._on_model(
@@ -268,7 +268,7 @@ class GpuJobs:
         )
 
     def _deliver_member_step(
-        self, member: Member, line: Line, offsets: list[int], event: StepEvent, clock: JobClock
+        self, member: Entry, line: Line, offsets: list[int], event: StepEvent, clock: JobClock
     ) -> None:
         """A loop member's step; on its last step its place goes to the next joiner, a step early."""
         self._deliver_step([member], offsets, event, clock)
@@ -287,7 +287,7 @@ class GpuJobs:
 
         terminal.add_done_callback(lambda _f: loop.call_soon_threadsafe(recovered))
 
-    def _deliver_step(self, members: list[Member], offsets: list[int], event: StepEvent, clock: JobClock) -> None:
+    def _deliver_step(self, members: list[Entry], offsets: list[int], event: StepEvent, clock: JobClock) -> None:
         """One step to every member (on the event loop), with the job's time left."""
         now = time.monotonic()
         clock.on_step(event.step, event.total, now)

@@ -151,7 +151,7 @@ class WaitLine(Generic[T]):
 
 
 @dataclass(eq=False)
-class Member:
+class Entry:
     """A prepared request in line for the GPU, and then in a job."""
 
     request: GenerateRequest
@@ -203,7 +203,7 @@ class Member:
 class Batch:
     """Requests that run as one job. Its stop is set when every member has stopped (or by force)."""
 
-    def __init__(self, members: list[Member]) -> None:
+    def __init__(self, members: list[Entry]) -> None:
         self.members = members
         self.stop = StopSignal()
         for member in members:
@@ -258,7 +258,7 @@ class Session:
     def __init__(self, key: tuple[Hashable, ...], max_images: int) -> None:
         self.key = key
         self.max_images = max_images
-        self.members: list[Member] = []
+        self.members: list[Entry] = []
         self.open = True  # False: no more joiners (closing, or the gate is about to open)
 
     @property
@@ -267,37 +267,37 @@ class Session:
         may be sent for their place a step early (the model side holds it until the place is free)."""
         return sum(m.request.num_images for m in self.members if not m.last_step)
 
-    def admits(self, member: Member) -> bool:
+    def admits(self, member: Entry) -> bool:
         """Whether ``member``'s LoRA adapter can share this loop's calls: each adapter at one scale."""
         use = member.request.adapter
         return not use.name or all(m.request.adapter.name != use.name or m.request.adapter == use for m in self.members)
 
-    def add(self, member: Member) -> None:
+    def add(self, member: Entry) -> None:
         member.session = self
         self.members.append(member)
 
-    def leave(self, member: Member) -> None:
+    def leave(self, member: Entry) -> None:
         if member in self.members:
             self.members.remove(member)
 
 
-class Line(WaitLine[Member]):
+class Line(WaitLine[Entry]):
     """The local adapter's line: ``take_batch`` forms the head's job (dynamic batching)."""
 
-    def join_member(self, member: Member) -> None:
+    def join_member(self, member: Entry) -> None:
         member.ticket = self.join(member, member.user)
 
     @staticmethod
-    def fits(images: int, member: Member, max_images: int) -> bool:
+    def fits(images: int, member: Entry, max_images: int) -> bool:
         return images + member.request.num_images <= max_images
 
-    def jobs_until(self, member: Member, max_images: int) -> list[list[Member]]:
+    def jobs_until(self, member: Entry, max_images: int) -> list[list[Entry]]:
         """The jobs the line would form, in order, up to the one that takes ``member`` (for the ETA).
 
         ``take_batch``'s rule applied again and again to the waiting requests, without changing the line.
         """
         waiting = [m for m in map(self.tickets.__getitem__, self.order()) if not m.stop.is_set()]
-        jobs: list[list[Member]] = []
+        jobs: list[list[Entry]] = []
         while waiting:
             head, rest = waiting[0], []
             job, images = [head], head.request.num_images
@@ -313,7 +313,7 @@ class Line(WaitLine[Member]):
             waiting = rest
         return jobs
 
-    def take_batch(self, head: Member, max_images: int) -> Batch:
+    def take_batch(self, head: Entry, max_images: int) -> Batch:
         """``head`` and, in the line's fair order, the waiting requests compatible with it that still fit.
 
         The head is always first in the fair order; a request passed over here keeps its place in its
@@ -335,11 +335,11 @@ class Line(WaitLine[Member]):
         self.notify()
         return batch
 
-    def take_joiners(self, session: Session) -> list[Member]:
+    def take_joiners(self, session: Session) -> list[Entry]:
         """Waiting requests that join ``session`` now, in the fair order: the longest run from the head
         of the line that share its key and fit (FIFO: a request that cannot join holds back those
         behind it, so a stream of joiners never starves it; the session then drains and it runs next)."""
-        taken: list[Member] = []
+        taken: list[Entry] = []
         if not session.open:
             return taken
         images = session.images

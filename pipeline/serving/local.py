@@ -47,7 +47,7 @@ from .base import SHUTDOWN_MESSAGE, AdapterBase
 from .eta import Shape
 from .events import Done, Event, Timings, Waiting
 from .jobs import AUTO_LIMIT_FLOOR_SECONDS, GpuJobs, ModelCrashed, ModelFailed, TimedOut
-from .line import REPORT_INTERVAL, Batch, End, Line, Member, Session, StopSignal
+from .line import REPORT_INTERVAL, Batch, End, Entry, Line, Session, StopSignal
 from .metrics import Metrics
 from .postprocess import adapter_fields, encode_pngs, info_record, scheduler_used
 from .streamer import ModelStreamer
@@ -179,7 +179,7 @@ class LocalAdapter(AdapterBase):
             if user is not None and cap is not None and (n := self._line.waiting(user)) >= cap:
                 raise TooManyWaiting(n)
             mixed = getattr(self.side.profile, "lora_batching", "") == "mixed"
-            member = Member(request, stop, contextvars.copy_context(), user=user, mixed_adapters=mixed)
+            member = Entry(request, stop, contextvars.copy_context(), user=user, mixed_adapters=mixed)
             self._line.join_member(member)
             if self.step_joining:
                 self._line.notify()  # a running loop may take it at its next step
@@ -213,7 +213,7 @@ class LocalAdapter(AdapterBase):
         self._observe(info, len(paths))
         yield Done(paths, info)
 
-    async def _wait_turn(self, member: Member) -> AsyncGenerator[Waiting, None]:
+    async def _wait_turn(self, member: Entry) -> AsyncGenerator[Waiting, None]:
         """Report "k ahead" until a job takes ``member``; as the head with the gate free, start one."""
         async for waiting in self._line.turn(
             member.ticket,
@@ -244,7 +244,7 @@ class LocalAdapter(AdapterBase):
                 self._gate.release()
                 raise
 
-    def _eta(self, member: Member) -> float | None:
+    def _eta(self, member: Entry) -> float | None:
         """Seconds until ``member``'s images: the running job's time left, then each job the line
         will form before and with it (``Line.jobs_until``), from measured rates (``eta.py``)."""
         book, clock, now = self.jobs.book, self.jobs.clock, time.monotonic()
@@ -265,7 +265,7 @@ class LocalAdapter(AdapterBase):
             total += seconds
         return round(total, 2)
 
-    def _open_session(self, head: Member) -> Session:
+    def _open_session(self, head: Entry) -> Session:
         """A step-level loop for ``head`` and the waiting requests that can join it now."""
         session = Session(head.loop_key, self.max_batch_size)
         self._line.remove(head.ticket)
@@ -341,7 +341,7 @@ class LocalAdapter(AdapterBase):
         )
 
 
-def _shape(members: list[Member]) -> Shape:
+def _shape(members: list[Entry]) -> Shape:
     """The shape of a job of these requests (they share size and steps)."""
     r = members[0].request
     return Shape(r.width * r.height, r.num_inference_steps, sum(m.request.num_images for m in members))
