@@ -10,7 +10,8 @@ import gradio as gr
 from ..config import Settings
 from ..default_model import EXAMPLE_PROMPTS, GENERIC_PROMPTS
 from ..loras import NONE, SCALE_MAX, SCALE_MIN
-from ..request import MAX_SEED
+from ..protocol import ModelProfile
+from ..request import MAX_SEED, Limits
 from ..serving.base import Adapter
 from ..serving.postprocess import sampler_name
 from .handler import PageJobs, make_generate, make_validator, selected_index, status_html
@@ -24,6 +25,13 @@ from .site import Site, attach
 log = logging.getLogger(__name__)
 
 STOP_WAIT_SECONDS = 60.0  # how long Stop waits for the session's job to end before saying "stopped" anyway
+
+
+# The advanced controls in the API's order after the prompt (``_advanced_settings`` returns them by name).
+INPUT_CONTROLS = (
+    "negative_prompt", "seed", "randomize_seed", "width", "height", "num_inference_steps", "guidance_scale",
+    "scheduler", "lora", "lora_scale", "num_images", "live_preview",
+)  # fmt: skip
 
 
 def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
@@ -76,92 +84,9 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
                     )
                     swap_button = gr.Button("⇄ Swap", size="sm", elem_id="swap", scale=0, min_width=80)
                 with gr.Accordion("Advanced settings", open=False, elem_id="advanced"):
-                    negative_prompt = gr.Textbox(
-                        label="Negative prompt",
-                        value="",
-                        max_length=lim.max_prompt_chars,
-                        visible=p.supports_negative_prompt,
-                        elem_id="negative-prompt",
-                    )
-                    with gr.Row():
-                        seed = gr.Number(
-                            label="Seed", value=0, precision=0, minimum=0, maximum=MAX_SEED, elem_id="seed"
-                        )
-                        randomize_seed = gr.Checkbox(label="Randomize seed", value=True, elem_id="randomize-seed")
-                    with gr.Row():
-                        width = gr.Slider(
-                            lim.min_size,
-                            lim.max_size,
-                            value=p.default_width,
-                            step=lim.size_multiple,
-                            label="Width",
-                            elem_id="width",
-                        )
-                        height = gr.Slider(
-                            lim.min_size,
-                            lim.max_size,
-                            value=p.default_height,
-                            step=lim.size_multiple,
-                            label="Height",
-                            elem_id="height",
-                        )
-                    with gr.Row():
-                        num_inference_steps = gr.Slider(
-                            lim.min_steps,
-                            max(lim.max_steps, lim.min_steps + 1),
-                            value=p.default_steps,
-                            step=1,
-                            label=steps_label(lim.step_choices),
-                            elem_id="steps",
-                        )
-                        # The control drives the parameter the family reads (engine/family_table.py);
-                        # a guidance-distilled model has none: the control is hidden at its fixed value.
-                        guidance_scale = gr.Slider(
-                            lim.min_guidance,
-                            max(lim.max_guidance, lim.min_guidance + 0.1),
-                            value=p.default_guidance,
-                            step=0.1,
-                            label=guidance_label(p.guidance_arg),
-                            elem_id="guidance",
-                            visible=p.guidance_arg is not None,
-                        )
-                    # The sampler (the API's `scheduler`): "default" is the model's own; the others
-                    # where its family supports them (engine/samplers.py). Pasted parameters and
-                    # history restore fill it. Hidden where the model offers only its own.
-                    sampler = gr.Dropdown(
-                        [(f"default ({sampler_name(p.scheduler)})", "default")]
-                        + [(name, name) for name in lim.schedulers if name != "default"],
-                        value="default",
-                        label="Sampler",
-                        elem_id="sampler",
-                        visible=len(lim.schedulers) > 1,
-                    )
-                    # The LoRA adapter (the API's `lora`, `lora_scale`): "none" or a name loaded with
-                    # --lora; picking one moves the scale to the one its spec suggests. Hidden without any.
-                    with gr.Row(visible=bool(p.loras)):
-                        lora = gr.Dropdown(
-                            [NONE, *(info.name for info in p.loras)], value=NONE, label="LoRA", elem_id="lora"
-                        )
-                        lora_scale = gr.Slider(
-                            SCALE_MIN, SCALE_MAX, value=1.0, step=0.05, label="LoRA scale", elem_id="lora-scale"
-                        )
-                    with gr.Row():
-                        num_images = gr.Slider(
-                            1, lim.max_images, value=1, step=1, label="Number of images", elem_id="num-images"
-                        )
-                        # Off for API callers (the component's default); the page turns it on on load.
-                        live_preview = gr.Checkbox(label="Live preview", value=False, elem_id="live-preview")
+                    adv = _advanced_settings(p, lim)
                 with gr.Accordion("Paste parameters", open=False, elem_id="paste"):
-                    paste_text = gr.Textbox(
-                        label="Parameters text (AUTOMATIC1111 format, as in this app's PNGs)",
-                        placeholder="a prompt\nNegative prompt: ...\nSteps: 20, Sampler: Euler, CFG scale: 7, "
-                        "Seed: 1, Size: 512x512",
-                        lines=4,
-                        max_length=4 * lim.max_prompt_chars,
-                        elem_id="paste-text",
-                    )
-                    paste_button = gr.Button("Apply to the controls", size="sm", elem_id="paste-apply")
-                    paste_notes = gr.HTML("", elem_id="paste-notes")  # plain text: the notes quote the paste
+                    paste_text, paste_button, paste_notes = _paste_panel(lim)
                 # Prompts the embedded model was trained to draw; any other model gets ordinary ones.
                 gr.Examples(
                     examples=[[e] for e in (EXAMPLE_PROMPTS if settings.model is None else GENERIC_PROMPTS)],
@@ -170,23 +95,13 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
                     elem_id="examples",
                 )
         with gr.Accordion(f"History: this tab's last {HISTORY_SIZE} images", open=True, elem_id="history-panel"):
-            history_gallery = gr.Gallery(
-                label="History (select an image to restore its parameters)",
-                format="png",
-                columns=8,
-                fit_columns=False,
-                height=200,  # one row in view; the rest scroll
-                allow_preview=False,
-                elem_id="history",
-                buttons=["download"],
-            )
-            with gr.Row():
-                download_button = gr.Button("Download all (zip)", size="sm", elem_id="download-all", scale=0)
-                history_zip = gr.File(label="All images (zip)", visible=False, elem_id="history-zip", scale=2)
+            history_gallery, download_button, history_zip = _history_panel()
         gr.Markdown(
             f"Model: `{p.name}` on {p.device} ({p.dtype}). Many people can queue; the GPU draws one job at a time.",
             elem_id="about",
         )
+        (negative_prompt, seed, randomize_seed, width, height, num_inference_steps, guidance_scale, sampler, lora,
+         lora_scale, num_images, live_preview) = (adv[n] for n in INPUT_CONTROLS)  # fmt: skip
         inputs = [
             prompt,
             negative_prompt,
@@ -202,61 +117,15 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
             lora,
             lora_scale,  # the API's last parameter
         ]
-        # Two events, one handler, one shared concurrency limit: the page's (with a progress bar
-        # as a third output) and the API's `/generate` (images + info, as documented). Their
-        # `concurrency_limit` counts requests in flight in the handler (preparing, waiting for the
-        # gate, inferring, finalizing); finite, so queue(max_size) really bounds the rest.
-        # preprocess=False: raw values reach our own validator, which names the field and the
-        # range (the components' preprocess answers some bad values anonymously). postprocess=False:
-        # the handler runs the components' postprocess itself, on the loop (outputs.Postprocess:
-        # Gradio would hop to a worker thread per output per yield). validator=: the
-        # same checks run when the request joins Gradio's queue, so a bad one is answered at once,
-        # not after waiting for a handler slot; the handler validates again, as a backstop.
-        shared: dict[str, Any] = dict(
-            concurrency_limit=settings.concurrency,
-            concurrency_id="generate",
-            preprocess=False,
-            postprocess=False,  # the handler postprocesses its own yields (outputs.Postprocess)
-            validator=make_validator(adapter),
-        )
-        page_jobs = PageJobs()
-        generate_event = gr.on(
-            triggers=[generate_button.click, prompt.submit],
-            fn=make_generate(adapter, demo, ui=True, page_jobs=page_jobs, outputs=[gallery, info, status], site=site),
-            inputs=inputs,
-            outputs=[gallery, info, status],
-            api_name="generate_ui",
-            api_visibility="private",
-            **shared,
-        )
-        api_button = gr.Button(visible=False)  # the API-only trigger: never shown, never clicked
-        api_button.click(
-            fn=make_generate(adapter, demo, outputs=[gallery, info], site=site),
-            inputs=inputs,
-            outputs=[gallery, info],
-            api_name="generate",
-            **shared,
-        )
-
-        # Stop cancels this browser session's own job only; Gradio scopes cancels to the session.
-        # A cancelled handler sends no last output, so Stop's own handler says "stopped", once the
-        # session's job has really ended (see PageJobs): after its last progress output.
-        async def stopped(request: gr.Request) -> str:
-            session = request.session_hash
-            if session and not await page_jobs.wait_ended(session, STOP_WAIT_SECONDS):
-                log.warning("Stop: the job of session %s had not ended after %.0f s", session, STOP_WAIT_SECONDS)
-            return status_html("stopped")
-
-        # The cancel first, then the wait: with fn and cancels on one listener, Gradio registers the
-        # fn first and the page awaits it before it sends the cancel (the wait would time out).
-        stop_button.click(fn=None, cancels=[generate_event], api_visibility="private").then(
-            fn=stopped,
-            inputs=None,
-            outputs=[status],
-            api_visibility="private",
-            concurrency_id="stop",  # it waits (async, no thread) for the job to end: a slot per request in flight
-            concurrency_limit=settings.concurrency,
-            show_progress="hidden",
+        generate_event = _wire_generate(
+            adapter,
+            demo,
+            settings,
+            site,
+            [generate_button.click, prompt.submit],
+            inputs,
+            (gallery, info, status),
+            stop_button,
         )
         ui: dict[str, Any] = dict(api_visibility="private", concurrency_id="ui", concurrency_limit=UI_CONCURRENCY)
         gallery.select(fn=selected_index, inputs=None, outputs=[selected], **ui)
@@ -295,3 +164,182 @@ def guidance_label(arg: str | None) -> str:
 
 def steps_label(choices: tuple[int, ...]) -> str:
     return "Steps" if not choices else f"Steps (this model runs {', '.join(map(str, choices))})"
+
+
+def _advanced_settings(p: ModelProfile, lim: Limits) -> dict[str, Any]:
+    """The controls under "Advanced settings", by the API's parameter names (inside its accordion)."""
+    negative_prompt = gr.Textbox(
+        label="Negative prompt",
+        value="",
+        max_length=lim.max_prompt_chars,
+        visible=p.supports_negative_prompt,
+        elem_id="negative-prompt",
+    )
+    with gr.Row():
+        seed = gr.Number(label="Seed", value=0, precision=0, minimum=0, maximum=MAX_SEED, elem_id="seed")
+        randomize_seed = gr.Checkbox(label="Randomize seed", value=True, elem_id="randomize-seed")
+    with gr.Row():
+        width = gr.Slider(
+            lim.min_size,
+            lim.max_size,
+            value=p.default_width,
+            step=lim.size_multiple,
+            label="Width",
+            elem_id="width",
+        )
+        height = gr.Slider(
+            lim.min_size,
+            lim.max_size,
+            value=p.default_height,
+            step=lim.size_multiple,
+            label="Height",
+            elem_id="height",
+        )
+    with gr.Row():
+        num_inference_steps = gr.Slider(
+            lim.min_steps,
+            max(lim.max_steps, lim.min_steps + 1),
+            value=p.default_steps,
+            step=1,
+            label=steps_label(lim.step_choices),
+            elem_id="steps",
+        )
+        # The control drives the parameter the family reads (engine/family_table.py);
+        # a guidance-distilled model has none: the control is hidden at its fixed value.
+        guidance_scale = gr.Slider(
+            lim.min_guidance,
+            max(lim.max_guidance, lim.min_guidance + 0.1),
+            value=p.default_guidance,
+            step=0.1,
+            label=guidance_label(p.guidance_arg),
+            elem_id="guidance",
+            visible=p.guidance_arg is not None,
+        )
+    # The sampler (the API's `scheduler`): "default" is the model's own; the others
+    # where its family supports them (engine/samplers.py). Pasted parameters and
+    # history restore fill it. Hidden where the model offers only its own.
+    sampler = gr.Dropdown(
+        [(f"default ({sampler_name(p.scheduler)})", "default")]
+        + [(name, name) for name in lim.schedulers if name != "default"],
+        value="default",
+        label="Sampler",
+        elem_id="sampler",
+        visible=len(lim.schedulers) > 1,
+    )
+    # The LoRA adapter (the API's `lora`, `lora_scale`): "none" or a name loaded with
+    # --lora; picking one moves the scale to the one its spec suggests. Hidden without any.
+    with gr.Row(visible=bool(p.loras)):
+        lora = gr.Dropdown([NONE, *(info.name for info in p.loras)], value=NONE, label="LoRA", elem_id="lora")
+        lora_scale = gr.Slider(SCALE_MIN, SCALE_MAX, value=1.0, step=0.05, label="LoRA scale", elem_id="lora-scale")
+    with gr.Row():
+        num_images = gr.Slider(1, lim.max_images, value=1, step=1, label="Number of images", elem_id="num-images")
+        # Off for API callers (the component's default); the page turns it on on load.
+        live_preview = gr.Checkbox(label="Live preview", value=False, elem_id="live-preview")
+    return dict(
+        negative_prompt=negative_prompt, seed=seed, randomize_seed=randomize_seed, width=width,
+        height=height, num_inference_steps=num_inference_steps, guidance_scale=guidance_scale,
+        scheduler=sampler, lora=lora, lora_scale=lora_scale, num_images=num_images, live_preview=live_preview,
+    )  # fmt: skip
+
+
+def _paste_panel(lim: Limits) -> tuple[gr.Textbox, gr.Button, gr.HTML]:
+    """Paste parameters: the text box, its button and the notes (inside its accordion)."""
+    paste_text = gr.Textbox(
+        label="Parameters text (AUTOMATIC1111 format, as in this app's PNGs)",
+        placeholder="a prompt\nNegative prompt: ...\nSteps: 20, Sampler: Euler, CFG scale: 7, Seed: 1, Size: 512x512",
+        lines=4,
+        max_length=4 * lim.max_prompt_chars,
+        elem_id="paste-text",
+    )
+    paste_button = gr.Button("Apply to the controls", size="sm", elem_id="paste-apply")
+    paste_notes = gr.HTML("", elem_id="paste-notes")  # plain text: the notes quote the paste
+    return paste_text, paste_button, paste_notes
+
+
+def _history_panel() -> tuple[gr.Gallery, gr.Button, gr.File]:
+    """The tab's history: the gallery, Download all and its file (inside its accordion)."""
+    history_gallery = gr.Gallery(
+        label="History (select an image to restore its parameters)",
+        format="png",
+        columns=8,
+        fit_columns=False,
+        height=200,  # one row in view; the rest scroll
+        allow_preview=False,
+        elem_id="history",
+        buttons=["download"],
+    )
+    with gr.Row():
+        download_button = gr.Button("Download all (zip)", size="sm", elem_id="download-all", scale=0)
+        history_zip = gr.File(label="All images (zip)", visible=False, elem_id="history-zip", scale=2)
+    return history_gallery, download_button, history_zip
+
+
+def _wire_generate(
+    adapter: Adapter,
+    demo: gr.Blocks,
+    settings: Settings,
+    site: Site,
+    triggers: list[Any],
+    inputs: list[Any],
+    outputs: tuple[gr.Gallery, gr.JSON, gr.HTML],
+    stop_button: gr.Button,
+) -> Any:
+    """The page's and the API's generate events, and Stop; returns the page's event (for the history)."""
+    gallery, info, status = outputs
+    # Two events, one handler, one shared concurrency limit: the page's (with a progress bar
+    # as a third output) and the API's `/generate` (images + info, as documented). Their
+    # `concurrency_limit` counts requests in flight in the handler (preparing, waiting for the
+    # gate, inferring, finalizing); finite, so queue(max_size) really bounds the rest.
+    # preprocess=False: raw values reach our own validator, which names the field and the
+    # range (the components' preprocess answers some bad values anonymously). postprocess=False:
+    # the handler runs the components' postprocess itself, on the loop (outputs.Postprocess:
+    # Gradio would hop to a worker thread per output per yield). validator=: the
+    # same checks run when the request joins Gradio's queue, so a bad one is answered at once,
+    # not after waiting for a handler slot; the handler validates again, as a backstop.
+    shared: dict[str, Any] = dict(
+        concurrency_limit=settings.concurrency,
+        concurrency_id="generate",
+        preprocess=False,
+        postprocess=False,  # the handler postprocesses its own yields (outputs.Postprocess)
+        validator=make_validator(adapter),
+    )
+    page_jobs = PageJobs()
+    generate_event = gr.on(
+        triggers=triggers,
+        fn=make_generate(adapter, demo, ui=True, page_jobs=page_jobs, outputs=[gallery, info, status], site=site),
+        inputs=inputs,
+        outputs=[gallery, info, status],
+        api_name="generate_ui",
+        api_visibility="private",
+        **shared,
+    )
+    api_button = gr.Button(visible=False)  # the API-only trigger: never shown, never clicked
+    api_button.click(
+        fn=make_generate(adapter, demo, outputs=[gallery, info], site=site),
+        inputs=inputs,
+        outputs=[gallery, info],
+        api_name="generate",
+        **shared,
+    )
+
+    # Stop cancels this browser session's own job only; Gradio scopes cancels to the session.
+    # A cancelled handler sends no last output, so Stop's own handler says "stopped", once the
+    # session's job has really ended (see PageJobs): after its last progress output.
+    async def stopped(request: gr.Request) -> str:
+        session = request.session_hash
+        if session and not await page_jobs.wait_ended(session, STOP_WAIT_SECONDS):
+            log.warning("Stop: the job of session %s had not ended after %.0f s", session, STOP_WAIT_SECONDS)
+        return status_html("stopped")
+
+    # The cancel first, then the wait: with fn and cancels on one listener, Gradio registers the
+    # fn first and the page awaits it before it sends the cancel (the wait would time out).
+    stop_button.click(fn=None, cancels=[generate_event], api_visibility="private").then(
+        fn=stopped,
+        inputs=None,
+        outputs=[status],
+        api_visibility="private",
+        concurrency_id="stop",  # it waits (async, no thread) for the job to end: a slot per request in flight
+        concurrency_limit=settings.concurrency,
+        show_progress="hidden",
+    )
+    return generate_event
