@@ -4,11 +4,8 @@ Why a process: the server's event loop, its PNG encoders and the model's Python-
 the GIL; in its own process the model has a GIL of its own, and the server never imports torch.
 The server's gate and its ``model-stream`` thread call ``ProcessSide.submit``/``stream`` as they
 call the in-process ``ModelRunner``; only the pickled message dataclasses of ``engine.wire`` cross,
-on one socket pair:
-
-    server -> model process   RunJob(serial, job) | StopJob(serial) | CountTokens(key, text) | Shutdown()
-    model process -> server   Ready(profile) | LoadFailed(message)
-                              | JobEvent(serial, event) | StoppedAt(serial, steps) | TokenCounts(key, counts)
+on one socket pair (``RunJob``, ``StopJob``, ``CountTokens``, ``Shutdown`` to the model process;
+``Ready`` or ``LoadFailed``, then ``JobEvent``, ``StoppedAt`` and ``TokenCounts`` back).
 
 Inside the model process one named thread owns the model and the device: the same ``ModelRunner``
 (``gpu-worker``) as under ``--model-side thread``. Several jobs may be in flight (joinable ones share
@@ -46,19 +43,7 @@ from typing import TYPE_CHECKING, Callable, Generator, Mapping
 
 from ..errors import EngineDead
 from ..protocol import TERMINAL, ErrorEvent, InferenceJob, Model, ModelEvent, ModelProfile, StopFlag
-from .wire import (
-    CountTokens,
-    JobEvent,
-    LoadFailed,
-    Ready,
-    RunJob,
-    Shutdown,
-    StopJob,
-    StoppedAt,
-    TokenCounts,
-    ToModel,
-    ToServer,
-)
+from . import wire
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -147,7 +132,7 @@ class _Child:
             raise EngineDead(f"the model process failed to load the model: {self._failure}")
         return self.profile
 
-    def send(self, message: ToModel) -> bool:
+    def send(self, message: wire.ToModel) -> bool:
         """Send one message; False if the process has gone (its reader is telling everyone)."""
         with self.lock:
             if self.exited:
@@ -165,24 +150,24 @@ class _Child:
     def _read(self) -> None:
         try:
             while True:
-                message: ToServer = self.conn.recv()
-                if isinstance(message, JobEvent):
+                message: wire.ToServer = self.conn.recv()
+                if isinstance(message, wire.JobEvent):
                     with self.lock:
                         sink = self.pending.get(message.serial)
                     if sink is not None:
                         sink(message.event)
-                elif isinstance(message, StoppedAt):
+                elif isinstance(message, wire.StoppedAt):
                     with self.lock:
                         self.stopped_at[message.serial] = message.steps
-                elif isinstance(message, TokenCounts):
+                elif isinstance(message, wire.TokenCounts):
                     with self.lock:
                         answer = self.counts.pop(message.key, None)
                     if answer is not None:
                         answer.put(message.counts)
-                elif isinstance(message, Ready):
+                elif isinstance(message, wire.Ready):
                     self.profile = message.profile
                     self._ready.set()
-                elif isinstance(message, LoadFailed):
+                elif isinstance(message, wire.LoadFailed):
                     self._failure = message.message
                     self._ready.set()
         except (EOFError, OSError):
@@ -277,7 +262,7 @@ class ProcessSide:
             if child.exited:
                 return {}
             child.counts[key] = answer
-        if not child.send(CountTokens(key, text)):
+        if not child.send(wire.CountTokens(key, text)):
             return {}
         return answer.get() or {}
 
@@ -318,7 +303,7 @@ class ProcessSide:
             with child.lock:
                 if registered := not child.exited:
                     child.pending[serial] = sink
-            if registered and child.send(RunJob(serial, job)):
+            if registered and child.send(wire.RunJob(serial, job)):
                 break
             with child.lock:  # it died before the job reached it: the job waits for the next process
                 child.pending.pop(serial, None)
@@ -326,7 +311,7 @@ class ProcessSide:
         def forward_stop() -> None:  # on whichever thread sets the stop (the event loop, usually)
             if not forwarded.is_set():
                 forwarded.set()
-                child.send(StopJob(serial))
+                child.send(wire.StopJob(serial))
 
         on_set = getattr(stop, "on_set", None)
         if on_set is not None:
@@ -359,7 +344,7 @@ class ProcessSide:
             self._state = "closed"
             self._cond.notify_all()
         child = self._child
-        child.send(Shutdown())
+        child.send(wire.Shutdown())
         try:
             child.proc.wait(timeout)
         except subprocess.TimeoutExpired:

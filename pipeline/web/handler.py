@@ -9,10 +9,7 @@ import asyncio
 import contextlib
 import dataclasses
 import errno
-import html
 import logging
-import time
-from pathlib import Path
 from typing import Any, AsyncGenerator, Awaitable, Callable, Iterator, Sequence
 
 import gradio as gr
@@ -24,11 +21,24 @@ from ..serving.events import Step, Waiting
 from .gradio_internals import caller_alive, current_session
 from .identity import Caller, TrustedProxies, caller_of
 from .outputs import Postprocess, introspected_once
+from .shown import (
+    PROGRESS_INTERVAL,  # re-exported: what callers of the handler read
+    ProgressView,
+    _done_output,
+    _step_output,
+    _waiting_output,
+    duration_text,
+    gallery_items,
+    progress_gallery,
+    status_html,
+    step_text,
+)
 from .site import Site
 
 log = logging.getLogger(__name__)
 
-PROGRESS_INTERVAL = 0.25  # seconds between streamed progress outputs of one request
+__all__ = ["PROGRESS_INTERVAL", "ProgressView", "duration_text", "gallery_items", "progress_gallery", "status_html",
+           "step_text"]  # fmt: skip
 
 
 class PageJobs:
@@ -74,93 +84,6 @@ class PageJobs:
         except TimeoutError:
             return False
         return True
-
-
-def progress_gallery() -> Any:
-    """The gallery's value in a progress output: None, never ``gr.skip()``.
-
-    Gradio answers a skip (a prop update) by rebuilding the component and its JSON schema on the
-    event loop, at every yield.
-    """
-    return None
-
-
-class ProgressView:
-    """What one request's caller sees of its progress: it says which events would change it.
-
-    Every progress output costs Gradio a diff and a message on the event loop, and takes the GIL
-    from the model thread, so the handler sends one only when a person would see something new:
-
-    - "waiting for the GPU: k ahead" / "starting" when the text changes, never twice the same;
-    - "step k/N" at most once per PROGRESS_INTERVAL, always N/N (the bar is full during the
-      decode); previews too at most once per PROGRESS_INTERVAL after the first (a fast device
-      makes more than a person can see: the latest one wins), and once a preview is on screen,
-      only previews, N/N included (a progress output sends no picture: its gallery value, None,
-      would blank the preview);
-    - a 1-step job sends no step at all (its one step is followed by its images; its preview would
-      be replaced by them at once) and no "starting" unless a "k ahead" is on screen to replace.
-    """
-
-    def __init__(self, num_inference_steps: Any, interval: float = PROGRESS_INTERVAL) -> None:
-        self.one_step = num_inference_steps == 1  # a raw value: 1 or 1.0 (a bad one never gets here)
-        self.interval = interval
-        self.text: str | None = None  # the progress text on screen
-        self.previewed = False  # a preview is on screen
-        self.last_sent = 0.0
-
-    def waiting(self, ahead: int, eta_seconds: float | None = None) -> str | None:
-        """The text to send for ``Waiting(ahead)``, or None if the screen would not change."""
-        text = f"waiting for the GPU: {ahead} ahead" if ahead else "starting"
-        if ahead and eta_seconds is not None:
-            text += f", about {duration_text(eta_seconds)}"
-        if text == self.text or (self.one_step and not ahead and self.text is None):
-            return None
-        self.text = text
-        return text
-
-    def step(self, event: Step, now: float) -> bool:
-        """Whether to send ``event`` (its "step k/N", and its preview if it has one)."""
-        if event.total <= 1:
-            return False
-        if self.previewed and event.preview is None:
-            return False  # a progress output sends no picture: it would blank the preview on screen
-        last = event.step >= event.total
-        if not last and now - self.last_sent < self.interval and (event.preview is None or self.previewed):
-            return False  # coalesced: the caller needs the latest step (and preview), not every one
-        self.last_sent = now
-        self.previewed = self.previewed or event.preview is not None
-        self.text = step_text(event)
-        return True
-
-
-def duration_text(seconds: float) -> str:
-    """ "12 s", "2 min 5 s", "under 1 s": an estimate as a person reads it."""
-    if seconds < 1:
-        return "under 1 s"
-    whole = round(seconds)
-    if whole < 60:
-        return f"{whole} s"
-    return f"{whole // 60} min {whole % 60} s" if whole % 60 else f"{whole // 60} min"
-
-
-def step_text(event: Step) -> str:
-    """ "step k/N", and the time left once it is known: "step 3/20 · 12 s left"."""
-    text = f"step {event.step}/{event.total}"
-    if event.eta_seconds is not None and event.step < event.total:
-        text += f" · {duration_text(event.eta_seconds)} left"
-    return text
-
-
-def status_html(text: str, step: int | None = None, total: int | None = None) -> str:
-    """The UI's own progress line: Gradio hides its progress bar once a handler streams outputs."""
-    bar = f'<progress max="{total}" value="{step}" style="width:100%"></progress>' if total else ""
-    return f'<div class="t2i-status">{bar}<span>{html.escape(text)}</span></div>'
-
-
-def gallery_items(paths: Sequence[Path], info: dict[str, Any]) -> list[tuple[str, str]]:
-    """Each image with its caption: its own seed and the time it took (the request's time over its images)."""
-    each = info["durations_ms"]["total"] / 1000 / max(1, len(paths))
-    return [(str(p), f"seed {seed} · {each:.2f} s") for p, seed in zip(paths, info["seeds"])]
 
 
 def request_caller(
@@ -288,77 +211,22 @@ def make_generate(
                 async with contextlib.aclosing(events):
                     async for event in events:
                         if isinstance(event, Waiting):
-                            if (text := view.waiting(event.ahead, event.eta_seconds)) is None:
-                                continue
-                            if not ui:
-                                progress(0.0, desc=text)
-                            record = {
-                                "status": "waiting",
-                                "ahead": event.ahead,
-                                "eta_seconds": event.eta_seconds,
-                                "request_id": request_id,
-                            }
-                            out: tuple[Any, ...] = (progress_gallery(), record, status_html(text))
+                            out = _waiting_output(event, view, request_id, None if ui else progress)
                         elif isinstance(event, Step):
-                            if event.total <= 1:
-                                continue  # a 1-step job: no progress at all, its images follow
-                            text = step_text(event)
-                            # Only records the step, for API callers (their "progress" messages):
-                            # Gradio's progress sender (see tune_queue) sends the latest one every
-                            # PROGRESS_INTERVAL. Not on the page: its status line shows the step, and
-                            # each progress message put Gradio's tracker back to its pending overlay
-                            # over the gallery until the next output (the preview hidden half the time).
-                            if not ui:
-                                progress((event.step, event.total), desc=text, unit="steps")
-                            if not view.step(event, time.monotonic()):
-                                continue
-                            shown = event.preview
-                            # the encoded preview as its file (Postprocess), or as a picture where Gradio
-                            # postprocesses the yield itself
-                            preview = ([shown if postprocess is not None else shown.image()] if shown is not None
-                                       else progress_gallery())  # fmt: skip
-                            record = {
-                                "status": "running",
-                                "step": event.step,
-                                "total": event.total,
-                                "eta_seconds": event.eta_seconds,
-                                "request_id": request_id,
-                            }
-                            out = (preview, record, status_html(text, event.step, event.total))
-                        else:
-                            for warning in event.info["warnings"]:
-                                gr.Warning(warning)
-                            if ui and site is not None:  # the tab's history: the server's own record
-                                site.results.add(session, event.paths, event.info)
-                            took = event.info["durations_ms"]["total"] / 1000
-                            out = (
-                                gallery_items(event.paths, event.info),
-                                {"status": "done", **event.info},
-                                status_html(f"done in {took:.2f} s"),
+                            out = _step_output(
+                                event, view, request_id, None if ui else progress, postprocess is not None
                             )
+                        else:
+                            out = _done_output(event, site if ui else None, session)
+                        if out is None:
+                            continue
                         out = out[:width_of_output]
                         yield await postprocess(out) if postprocess is not None else out
-            except InvalidRequest as exc:
-                raise gr.Error(str(exc), title="Invalid input", print_exception=False) from None
-            except RetryLater as exc:
-                raise gr.Error(str(exc), title="Please retry", print_exception=False) from None
             except Cancelled:
                 log.info("request %s cancelled", request_id)
                 return
-            except ServingError as exc:
-                raise gr.Error(str(exc), print_exception=False) from None
-            except OSError as exc:
-                if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # Gradio's own writes (a preview) on a full disk
-                    raise gr.Error(str(StorageFull()), title="Please retry", print_exception=False) from None
-                log.exception("request %s failed", request_id)
-                raise gr.Error(
-                    f"Internal error (request id {request_id}). Please try again.", print_exception=False
-                ) from None
-            except Exception:
-                log.exception("request %s failed", request_id)
-                raise gr.Error(
-                    f"Internal error (request id {request_id}). Please try again.", print_exception=False
-                ) from None
+            except Exception as exc:
+                raise _user_error(exc, request_id) from None
 
     return introspected_once(generate)
 
@@ -398,3 +266,17 @@ def make_validator(adapter: Adapter) -> Callable[..., Awaitable[list[dict[str, A
         return [gr.validate(True, "") for _ in values]
 
     return introspected_once(check)
+
+
+def _user_error(exc: Exception, request_id: str) -> gr.Error:
+    """What a caller is told about a request that failed (called in the ``except`` block: it logs)."""
+    if isinstance(exc, InvalidRequest):
+        return gr.Error(str(exc), title="Invalid input", print_exception=False)
+    if isinstance(exc, RetryLater):
+        return gr.Error(str(exc), title="Please retry", print_exception=False)
+    if isinstance(exc, ServingError):
+        return gr.Error(str(exc), print_exception=False)
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):  # Gradio's own writes on a full disk
+        return gr.Error(str(StorageFull()), title="Please retry", print_exception=False)
+    log.exception("request %s failed", request_id)
+    return gr.Error(f"Internal error (request id {request_id}). Please try again.", print_exception=False)
