@@ -89,3 +89,51 @@ def test_no_module_of_the_app_or_the_benchmark_is_over_400_lines() -> None:
         if (n := len(p.read_text().splitlines())) > 400
     }
     assert not long, long
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    """The pipeline modules ``path`` imports at module level, ``if TYPE_CHECKING:`` blocks included
+    (a function's own deferred import is not an edge: it runs after both modules are loaded)."""
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    tree = ast.parse(path.read_text())
+    nodes = list(tree.body)
+    for node in tree.body:
+        if isinstance(node, ast.If):  # if TYPE_CHECKING: ...
+            nodes.extend(node.body)
+    found: set[str] = set()
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join([*base, node.module] if node.module else base)
+            else:
+                module = node.module or ""
+            targets = [module, *(f"{module}.{a.name}" for a in node.names)]
+        elif isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        else:
+            continue
+        found.update(t for t in targets if (ROOT / (t.replace(".", "/") + ".py")).exists())
+    return found
+
+
+def test_no_import_cycle_in_the_pipeline_not_even_a_type_only_one() -> None:
+    """Issue 30: ``diffusers_model`` <-> ``loop_base`` was a type-only cycle; the loops now read the
+    model through ``loop_base.LoopHost``. Any module-level cycle (type-only ones too) fails here."""
+    graph = {
+        ".".join(p.relative_to(ROOT).with_suffix("").parts): _top_level_imports(p)
+        for p in PIPELINE.rglob("*.py")
+        if p.name != "__init__.py"
+    }
+    cycles = []
+
+    def visit(node: str, path: list[str]) -> None:
+        for nxt in graph.get(node, ()):
+            if nxt in path:
+                cycles.append([*path[path.index(nxt) :], nxt])
+            elif len(path) < 12:
+                visit(nxt, [*path, nxt])
+
+    for start in graph:
+        visit(start, [start])
+    assert not cycles, sorted({" -> ".join(c) for c in cycles})[:5]

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence, TypeVar
 
 import torch
 from PIL import Image
@@ -35,7 +35,27 @@ from .lora import use_of
 from .previews import denoised, unpack
 
 if TYPE_CHECKING:
-    from .diffusers_model import DiffusersModel
+    from ..protocol import ModelProfile
+    from .lora import Adapters
+    from .previews import Previewer
+
+
+class LoopHost(Protocol):
+    """What a loop reads of the model that opened it (``DiffusersModel`` is one): the pipeline and its
+    own scheduler, the profile, the preview map, the adapters; a typed seam, so that this module does
+    not import the model's (which imports the loops)."""
+
+    pipe: Any
+    base_scheduler: Any
+    profile: ModelProfile
+    preview_map: Previewer | None
+    adapters: Adapters | None
+    loads: int
+
+    def use_adapter(self, job: InferenceJob) -> float: ...
+
+    def free_memory(self) -> None: ...
+
 
 T = TypeVar("T")
 
@@ -113,7 +133,7 @@ class LoopMember:
 class MemberLoop:
     """The bookkeeping of ``joining.Loop`` over a real pipeline; a family subclass fills in the hooks."""
 
-    def __init__(self, model: DiffusersModel) -> None:
+    def __init__(self, model: LoopHost) -> None:
         self.model = model
         self.pipe = model.pipe
         self.preview_map = model.preview_map
