@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -32,6 +33,36 @@ def _isolated_dirs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     yield
     os.environ.clear()
     os.environ.update(saved)
+
+
+@pytest.fixture(scope="module")
+def fake() -> FakeModel:
+    """The module's fake model (one per module: a module's launched app and its tests share it)."""
+    return FakeModel()
+
+
+@pytest.fixture(scope="module")
+def launch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., tuple[str, Any, LocalAdapter]]]:
+    """Start the real app (``helpers.running_app``) for this module: ``launch(*flags, load=None)`` returns
+    (url, demo, adapter); every app it started is closed when the module's tests are done."""
+    with contextlib.ExitStack() as stack:
+
+        def start(
+            *args: str, load: Callable[[], Any] | None = None, name: str = "app"
+        ) -> tuple[str, Any, LocalAdapter]:
+            from tests.helpers import running_app
+
+            return stack.enter_context(running_app(tmp_path_factory.mktemp(name), *args, load=load))
+
+        yield start
+
+
+@pytest.fixture(scope="module")
+def client(url: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A ``gradio_client.Client`` on the module's ``url`` fixture (its files in the run's tmp dir)."""
+    from gradio_client import Client
+
+    return Client(url, verbose=False, download_files=str(tmp_path_factory.mktemp("client-files")))
 
 
 @pytest.fixture

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 from PIL import Image
-
-from tests.helpers import running_app
 
 pytestmark = pytest.mark.server
 
@@ -45,16 +42,8 @@ TIMING_ORDER = [
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with running_app(tmp_path_factory.mktemp("server")) as (url, _demo, _adapter):
-        yield url
-
-
-@pytest.fixture(scope="module")
-def client(server: str) -> Any:
-    from gradio_client import Client
-
-    return Client(server, verbose=False, download_files=str(Path(os.environ.get("TMPDIR", "/tmp")) / "t2i-client"))
+def url(launch: Any) -> str:
+    return str(launch(name="server")[0])
 
 
 def _generate(client: Any, **params: Any) -> tuple[list[Path], dict[str, Any]]:
@@ -125,7 +114,7 @@ def test_randomized_seed_is_reported(client: Any) -> None:
     assert info["reproduce"]["params"]["seed"] == info["seed"]
 
 
-def test_only_generate_is_in_the_api_and_the_rest_shortcut_is_closed(client: Any, server: str) -> None:
+def test_only_generate_is_in_the_api_and_the_rest_shortcut_is_closed(client: Any, url: str) -> None:
     api = client.view_api(print_info=False, return_format="dict")
     assert set(api["named_endpoints"]) == {"/generate"}
     names = [p["parameter_name"] for p in api["named_endpoints"]["/generate"]["parameters"]]
@@ -150,7 +139,7 @@ def test_only_generate_is_in_the_api_and_the_rest_shortcut_is_closed(client: Any
     assert live["parameter_has_default"] and live["parameter_default"] is False  # off for API callers
     assert scheduler["parameter_has_default"] and scheduler["parameter_default"] == "default"  # the model's own
     body = {"data": ["x", "", 1, False, 64, 64, 2, 7.5, 1, False, "default", "none", 1.0]}
-    response = httpx.post(server + "gradio_api/run/generate", json=body, timeout=30)
+    response = httpx.post(url + "gradio_api/run/generate", json=body, timeout=30)
     assert response.status_code >= 400, response.text
 
 
@@ -211,11 +200,11 @@ def test_progress_records_carry_eta_seconds(client: Any) -> None:
     assert all(isinstance(r["eta_seconds"], float) and r["eta_seconds"] >= 0 for r in running), running
 
 
-def test_public_link_settings_no_uploads_no_ssr_no_tracebacks(server: str) -> None:
-    upload = httpx.post(server + "gradio_api/upload", files={"files": ("x.bin", b"x" * 5 * 2**20)}, timeout=30)
+def test_public_link_settings_no_uploads_no_ssr_no_tracebacks(url: str) -> None:
+    upload = httpx.post(url + "gradio_api/upload", files={"files": ("x.bin", b"x" * 5 * 2**20)}, timeout=30)
     assert upload.status_code == 413 and "/tmp" not in upload.text  # over the body cap: not even read
-    small = httpx.post(server + "gradio_api/upload", files={"files": ("x.txt", b"hi")}, timeout=30)
+    small = httpx.post(url + "gradio_api/upload", files={"files": ("x.txt", b"hi")}, timeout=30)
     assert small.status_code == 403
-    config = httpx.get(server + "config", timeout=10).json()
+    config = httpx.get(url + "config", timeout=10).json()
     assert config.get("show_error") is False
     assert not config.get("is_ssr", False)

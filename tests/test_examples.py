@@ -5,12 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
-from typing import Iterator
+from typing import Any
 
 import pytest
 from PIL import Image
-
-from tests.helpers import running_app
 
 pytestmark = pytest.mark.server
 
@@ -18,9 +16,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
-def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with running_app(tmp_path_factory.mktemp("examples")) as (url, _demo, _adapter):
-        yield url
+def url(launch: Any) -> str:
+    return str(launch(name="examples")[0])
 
 
 def run(script: str, *args: str) -> str:

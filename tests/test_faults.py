@@ -18,22 +18,19 @@ pytestmark = pytest.mark.server
 
 
 @pytest.fixture(scope="module")
-def fake() -> FakeModel:
-    return FakeModel()
+def app(fake: FakeModel, launch: Any) -> tuple[str, Any, Any]:
+    return launch("--job-timeout", "1", load=lambda: fake, name="faults")
 
 
 @pytest.fixture(scope="module")
-def app(fake: FakeModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any, Any]]:
-    with running_app(tmp_path_factory.mktemp("faults"), "--job-timeout", "1", load=lambda: fake) as served:
-        yield served
+def url(app: tuple[str, Any, Any]) -> str:
+    return app[0]
 
 
-@pytest.fixture
-def client(app: tuple[str, Any, Any], fake: FakeModel) -> Iterator[Any]:
-    from gradio_client import Client
-
+@pytest.fixture(autouse=True)
+def _fake_reset(fake: FakeModel) -> Iterator[None]:
     fake.outcome, fake.hold = None, False
-    yield Client(app[0], verbose=False)
+    yield
     fake.outcome, fake.hold = None, False
 
 

@@ -11,14 +11,14 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.fakes import FakeModel
-from tests.helpers import api_fn_index, queue_call, raw_request, running_app
+from tests.helpers import api_fn_index, queue_call, raw_request
 
 pytestmark = pytest.mark.server
 
@@ -81,20 +81,9 @@ def case() -> st.SearchStrategy[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def fake() -> FakeModel:
-    return FakeModel()
-
-
-@pytest.fixture(scope="module")
-def url(fake: FakeModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    tmp = tmp_path_factory.mktemp("fuzz")
+def url(fake: FakeModel, launch: Any) -> str:
     # Hundreds of calls from one client: the per-address rate (tests/test_hostile.py's business) is lifted.
-    with running_app(tmp, "--model-side", "thread", "--rate-limit", "1000", load=lambda: fake) as (
-        url,
-        _demo,
-        _adapter,
-    ):
-        yield url
+    return str(launch("--model-side", "thread", "--rate-limit", "1000", load=lambda: fake, name="fuzz")[0])
 
 
 def _check(answer_ok: bool, refused: tuple[str, str] | None, calls_before: int, fake: FakeModel) -> None:

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.fakes import WAIT, FakeModel
-from tests.helpers import raw_request, running_app, wait_for
+from tests.helpers import raw_request, wait_for
 
 PARAMS = [
     "prompt",
@@ -33,28 +33,20 @@ PARAMS = [
 
 
 @pytest.fixture(scope="module")
-def fake() -> FakeModel:
-    return FakeModel()
+def served(fake: FakeModel, launch: Any) -> tuple[str, Any, Any]:
+    return launch(load=lambda: fake, name="lifecycle")
 
 
 @pytest.fixture(scope="module")
-def served(fake: FakeModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any, Any]]:
-    with running_app(tmp_path_factory.mktemp("lifecycle"), load=lambda: fake) as app:
-        yield app
+def url(served: tuple[str, Any, Any]) -> str:
+    return served[0]
 
 
-@pytest.fixture
-def url(served: tuple[str, Any, Any], fake: FakeModel) -> Iterator[str]:
+@pytest.fixture(autouse=True)
+def _free_steps(fake: FakeModel) -> Iterator[None]:
     fake.step_gate = None
-    yield served[0]
+    yield
     fake.step_gate = None
-
-
-@pytest.fixture(scope="module")
-def client(served: tuple[str, Any, Any]) -> Any:
-    from gradio_client import Client
-
-    return Client(served[0], verbose=False)
 
 
 def metric(url: str, name: str, labels: str = "") -> float:

@@ -7,7 +7,7 @@ import base64
 import contextlib
 import io
 import json
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from PIL import Image
@@ -21,9 +21,8 @@ pytestmark = [pytest.mark.anyio, pytest.mark.server]
 
 
 @pytest.fixture(scope="module")
-def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with running_app(tmp_path_factory.mktemp("mcp"), "--mcp") as (url, _demo, _adapter):
-        yield url
+def url(launch: Any) -> str:
+    return str(launch("--mcp", name="mcp")[0])
 
 
 async def _session(url: str, work: Any) -> Any:
