@@ -86,7 +86,7 @@ def start_model_side(settings: Settings, load: Callable[[], Model] | None = None
     wrapper is the process boundary there, so ``auto`` picks ``thread`` on ZeroGPU). An injected
     ``load`` runs in-thread unless ``--model-side process`` is asked for (then it must pickle).
     """
-    from pipeline.engine.zerogpu import model_side, zero_gpu_active
+    from pipeline.engine.hosting.zerogpu import model_side, zero_gpu_active
 
     where = settings.model_side
     if where == "auto":
@@ -95,14 +95,14 @@ def start_model_side(settings: Settings, load: Callable[[], Model] | None = None
         log.warning("ZeroGPU: --model-side process is not possible there (@spaces.GPU is the process); using thread")
         where = "thread"
     if where == "process":
-        from pipeline.engine.process import ProcessSide, SettingsLoader
+        from pipeline.engine.hosting.process import ProcessSide, SettingsLoader
 
         side = ProcessSide(load if load is not None else SettingsLoader(settings))
         return side, side.profile
-    from pipeline.engine.runner import ModelRunner
+    from pipeline.engine.hosting.runner import ModelRunner
 
     if load is None:
-        from pipeline.engine.loading import load_model
+        from pipeline.engine.model.loading import load_model
 
         def load() -> Model:
             return load_model(settings)

@@ -3,7 +3,7 @@
     python -m bench.fast [--quick] [--client gradio|async|both] [--profiles a,b] [--clients 8,32] [--fetch]
                          [--model-side process,thread] [--json PATH]
 
-For each profile (``--model sim:...``, see ``pipeline/engine/simulated.py``) it measures, in one run:
+For each profile (``--model sim:...``, see ``pipeline/engine/model/simulated.py``) it measures, in one run:
 
 - the device's own rate: the simulated model called back to back on one thread, no server;
 - the app's rate: ``python app.py --model sim:...`` (``--max-batch-size 1``, like for like) served to
@@ -142,7 +142,7 @@ def device_rate(spec: str, n: int) -> float | None:
     None for the null device, which takes no time at all."""
     import threading
 
-    from pipeline.engine.simulated import SimSpec, SimulatedModel
+    from pipeline.engine.model.simulated import SimSpec, SimulatedModel
     from pipeline.protocol import InferenceJob
 
     sim = SimSpec.parse(spec)
@@ -202,7 +202,7 @@ def app_rate(
 ) -> dict[str, dict[str, Any]]:
     """The app's rate under ``clients`` callers, one row per kind of client: one round each, or with
     ``client="both"`` four rounds in ABBA order (gradio, async, async, gradio), summed per kind."""
-    from pipeline.engine.simulated import SimSpec
+    from pipeline.engine.model.simulated import SimSpec
 
     sim = SimSpec.parse(spec)
     kinds = ("gradio", "async") if client == "both" else (client,)
@@ -248,7 +248,7 @@ def run(
     fetch: bool = False,
     sides: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
-    from pipeline.engine.simulated import POOL, SimSpec
+    from pipeline.engine.model.simulated import POOL, SimSpec
 
     names = profiles or (QUICK if quick else tuple(PROFILES))
     client_counts = client_counts or ((8,) if quick else (8, 32))

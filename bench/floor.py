@@ -29,7 +29,7 @@ import gradio as gr
 import app  # noqa: F401  (its Gradio settings, set before Gradio builds a queue)
 from bench.servers import serve_forever
 from pipeline import allocator
-from pipeline.engine.simulated import picture
+from pipeline.engine.model.simulated import picture
 from pipeline.serving.png import encode_png
 from pipeline.web.outputs import Postprocess
 

@@ -96,8 +96,8 @@ import numpy as np
 import torch
 
 from pipeline.config import load_settings
-from pipeline.engine.loading import load_model
-from pipeline.engine.speedups import is_compiled
+from pipeline.engine.model.loading import load_model
+from pipeline.engine.model.speedups import is_compiled
 from pipeline.protocol import InferenceJob
 
 model_path, out_path = sys.argv[1], sys.argv[2]

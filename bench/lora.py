@@ -53,7 +53,7 @@ def make_adapters(model: Path, tmp: Path) -> dict[str, Path]:
 def switch_costs(model: Path, loras: dict[str, Path], repeats: int) -> dict[str, Any]:
     """Milliseconds per switch on the model side (median of ``repeats``), and one model load's seconds."""
     from pipeline.config import Settings
-    from pipeline.engine.loading import load_model
+    from pipeline.engine.model.loading import load_model
     from pipeline.loras import AdapterUse
 
     t0 = time.perf_counter()
@@ -121,7 +121,7 @@ def raw_rate(model: Path, loras: dict[str, Path], traffic: str, n: int, size: in
     from diffusers import DiffusionPipeline
 
     from pipeline.config import Settings
-    from pipeline.engine.loading import pick_device, pick_dtype
+    from pipeline.engine.model.loading import pick_device, pick_dtype
 
     torch.set_num_threads(Settings().resolved_torch_threads())  # the model process's threads: like for like
     device = pick_device("auto")

@@ -80,7 +80,7 @@ class Model:
 
 def models_for(model: str | None, quick: bool) -> list[Model]:
     """The sections: both by default, or the one ``--model`` names."""
-    from pipeline.engine.simulated import SimSpec
+    from pipeline.engine.model.simulated import SimSpec
 
     default = Model("default", None, DEFAULT_SIZE, 8 if quick else 20)
 
@@ -191,7 +191,7 @@ class RawBurst:
             return one, batched
         import threading
 
-        from pipeline.engine.simulated import SimSpec, SimulatedModel
+        from pipeline.engine.model.simulated import SimSpec, SimulatedModel
         from pipeline.protocol import InferenceJob
 
         sim = SimulatedModel(SimSpec.parse(str(self.model.spec)), "raw")
@@ -244,7 +244,7 @@ def memory(servers: dict[str, Server], model: Model, plan: Plan) -> dict[str, An
 def warm(server: Server, model: Model, plan: Plan) -> float:
     """Every compiled path and picture once (the sizes, the batch, the simulated device's picture pool);
     returns the seconds of one long (``late_steps``) job alone, the late arrival's fallback."""
-    from pipeline.engine.simulated import POOL
+    from pipeline.engine.model.simulated import POOL
 
     pool = POOL if model.spec and model.spec.startswith("sim:") else 2
     asyncio.run(loadgen.run_async(server.url, 1, n=pool, data=model.data, timeout=TIMEOUT))

@@ -19,7 +19,7 @@ from typing import Any
 
 from PIL import Image
 
-from pipeline.engine.simulated import picture
+from pipeline.engine.model.simulated import picture
 
 
 def measure(size: int, repeat: int, levels: range) -> list[tuple[int, float, float]]:

@@ -77,8 +77,8 @@ async def sequential(adapter: Any, size: int, steps: int, n: int, first: int) ->
 def run(quick: bool, device: str = "cpu", model: str = "") -> dict[str, Any]:
     import ray
 
-    from pipeline.engine.loading import load_model
-    from pipeline.engine.runner import ModelRunner
+    from pipeline.engine.hosting.runner import ModelRunner
+    from pipeline.engine.model.loading import load_model
     from pipeline.ray.adapter import RayAdapter
     from pipeline.ray.cluster import start, stop
 

@@ -35,7 +35,7 @@ ONE_ADDRESS = {
 def naive_demo(design: str, settings: Any) -> Any:
     import gradio as gr
 
-    from pipeline.engine.loading import load_model
+    from pipeline.engine.model.loading import load_model
     from pipeline.request import limits_for, validate
     from pipeline.serving.postprocess import encode_pngs
 

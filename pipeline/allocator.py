@@ -9,7 +9,7 @@ minor page faults per 512 px request in the server process with glibc's defaults
 settings, and the server's CPU per request 12 % lower.
 
 Both processes call ``tune()`` once at start: the server in ``app.main`` and the model process in
-``engine.child``. A user's own settings (``GLIBC_TUNABLES`` with a malloc tunable, or the older
+``engine.hosting.child``. A user's own settings (``GLIBC_TUNABLES`` with a malloc tunable, or the older
 ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_``) win: then nothing is changed.
 """
 

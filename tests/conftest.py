@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from pipeline.engine.runner import ModelRunner
+from pipeline.engine.hosting.runner import ModelRunner
 from pipeline.request import Limits
 from pipeline.serving.local import LocalAdapter
 from tests.fakes import FakeModel

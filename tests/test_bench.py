@@ -225,7 +225,7 @@ def test_the_gpu_benchmarks_sd15_model_builds_and_runs_on_the_cpu(tmp_path: Path
 
     from bench.sd15 import build
     from pipeline.config import Settings
-    from pipeline.engine.loading import load_model
+    from pipeline.engine.model.loading import load_model
     from pipeline.protocol import InferenceJob
 
     folder = build(tmp_path / "sd15", dtype="float16")

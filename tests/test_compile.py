@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from pipeline.config import Settings
-from pipeline.engine.speedups import compile_denoiser, cpu_compiler, is_compiled, use_channels_last
+from pipeline.engine.model.speedups import compile_denoiser, cpu_compiler, is_compiled, use_channels_last
 from pipeline.protocol import InferenceJob
 
 # Importing inductor imports torch.utils.mkldnn, whose classes still use torch.jit.script_method
@@ -63,7 +63,7 @@ def assert_close(got: list[np.ndarray], want: list[np.ndarray]) -> None:
 
 @pytest.fixture(scope="module")
 def eager() -> Any:
-    from pipeline.engine.loading import load_model
+    from pipeline.engine.model.loading import load_model
 
     return load_model(Settings(), warmup=False)
 
@@ -82,7 +82,7 @@ def compiled() -> Iterator[tuple[Any, list[str], dict[str, int]]]:
     """The default model loaded with ``--compile`` and warmed up (the warm-up compiles)."""
     from torch._dynamo.utils import counters
 
-    from pipeline.engine.loading import load_model
+    from pipeline.engine.model.loading import load_model
 
     if cpu_compiler() is None:
         pytest.skip("no C++ compiler: inductor cannot build CPU kernels here (--compile stays eager)")
@@ -124,7 +124,7 @@ def test_compile_serves_new_sizes_and_batches(compiled: Any, eager: Any) -> None
 
 
 def test_channels_last_converts_the_convolutions_and_draws_the_same_images(eager: Any) -> None:
-    from pipeline.engine.loading import load_model
+    from pipeline.engine.model.loading import load_model
 
     model = load_model(Settings(channels_last=True), warmup=False)
     for part in ("unet", "vae"):
@@ -140,7 +140,7 @@ def test_channels_last_converts_the_convolutions_and_draws_the_same_images(eager
 def test_channels_last_leaves_a_transformer_denoiser_alone(caplog: pytest.LogCaptureFixture) -> None:
     transformer = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 2, stride=2), torch.nn.Flatten())
     pipe = types.SimpleNamespace(transformer=transformer, vae=torch.nn.Conv2d(4, 8, 3))
-    with caplog.at_level(logging.INFO, logger="pipeline.engine.speedups"):
+    with caplog.at_level(logging.INFO, logger="pipeline.engine.model.speedups"):
         assert use_channels_last(pipe) == ("vae",)
     assert "the denoiser is a transformer (Sequential)" in caplog.text
     assert not transformer[0].weight.is_contiguous(memory_format=torch.channels_last)
@@ -155,7 +155,7 @@ def test_compile_mode_follows_the_device(caplog: pytest.LogCaptureFixture, monke
         return types.SimpleNamespace(unet=torch.nn.Conv2d(4, 4, 3))
 
     on_cuda, on_cpu = pipe(), pipe()
-    with caplog.at_level(logging.INFO, logger="pipeline.engine.speedups"):
+    with caplog.at_level(logging.INFO, logger="pipeline.engine.model.speedups"):
         assert compile_denoiser(on_cuda, "cuda") == "reduce-overhead"
         assert compile_denoiser(on_cpu, "cpu") == ("default" if cpu_compiler() else None)
     assert is_compiled(on_cuda.unet) and "torch.compile(mode='reduce-overhead')" in caplog.text
@@ -175,7 +175,7 @@ def test_compile_mode_follows_the_device(caplog: pytest.LogCaptureFixture, monke
 def test_a_compile_that_fails_at_the_warm_up_falls_back_to_eager(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch._inductor.config as inductor_config
 
-    from pipeline.engine import loading
+    from pipeline.engine.model import loading
 
     if cpu_compiler() is None:
         pytest.skip("no C++ compiler: the denoiser is never wrapped")
@@ -200,7 +200,7 @@ def test_lora_switches_under_compile_hotswap_and_never_recompile() -> None:
 
     from torch._dynamo.utils import counters
 
-    from pipeline.engine.loading import load_model
+    from pipeline.engine.model.loading import load_model
     from tests.test_lora import loras_of
 
     if cpu_compiler() is None:

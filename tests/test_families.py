@@ -43,7 +43,7 @@ def test_structure_is_the_real_models(family: tuple[FamilySpec, Path, Any]) -> N
     spec, _, pipe = family
     denoiser = _denoiser(pipe)
     assert pipe.vae_scale_factor == spec.vae_scale_factor
-    # How the app derives the default size (pipeline.engine.loading.build_profile).
+    # How the app derives the default size (pipeline.engine.model.loading.build_profile).
     sample = getattr(pipe, "default_sample_size", None) or denoiser.config.sample_size
     assert sample * pipe.vae_scale_factor == spec.default_size
     assert pipe.vae.config.latent_channels == spec.latent_channels
@@ -112,14 +112,14 @@ def test_tokenizers_reload_and_the_build_is_seeded(family: tuple[FamilySpec, Pat
 
 
 def test_every_offered_sampler_runs_with_progress_and_previews(family: tuple[FamilySpec, Path, Any]) -> None:
-    """Each sampler the app offers for the family (``engine/samplers.py``) runs through the app's own model
+    """Each sampler the app offers for the family (``engine/model/samplers.py``) runs through the app's own model
     class: a step report at every step, a denoised estimate for the preview, the pipeline's scheduler untouched.
     Flow-matching families offer only their own scheduler; the UNet families and PixArt all five."""
     import threading
 
-    from pipeline.engine.diffusers_model import DiffusersModel
-    from pipeline.engine.loading import build_profile
-    from pipeline.engine.previews import PreviewMap
+    from pipeline.engine.model.diffusers_model import DiffusersModel
+    from pipeline.engine.model.loading import build_profile
+    from pipeline.engine.model.previews import PreviewMap
     from pipeline.protocol import InferenceJob
 
     spec, _, pipe = family

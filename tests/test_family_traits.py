@@ -1,4 +1,4 @@
-"""Defaults, limits and dtype follow the model's configuration, not its name (engine/families.py)."""
+"""Defaults, limits and dtype follow the model's configuration, not its name (engine/model/families.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from diffusers import (
     PNDMScheduler,
 )
 
-from pipeline.engine.families import call_arguments, family_of, pick_dtype_name, pipeline_class_of, traits
+from pipeline.engine.model.families import call_arguments, family_of, pick_dtype_name, pipeline_class_of, traits
 
 
 def fake_pipe(
@@ -241,8 +241,8 @@ def test_a_failed_warm_up_is_logged_and_the_model_still_serves(
     import threading
 
     from pipeline.config import Settings
-    from pipeline.engine import loading
-    from pipeline.engine.diffusers_model import DiffusersModel
+    from pipeline.engine.model import loading
+    from pipeline.engine.model.diffusers_model import DiffusersModel
     from pipeline.protocol import InferenceJob
     from tests.families import built_family
 

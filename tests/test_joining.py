@@ -270,7 +270,7 @@ def test_the_model_side_holds_a_joiner_until_the_loop_has_room() -> None:
     import dataclasses
     import queue
 
-    from pipeline.engine.runner import ModelRunner
+    from pipeline.engine.hosting.runner import ModelRunner
     from pipeline.protocol import TERMINAL, InferenceJob
 
     steps = threading.Semaphore(0)

@@ -20,7 +20,7 @@ import torch
 from PIL import Image
 
 from pipeline.config import Settings
-from pipeline.engine.diffusers_model import DiffusersModel
+from pipeline.engine.model.diffusers_model import DiffusersModel
 from pipeline.errors import OutOfMemory
 from pipeline.protocol import InferenceJob, InferenceResult, StepEvent
 from tests.families import built_family
@@ -33,7 +33,7 @@ _ALONE: dict[tuple[str, InferenceJob], tuple[Image.Image, ...]] = {}
 
 def model_of(name: str) -> DiffusersModel:
     """``"default"``: the embedded model; else a family of ``tests/families.py``. Loaded once per module."""
-    from pipeline.engine.loading import load_model
+    from pipeline.engine.model.loading import load_model
 
     if name not in _MODELS:
         source = None if name == "default" else str(built_family(name))
@@ -319,7 +319,7 @@ def test_out_of_memory_in_a_step_becomes_out_of_memory_after_freeing(monkeypatch
 
 def test_the_loop_driver_runs_a_real_loop() -> None:
     """``joining.LoopDriver`` over the SD loop: B joins at loop step 2 and gets its own events and pictures."""
-    from pipeline.engine.joining import LoopDriver
+    from pipeline.engine.loop.joining import LoopDriver
 
     @dataclass
     class Task:

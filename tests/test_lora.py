@@ -24,7 +24,7 @@ import torch
 from PIL import Image
 
 from pipeline.config import Settings
-from pipeline.engine.diffusers_model import DiffusersModel
+from pipeline.engine.model.diffusers_model import DiffusersModel
 from pipeline.errors import ModelRefused
 from pipeline.protocol import InferenceJob
 from tests.families import built_family
@@ -68,15 +68,15 @@ def loras_of(family: str) -> dict[str, Path]:
 
 
 def model_of(family: str, *, hotswap: bool = False, adapters: bool = True) -> DiffusersModel:
-    from pipeline.engine.loading import load_model
+    from pipeline.engine.model.loading import load_model
 
     key = ("model", family, hotswap, adapters)
     if key not in _CACHE:
         specs = tuple(f"{n}={p}" for n, p in loras_of(family).items() if not (hotswap and n == "b")) if adapters else ()
         source = None if family == "default" else str(source_of(family))
         if hotswap:  # --compile's path, without compiling (CPU): the adapters hotswap into one slot
-            from pipeline.engine.loading import lora_batching
-            from pipeline.engine.lora import load_adapters
+            from pipeline.engine.model.loading import lora_batching
+            from pipeline.engine.model.lora import load_adapters
 
             model = load_model(Settings(model=source, device="cpu"), warmup=False)
             model.adapters = load_adapters(model.pipe, Settings(loras=specs).lora_specs(), hotswap=True)
@@ -143,7 +143,7 @@ def test_each_adapter_loads_once_with_its_components_hash_and_scale() -> None:
 
 
 def test_auto_batching_mixes_adapters_on_a_gpu_and_keeps_a_loop_per_adapter_on_the_cpu() -> None:
-    from pipeline.engine.loading import lora_batching
+    from pipeline.engine.model.loading import lora_batching
 
     model = model_of("default")
     assert lora_batching(model.pipe, model.adapters, "auto", "cpu") == "separate"  # measured: bench.lora
@@ -153,7 +153,7 @@ def test_auto_batching_mixes_adapters_on_a_gpu_and_keeps_a_loop_per_adapter_on_t
 
 
 def _refusal(tmp_path: Path, spec: str) -> str:
-    from pipeline.engine.loading import load_model
+    from pipeline.engine.model.loading import load_model
 
     with pytest.raises(ModelRefused) as caught:
         load_model(Settings(device="cpu", loras=(spec,)), warmup=False)
@@ -296,8 +296,8 @@ def test_hotswap_gives_the_same_pixels_as_set_adapters() -> None:
 
 def test_under_compile_an_adapter_of_a_text_encoder_is_refused_naming_it() -> None:
     from pipeline.default_model import ensure_default_model
-    from pipeline.engine.lora import load_adapters
-    from pipeline.engine.text_to_image import load_text_to_image
+    from pipeline.engine.model.lora import load_adapters
+    from pipeline.engine.model.text_to_image import load_text_to_image
 
     pipe = load_text_to_image(str(ensure_default_model()), torch.float32)
     b = loras_of("default")["b"]

@@ -15,7 +15,7 @@ import pytest
 from pipeline.config import Settings
 from pipeline.default_model import DEFAULT_MODEL_DIR, ensure_default_model, model_defaults
 from pipeline.default_model.architecture import build_untrained
-from pipeline.engine.runner import ModelRunner
+from pipeline.engine.hosting.runner import ModelRunner
 from pipeline.request import Limits
 from pipeline.serving.events import Done
 from pipeline.serving.local import LocalAdapter
@@ -27,7 +27,7 @@ RACE_ATTEMPTS = 30
 
 @pytest.fixture(scope="module")
 def model() -> Any:
-    from pipeline.engine.loading import load_model
+    from pipeline.engine.model.loading import load_model
 
     return load_model(Settings(), warmup=False)
 
@@ -162,7 +162,7 @@ def test_cancel_stops_at_the_next_step_without_decoding(model: Any) -> None:
 def test_device_and_dtype_choice() -> None:
     import torch
 
-    from pipeline.engine.loading import pick_device, pick_dtype
+    from pipeline.engine.model.loading import pick_device, pick_dtype
 
     assert pick_device("cpu") == "cpu"
     assert pick_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
@@ -273,8 +273,8 @@ def test_a_preview_decoder_from_a_local_folder_draws_the_previews(tmp_path: Path
     import torch
     from diffusers import AutoencoderTiny
 
-    from pipeline.engine.loading import load_model
-    from pipeline.engine.previews import DecoderPreview
+    from pipeline.engine.model.loading import load_model
+    from pipeline.engine.model.previews import DecoderPreview
     from pipeline.protocol import InferenceJob
 
     torch.manual_seed(0)

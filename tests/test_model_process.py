@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from pipeline.engine.process import DEAD_MESSAGE, ProcessSide
+from pipeline.engine.hosting.process import DEAD_MESSAGE, ProcessSide
 from pipeline.protocol import EncodedPreview, ErrorEvent, InferenceJob, InferenceResult, StepEvent
 from pipeline.serving.line import StopSignal
 from tests.fakes import FakeLoader
@@ -117,7 +117,7 @@ def test_a_model_process_exits_when_its_server_is_killed(tmp_path: Path) -> None
     script = textwrap.dedent(
         """
         import sys, time
-        from pipeline.engine.process import ProcessSide
+        from pipeline.engine.hosting.process import ProcessSide
         from tests.fakes import FakeLoader
         side = ProcessSide(FakeLoader())
         print(side.pid, flush=True)
@@ -219,7 +219,7 @@ def test_a_step_crosses_as_a_few_bytes_and_a_preview_as_a_small_jpeg(monkeypatch
     from multiprocessing.connection import Connection
 
     from pipeline.config import Settings
-    from pipeline.engine.process import SettingsLoader
+    from pipeline.engine.hosting.process import SettingsLoader
     from pipeline.protocol import PREVIEW_MAX_SIDE
 
     sizes: list[int] = []

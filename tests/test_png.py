@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline.engine.simulated import picture
+from pipeline.engine.model.simulated import picture
 from pipeline.serving import png
 
 TEXTS = (

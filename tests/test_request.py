@@ -161,7 +161,7 @@ def test_the_byt5_glyph_window_counts_only_the_quoted_text_and_the_shortcut_hold
 
     from transformers import ByT5Tokenizer
 
-    from pipeline.engine.families import counted_text
+    from pipeline.engine.model.families import counted_text
     from pipeline.request import fits_every_window
 
     tokenizer = ByT5Tokenizer()

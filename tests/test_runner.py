@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from pipeline.engine import runner as runner_module
-from pipeline.engine.runner import ModelRunner, install, run_job
+from pipeline.engine.hosting import runner as runner_module
+from pipeline.engine.hosting.runner import ModelRunner, install, run_job
 from pipeline.errors import EngineDead
 from pipeline.protocol import EncodedPreview, ErrorEvent, InferenceJob, InferenceResult, StepEvent
 from tests.fakes import FAKE_PROFILE, WAIT, FakeModel

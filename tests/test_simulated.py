@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from pipeline.config import Settings
-from pipeline.engine.loading import load_model
-from pipeline.engine.simulated import SimSpec, SimulatedModel
+from pipeline.engine.model.loading import load_model
+from pipeline.engine.model.simulated import SimSpec, SimulatedModel
 from pipeline.errors import Cancelled
 from pipeline.protocol import InferenceJob
 
@@ -60,7 +60,7 @@ def test_per_step_cpu_then_device_time_and_batches_cost_0_6_per_extra_image() ->
 
 def test_its_loop_charges_each_step_for_the_images_in_the_loop_then() -> None:
     """Step-level joining on the simulated device: a joiner adds 0.6 of a step from the step it joins."""
-    from pipeline.engine.joining import LoopDriver
+    from pipeline.engine.loop.joining import LoopDriver
 
     calls: list[tuple[str, float]] = []
     model = SimulatedModel(
@@ -131,7 +131,7 @@ def test_it_carries_real_shaped_latents_and_previews_that_announce_the_picture(s
     """Per step: latents of an SD-like VAE's shape for the size (4 x size/8 x size/8, float32); on the
     job's preview steps only (never the last), display-sized previews that come to look like the final
     picture; in its loop the same for each member that asked."""
-    from pipeline.engine.simulated import SimLatents
+    from pipeline.engine.model.simulated import SimLatents
     from pipeline.protocol import display_size
 
     model = SimulatedModel(SimSpec(cpu_ms=0, dev_ms=0, decode_ms=0, size=size), "sim")

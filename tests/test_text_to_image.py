@@ -1,5 +1,5 @@
-"""``--model`` is loaded as text-to-image or refused at start with what it holds (engine/text_to_image.py),
-and a class the family registry does not know is served generically (engine/families.py)."""
+"""``--model`` is loaded as text-to-image or refused at start with what it holds (engine/model/text_to_image.py),
+and a class the family registry does not know is served generically (engine/model/families.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import Settings
-from pipeline.engine.text_to_image import what_it_holds
+from pipeline.engine.model.text_to_image import what_it_holds
 from pipeline.errors import ModelRefused
 
 
@@ -33,7 +33,7 @@ def test_what_a_folder_holds_is_named(cls: str, expected: str | None) -> None:
 
 
 def test_an_image_to_image_folder_is_refused_at_start_naming_what_it_holds(tmp_path: Path) -> None:
-    from pipeline.engine.loading import load_model
+    from pipeline.engine.model.loading import load_model
 
     folder = tmp_path / "sd-img2img"
     folder.mkdir()
@@ -52,7 +52,7 @@ def test_a_class_the_registry_does_not_know_is_served_generically_and_says_so(
 
     from diffusers import StableDiffusionPAGPipeline
 
-    from pipeline.engine.loading import load_model
+    from pipeline.engine.model.loading import load_model
     from pipeline.protocol import InferenceJob
     from tests.families import build_pipeline
 
@@ -78,7 +78,7 @@ def test_a_folder_whose_tokenizer_is_a_processor_loads_without_torchvision(tmp_p
     import importlib.util
     import shutil
 
-    from pipeline.engine.text_to_image import load_text_to_image, plain_tokenizers
+    from pipeline.engine.model.text_to_image import load_text_to_image, plain_tokenizers
     from tests.families import built_family
 
     if importlib.util.find_spec("torchvision") is not None:

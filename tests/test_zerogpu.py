@@ -18,8 +18,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from pipeline.engine.runner import ModelRunner
-from pipeline.engine.zerogpu import MAX_SECONDS, MIN_SECONDS, ZeroGpuSide, gpu_seconds, model_side
+from pipeline.engine.hosting.runner import ModelRunner
+from pipeline.engine.hosting.zerogpu import MAX_SECONDS, MIN_SECONDS, ZeroGpuSide, gpu_seconds, model_side
 from pipeline.protocol import ErrorEvent, InferenceJob, InferenceResult, StepEvent
 from tests.fakes import WAIT, FakeModel
 from tests.helpers import ROOT, app_process, raw_request, wait_for

@@ -23,7 +23,7 @@ def _no_gate() -> None:
 
 def _thread_per_job() -> None:
     """No single model thread: every job gets a fresh thread, and the pipeline is called from it."""
-    from pipeline.engine.runner import ModelRunner
+    from pipeline.engine.hosting.runner import ModelRunner
     from pipeline.protocol import ErrorEvent, InferenceResult, StepEvent
     from pipeline.serving.streamer import ModelStreamer
 
@@ -104,7 +104,7 @@ async def _stopped_at_once(self: Any, session: str, timeout: float) -> bool:
 
 
 def _pass_the_stop_event() -> None:
-    from pipeline.engine.zerogpu import ZeroGpuSide
+    from pipeline.engine.hosting.zerogpu import ZeroGpuSide
 
     def stream(self: Any, job: Any, stop: Any) -> Any:
         yield from self._gpu_stream(job, stop)  # the old boundary: a threading.Event crosses
@@ -134,10 +134,10 @@ Patch = tuple[str, Callable[[], None]]  # (the module it patches, the patch), ap
 
 
 def _model_process_never_hears_stop() -> None:
-    from pipeline.engine.process import _Child
+    from pipeline.engine.hosting.process import _Child
 
     original = _Child.send
-    from pipeline.engine.wire import StopJob
+    from pipeline.engine.hosting.wire import StopJob
 
     _Child.send = lambda self, message: True if isinstance(message, StopJob) else original(self, message)  # type: ignore[method-assign]
 
@@ -156,7 +156,7 @@ def _fills_nothing(pasted: Any, limits: Any, **kwargs: Any) -> Any:
 
 def _loop_key_is_constant() -> None:
     """A join that ignores compatibility, on both sides: any waiting request joins, any job enters the loop."""
-    from pipeline.engine import joining
+    from pipeline.engine.loop import joining
 
     joining.loop_key = lambda model, job: 0 if job.joinable and getattr(model, "loop_key", None) else None
 
@@ -169,7 +169,7 @@ def _serving_loop_key_is_constant() -> None:
 
 def _leave_drops_another() -> None:
     """A leave that drops another member: when one member stops, the next one in the loop goes too."""
-    from pipeline.engine.joining import LoopDriver
+    from pipeline.engine.loop.joining import LoopDriver
     from pipeline.protocol import ErrorEvent
 
     def _leave_stopped(self: Any) -> None:
@@ -252,7 +252,7 @@ def _full_size_previews() -> None:
     """Previews drawn at the picture's size and encoded whole (before issue 28: PNGs of the full size)."""
     import io
 
-    from pipeline.engine import previews
+    from pipeline.engine.model import previews
     from pipeline.protocol import EncodedPreview
 
     def of(cls: Any, image: Any) -> Any:
@@ -266,7 +266,7 @@ def _full_size_previews() -> None:
 
 def _adapter_ignored() -> None:
     """Every job runs without its LoRA adapter (the request's choice never reaches the weights)."""
-    from pipeline.engine import lora
+    from pipeline.engine.model import lora
     from pipeline.loras import AdapterUse
 
     lora.use_of = lambda job: AdapterUse()
@@ -274,7 +274,7 @@ def _adapter_ignored() -> None:
 
 def _previous_adapter_leaks() -> None:
     """A job with no adapter keeps whatever the last job set (no ``disable_lora``)."""
-    from pipeline.engine.lora import Adapters
+    from pipeline.engine.model.lora import Adapters
 
     original = Adapters.use
     Adapters.use = lambda self, use: 0.0 if not use.name else original(self, use)  # type: ignore[method-assign]
@@ -284,7 +284,7 @@ def _mixed_batch_one_adapter() -> None:
     """A loop with members on different adapters runs every row through the first member's adapter."""
     import contextlib
 
-    from pipeline.engine.lora import Adapters
+    from pipeline.engine.model.lora import Adapters
 
     @contextlib.contextmanager
     def rows(self: Any, per_row: Any) -> Any:
@@ -319,7 +319,7 @@ def _attr(module: str, name: str, value: Any) -> list[Patch]:
 
 
 NO_GATE = _on("pipeline.serving.local", _no_gate)
-THREAD_PER_JOB = [("pipeline.engine.runner", _thread_per_job)]
+THREAD_PER_JOB = [("pipeline.engine.hosting.runner", _thread_per_job)]
 
 MUTANTS: dict[str, list[Patch]] = {
     "no-gate": NO_GATE,
@@ -343,10 +343,12 @@ MUTANTS: dict[str, list[Patch]] = {
     "plain-close-on-signal": _attr(
         "pipeline.web.lifecycle", "shutdown", lambda demo, adapter, deadline=8.0: demo.close()
     ),
-    "zerogpu-passes-the-stop-event": _on("pipeline.engine.zerogpu", _pass_the_stop_event),
+    "zerogpu-passes-the-stop-event": _on("pipeline.engine.hosting.zerogpu", _pass_the_stop_event),
     "zerogpu-runs-outside-the-users-context": _on("pipeline.serving.streamer", _no_user_context),
-    "model-process-never-hears-stop": _on("pipeline.engine.process", _model_process_never_hears_stop),
-    "model-process-not-restarted": _attr("pipeline.engine.process", "ProcessSide._restart", _restart_gives_up_at_once),
+    "model-process-never-hears-stop": _on("pipeline.engine.hosting.process", _model_process_never_hears_stop),
+    "model-process-not-restarted": _attr(
+        "pipeline.engine.hosting.process", "ProcessSide._restart", _restart_gives_up_at_once
+    ),
     "recovering-not-reported": _attr("pipeline.serving.local", "LocalAdapter._recovering", lambda self: False),
     "liveness-watch-never-looks": _attr(
         "pipeline.serving.base",
@@ -354,13 +356,13 @@ MUTANTS: dict[str, list[Patch]] = {
         lambda self, alive, on_gone: __import__("contextlib").nullcontext(),
     ),
     # The page (issue 18): each helper around generate, broken in the browser.
-    "join-ignores-compatibility": _on("pipeline.engine.joining", _loop_key_is_constant)
+    "join-ignores-compatibility": _on("pipeline.engine.loop.joining", _loop_key_is_constant)
     + _on("pipeline.serving.line", _serving_loop_key_is_constant),
-    "leave-drops-another-member": _on("pipeline.engine.joining", _leave_drops_another),
+    "leave-drops-another-member": _on("pipeline.engine.loop.joining", _leave_drops_another),
     "joiner-waits-for-the-end": _attr(
         "pipeline.serving.jobs", "GpuJobs._deliver_member_step", _joiner_waits_for_the_end
     ),
-    "early-joiner-not-held": _attr("pipeline.engine.joining", "room_for", lambda job, loop_images: True),
+    "early-joiner-not-held": _attr("pipeline.engine.loop.joining", "room_for", lambda job, loop_images: True),
     "swap-does-nothing": _attr("pipeline.web.page_tools", "swapped", lambda width, height: (width, height)),
     "history-restores-nothing": _attr("pipeline.web.page_tools", "restore", lambda history, index: None),
     "paste-fills-nothing": _attr("pipeline.web.page_tools", "fill_from", _fills_nothing),
@@ -395,26 +397,28 @@ MUTANTS: dict[str, list[Patch]] = {
     # true_cfg_scale); packed latents previewed as they are (no unpacking: no preview for FLUX.2 and kin);
     # Z-Image's step-level loop without its classifier-free guidance.
     "guidance-always-guidance-scale": _attr(
-        "pipeline.engine.families",
+        "pipeline.engine.model.families",
         "guidance_arguments",
         lambda t, guidance, steps=0: {**t.fixed, "guidance_scale": guidance},
     ),
     "packed-previews-not-unpacked": _attr(
-        "pipeline.engine.previews", "unpack", lambda pipe, latents, width, height: latents
+        "pipeline.engine.model.previews", "unpack", lambda pipe, latents, width, height: latents
     ),
     # Issue 28: previews for a caller who did not ask; previews at the picture's full size; a preview
     # made at every step whatever the job asked (a picture-sized payload per step with previews off).
     "previews-for-everyone": _on("pipeline.request", _previews_for_everyone),
     "previews-at-full-size": _on("pipeline.protocol", _full_size_previews),
     "previews-every-step": _attr(
-        "pipeline.engine.stepping", "StepWatch._preview_due", lambda self, step: self.preview_map is not None
+        "pipeline.engine.model.stepping", "StepWatch._preview_due", lambda self, step: self.preview_map is not None
     ),
     "z-image-loop-without-guidance": _attr(
-        "pipeline.engine.loop_flow_2026", "ZImageLoop._guided", staticmethod(lambda pos, neg, scale, normalization: pos)
+        "pipeline.engine.loop.loop_flow_2026",
+        "ZImageLoop._guided",
+        staticmethod(lambda pos, neg, scale, normalization: pos),
     ),
-    "lora-adapter-ignored": _on("pipeline.engine.lora", _adapter_ignored),
-    "lora-previous-adapter-leaks": _on("pipeline.engine.lora", _previous_adapter_leaks),
-    "lora-mixed-batch-one-adapter": _on("pipeline.engine.lora", _mixed_batch_one_adapter),
+    "lora-adapter-ignored": _on("pipeline.engine.model.lora", _adapter_ignored),
+    "lora-previous-adapter-leaks": _on("pipeline.engine.model.lora", _previous_adapter_leaks),
+    "lora-mixed-batch-one-adapter": _on("pipeline.engine.model.lora", _mixed_batch_one_adapter),
     "thread-off-the-map": _on("pipeline.serving.streamer", _thread_off_the_map),
 }
 

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..engine.previews import PREVIEW_FOLDER, PreviewMap, denoised, fit_mlp
+from ..engine.model.previews import PREVIEW_FOLDER, PreviewMap, denoised, fit_mlp
 from . import shapes
 from .folder import DEFAULT_MODEL_DIR, model_defaults
 from .prompts import EXAMPLE_PROMPTS

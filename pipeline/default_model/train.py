@@ -212,7 +212,7 @@ def fit_preview_map(out: Path, *, quick: bool) -> dict[str, float]:
     """The live-preview map for the trained model, saved in its folder (see ``preview``)."""
     from diffusers import DiffusionPipeline
 
-    from ..engine.previews import PREVIEW_FOLDER
+    from ..engine.model.previews import PREVIEW_FOLDER
     from .preview import fit
 
     pipe = DiffusionPipeline.from_pretrained(str(out))

@@ -54,8 +54,8 @@ class ModelReplica:
     """
 
     def __init__(self, settings: Settings) -> None:
-        from ..engine.loading import load_model
-        from ..engine.runner import ModelRunner
+        from ..engine.hosting.runner import ModelRunner
+        from ..engine.model.loading import load_model
         from ..serving.local import LocalAdapter
 
         self.name, self.actor_name = _replica_identity()

@@ -204,7 +204,7 @@ def _advanced_settings(p: ModelProfile, lim: Limits) -> dict[str, Any]:
             label=steps_label(lim.step_choices),
             elem_id="steps",
         )
-        # The control drives the parameter the family reads (engine/family_table.py);
+        # The control drives the parameter the family reads (engine/model/family_table.py);
         # a guidance-distilled model has none: the control is hidden at its fixed value.
         guidance_scale = gr.Slider(
             lim.min_guidance,
@@ -216,7 +216,7 @@ def _advanced_settings(p: ModelProfile, lim: Limits) -> dict[str, Any]:
             visible=p.guidance_arg is not None,
         )
     # The sampler (the API's `scheduler`): "default" is the model's own; the others
-    # where its family supports them (engine/samplers.py). Pasted parameters and
+    # where its family supports them (engine/model/samplers.py). Pasted parameters and
     # history restore fill it. Hidden where the model offers only its own.
     sampler = gr.Dropdown(
         [(f"default ({sampler_name(p.scheduler)})", "default")]

@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ..errors import ModelRefused
+from ...errors import ModelRefused
 from .family_table import family_for
 
 log = logging.getLogger(__name__)

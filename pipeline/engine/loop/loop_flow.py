@@ -38,9 +38,9 @@ from diffusers.pipelines.flux.pipeline_flux import retrieve_timesteps
 from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import calculate_shift as sd3_shift
 from PIL import Image
 
-from ..protocol import InferenceJob
-from . import samplers
-from .families import call_arguments
+from ...protocol import InferenceJob
+from ..model import samplers
+from ..model.families import call_arguments
 from .loop_base import LoopMember, MemberLoop, generators_of
 
 

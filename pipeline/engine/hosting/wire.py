@@ -7,7 +7,7 @@ Model process -> server: ``Ready`` (the loaded model's profile) or ``LoadFailed`
 ``JobEvent`` for every event of every job in flight, ``StoppedAt`` (the model's own step count when
 a job's stop reached it, sent before that job's cancelled event), ``TokenCounts`` (a count's answer).
 
-``engine.process`` sends and reads the server's side, ``engine.child`` the model process's.
+``engine.hosting.process`` sends and reads the server's side, ``engine.hosting.child`` the model process's.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from ..protocol import InferenceJob, ModelEvent, ModelProfile
+from ...protocol import InferenceJob, ModelEvent, ModelProfile
 
 
 @dataclass(frozen=True)

@@ -39,9 +39,9 @@ from diffusers.pipelines.z_image.pipeline_z_image import calculate_shift as z_sh
 from diffusers.pipelines.z_image.pipeline_z_image import get_default_z_image_sigmas
 from PIL import Image
 
-from ..protocol import InferenceJob
-from . import samplers
-from .families import call_arguments
+from ...protocol import InferenceJob
+from ..model import samplers
+from ..model.families import call_arguments
 from .loop_base import LoopMember, generators_of
 from .loop_flow import _call_default, _cat_rows, _FlowLoop, packed_latents
 

@@ -32,9 +32,9 @@ from diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion import retri
 from diffusers.utils.torch_utils import randn_tensor
 from PIL import Image
 
-from ..protocol import InferenceJob
-from . import samplers
-from .families import call_arguments
+from ...protocol import InferenceJob
+from ..model import samplers
+from ..model.families import call_arguments
 from .loop_base import LoopMember, MemberLoop, generators_of, step_kwargs
 
 

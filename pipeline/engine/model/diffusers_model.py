@@ -15,12 +15,12 @@ from typing import Any, Hashable
 
 import torch
 
-from ..errors import Cancelled, OutOfMemory
-from ..protocol import InferenceJob, InferenceResult, ModelProfile, StepCallback, StopFlag
+from ...errors import Cancelled, OutOfMemory
+from ...protocol import InferenceJob, InferenceResult, ModelProfile, StepCallback, StopFlag
+from ..loop.loop_base import MemberLoop, loop_kind
 from . import samplers
 from .families import call_arguments, counted_text, encoder_tokenizers, guidance_arguments, traits
 from .family_table import family_for
-from .loop_base import MemberLoop, loop_kind
 from .lora import Adapters, use_of
 from .previews import Previewer
 from .stepping import StepWatch, StoppedAtStep
@@ -164,11 +164,11 @@ class DiffusersModel:
         """A new, empty loop for jobs with ``job``'s key (the family's ``loop_sd``/``loop_flow`` loop)."""
         kind = loop_kind(self.pipe)
         if kind == "sd":
-            from .loop_sd import SDLoop
+            from ..loop.loop_sd import SDLoop
 
             return SDLoop(self)
-        from .loop_flow import FluxLoop, SD3Loop
-        from .loop_flow_2026 import ChromaLoop, ZImageLoop
+        from ..loop.loop_flow import FluxLoop, SD3Loop
+        from ..loop.loop_flow_2026 import ChromaLoop, ZImageLoop
 
         loops: dict[str, type[MemberLoop]] = {
             "flux": FluxLoop, "sd3": SD3Loop, "chroma": ChromaLoop, "z-image": ZImageLoop}  # fmt: skip

@@ -36,8 +36,8 @@ from typing import Callable, Hashable, Mapping, Protocol, Sequence
 
 from PIL import Image
 
-from ..errors import OutOfMemory
-from ..protocol import ErrorEvent, InferenceJob, InferenceResult, ModelEvent, StepEvent, StopFlag, encoded
+from ...errors import OutOfMemory
+from ...protocol import ErrorEvent, InferenceJob, InferenceResult, ModelEvent, StepEvent, StopFlag, encoded
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from PIL import Image
 
-from ..protocol import InferenceJob, StepCallback, StopFlag
+from ...protocol import InferenceJob, StepCallback, StopFlag
 from .previews import Previewer, denoised, unpack
 
 

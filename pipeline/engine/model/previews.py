@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from PIL import Image
 
-from ..protocol import display_size
+from ...protocol import display_size
 
 log = logging.getLogger(__name__)
 

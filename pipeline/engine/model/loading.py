@@ -14,20 +14,20 @@ from typing import Any
 
 import torch
 
-from ..config import Settings
-from ..default_model import ensure_default_model, model_defaults
-from ..errors import ModelRefused
-from ..protocol import InferenceJob, ModelProfile
+from ...config import Settings
+from ...default_model import ensure_default_model, model_defaults
+from ...errors import ModelRefused
+from ...protocol import InferenceJob, ModelProfile
+from ..hosting.zerogpu import zero_gpu_active
+from ..loop.loop_base import MIXED_ADAPTER_LOOPS, loop_kind
 from .diffusers_model import DiffusersModel
 from .families import pick_dtype_name, pipeline_class_of, traits
-from .loop_base import MIXED_ADAPTER_LOOPS, loop_kind
 from .lora import Adapters, load_adapters
 from .previews import Previewer, load_decoder, load_preview_map
 from .simulated import PREFIX as SIM_PREFIX
 from .simulated import SimSpec, SimulatedModel
 from .speedups import compile_denoiser, uncompile_denoiser, use_channels_last
 from .text_to_image import load_text_to_image
-from .zerogpu import zero_gpu_active
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ def load_model(settings: Settings, *, warmup: bool = True) -> DiffusersModel | S
     model.loads = _LOADS
     if model.traits.guessed:
         log.info(
-            "%s is not in the family registry (engine/family_table.py): served generically from its "
+            "%s is not in the family registry (engine/model/family_table.py): served generically from its "
             "__call__ signature; guessed %s",
             type(pipe).__name__,
             "; ".join(model.traits.guessed),

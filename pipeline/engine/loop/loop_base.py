@@ -29,15 +29,15 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence, Ty
 import torch
 from PIL import Image
 
-from ..errors import OutOfMemory
-from ..protocol import InferenceJob
-from .lora import use_of
-from .previews import denoised, unpack
+from ...errors import OutOfMemory
+from ...protocol import InferenceJob
+from ..model.lora import use_of
+from ..model.previews import denoised, unpack
 
 if TYPE_CHECKING:
-    from ..protocol import ModelProfile
-    from .lora import Adapters
-    from .previews import Previewer
+    from ...protocol import ModelProfile
+    from ..model.lora import Adapters
+    from ..model.previews import Previewer
 
 
 class LoopHost(Protocol):
@@ -70,7 +70,7 @@ def loop_kind(pipe: Any) -> str | None:
 
     Only the exact text-to-image classes (``family_table.family_for``): subclasses and img2img/inpaint
     variants call their denoiser differently and keep job-level batching."""
-    from .family_table import family_for
+    from ..model.family_table import family_for
 
     family = family_for(type(pipe).__name__)
     return family.loop if family is not None else None

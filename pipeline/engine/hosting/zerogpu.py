@@ -21,7 +21,7 @@ import logging
 import math
 from typing import Any, Callable, Generator, Mapping
 
-from ..protocol import TERMINAL, ErrorEvent, InferenceJob, ModelEvent, ModelProfile, ModelSide, StepEvent, StopFlag
+from ...protocol import TERMINAL, ErrorEvent, InferenceJob, ModelEvent, ModelProfile, ModelSide, StepEvent, StopFlag
 from .runner import ModelRunner, install, run_job
 
 log = logging.getLogger(__name__)

@@ -31,8 +31,8 @@ from typing import Any, Callable, Hashable, Sequence
 import numpy as np
 from PIL import Image
 
-from ..errors import Cancelled
-from ..protocol import InferenceJob, InferenceResult, ModelProfile, StepCallback, StopFlag, display_size
+from ...errors import Cancelled
+from ...protocol import InferenceJob, InferenceResult, ModelProfile, StepCallback, StopFlag, display_size
 
 PREFIX = "sim:"
 POOL = 8  # distinct pictures per size (by seed)

@@ -26,8 +26,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Generator, Hashable, Mapping
 
-from ..errors import Cancelled, EngineDead, OutOfMemory
-from ..protocol import (
+from ...errors import Cancelled, EngineDead, OutOfMemory
+from ...protocol import (
     TERMINAL,
     ErrorEvent,
     InferenceJob,
@@ -39,7 +39,7 @@ from ..protocol import (
     StopFlag,
     encoded,
 )
-from .joining import LoopDriver, loop_key, room_for
+from ..loop.joining import LoopDriver, loop_key, room_for
 
 log = logging.getLogger(__name__)
 

@@ -41,12 +41,12 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Generator, Mapping
 
-from ..errors import EngineDead
-from ..protocol import TERMINAL, ErrorEvent, InferenceJob, Model, ModelEvent, ModelProfile, StopFlag
+from ...errors import EngineDead
+from ...protocol import TERMINAL, ErrorEvent, InferenceJob, Model, ModelEvent, ModelProfile, StopFlag
 from . import wire
 
 if TYPE_CHECKING:
-    from ..config import Settings
+    from ...config import Settings
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class SettingsLoader:
     settings: Settings
 
     def __call__(self) -> Model:
-        from .loading import load_model
+        from ..model.loading import load_model
 
         return load_model(self.settings)
 
@@ -109,7 +109,7 @@ class _Child:
         env.setdefault("PYTHONUNBUFFERED", "1")
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "pipeline.engine.child", str(theirs.fileno())],
+                [sys.executable, "-m", "pipeline.engine.hosting.child", str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),),
                 env=env,
             )

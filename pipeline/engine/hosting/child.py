@@ -1,4 +1,4 @@
-"""The model process's own side: ``python -m pipeline.engine.child FD`` (started by ``engine.process``).
+"""The model process's own side: ``python -m pipeline.engine.hosting.child FD`` (started by ``engine.process``).
 
 It reads a pickled loader from the socket ``FD``, loads the model on a ``ModelRunner`` (the named
 ``gpu-worker`` thread that owns the model and the device), says ``ready`` with the profile, then
@@ -22,8 +22,8 @@ from functools import partial
 from multiprocessing.connection import Connection
 from typing import Mapping
 
-from ..errors import EngineDead
-from ..protocol import TERMINAL, CountingStop, ErrorEvent, ModelEvent
+from ...errors import EngineDead
+from ...protocol import TERMINAL, CountingStop, ErrorEvent, ModelEvent
 from .wire import (
     CountTokens,
     JobEvent,
@@ -46,7 +46,7 @@ def _post(out: queue.SimpleQueue[tuple[int, ModelEvent] | None], serial: int, ev
 
 
 def main(fd: int) -> None:
-    from .. import allocator
+    from ... import allocator
     from .runner import ModelRunner
 
     logging.basicConfig(

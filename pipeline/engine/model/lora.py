@@ -27,9 +27,9 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from ..errors import ModelRefused
-from ..loras import AdapterUse, LoraSpec, short_hash
-from ..protocol import InferenceJob, LoraInfo
+from ...errors import ModelRefused
+from ...loras import AdapterUse, LoraSpec, short_hash
+from ...protocol import InferenceJob, LoraInfo
 
 log = logging.getLogger(__name__)
 

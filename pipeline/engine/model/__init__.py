@@ -1,0 +1,1 @@
+"""The diffusers model: loading, families, samplers, previews, LoRA adapters, speedups, and the simulated device."""
