@@ -333,7 +333,7 @@ MUTANTS: dict[str, list[Patch]] = {
         "pipeline.serving.line", "Batch.all_stopped", lambda self: any(m.stop.is_set() for m in self.members)
     ),
     "oom-no-retry": _attr("pipeline.serving.jobs", "GpuJobs.retry_alone", staticmethod(lambda *a: False)),
-    "skip-in-progress": _attr("pipeline.web.handler", "progress_gallery", lambda: __import__("gradio").skip()),
+    "skip-in-progress": _attr("pipeline.web.shown", "progress_gallery", lambda: __import__("gradio").skip()),
     "ray-replica-without-a-gate": NO_GATE + THREAD_PER_JOB + _on("pipeline.ray.cluster", _ray_replica_admits_eight),
     "ray-cancel-not-forwarded": _attr("pipeline.ray.adapter", "_cancel", lambda call: None),
     "no-disconnect-watch": _attr("pipeline.web.handler", "caller_alive", lambda demo: None),
