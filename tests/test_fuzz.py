@@ -17,26 +17,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pipeline.request import FIELDS
 from tests.fakes import FakeModel
 from tests.helpers import api_fn_index, queue_call, raw_request
 
 pytestmark = pytest.mark.server
 
-FIELDS = [
-    "prompt",
-    "negative_prompt",
-    "seed",
-    "randomize_seed",
-    "width",
-    "height",
-    "num_inference_steps",
-    "guidance_scale",
-    "num_images",
-    "live_preview",
-    "scheduler",
-    "lora",
-    "lora_scale",
-]
 # gradio_client's ValidationError: one refused parameter, and our message, which starts with its name.
 REFUSED = re.compile(r"1 parameter\(s\) failed validation:\n- (\w+): (.*)", re.S)
 

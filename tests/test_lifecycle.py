@@ -12,24 +12,11 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
+from pipeline.request import FIELDS
 from tests.fakes import WAIT, FakeModel
 from tests.helpers import raw_request, wait_for
 
-PARAMS = [
-    "prompt",
-    "negative_prompt",
-    "seed",
-    "randomize_seed",
-    "width",
-    "height",
-    "num_inference_steps",
-    "guidance_scale",
-    "num_images",
-    "live_preview",
-    "scheduler",
-    "lora",
-    "lora_scale",
-]
+PARAMS = list(FIELDS)  # the API's positional order (tests/test_app_client.py pins it)
 
 
 @pytest.fixture(scope="module")
