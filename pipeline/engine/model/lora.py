@@ -109,9 +109,7 @@ class Adapters:
         self._denoiser_layers = _lora_layers(denoiser) if denoiser is not None else []
         self._all_layers = [m for c in pipe.components.values() if hasattr(c, "modules") for m in _lora_layers(c)]
         self._rows: list[str] | None = None
-        if not hotswap:  # the mixed-batch hook: adapter_names for every denoiser layer while rows are set
-            for layer in self._denoiser_layers:
-                layer.register_forward_pre_hook(self._row_names, with_kwargs=True)
+        self._hooked = False  # the mixed-batch hooks go in at the first mixed call (never, if no loop mixes)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -183,6 +181,10 @@ class Adapters:
             self._current = state
             self.switches += 1
             self.switch_seconds += time.perf_counter() - t0
+        if not self._hooked:  # adapter_names for every denoiser layer while rows are set
+            for layer in self._denoiser_layers:
+                layer.register_forward_pre_hook(self._row_names, with_kwargs=True)
+            self._hooked = True
         self._rows = [u.name or BASE for u in per_row]
         try:
             yield
