@@ -54,11 +54,13 @@ def test_the_map_names_each_owner_once_with_a_kind_and_a_way_in() -> None:
 def test_every_thread_of_a_running_app_is_on_the_map(tmp_path: Path, side: str) -> None:
     from pipeline.request import FIELDS
 
-    before = {t.ident for t in threading.enumerate()}
+    # Thread objects, not idents: an ident is reused once its thread ends, so a thread started
+    # here can carry the ident of one that was alive before and has ended since.
+    before = set(threading.enumerate())
     with running_app(tmp_path, "--model-side", side) as (url, _demo, _adapter):
         raw = raw_request(live_preview=True, num_inference_steps=8)
         assert queue_call(url, api_fn_index(url), [raw[f] for f in FIELDS])["success"]
-        started = {t.name for t in threading.enumerate() if t.ident not in before}
+        started = {t.name for t in threading.enumerate() if t not in before}
         assert unmapped("server", started) == set(), f"threads the map does not name: {unmapped('server', started)}"
         own = {"model-stream", "output-sweeper", "prep-finalize_0"} | (
             {"gpu-worker"} if side == "thread" else {"model-pipe-0"}
