@@ -1,4 +1,4 @@
-"""The benchmark's table (``bench.__main__`` writes it; ``tests/test_bench.py`` checks it)."""
+"""The benchmark's table (``bench.__main__`` writes it; ``tests/unit/test_bench.py`` checks it)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ def fits_every_window(text: str, encoders: tuple[tuple[str, int], ...]) -> bool:
     Every tokenizer of these model families spends at least one character of an ASCII text on each
     token: CLIP's byte-level BPE, and T5's and Gemma's SentencePiece, whose one exception is the
     word marker it puts before the first word. So an ASCII text of n characters is at most n + 1
-    tokens (``tests/test_request.py`` checks it on each family's tokenizer). Counting a prompt
+    tokens (``tests/unit/test_request.py`` checks it on each family's tokenizer). Counting a prompt
     costs a round trip to the model process; most prompts are short enough to need none.
     A ByT5 glyph encoder (HunyuanImage) reads the quoted text formatted as ``Text "...". ``: at
     most five bytes for each character of the prompt (an empty ``""`` becomes ten), so its window

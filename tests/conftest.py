@@ -1,4 +1,14 @@
-"""Fixtures, defined once here. Helpers (requests, waits, launched apps) are in ``tests/helpers.py``."""
+"""Fixtures, defined once here, and the tiers. Helpers (requests, waits, launched apps) are in ``tests/helpers.py``.
+
+A test's tier is its folder, and the folder gives its marks (no module marks itself ``server`` or
+``browser``; ``tests/unit/test_layout.py`` checks):
+
+- ``tests/unit/``: no server, no browser; the fast tier (``python -m pytest tests/unit``, the same as
+  ``-m "not server and not slow"``);
+- ``tests/server/``: a launched app, a subprocess, Ray or a benchmark run (marked ``server``);
+- ``tests/browser/``: Debian's chromium through Playwright on a launched app (marked ``server`` and
+  ``browser``; skipped where chromium is not installed, which ``.ci/run`` installs).
+"""
 
 from __future__ import annotations
 
@@ -13,6 +23,30 @@ from pipeline.engine.hosting.runner import ModelRunner
 from pipeline.request import Limits
 from pipeline.serving.local import LocalAdapter
 from tests.fakes import FakeModel
+
+TESTS = Path(__file__).resolve().parent
+TIERS: dict[str, tuple[str, ...]] = {"unit": (), "server": ("server",), "browser": ("server", "browser")}
+
+
+def tier_of(path: Path) -> str:
+    """The tier of a test module: the folder under ``tests/`` it lives in."""
+    return path.resolve().relative_to(TESTS).parts[0]
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Each test gets its folder's marks before ``-m`` selects (``pytest_collection_modifyitems``)."""
+    tier = tier_of(item.path)
+    if tier not in TIERS:
+        raise pytest.UsageError(f"{item.nodeid}: a test module lives in one of tests/{{{','.join(TIERS)}}}/")
+    for mark in TIERS[tier]:
+        item.add_marker(mark)
+    if tier == "unit" and "launch" in getattr(item, "fixturenames", ()):
+        raise pytest.UsageError(f"{item.nodeid}: a unit test launches no app; move it to tests/server/")
+    if tier == "browser":
+        from tests.pages import CHROMIUM
+
+        if not Path(CHROMIUM).exists():
+            item.add_marker(pytest.mark.skip(reason="Debian's chromium is not installed (.ci/run installs it)"))
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -33,6 +33,8 @@ FAKE_PROFILE = ModelProfile(
     schedulers=("default", "Euler", "Euler a", "DPM++ 2M Karras", "DDIM", "UniPC"),  # a UNet family's
 )
 
+# What validation says of a width of 7 px within FAKE_PROFILE's limits.
+FAKE_WIDTH_ERROR = "width must be a multiple of 8 between 64 and 512; got 7"
 WAIT = 30.0  # generous bound on any gate wait: a deadlock fails instead of hanging
 
 

@@ -187,3 +187,22 @@ def assert_progress(steps: list[Any], total: int) -> None:
     numbers = [s.step for s in steps]
     assert numbers and numbers == sorted(set(numbers)) and numbers[0] >= 1, numbers
     assert numbers[-1] == total and all(s.total == total for s in steps), [(s.step, s.total) for s in steps]
+
+
+def process_exited(pid: int) -> bool:
+    """Whether ``pid`` has exited (gone, or a zombie nobody has reaped yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+    except (FileNotFoundError, IndexError):
+        return True
+
+
+# The stand-in packages (``spaces``) that a test puts first on the path.
+SPACES_STUBS = ROOT / "tests" / "stubs"
+
+
+def spaces_calls(log: Path) -> list[dict[str, Any]]:
+    """The stand-in ``spaces``' record of its GPU calls (``SPACES_STUB_LOG``), one dict a call."""
+    import json
+
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []

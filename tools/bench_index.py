@@ -1,7 +1,7 @@
 """``bench/results/INDEX.md``: one line a published benchmark run (date, commit, machine, headline).
 
     python -m tools.bench_index          # rewrite the index from the JSON files
-    python -m tools.bench_index --check  # exit 1 if the index is not what the files say (tests/test_layout.py)
+    python -m tools.bench_index --check  # exit 1 if the index is not what the files say (tests/unit/test_layout.py)
 
 The commit is the one that published the file (``git log --follow``: the run measured its parent's
 code, or the tree named in the file). The machine is what the file records (``cores``, ``machine``,

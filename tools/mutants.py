@@ -22,103 +22,105 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # The tests that must catch each mutant (pytest node ids).
 TESTS: dict[str, str] = {
-    "no-gate": "tests/test_gate.py::test_eight_concurrent_requests_never_overlap_in_inference "
-    "tests/test_joining.py::test_max_batch_size_bounds_the_images_in_the_loop",
-    "gate-wraps-whole-request": "tests/test_gate.py::test_preparation_overlaps_another_inference "
-    "tests/test_gate.py::test_finalize_overlaps_the_next_inference",
-    "no-gate-and-a-thread-per-job": "tests/test_model.py::test_the_same_load_through_the_adapter_never_races",
+    "no-gate": "tests/unit/test_gate.py::test_eight_concurrent_requests_never_overlap_in_inference "
+    "tests/unit/test_joining.py::test_max_batch_size_bounds_the_images_in_the_loop",
+    "gate-wraps-whole-request": "tests/unit/test_gate.py::test_preparation_overlaps_another_inference "
+    "tests/unit/test_gate.py::test_finalize_overlaps_the_next_inference",
+    "no-gate-and-a-thread-per-job": "tests/unit/test_model.py::test_the_same_load_through_the_adapter_never_races",
     "to-thread-releases-the-gate-on-cancel": (
-        "tests/test_cancel.py::test_cancel_mid_inference_stops_within_one_step_and_holds_the_gate"
+        "tests/unit/test_cancel.py::test_cancel_mid_inference_stops_within_one_step_and_holds_the_gate"
     ),
-    "batch-ignores-compatibility": "tests/test_batching.py::test_incompatible_requests_are_not_merged",
-    "no-batching": ("tests/test_batching.py::test_compatible_waiting_requests_share_one_job_and_keep_their_own_images"),
-    "batch-ignores-max-size": "tests/test_batching.py::test_max_batch_size_bounds_the_images_in_a_job",
-    "one-cancel-stops-the-batch": "tests/test_batching.py::test_cancelling_one_member_does_not_fail_the_others",
-    "oom-no-retry": "tests/test_batching.py::test_out_of_memory_in_a_batch_is_retried_one_request_at_a_time",
-    "skip-in-progress": "tests/test_lifecycle.py::test_progress_outputs_never_rebuild_a_component",
+    "batch-ignores-compatibility": "tests/unit/test_batching.py::test_incompatible_requests_are_not_merged",
+    "no-batching": (
+        "tests/unit/test_batching.py::test_compatible_waiting_requests_share_one_job_and_keep_their_own_images"
+    ),
+    "batch-ignores-max-size": "tests/unit/test_batching.py::test_max_batch_size_bounds_the_images_in_a_job",
+    "one-cancel-stops-the-batch": "tests/unit/test_batching.py::test_cancelling_one_member_does_not_fail_the_others",
+    "oom-no-retry": "tests/unit/test_batching.py::test_out_of_memory_in_a_batch_is_retried_one_request_at_a_time",
+    "skip-in-progress": "tests/server/test_lifecycle.py::test_progress_outputs_never_rebuild_a_component",
     "ray-replica-without-a-gate": (
-        "tests/test_ray.py::test_requests_spread_over_both_replicas_one_inference_each_at_a_time"
+        "tests/server/test_ray.py::test_requests_spread_over_both_replicas_one_inference_each_at_a_time"
     ),
-    "ray-cancel-not-forwarded": "tests/test_ray.py::test_cancel_stops_the_remote_job_at_the_next_step",
-    "no-disconnect-watch": "tests/test_lifecycle.py::test_a_dropped_connection_stops_the_job",
-    "stop-answers-at-once": "tests/test_browser.py::test_stop_cancels_the_running_job",
-    "no-steps-validation": "tests/test_fuzz.py::test_raw_http_fuzz",
-    "no-sweeper": "tests/test_load.py::test_soak_memory_and_files_level_off",
-    "plain-close-on-signal": "tests/test_shutdown.py",
-    "zerogpu-passes-the-stop-event": "tests/test_zerogpu.py::test_the_app_on_zerogpu_serves_each_user_in_their_own_context",
+    "ray-cancel-not-forwarded": "tests/server/test_ray.py::test_cancel_stops_the_remote_job_at_the_next_step",
+    "no-disconnect-watch": "tests/server/test_lifecycle.py::test_a_dropped_connection_stops_the_job",
+    "stop-answers-at-once": "tests/browser/test_browser.py::test_stop_cancels_the_running_job",
+    "no-steps-validation": "tests/server/test_fuzz.py::test_raw_http_fuzz",
+    "no-sweeper": "tests/server/test_load.py::test_soak_memory_and_files_level_off",
+    "plain-close-on-signal": "tests/server/test_shutdown.py",
+    "zerogpu-passes-the-stop-event": "tests/server/test_zerogpu_app.py::test_the_app_on_zerogpu_serves_each_user_in_their_own_context",
     "zerogpu-runs-outside-the-users-context": (
-        "tests/test_zerogpu.py::test_the_app_on_zerogpu_serves_each_user_in_their_own_context"
+        "tests/server/test_zerogpu_app.py::test_the_app_on_zerogpu_serves_each_user_in_their_own_context"
     ),
-    "liveness-watch-never-looks": "tests/test_lifecycle.py::test_a_dropped_connection_stops_the_job",
-    "model-process-never-hears-stop": "tests/test_model_process.py::test_stop_reaches_the_model_process_at_its_next_step",
+    "liveness-watch-never-looks": "tests/server/test_lifecycle.py::test_a_dropped_connection_stops_the_job",
+    "model-process-never-hears-stop": "tests/unit/test_model_process.py::test_stop_reaches_the_model_process_at_its_next_step",
     "model-process-not-restarted": (
-        "tests/test_model_process.py::test_a_killed_model_process_fails_its_job_at_once_and_the_next_job_waits_for_the_new_one "
-        "tests/test_model_process.py::test_the_running_app_heals_when_its_model_process_is_killed_mid_job"
+        "tests/unit/test_model_process.py::test_a_killed_model_process_fails_its_job_at_once_and_the_next_job_waits_for_the_new_one "
+        "tests/server/test_model_process_app.py::test_the_running_app_heals_when_its_model_process_is_killed_mid_job"
     ),
     "recovering-not-reported": (
-        "tests/test_model_process.py::test_the_running_app_heals_when_its_model_process_is_killed_mid_job"
+        "tests/server/test_model_process_app.py::test_the_running_app_heals_when_its_model_process_is_killed_mid_job"
     ),
-    "join-ignores-compatibility": "tests/test_joining.py::test_different_samplers_never_share_a_loop "
-    "tests/test_joining.py::test_joiners_enter_in_fifo_order_and_an_incompatible_head_is_never_overtaken",
-    "leave-drops-another-member": "tests/test_joining.py::test_cancelling_one_member_leaves_the_others_untouched",
-    "joiner-waits-for-the-end": "tests/test_joining.py::test_a_joiner_is_sent_a_step_early_and_enters_as_the_leaving_member_goes",
-    "early-joiner-not-held": "tests/test_joining.py::test_the_model_side_holds_a_joiner_until_the_loop_has_room",
-    "swap-does-nothing": "tests/test_page.py::test_a_preset_sets_the_size_and_swap_exchanges_width_and_height",
+    "join-ignores-compatibility": "tests/unit/test_joining.py::test_different_samplers_never_share_a_loop "
+    "tests/unit/test_joining.py::test_joiners_enter_in_fifo_order_and_an_incompatible_head_is_never_overtaken",
+    "leave-drops-another-member": "tests/unit/test_joining.py::test_cancelling_one_member_leaves_the_others_untouched",
+    "joiner-waits-for-the-end": "tests/unit/test_joining.py::test_a_joiner_is_sent_a_step_early_and_enters_as_the_leaving_member_goes",
+    "early-joiner-not-held": "tests/unit/test_joining.py::test_the_model_side_holds_a_joiner_until_the_loop_has_room",
+    "swap-does-nothing": "tests/browser/test_page.py::test_a_preset_sets_the_size_and_swap_exchanges_width_and_height",
     "history-restores-nothing": (
-        "tests/test_page.py::test_history_keeps_two_generations_restores_one_and_downloads_all"
+        "tests/browser/test_page.py::test_history_keeps_two_generations_restores_one_and_downloads_all"
     ),
     "paste-fills-nothing": (
-        "tests/test_page.py::test_pasted_parameters_fill_the_controls_and_say_what_was_not_applied"
+        "tests/browser/test_page.py::test_pasted_parameters_fill_the_controls_and_say_what_was_not_applied"
     ),
-    "escape-does-nothing": "tests/test_page.py::test_enter_generates_and_escape_stops",
-    "unbounded-inputs": "tests/test_hostile.py::test_a_megabyte_paste_is_refused_at_once_and_health_keeps_answering",
-    "files-pass-the-door": "tests/test_hostile.py::test_file_shaped_payloads_are_refused_before_gradio_fetches_anything",
-    "every-route-open": "tests/test_hostile.py::test_urls_and_closed_routes_fetch_nothing",
+    "escape-does-nothing": "tests/browser/test_page.py::test_enter_generates_and_escape_stops",
+    "unbounded-inputs": "tests/server/test_hostile.py::test_a_megabyte_paste_is_refused_at_once_and_health_keeps_answering",
+    "files-pass-the-door": "tests/server/test_hostile.py::test_file_shaped_payloads_are_refused_before_gradio_fetches_anything",
+    "every-route-open": "tests/server/test_hostile.py::test_urls_and_closed_routes_fetch_nothing",
     "sessions-not-owned": (
-        "tests/test_hostile.py::test_history_and_zip_come_only_from_what_the_server_wrote_for_that_session"
+        "tests/server/test_hostile.py::test_history_and_zip_come_only_from_what_the_server_wrote_for_that_session"
     ),
     "no-join-rate": (
-        "tests/test_hostile.py::test_a_flood_of_fresh_sessions_is_refused_and_a_waiting_users_job_and_history_stay"
+        "tests/server/test_hostile.py::test_a_flood_of_fresh_sessions_is_refused_and_a_waiting_users_job_and_history_stay"
     ),
-    "one-login-one-user": "tests/test_hostile.py::test_two_people_on_one_login_from_two_addresses_both_get_in",
+    "one-login-one-user": "tests/server/test_hostile.py::test_two_people_on_one_login_from_two_addresses_both_get_in",
     "forwarded-for-believed": (
-        "tests/test_hostile.py::test_forged_and_repeated_forwarded_for_headers_name_nobody_else tests/test_identity.py"
+        "tests/server/test_hostile.py::test_forged_and_repeated_forwarded_for_headers_name_nobody_else tests/unit/test_identity.py"
     ),
-    "mcp-caller-unsealed": "tests/test_mcp.py::test_an_mcp_caller_is_who_it_connects_from_not_what_its_headers_say",
-    "mcp-outside-the-login": "tests/test_mcp.py::test_under_auth_mcp_needs_the_login_and_works_with_basic_or_bearer",
-    "mcp-disconnect-ignored": "tests/test_mcp.py::test_an_mcp_caller_that_disconnects_stops_its_job",
-    "no-cost-budget": "tests/test_hostile.py::test_an_over_budget_request_is_refused_before_the_queue",
+    "mcp-caller-unsealed": "tests/server/test_mcp.py::test_an_mcp_caller_is_who_it_connects_from_not_what_its_headers_say",
+    "mcp-outside-the-login": "tests/server/test_mcp.py::test_under_auth_mcp_needs_the_login_and_works_with_basic_or_bearer",
+    "mcp-disconnect-ignored": "tests/server/test_mcp.py::test_an_mcp_caller_that_disconnects_stops_its_job",
+    "no-cost-budget": "tests/server/test_hostile.py::test_an_over_budget_request_is_refused_before_the_queue",
     "no-connection-limits": (
-        "tests/test_hostile.py::test_slow_headers_a_huge_body_and_too_many_connections_are_cut_off"
+        "tests/server/test_hostile.py::test_slow_headers_a_huge_body_and_too_many_connections_are_cut_off"
     ),
-    "full-disk-leaves-a-tmp": "tests/test_limits.py::test_a_full_disk_says_retry_later_and_leaves_no_partial_file",
-    "temp-files-kept": "tests/test_hostile.py::test_gradio_temp_file_sets_stay_bounded_under_a_soak",
+    "full-disk-leaves-a-tmp": "tests/unit/test_limits.py::test_a_full_disk_says_retry_later_and_leaves_no_partial_file",
+    "temp-files-kept": "tests/server/test_hostile.py::test_gradio_temp_file_sets_stay_bounded_under_a_soak",
     "shares-ignored": (
-        "tests/test_sweeper.py::test_over_budget_only_identities_over_their_share_lose_files_and_the_unowned_go_first"
+        "tests/unit/test_sweeper.py::test_over_budget_only_identities_over_their_share_lose_files_and_the_unowned_go_first"
     ),
-    "prompt-lines-kept": "tests/test_a1111.py::test_a_prompts_line_breaks_cannot_plant_lines_and_quoted_values_round_trip "
-    "tests/test_hostile.py::test_a_prompts_newlines_plant_no_metadata_and_the_paste_reads_it_back",
-    "notes-rendered": "tests/test_a1111.py::test_the_notes_are_plain_text",
-    "ui-events-unbounded": "tests/test_hostile.py::test_a_megabyte_paste_is_refused_at_once_and_health_keeps_answering",
-    "auto-limit-off": "tests/test_limits.py::test_without_job_timeout_each_job_is_limited_by_the_measured_rate",
-    "paste-regex-backtracks": "tests/test_a1111.py::test_the_parser_reads_a_megabyte_of_its_worst_cases_in_one_pass",
+    "prompt-lines-kept": "tests/unit/test_a1111.py::test_a_prompts_line_breaks_cannot_plant_lines_and_quoted_values_round_trip "
+    "tests/server/test_hostile.py::test_a_prompts_newlines_plant_no_metadata_and_the_paste_reads_it_back",
+    "notes-rendered": "tests/unit/test_a1111.py::test_the_notes_are_plain_text",
+    "ui-events-unbounded": "tests/server/test_hostile.py::test_a_megabyte_paste_is_refused_at_once_and_health_keeps_answering",
+    "auto-limit-off": "tests/unit/test_limits.py::test_without_job_timeout_each_job_is_limited_by_the_measured_rate",
+    "paste-regex-backtracks": "tests/unit/test_a1111.py::test_the_parser_reads_a_megabyte_of_its_worst_cases_in_one_pass",
     "guidance-always-guidance-scale": (
-        "tests/test_family_matrix_2026.py::test_the_same_pixels_as_a_plain_diffusers_call_and_the_controls[qwen-image]"
+        "tests/server/test_family_matrix_2026.py::test_the_same_pixels_as_a_plain_diffusers_call_and_the_controls[qwen-image]"
     ),
-    "packed-previews-not-unpacked": "tests/test_family_matrix_2026.py::test_progress_cancel_and_previews[flux2-dev]",
-    "previews-for-everyone": "tests/test_live_previews.py",
-    "previews-at-full-size": "tests/test_live_previews.py "
-    "tests/test_model_process.py::test_a_step_crosses_as_a_few_bytes_and_a_preview_as_a_small_jpeg",
-    "previews-every-step": "tests/test_model_process.py::test_a_step_crosses_as_a_few_bytes_and_a_preview_as_a_small_jpeg",
+    "packed-previews-not-unpacked": "tests/server/test_family_matrix_2026.py::test_progress_cancel_and_previews[flux2-dev]",
+    "previews-for-everyone": "tests/server/test_live_previews.py",
+    "previews-at-full-size": "tests/server/test_live_previews.py "
+    "tests/unit/test_model_process.py::test_a_step_crosses_as_a_few_bytes_and_a_preview_as_a_small_jpeg",
+    "previews-every-step": "tests/unit/test_model_process.py::test_a_step_crosses_as_a_few_bytes_and_a_preview_as_a_small_jpeg",
     "z-image-loop-without-guidance": (
-        "tests/test_joining_families.py::test_the_same_images_alone_and_after_joining_mid_run[z-image-default]"
+        "tests/unit/test_joining_families.py::test_the_same_images_alone_and_after_joining_mid_run[z-image-default]"
     ),
-    "lora-adapter-ignored": "tests/test_lora.py::test_an_adapter_changes_the_picture_and_equals_plain_diffusers",
-    "lora-previous-adapter-leaks": "tests/test_lora.py::test_none_equals_no_adapters_and_the_last_adapter_never_leaks",
+    "lora-adapter-ignored": "tests/unit/test_lora.py::test_an_adapter_changes_the_picture_and_equals_plain_diffusers",
+    "lora-previous-adapter-leaks": "tests/unit/test_lora.py::test_none_equals_no_adapters_and_the_last_adapter_never_leaks",
     "lora-mixed-batch-one-adapter": (
-        "tests/test_lora.py::test_members_with_different_adapters_share_each_denoiser_call_with_their_own_pixels"
+        "tests/unit/test_lora.py::test_members_with_different_adapters_share_each_denoiser_call_with_their_own_pixels"
     ),
-    "thread-off-the-map": "tests/test_concurrency_map.py::test_every_thread_of_a_running_app_is_on_the_map",
+    "thread-off-the-map": "tests/server/test_concurrency_map.py::test_every_thread_of_a_running_app_is_on_the_map",
 }
 
 

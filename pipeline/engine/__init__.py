@@ -7,5 +7,5 @@
 - ``loop``: step-level joining: the driver (``joining``) and each family's denoising loop.
 
 ``hosting`` drives the other two; the loops read the model through ``loop.loop_base.LoopHost`` (so no
-module imports one that imports it back: ``tests/test_layout.py`` checks there is no cycle).
+module imports one that imports it back: ``tests/unit/test_layout.py`` checks there is no cycle).
 """

@@ -3,7 +3,7 @@
 One more reach into Gradio lives beside the feature that needs it: ``mcp_tool.py`` wraps the MCP
 server's output conversion (it checks the method's signature when the page is built).
 
-``tests/test_gradio_internals.py`` checks each of them against the installed Gradio, so an upgrade
+``tests/unit/test_gradio_internals.py`` checks each of them against the installed Gradio, so an upgrade
 that renames one fails loudly there instead of silently in production.
 """
 

@@ -19,7 +19,7 @@ tuple unpacked, each gallery image as a top-level file, the info dict as a JSON 
 makes each image an image block (plus its URL, for clients that cannot show images) and passes the
 JSON through as text. The ``/generate`` event, its two outputs and the queue (its concurrency limit,
 ``max_size``, cancel on disconnect) are untouched; only the MCP server's rendering of the result
-changes. ``tests/test_mcp.py`` checks the result through the real MCP client, on both paths.
+changes. ``tests/server/test_mcp.py`` checks the result through the real MCP client, on both paths.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ class Postprocess:
     (paths, records, text: tens of microseconds), and in a worker thread when they do (a live
     preview: its JPEG bytes, encoded by the model side, are written into Gradio's cache as they
     are, ``cached_preview``; a picture would be saved as a PNG); Gradio then walks each value once.
-    ``tests/test_postprocess_outputs.py`` checks that callers get the messages Gradio's own step sends.
+    ``tests/server/test_postprocess_outputs.py`` checks that callers get the messages Gradio's own step sends.
     """
 
     def __init__(self, components: Sequence[Any]) -> None:

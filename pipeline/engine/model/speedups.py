@@ -7,7 +7,7 @@ thread, before the warm-up:
   which cuDNN's tensor-core convolutions prefer. A transformer denoiser (FLUX, SD3, PixArt, Sana)
   has no convolutions to speak of and is left alone (the VAE is still converted). On the 2-core
   CPU the embedded model ran 8 % faster at 64-128 px and no faster at 256 px
-  (``tests/test_compile.py``'s module docstring has the figures).
+  (``tests/server/test_compile.py``'s module docstring has the figures).
 - **compile** wraps the denoiser (``pipe.unet`` or ``pipe.transformer``) in ``torch.compile``. On
   CUDA ``mode="reduce-overhead"``: inductor's kernels replayed as CUDA graphs, which removes the
   per-kernel launch cost that bounds a fast GPU on few-step models (the seeds' choice over side

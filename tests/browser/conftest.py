@@ -1,0 +1,32 @@
+"""The browser tier's fixtures: one Debian chromium per module, driven by Playwright (no browser download),
+and the module's page on its app (``app_url``, which each module launches with its own flags).
+
+A module's page is 1280 x 1080 unless the module sets ``VIEWPORT``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import pytest
+
+from tests.pages import CHROMIUM, CHROMIUM_ARGS, open_ready
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture(scope="module")
+def page(request: pytest.FixtureRequest, browser: Any, app_url: str) -> Iterator[Any]:
+    """The desktop page, loaded with its panels open and ready (``pages.open_ready``)."""
+    page = browser.new_page(viewport=getattr(request.module, "VIEWPORT", {"width": 1280, "height": 1080}))
+    open_ready(page, app_url)
+    yield page
+    page.close()

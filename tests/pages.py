@@ -1,0 +1,96 @@
+"""Helpers for the browser tests (``tests/browser/``): Debian's chromium driven by Playwright (no browser
+download). The tier's marks and its skip without chromium come from the folder (``tests/conftest.py``)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.helpers import ROOT, wait_for
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+# Screenshots are kept as test artifacts (CI can upload the folder); git ignores it.
+ARTIFACTS = Path(os.environ.get("T2I_TEST_ARTIFACTS", ROOT / "test-artifacts"))
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+DONE = re.compile(r"done in \d+\.\d\d s")  # the status line once a generation has ended
+SUMMARY = "#summary [data-testid=markdown]"  # the text alone (the status tracker beside it has a timer)
+PHONE = dict(viewport={"width": 390, "height": 844}, device_scale_factor=2, is_mobile=True, has_touch=True)
+
+
+def open_accordion(page: Any, elem_id: str) -> None:
+    """Open the accordion ``#elem_id`` if it is closed (a closed accordion's controls are not in the page)."""
+    label = page.locator(f"#{elem_id} > button.label-wrap").first
+    label.wait_for(timeout=60_000)
+    if "open" not in (label.get_attribute("class") or "").split():
+        label.click()
+    page.locator(f"#{elem_id} > button.label-wrap.open").first.wait_for(timeout=10_000)
+
+
+def open_ready(page: Any, url: str, *, panels: tuple[str, ...] = ("advanced", "info-panel")) -> None:
+    """Load the app, open ``panels`` and wait until its load event ran (it switches live preview on)."""
+    page.goto(url)
+    page.locator("#prompt textarea").wait_for(timeout=60_000)
+    for panel in panels:
+        open_accordion(page, panel)
+    if "advanced" in panels:
+        deadline = time.monotonic() + 60
+        while not page.locator("#live-preview input").is_checked() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert page.locator("#live-preview input").is_checked()
+
+
+def shot(page: Any, name: str, *, full_page: bool = True) -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=full_page)
+    return path
+
+
+def set_number(page: Any, elem_id: str, value: float) -> None:
+    """Type a slider's value and wait until the slider has taken it (its range input follows)."""
+    box = page.locator(f"#{elem_id} input[type=number]")
+    box.fill(str(value))
+    box.press("Enter")
+    wait_value(page.locator(f"#{elem_id} input[type=range]"), str(value))
+
+
+def set_steps(page: Any, n: int) -> None:
+    set_number(page, "steps", n)
+
+
+def set_size(page: Any, n: int) -> None:
+    for side in ("width", "height"):
+        set_number(page, side, n)
+
+
+def wait_value(locator: Any, expected: str, timeout: float = 20.0) -> None:
+    """Wait until an input shows ``expected`` (the page's events update it after a round trip)."""
+    deadline = time.monotonic() + timeout
+    while locator.input_value() != expected and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert locator.input_value() == expected, (locator.input_value(), expected)
+
+
+def generate(page: Any, prompt: str, *, steps: int | None = None) -> None:
+    """Generate from the desktop page and wait for this request's images, summary and place in the history."""
+    if steps is not None:
+        set_steps(page, steps)
+    summary, kept = page.locator(SUMMARY).inner_text(), page.locator("#history img").count()
+    page.locator("#prompt textarea").fill(prompt)
+    page.locator("#generate").click()
+    # The summary and the history follow the images (an event of their own, after the generation).
+    wait_for(lambda: page.locator("#history img").count() > kept, f"the images of {prompt!r} in the history", 60)
+    wait_for(lambda: page.locator(SUMMARY).inner_text() not in ("", summary), "the summary", timeout=30)
+    page.locator("#status").get_by_text(DONE).wait_for(timeout=30_000)

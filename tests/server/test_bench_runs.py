@@ -1,0 +1,92 @@
+"""The benchmarks run end to end, each in a quick mode: every figure present and finite, no timing thresholds."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.bench_checks import check, check_cpu, check_ray
+from tests.helpers import ROOT
+
+
+def test_quick_mode_end_to_end(tmp_path: Path) -> None:
+    """``python -m bench --quick`` runs every section (under two minutes on 2 cores)."""
+    out = tmp_path / "bench.json"
+    subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--json", str(out)],
+        cwd=ROOT,
+        check=True,
+        timeout=600,
+        capture_output=True,
+    )
+    check(json.loads(out.read_text()))
+
+
+@pytest.mark.slow
+def test_ray_quick_mode_end_to_end(tmp_path: Path) -> None:
+    """``python -m bench --backend ray --quick`` (about 2 minutes on 2 cores, most of it starting Ray)."""
+    pytest.importorskip("ray")
+    out = tmp_path / "ray.json"
+    subprocess.run(
+        [sys.executable, "-m", "bench", "--backend", "ray", "--quick", "--json", str(out)],
+        cwd=ROOT,
+        check=True,
+        timeout=600,
+        capture_output=True,
+    )
+    check_ray(json.loads(out.read_text()))
+
+
+def test_the_fast_device_benchmark_runs_end_to_end(tmp_path: Path) -> None:
+    """``python -m bench.fast --quick``: every row complete and finite (no timing thresholds)."""
+    out = tmp_path / "fast.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.fast", "--quick", "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    rows = result["rows"]
+    assert [r["profile"] for r in rows] == ["null", "sd-turbo-like"]
+    assert rows[0]["app_over_raw"] is None and 0 < rows[1]["app_over_raw"] < 10
+    assert all(r["errors"] == 0 and r["requests"] >= 24 and r["server_cpu_ms_per_request"] > 0 for r in rows)
+    # a round lasts at least QUICK_ROUND_SECONDS: on the null device, far more than 3 requests a caller
+    assert rows[0]["requests"] > 48
+    # the default model side, its inference under load over alone, the whole tree's memory
+    assert all(r["model_side"] == "process" and r["inference_load_over_idle"] > 0 for r in rows)
+    assert all(r["peak_tree_rss_mb"] > 100 for r in rows)
+    (rejected,) = [s["rejected"] for s in result["servers"] if "rejected" in s]
+    assert rejected["clients"] == 16 and rejected["idle_p99_ms"] > 0 and rejected["load_p99_ms"] > 0
+
+
+def test_the_alternated_cpu_benchmark_runs_end_to_end(tmp_path: Path) -> None:
+    """``python -m bench.cpu``: each configuration measured in every round, the Gradio floor included."""
+    out = tmp_path / "cpu.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.cpu",
+            "--rounds",
+            "2",
+            "--seconds",
+            "1",
+            "--configs",
+            "thread,floor",
+            "--json",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    check_cpu(json.loads(out.read_text()), {"thread", "floor"})

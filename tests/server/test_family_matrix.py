@@ -1,0 +1,247 @@
+"""Every model family a user can pick, served correctly, through the launched app and ``gradio_client``.
+
+Each family is a tiny random-weight pipeline built from configs (``tests/families.py``) with the
+family's real VAE factor, latent channels, default size, schedulers and text encoders, loaded by the
+app through ``from_pretrained`` from disk. The rows: it starts (warm-up with a valid step count), its
+defaults and limits come from the model, the negative prompt means something or is refused, every
+offered size works and a wrong one is named, progress and cancel work, the pixels equal a plain
+diffusers call's, the long-prompt note names the encoder that cut, and batching keeps each image.
+The table of outcomes is written to ``test-artifacts/family-matrix.md`` (the README's table).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.families import built_family
+from tests.helpers import ROOT, raw_request, running_app, wait_for
+
+pytestmark = pytest.mark.timeout(600)
+
+# family: (steps, guidance, size multiple, negative prompt offered, the encoder a 100-word prompt hits)
+EXPECTED: dict[str, tuple[int, float, int, bool, str]] = {
+    "sd1": (50, 7.5, 8, True, "CLIP"),
+    "sd2-v": (50, 7.5, 8, True, "CLIP"),
+    "sdxl": (50, 5.0, 8, True, "CLIP"),
+    "sd3": (28, 7.0, 16, True, "CLIP"),
+    "flux-schnell": (4, 0.0, 16, False, "CLIP"),
+    "flux-dev": (28, 3.5, 16, False, "CLIP"),
+    "pixart-alpha": (20, 4.5, 16, True, "T5"),
+    "pixart-sigma": (20, 4.5, 16, True, "T5"),
+    "sana": (20, 4.5, 32, True, "Gemma"),
+}
+FAMILIES = list(EXPECTED)
+RESULTS: dict[str, dict[str, str]] = {}
+SERVED_MAX_GUIDANCE = [1.5]  # the family being served's top guidance (the fixture sets it)
+ROWS = (
+    "starts",
+    "defaults",
+    "negative prompt",
+    "sizes",
+    "progress + cancel",
+    "same pixels",
+    "long prompt",
+    "batching + seed",
+)
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any, Any]]:
+    from gradio_client import Client
+
+    family = str(request.param)
+    folder = built_family(family)
+    tmp = tmp_path_factory.mktemp(family)
+    # The model on a thread of the test process: the family is under test here, not the model process
+    # (tests/unit/test_model_process.py), which would cost each family ~8 s to start.
+    with running_app(tmp, "--model", str(folder), "--model-side", "thread", "--max-batch-size", "4") as (
+        url,
+        _demo,
+        adapter,
+    ):
+        RESULTS.setdefault(family, {})["starts"] = "yes"
+        SERVED_MAX_GUIDANCE[0] = adapter.profile.max_guidance
+        yield family, Client(url, verbose=False, download_files=str(tmp / "dl")), adapter
+
+
+def record(family: str, row: str, text: str = "yes") -> None:
+    RESULTS.setdefault(family, {})[row] = text
+
+
+def pixels(gallery: list[dict[str, Any]], i: int = 0) -> np.ndarray:
+    with Image.open(gallery[i]["image"]) as image:
+        return np.asarray(image.convert("RGB"), dtype=np.float32) / 255
+
+
+def generate(client: Any, **over: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    gallery, info = client.predict(**request(None, **over), api_name="/generate")
+    return gallery, info
+
+
+def request(adapter: Any = None, **over: Any) -> dict[str, Any]:
+    """``raw_request`` with a guidance the family accepts (1.5; a guidance-distilled one has only 0)."""
+    top = adapter.profile.max_guidance if adapter is not None else SERVED_MAX_GUIDANCE[0]
+    return raw_request(**{"guidance_scale": min(1.5, top), **over})
+
+
+def steps_for(family: str) -> int:
+    return 2  # every family's fewest valid steps (PixArt's scheduler fails at 1)
+
+
+def test_defaults_and_limits_come_from_the_model(served: tuple[str, Any, Any]) -> None:
+    family, _, adapter = served
+    steps, guidance, multiple, negative, _ = EXPECTED[family]
+    p = adapter.profile
+    assert (p.default_steps, p.default_guidance, p.size_multiple, p.supports_negative_prompt) == (
+        steps,
+        guidance,
+        multiple,
+        negative,
+    ), p
+    assert p.min_steps <= 2 and p.default_width % multiple == 0
+    record(family, "defaults", f"{steps} steps, guidance {guidance:g}")
+
+
+def test_the_negative_prompt_changes_the_image_or_is_refused(served: tuple[str, Any, Any]) -> None:
+    from gradio_client.exceptions import ValidationError
+
+    family, client, adapter = served
+    size = max(64, adapter.profile.size_multiple * 4)
+    gs = min(5.0, adapter.profile.max_guidance)
+    plain = dict(width=size, height=size, num_inference_steps=steps_for(family), seed=11, guidance_scale=gs)
+    if EXPECTED[family][3]:
+        without, _ = generate(client, **plain)
+        with_negative, _ = generate(client, negative_prompt="a blue square", **plain)
+        assert np.abs(pixels(without) - pixels(with_negative)).mean() > 1e-3
+        record(family, "negative prompt", "changes the image")
+    else:
+        with pytest.raises(ValidationError, match="negative_prompt must be empty"):
+            generate(client, negative_prompt="a blue square", **plain)
+        record(family, "negative prompt", "hidden; refused by the API")
+
+
+def test_every_offered_size_works_and_a_wrong_one_names_the_multiple(served: tuple[str, Any, Any]) -> None:
+    from gradio_client.exceptions import ValidationError
+
+    family, client, adapter = served
+    m = adapter.profile.size_multiple
+    width, height = max(64, m * 2), max(64, m * 2) + m  # not square, each a multiple
+    gallery, _info = generate(client, width=width, height=height, num_inference_steps=steps_for(family))
+    with Image.open(gallery[0]["image"]) as image:
+        assert image.size == (width, height)
+    if m > 8:
+        with pytest.raises(ValidationError, match=f"height must be a multiple of {m}"):
+            generate(client, width=width, height=height + 8, num_inference_steps=steps_for(family))
+    record(family, "sizes", f"multiples of {m}")
+
+
+def test_progress_and_cancel(served: tuple[str, Any, Any]) -> None:
+    family, client, adapter = served
+    steps = min(60, adapter.profile.max_steps)
+    job = client.submit(
+        **request(adapter, width=64, height=64, num_inference_steps=steps, live_preview=True), api_name="/generate"
+    )
+    # The first preview comes at once; later ones at most every 0.25 s, and a short job (FLUX schnell's
+    # 8 steps here) may end before another: cancel at the first step reported, or find the job done.
+    wait_for(
+        lambda: any(o[1].get("status") == "running" and o[1].get("step", 0) >= 1 for o in job.outputs()) or job.done(),
+        "a step reported",
+        timeout=120,
+    )
+    job.cancel()
+    wait_for(lambda: not adapter.inference_in_progress, "the cancelled job left the model", timeout=60)
+    registry = adapter.metrics.registry
+    after = registry.get_sample_value("steps_after_stop_sum") / max(
+        1, registry.get_sample_value("steps_after_stop_count")
+    )
+    assert after <= 1, f"{after} steps ran after the stop"
+    shown = client.submit(
+        **request(adapter, width=64, height=64, num_inference_steps=8, live_preview=True), api_name="/generate"
+    )
+    _, info = shown.result(timeout=300)
+    previews = [o[0] for o in shown.outputs() if o[1].get("status") == "running" and o[0]]
+    assert info["status"] == "done" and len(previews) >= 1, "no live preview"
+    record(family, "progress + cancel", f"yes; {len(previews)} previews in 8 steps")
+
+
+def test_the_same_pixels_as_a_plain_diffusers_call(served: tuple[str, Any, Any]) -> None:
+    import torch
+    from diffusers import DiffusionPipeline
+
+    family, client, adapter = served
+    size = max(64, adapter.profile.size_multiple * 4)
+    gs = min(4.0, adapter.profile.max_guidance)
+    args = dict(width=size, height=size, num_inference_steps=steps_for(family), guidance_scale=gs, seed=5)
+    gallery, _ = generate(client, **args)
+    pipe = DiffusionPipeline.from_pretrained(str(built_family(family)))
+    pipe.set_progress_bar_config(disable=True)
+    with torch.inference_mode():
+        plain = pipe(
+            prompt=["a red circle"],
+            width=size,
+            height=size,
+            num_inference_steps=args["num_inference_steps"],
+            guidance_scale=gs,
+            generator=[torch.Generator("cpu").manual_seed(5)],
+        ).images[0]
+    diff = float(np.abs(pixels(gallery) - np.asarray(plain, dtype=np.float32) / 255).mean())
+    assert diff <= 1 / 255, diff
+    record(family, "same pixels", f"yes ({diff * 255:.2f}/255)")
+
+
+def test_the_long_prompt_note_names_the_encoder_that_cut_it(served: tuple[str, Any, Any]) -> None:
+    family, client, adapter = served
+    encoders = dict(adapter.profile.text_encoders)
+    encoder = EXPECTED[family][4]
+    words = encoders[encoder] + 40
+    _, info = generate(client, prompt="red " * words, width=64, height=64, num_inference_steps=steps_for(family))
+    assert any(f"the {encoder} text encoder reads the first {encoders[encoder]}" in w for w in info["warnings"]), info
+    record(family, "long prompt", ", ".join(f"{e} {n}" for e, n in encoders.items()))
+
+
+def test_batching_keeps_each_image_and_a_seed_repeats(served: tuple[str, Any, Any]) -> None:
+    family, client, adapter = served
+    common = dict(
+        width=64,
+        height=64,
+        num_inference_steps=steps_for(family),
+        guidance_scale=min(1.5, adapter.profile.max_guidance),
+    )
+    alone, _ = generate(client, seed=21, **common)
+    again, _ = generate(client, seed=21, **common)
+    assert np.array_equal(pixels(alone), pixels(again))
+    blocker = client.submit(
+        **request(adapter, width=256, height=256, num_inference_steps=min(30, adapter.profile.max_steps), seed=1),
+        api_name="/generate",
+    )
+    wait_for(lambda: any(o[1].get("status") == "running" for o in blocker.outputs()), "the blocker runs", 120)
+    jobs = [
+        client.submit(**request(seed=s, prompt=p, **common), api_name="/generate")
+        for s, p in ((21, "a red circle"), (22, "a green star"))
+    ]
+    results = [job.result(timeout=300) for job in jobs]
+    blocker.result(timeout=300)
+    sizes = [info["batch_size"] for _, info in results]
+    assert sizes == [2, 2], sizes  # both waited behind the blocker and shared one job
+    diff = float(np.abs(pixels(results[0][0]) - pixels(alone)).mean())
+    assert diff <= 1 / 255, diff
+    record(family, "batching + seed", f"batch of {max(sizes)}, {diff * 255:.2f}/255 from alone")
+
+
+def test_zz_write_the_matrix(served: tuple[str, Any, Any]) -> None:
+    """Writes the family x capability table (after the family's other rows ran)."""
+    family = served[0]
+    assert RESULTS.get(family, {}).get("starts") == "yes"
+    out = Path(os.environ.get("T2I_TEST_ARTIFACTS", ROOT / "test-artifacts"))
+    out.mkdir(parents=True, exist_ok=True)
+    lines = ["| family | " + " | ".join(ROWS) + " |", "|---|" + "---|" * len(ROWS)]
+    for name in FAMILIES:
+        if name in RESULTS:
+            lines.append(f"| {name} | " + " | ".join(RESULTS[name].get(row, "FAILED") for row in ROWS) + " |")
+    (out / "family-matrix.md").write_text("\n".join(lines) + "\n")

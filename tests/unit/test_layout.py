@@ -1,0 +1,237 @@
+"""The layout shows the architecture: imports run one way, modules stay small, serving trains nothing."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT
+
+PIPELINE = ROOT / "pipeline"
+
+
+def imports_of(path: Path) -> set[str]:
+    """Absolute names of the modules ``path`` imports (relative imports resolved against its package)."""
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join([*base, node.module] if node.module else base)
+            else:
+                module = node.module or ""
+            names.add(module)
+            names.update(f"{module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def modules(folder: str) -> list[Path]:
+    return sorted((PIPELINE / folder).rglob("*.py"))
+
+
+@pytest.mark.parametrize(
+    ("folder", "forbidden"),
+    [
+        ("serving", ("torch", "diffusers", "gradio", "pipeline.engine", "pipeline.web", "pipeline.ray")),
+        ("engine", ("gradio", "pipeline.serving", "pipeline.web", "pipeline.ray")),
+        ("web", ("torch", "diffusers", "pipeline.engine", "pipeline.ray", "pipeline.serving.local")),
+    ],
+)
+def test_imports_run_one_way(folder: str, forbidden: tuple[str, ...]) -> None:
+    bad = {
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in modules(folder)
+        for name in imports_of(path)
+        if any(name == f or name.startswith(f + ".") for f in forbidden)
+    }
+    assert not bad, sorted(bad)
+
+
+def test_only_the_backend_choice_imports_ray() -> None:
+    importers = {
+        str(path.relative_to(ROOT))
+        for path in [ROOT / "app.py", *PIPELINE.rglob("*.py")]
+        if "pipeline/ray/" not in str(path) and any(n.startswith("pipeline.ray") for n in imports_of(path))
+    }
+    assert importers == {"app.py"}
+
+
+def test_serving_imports_only_the_default_models_public_surface() -> None:
+    from pipeline import default_model
+
+    public = set(default_model.__all__)
+    for path in [ROOT / "app.py", *PIPELINE.rglob("*.py")]:
+        if "default_model" in path.parts:
+            continue
+        deep = {n for n in imports_of(path) if n.startswith("pipeline.default_model.")}
+        deep -= {f"pipeline.default_model.{name}" for name in public}
+        assert not deep, f"{path.relative_to(ROOT)} reaches into {sorted(deep)}"
+    code = (
+        "import sys, pipeline.default_model, pipeline.serving.local, pipeline.web.layout; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'diffusers', 'transformers')"
+        " or m.startswith('pipeline.default_model.train')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_no_module_of_the_app_or_the_benchmark_is_over_400_lines() -> None:
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in [ROOT / "app.py", *PIPELINE.rglob("*.py"), *(ROOT / "bench").rglob("*.py")]
+        if (n := len(p.read_text().splitlines())) > 400
+    }
+    assert not long, long
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    """The pipeline modules ``path`` imports at module level, ``if TYPE_CHECKING:`` blocks included
+    (a function's own deferred import is not an edge: it runs after both modules are loaded)."""
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    tree = ast.parse(path.read_text())
+    nodes = list(tree.body)
+    for node in tree.body:
+        if isinstance(node, ast.If):  # if TYPE_CHECKING: ...
+            nodes.extend(node.body)
+    found: set[str] = set()
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join([*base, node.module] if node.module else base)
+            else:
+                module = node.module or ""
+            targets = [module, *(f"{module}.{a.name}" for a in node.names)]
+        elif isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        else:
+            continue
+        found.update(t for t in targets if (ROOT / (t.replace(".", "/") + ".py")).exists())
+    return found
+
+
+def test_no_import_cycle_in_the_pipeline_not_even_a_type_only_one() -> None:
+    """Issue 30: ``diffusers_model`` <-> ``loop_base`` was a type-only cycle; the loops now read the
+    model through ``loop_base.LoopHost``. Any module-level cycle (type-only ones too) fails here."""
+    graph = {
+        ".".join(p.relative_to(ROOT).with_suffix("").parts): _top_level_imports(p)
+        for p in PIPELINE.rglob("*.py")
+        if p.name != "__init__.py"
+    }
+    cycles = []
+
+    def visit(node: str, path: list[str]) -> None:
+        for nxt in graph.get(node, ()):
+            if nxt in path:
+                cycles.append([*path[path.index(nxt) :], nxt])
+            elif len(path) < 12:
+                visit(nxt, [*path, nxt])
+
+    for start in graph:
+        visit(start, [start])
+    assert not cycles, sorted({" -> ".join(c) for c in cycles})[:5]
+
+
+# -- the tests' own layout: a tier per folder, marks from the folder, shared code in helper modules ----------
+
+TESTS = ROOT / "tests"
+TIERS = ("unit", "server", "browser")
+
+
+def _test_modules() -> list[Path]:
+    return sorted(TESTS.rglob("test_*.py"))
+
+
+def test_every_test_module_lives_in_its_tier_folder() -> None:
+    misplaced = [
+        str(p.relative_to(ROOT)) for p in _test_modules() if p.parent.parent != TESTS or p.parent.name not in TIERS
+    ]
+    assert not misplaced, f"a test module lives in tests/unit, tests/server or tests/browser: {misplaced}"
+    assert all((TESTS / tier / "__init__.py").exists() for tier in TIERS)
+    assert {p.parent.name for p in _test_modules()} == set(TIERS)
+
+
+def test_the_folder_gives_the_marks_no_module_marks_its_own_tier() -> None:
+    own = {
+        f"{p.relative_to(ROOT)}:{node.lineno}"
+        for p in _test_modules()
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, ast.Attribute) and node.attr in ("server", "browser")
+        if isinstance(node.value, ast.Attribute) and node.value.attr == "mark"
+    }
+    assert not own, sorted(own)
+
+
+def test_a_test_module_imports_no_other_test_module() -> None:
+    """What two modules share lives in a helper module (``tests/helpers.py``, ``loras.py``, ``pages.py``,
+    ``bench_checks.py``, ...), not in one of the tests."""
+    crossing = {
+        f"{p.relative_to(ROOT)} imports {name}"
+        for p in _test_modules()
+        for name in imports_of(p)
+        if name.startswith("tests.") and any(part.startswith("test_") for part in name.split(".")[1:])
+    }
+    assert not crossing, sorted(crossing)
+
+
+# What launches an app or drives a browser: none of it belongs in the fast tier.
+OUTSIDE_UNIT = ("tests.helpers.running_app", "tests.helpers.app_process", "tests.pages", "playwright", "gradio_client")
+
+
+def test_a_unit_module_launches_no_app_and_drives_no_browser() -> None:
+    found = {
+        f"{p.relative_to(ROOT)} imports {name}"
+        for p in sorted((TESTS / "unit").glob("test_*.py"))
+        for name in imports_of(p)
+        if any(name == f or name.startswith(f + ".") for f in OUTSIDE_UNIT)
+    }
+    assert not found, sorted(found)
+
+
+def _fixtures(path: Path) -> set[str]:
+    def is_fixture(d: ast.expr) -> bool:
+        target = d.func if isinstance(d, ast.Call) else d
+        return isinstance(target, ast.Attribute) and target.attr == "fixture"
+
+    return {
+        node.name
+        for node in ast.parse(path.read_text()).body
+        if isinstance(node, ast.FunctionDef) and any(is_fixture(d) for d in node.decorator_list)
+    }
+
+
+def test_a_conftest_fixture_is_defined_once() -> None:
+    shared = {name: conftest for conftest in TESTS.rglob("conftest.py") for name in _fixtures(conftest)}
+    assert {"fake", "launch", "client", "browser", "page"} <= set(shared)
+    again = {
+        f"{p.relative_to(ROOT)} defines {name} ({shared[name].relative_to(ROOT)} has it)"
+        for p in _test_modules()
+        for name in _fixtures(p) & set(shared)
+    }
+    assert not again, sorted(again)
+
+
+def test_every_test_the_repository_names_exists() -> None:
+    """A test module's path (``tests/<tier>/test_<name>.py``, or a node id ``...::test_<name>``) in the
+    docs, the code or the mutants' table names a module, and a function in it, that exist; a path from
+    before the tier folders (``tests/test_<name>.py``) fails."""
+    import re
+
+    sources = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "tools").rglob("*.py")]
+    sources += [*PIPELINE.rglob("*.py"), *(ROOT / "bench").rglob("*.py"), *TESTS.rglob("*.py")]
+    missing = set()
+    for source in sources:
+        for path, name in re.findall(
+            r"\btests/((?:unit/|server/|browser/)?test_\w+\.py)(?:::(\w+))?", source.read_text()
+        ):
+            module = TESTS / path
+            if not module.exists() or (name and not re.search(rf"^(async )?def {name}\(", module.read_text(), re.M)):
+                missing.add(f"{source.relative_to(ROOT)} names tests/{path}{'::' + name if name else ''}")
+    assert not missing, sorted(missing)
