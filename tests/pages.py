@@ -59,11 +59,22 @@ def shot(page: Any, name: str, *, full_page: bool = True) -> Path:
 
 
 def set_number(page: Any, elem_id: str, value: float) -> None:
-    """Type a slider's value and wait until the slider has taken it (its range input follows)."""
-    box = page.locator(f"#{elem_id} input[type=number]")
+    """Type a slider's value and wait until the slider has taken it (its range input follows).
+
+    Typed again if it has not taken it within a few seconds: on a busy 2-core machine a tab opened
+    a moment ago can drop its first edit (seen once: the range stayed at the default for 20 s)."""
+    box, slider = page.locator(f"#{elem_id} input[type=number]"), page.locator(f"#{elem_id} input[type=range]")
+    for _ in range(2):
+        box.fill(str(value))
+        box.press("Enter")
+        deadline = time.monotonic() + 7
+        while slider.input_value() != str(value) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if slider.input_value() == str(value):
+            return
     box.fill(str(value))
     box.press("Enter")
-    wait_value(page.locator(f"#{elem_id} input[type=range]"), str(value))
+    wait_value(slider, str(value))
 
 
 def set_steps(page: Any, n: int) -> None:

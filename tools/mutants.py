@@ -110,8 +110,8 @@ TESTS: dict[str, str] = {
     "packed-previews-not-unpacked": "tests/server/test_family_matrix_2026.py::test_progress_cancel_and_previews[flux2-dev]",
     "previews-for-everyone": "tests/server/test_live_previews.py",
     "previews-at-full-size": "tests/server/test_live_previews.py "
-    "tests/unit/test_model_process.py::test_a_step_crosses_as_a_few_bytes_and_a_preview_as_a_small_jpeg",
-    "previews-every-step": "tests/unit/test_model_process.py::test_a_step_crosses_as_a_few_bytes_and_a_preview_as_a_small_jpeg",
+    "tests/server/test_model_process_app.py::test_a_step_crosses_as_a_few_bytes_and_a_preview_as_a_small_jpeg",
+    "previews-every-step": "tests/server/test_model_process_app.py::test_a_step_crosses_as_a_few_bytes_and_a_preview_as_a_small_jpeg",
     "z-image-loop-without-guidance": (
         "tests/unit/test_joining_families.py::test_the_same_images_alone_and_after_joining_mid_run[z-image-default]"
     ),

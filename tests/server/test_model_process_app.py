@@ -1,5 +1,6 @@
-"""The launched app with its model in a process of its own: a lean server process, and healing when
-that process is killed mid-job (the process side on its own is in ``tests/unit/test_model_process.py``)."""
+"""The real model in a process of its own: what a step and a preview cost on the socket, a lean server
+process, and healing when that process is killed mid-job (the process side with the fake model is in
+``tests/unit/test_model_process.py``)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,14 @@ import sys
 import textwrap
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from PIL import Image
 
+from pipeline.engine.hosting.process import ProcessSide
+from pipeline.protocol import EncodedPreview, InferenceJob, InferenceResult, StepEvent
+from pipeline.serving.line import StopSignal
 from tests.helpers import ROOT, process_exited, running_app, wait_for
 
 WAIT = 60.0
@@ -85,3 +90,43 @@ def test_the_running_app_heals_when_its_model_process_is_killed_mid_job(tmp_path
         health = httpx.get(url + "health", timeout=5).json()
         assert health["status"] == "ok" and health["model_side"] == "ready" and health["model_restarts"] == 1
         assert adapter.side.pid != first and process_exited(first)
+
+
+def test_a_step_crosses_as_a_few_bytes_and_a_preview_as_a_small_jpeg(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The embedded model at 512 px in its own process: every message the server reads is measured as
+    it comes off the socket. With previews off a step is a few hundred bytes (no latent, no picture);
+    with previews on, a preview is a JPEG of at most 256 px (not a 512 px picture: 768 KB raw)."""
+    from multiprocessing.connection import Connection
+
+    from pipeline.config import Settings
+    from pipeline.engine.hosting.process import SettingsLoader
+    from pipeline.protocol import PREVIEW_MAX_SIDE
+
+    sizes: list[int] = []
+    original = Connection._recv_bytes
+
+    def measured(self: Any, maxsize: Any = None) -> Any:
+        buffer = original(self, maxsize)
+        sizes.append(len(buffer.getbuffer()))
+        return buffer
+
+    monkeypatch.setattr(Connection, "_recv_bytes", measured)
+    side = ProcessSide(SettingsLoader(Settings(device="cpu")), ready_timeout=WAIT)
+    try:
+        for every in (0, 1):
+            sizes.clear()
+            job = InferenceJob(f"p{every}", ("a red circle",), ("",), (3,), 512, 512, 3, 4.0, preview_every=every)
+            events = list(side.stream(job, StopSignal()))
+            steps = [e for e in events if isinstance(e, StepEvent)]
+            assert len(steps) == 3 and isinstance(events[-1], InferenceResult)
+            step_messages = sorted(sizes)[:-1]  # every message but the largest: the result's PNG-sized images
+            if every == 0:
+                assert not any(s.previews for s in steps)
+                assert max(step_messages) < 1024, sizes  # a step: its numbers only
+            else:
+                shown = [s.preview(0) for s in steps[:-1]]  # none on the last step
+                assert all(isinstance(p, EncodedPreview) for p in shown)
+                assert all(max(p.size) <= PREVIEW_MAX_SIDE and p.image().size == p.size for p in shown)
+                assert max(step_messages) < 64 * 1024, sizes  # a small JPEG, not a 512 px picture
+    finally:
+        side.shutdown(timeout=WAIT)
