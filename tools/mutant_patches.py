@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import importlib.abc
-import sys
 import threading
+from importlib import import_module
 from typing import Any, Callable
+
+from tools.mutant_seams import Patch, attr, install, on
 
 
 def _no_gate() -> None:
@@ -80,19 +81,6 @@ def _release_gate_on_cancel() -> None:
     LocalAdapter._own_gate = _own_gate  # type: ignore[method-assign]
 
 
-def _patch(module: str, name: str, value: Callable[..., Any]) -> Callable[[], None]:
-    def apply() -> None:
-        import importlib
-
-        owner: Any = importlib.import_module(module)
-        *path, attribute = name.split(".")
-        for part in path:
-            owner = getattr(owner, part)
-        setattr(owner, attribute, value)
-
-    return apply
-
-
 def _key_is_constant() -> None:
     from pipeline.serving.line import Entry
 
@@ -128,9 +116,6 @@ def _ray_replica_admits_eight() -> None:
 
     original = cluster.deployment_options
     cluster.deployment_options = lambda *a: {**original(*a), "max_ongoing_requests": 8}
-
-
-Patch = tuple[str, Callable[[], None]]  # (the module it patches, the patch), applied once that module is loaded
 
 
 def _model_process_never_hears_stop() -> None:
@@ -264,14 +249,6 @@ def _full_size_previews() -> None:
     EncodedPreview.of = classmethod(of)  # type: ignore[method-assign, assignment]
 
 
-def _adapter_ignored() -> None:
-    """Every job runs without its LoRA adapter (the request's choice never reaches the weights)."""
-    from pipeline.engine.model import lora
-    from pipeline.loras import AdapterUse
-
-    lora.use_of = lambda job: AdapterUse()
-
-
 def _previous_adapter_leaks() -> None:
     """A job with no adapter keeps whatever the last job set (no ``disable_lora``)."""
     from pipeline.engine.model.lora import Adapters
@@ -296,7 +273,6 @@ def _mixed_batch_one_adapter() -> None:
 
 def _thread_off_the_map() -> None:
     """The serving side starts a thread the concurrency map (docs/architecture.md) does not name."""
-    import threading
     import time
 
     from pipeline.serving.streamer import ModelStreamer
@@ -310,154 +286,114 @@ def _thread_off_the_map() -> None:
     ModelStreamer.__init__ = init  # type: ignore[method-assign]
 
 
-def _on(module: str, fn: Callable[[], None]) -> list[Patch]:
-    return [(module, fn)]
-
-
-def _attr(module: str, name: str, value: Any) -> list[Patch]:
-    return [(module, _patch(module, name, value))]
-
-
-NO_GATE = _on("pipeline.serving.local", _no_gate)
+NO_GATE = on("pipeline.serving.local", _no_gate)
 THREAD_PER_JOB = [("pipeline.engine.hosting.runner", _thread_per_job)]
 
 MUTANTS: dict[str, list[Patch]] = {
     "no-gate": NO_GATE,
-    "gate-wraps-whole-request": _on("pipeline.serving.local", _gate_wraps_whole_request),
+    "gate-wraps-whole-request": on("pipeline.serving.local", _gate_wraps_whole_request),
     "no-gate-and-a-thread-per-job": NO_GATE + THREAD_PER_JOB,
-    "to-thread-releases-the-gate-on-cancel": THREAD_PER_JOB + _on("pipeline.serving.local", _release_gate_on_cancel),
-    "batch-ignores-compatibility": _on("pipeline.serving.line", _key_is_constant),
-    "no-batching": _attr("pipeline.serving.line", "Line.fits", staticmethod(lambda *a: False)),
-    "batch-ignores-max-size": _attr("pipeline.serving.line", "Line.fits", staticmethod(lambda *a: True)),
-    "one-cancel-stops-the-batch": _attr(
+    "to-thread-releases-the-gate-on-cancel": THREAD_PER_JOB + on("pipeline.serving.local", _release_gate_on_cancel),
+    "batch-ignores-compatibility": on("pipeline.serving.line", _key_is_constant),
+    "no-batching": attr("pipeline.serving.line", "Line.fits", staticmethod(lambda *a: False)),
+    "batch-ignores-max-size": attr("pipeline.serving.line", "Line.fits", staticmethod(lambda *a: True)),
+    "one-cancel-stops-the-batch": attr(
         "pipeline.serving.line", "Batch.all_stopped", lambda self: any(m.stop.is_set() for m in self.members)
     ),
-    "oom-no-retry": _attr("pipeline.serving.jobs", "GpuJobs.retry_alone", staticmethod(lambda *a: False)),
-    "skip-in-progress": _attr("pipeline.web.shown", "progress_gallery", lambda: __import__("gradio").skip()),
-    "ray-replica-without-a-gate": NO_GATE + THREAD_PER_JOB + _on("pipeline.ray.cluster", _ray_replica_admits_eight),
-    "ray-cancel-not-forwarded": _attr("pipeline.ray.adapter", "_cancel", lambda call: None),
-    "no-disconnect-watch": _attr("pipeline.web.handler", "caller_alive", lambda demo: None),
-    "stop-answers-at-once": _attr("pipeline.web.handler", "PageJobs.wait_ended", _stopped_at_once),
-    "no-steps-validation": _attr("pipeline.request", "_steps", lambda raw, limits: raw.get("num_inference_steps")),
-    "no-sweeper": _attr("pipeline.serving.sweeper", "Sweeper.start", lambda self: None),
-    "plain-close-on-signal": _attr(
+    "oom-no-retry": attr("pipeline.serving.jobs", "GpuJobs.retry_alone", staticmethod(lambda *a: False)),
+    "skip-in-progress": attr("pipeline.web.shown", "progress_gallery", lambda: __import__("gradio").skip()),
+    "ray-replica-without-a-gate": NO_GATE + THREAD_PER_JOB + on("pipeline.ray.cluster", _ray_replica_admits_eight),
+    "ray-cancel-not-forwarded": attr("pipeline.ray.adapter", "_cancel", lambda call: None),
+    "no-disconnect-watch": attr("pipeline.web.handler", "caller_alive", lambda demo: None),
+    "stop-answers-at-once": attr("pipeline.web.handler", "PageJobs.wait_ended", _stopped_at_once),
+    "no-steps-validation": attr("pipeline.request", "_steps", lambda raw, limits: raw.get("num_inference_steps")),
+    "no-sweeper": attr("pipeline.serving.sweeper", "Sweeper.start", lambda self: None),
+    "plain-close-on-signal": attr(
         "pipeline.web.lifecycle", "shutdown", lambda demo, adapter, deadline=8.0: demo.close()
     ),
-    "zerogpu-passes-the-stop-event": _on("pipeline.engine.hosting.zerogpu", _pass_the_stop_event),
-    "zerogpu-runs-outside-the-users-context": _on("pipeline.serving.streamer", _no_user_context),
-    "model-process-never-hears-stop": _on("pipeline.engine.hosting.process", _model_process_never_hears_stop),
-    "model-process-not-restarted": _attr(
+    "zerogpu-passes-the-stop-event": on("pipeline.engine.hosting.zerogpu", _pass_the_stop_event),
+    "zerogpu-runs-outside-the-users-context": on("pipeline.serving.streamer", _no_user_context),
+    "model-process-never-hears-stop": on("pipeline.engine.hosting.process", _model_process_never_hears_stop),
+    "model-process-not-restarted": attr(
         "pipeline.engine.hosting.process", "ProcessSide._restart", _restart_gives_up_at_once
     ),
-    "recovering-not-reported": _attr("pipeline.serving.local", "LocalAdapter._recovering", lambda self: False),
-    "liveness-watch-never-looks": _attr(
+    "recovering-not-reported": attr("pipeline.serving.local", "LocalAdapter._recovering", lambda self: False),
+    "liveness-watch-never-looks": attr(
         "pipeline.serving.base",
         "LivenessWatch.watching",
         lambda self, alive, on_gone: __import__("contextlib").nullcontext(),
     ),
     # The page (issue 18): each helper around generate, broken in the browser.
-    "join-ignores-compatibility": _on("pipeline.engine.loop.joining", _loop_key_is_constant)
-    + _on("pipeline.serving.line", _serving_loop_key_is_constant),
-    "leave-drops-another-member": _on("pipeline.engine.loop.joining", _leave_drops_another),
-    "joiner-waits-for-the-end": _attr(
+    "join-ignores-compatibility": on("pipeline.engine.loop.joining", _loop_key_is_constant)
+    + on("pipeline.serving.line", _serving_loop_key_is_constant),
+    "leave-drops-another-member": on("pipeline.engine.loop.joining", _leave_drops_another),
+    "joiner-waits-for-the-end": attr(
         "pipeline.serving.jobs", "GpuJobs._deliver_member_step", _joiner_waits_for_the_end
     ),
-    "early-joiner-not-held": _attr("pipeline.engine.loop.joining", "room_for", lambda job, loop_images: True),
-    "swap-does-nothing": _attr("pipeline.web.page_tools", "swapped", lambda width, height: (width, height)),
-    "history-restores-nothing": _attr("pipeline.web.page_tools", "restore", lambda history, index: None),
-    "paste-fills-nothing": _attr("pipeline.web.page_tools", "fill_from", _fills_nothing),
-    "escape-does-nothing": _attr("pipeline.web.page_tools", "KEYS_JS", "() => {}"),
+    "early-joiner-not-held": attr("pipeline.engine.loop.joining", "room_for", lambda job, loop_images: True),
+    "swap-does-nothing": attr("pipeline.web.page_tools", "swapped", lambda width, height: (width, height)),
+    "history-restores-nothing": attr("pipeline.web.page_tools", "restore", lambda history, index: None),
+    "paste-fills-nothing": attr("pipeline.web.page_tools", "fill_from", _fills_nothing),
+    "escape-does-nothing": attr("pipeline.web.page_tools", "KEYS_JS", "() => {}"),
     # Issue 26: hostile clients. Each defence of the front door and below it, removed.
-    "unbounded-inputs": _attr("pipeline.web.inputs", "_problem", lambda field, value: None),
-    "files-pass-the-door": _attr("pipeline.web.inputs", "file_shaped", lambda value: False),
-    "every-route-open": _attr("pipeline.web.frontdoor", "_route", lambda method, path: ("page", None)),
-    "sessions-not-owned": _attr("pipeline.web.admission", "SessionBook.claim", lambda self, identity, session: None),
-    "no-join-rate": _attr("pipeline.web.admission", "TokenBucket.take", lambda self, key: 0.0),
-    "one-login-one-user": _attr("pipeline.web.identity", "Caller.key", property(_one_login_one_user)),
-    "forwarded-for-believed": _attr("pipeline.web.identity", "client_address", _leftmost_forwarded),
-    "mcp-caller-unsealed": _attr("pipeline.web.identity", "unseal", lambda value: None),
-    "mcp-outside-the-login": _attr("pipeline.web.frontdoor", "LOGIN_REQUIRED", ()),
-    "mcp-disconnect-ignored": _attr("pipeline.web.site", "LiveCalls.alive", lambda self, call: True),
-    "no-cost-budget": _attr("pipeline.request", "_within_budget", lambda *args: None),
-    "no-connection-limits": _attr("pipeline.web.lifecycle", "limited_protocol", _plain_uvicorn),
-    "full-disk-leaves-a-tmp": _attr("pipeline.serving.postprocess", "write_then_rename", _rename_without_cleanup),
-    "temp-files-kept": _attr("pipeline.web.gradio_internals", "forget_temp_files", lambda demo, paths: 0),
-    "shares-ignored": _attr("pipeline.serving.sweeper", "_owner_of", lambda directory, top: ""),
-    "prompt-lines-kept": _attr("pipeline.serving.postprocess", "one_line", lambda text: text),
-    "notes-rendered": _attr("pipeline.web.a1111", "notes_html", lambda fill: "<br>".join(fill.notes)),
-    "ui-events-unbounded": _attr("pipeline.web.page_tools", "UI_CONCURRENCY", None)
-    + _attr(
+    "unbounded-inputs": attr("pipeline.web.inputs", "_problem", lambda field, value: None),
+    "files-pass-the-door": attr("pipeline.web.inputs", "file_shaped", lambda value: False),
+    "every-route-open": attr("pipeline.web.frontdoor", "_route", lambda method, path: ("page", None)),
+    "sessions-not-owned": attr("pipeline.web.admission", "SessionBook.claim", lambda self, identity, session: None),
+    "no-join-rate": attr("pipeline.web.admission", "TokenBucket.take", lambda self, key: 0.0),
+    "one-login-one-user": attr("pipeline.web.identity", "Caller.key", property(_one_login_one_user)),
+    "forwarded-for-believed": attr("pipeline.web.identity", "client_address", _leftmost_forwarded),
+    "mcp-caller-unsealed": attr("pipeline.web.identity", "unseal", lambda value: None),
+    "mcp-outside-the-login": attr("pipeline.web.frontdoor", "LOGIN_REQUIRED", ()),
+    "mcp-disconnect-ignored": attr("pipeline.web.site", "LiveCalls.alive", lambda self, call: True),
+    "no-cost-budget": attr("pipeline.request", "_within_budget", lambda *args: None),
+    "no-connection-limits": attr("pipeline.web.lifecycle", "limited_protocol", _plain_uvicorn),
+    "full-disk-leaves-a-tmp": attr("pipeline.serving.postprocess", "write_then_rename", _rename_without_cleanup),
+    "temp-files-kept": attr("pipeline.web.gradio_internals", "forget_temp_files", lambda demo, paths: 0),
+    "shares-ignored": attr("pipeline.serving.sweeper", "_owner_of", lambda directory, top: ""),
+    "prompt-lines-kept": attr("pipeline.serving.postprocess", "one_line", lambda text: text),
+    "notes-rendered": attr("pipeline.web.a1111", "notes_html", lambda fill: "<br>".join(fill.notes)),
+    "ui-events-unbounded": attr("pipeline.web.page_tools", "UI_CONCURRENCY", None)
+    + attr(
         "pipeline.web.page_tools",
         "UI",
         {"api_visibility": "private", "concurrency_id": "ui", "concurrency_limit": None, "show_progress": "hidden"},
     ),
-    "auto-limit-off": _attr("pipeline.serving.jobs", "GpuJobs.time_limit", lambda self, job: self.job_timeout),
-    "paste-regex-backtracks": _attr("pipeline.web.a1111", "settings_pairs", _backtracking_pairs),
+    "auto-limit-off": attr("pipeline.serving.jobs", "GpuJobs.time_limit", lambda self, job: self.job_timeout),
+    "paste-regex-backtracks": attr("pipeline.web.a1111", "settings_pairs", _backtracking_pairs),
     # Issue 27: the guidance control sent as guidance_scale whatever the family reads (Qwen-Image's is
     # true_cfg_scale); packed latents previewed as they are (no unpacking: no preview for FLUX.2 and kin);
     # Z-Image's step-level loop without its classifier-free guidance.
-    "guidance-always-guidance-scale": _attr(
+    "guidance-always-guidance-scale": attr(
         "pipeline.engine.model.families",
         "guidance_arguments",
         lambda t, guidance, steps=0: {**t.fixed, "guidance_scale": guidance},
     ),
-    "packed-previews-not-unpacked": _attr(
+    "packed-previews-not-unpacked": attr(
         "pipeline.engine.model.previews", "unpack", lambda pipe, latents, width, height: latents
     ),
     # Issue 28: previews for a caller who did not ask; previews at the picture's full size; a preview
     # made at every step whatever the job asked (a picture-sized payload per step with previews off).
-    "previews-for-everyone": _on("pipeline.request", _previews_for_everyone),
-    "previews-at-full-size": _on("pipeline.protocol", _full_size_previews),
-    "previews-every-step": _attr(
+    "previews-for-everyone": on("pipeline.request", _previews_for_everyone),
+    "previews-at-full-size": on("pipeline.protocol", _full_size_previews),
+    "previews-every-step": attr(
         "pipeline.engine.model.stepping", "StepWatch._preview_due", lambda self, step: self.preview_map is not None
     ),
-    "z-image-loop-without-guidance": _attr(
+    "z-image-loop-without-guidance": attr(
         "pipeline.engine.loop.loop_flow_2026",
         "ZImageLoop._guided",
         staticmethod(lambda pos, neg, scale, normalization: pos),
     ),
-    "lora-adapter-ignored": _on("pipeline.engine.model.lora", _adapter_ignored),
-    "lora-previous-adapter-leaks": _on("pipeline.engine.model.lora", _previous_adapter_leaks),
-    "lora-mixed-batch-one-adapter": _on("pipeline.engine.model.lora", _mixed_batch_one_adapter),
-    "thread-off-the-map": _on("pipeline.serving.streamer", _thread_off_the_map),
+    # Every job runs without its LoRA adapter (the request's choice never reaches the weights).
+    "lora-adapter-ignored": attr(
+        "pipeline.engine.model.lora", "use_of", lambda job: import_module("pipeline.loras").AdapterUse()
+    ),
+    "lora-previous-adapter-leaks": on("pipeline.engine.model.lora", _previous_adapter_leaks),
+    "lora-mixed-batch-one-adapter": on("pipeline.engine.model.lora", _mixed_batch_one_adapter),
+    "thread-off-the-map": on("pipeline.serving.streamer", _thread_off_the_map),
 }
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs each patch right after its module has been executed (before anyone imports from it)."""
-
-    def __init__(self, patches: list[Patch]) -> None:
-        self.pending = patches
-
-    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if not any(module == name for module, _ in self.pending):
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None and spec.loader is not None:
-                run_module = spec.loader.exec_module
-
-                def exec_module(module: Any, run_module: Any = run_module, name: str = name) -> None:
-                    run_module(module)
-                    self.loaded(name)
-
-                spec.loader.exec_module = exec_module  # type: ignore[method-assign]
-                return spec
-        return None
-
-    def loaded(self, name: str) -> None:
-        for module, patch in [p for p in self.pending if p[0] == name]:
-            self.pending.remove((module, patch))
-            patch()
 
 
 def apply(name: str) -> None:
     """Patch each seam of mutant ``name`` now if its module is loaded, else as soon as it is."""
-    patches = list(MUTANTS[name])
-    hook = _AfterImport([p for p in patches if p[0] not in sys.modules])
-    for module, patch in patches:
-        if module in sys.modules:
-            patch()
-    sys.meta_path.insert(0, hook)
+    install(MUTANTS[name])
