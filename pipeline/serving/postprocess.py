@@ -157,12 +157,21 @@ def output_folder(out_dir: Path, owner: str | None) -> Path:
 def write_then_rename(path: Path, write: Callable[[Path], object]) -> Path:
     """Write through a temporary name, then rename: a reader never sees half a file.
 
-    A full disk (or quota) leaves nothing behind and raises ``StorageFull`` (retry later).
+    A full disk (or quota) leaves nothing behind and raises ``StorageFull`` (retry later). A folder
+    that is gone by the time the file opens (the sweeper removes empty folders, and an owner's folder
+    is empty between its ``mkdir`` and its first file) is made again: seen failing a job in a soak.
     """
     tmp = path.with_suffix(path.suffix + ".tmp")
     try:
-        write(tmp)
-        tmp.replace(path)
+        for attempt in range(3):
+            try:
+                write(tmp)
+                break
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise
+                _mkdir(tmp.parent)
+        tmp.replace(path)  # the folder is not empty now (tmp is in it): the sweeper cannot remove it
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         if exc.errno in _FULL:

@@ -79,3 +79,23 @@ def test_an_even_share_is_the_budget_over_the_identities_with_files(tmp_path: Pa
     left = {k: sum(f.exists() for f in fs) for k, fs in files.items()}
     # 900 -> 600, the share 200: only owners 0 and 1 are over it, and neither goes below it
     assert left[2] == 1 and sum(left.values()) == 6 and min(left[0], left[1]) >= 2, left
+
+
+def test_a_folder_swept_away_between_its_mkdir_and_the_write_is_made_again(tmp_path: Path) -> None:
+    """The sweeper removes empty folders, and an owner's folder is empty between ``output_folder``'s
+    mkdir and its first file: a soak (tests/server/test_hostile.py) once failed a job on it
+    (FileNotFoundError on the ``.png.tmp``). The writer makes the folder again and writes."""
+    from pipeline.serving.postprocess import output_folder, write_then_rename
+
+    folder = output_folder(tmp_path / "out", "addr:198.51.100.7")
+    swept = []
+
+    def write(path: Path) -> None:
+        if not swept:  # the sweeper runs between the mkdir and the open: the folder is empty, so it goes
+            Sweeper([tmp_path / "out"], max_bytes=10**9, max_age=3600, clock=lambda: NOW).sweep_once()
+            swept.append(not folder.exists())
+        path.write_bytes(b"png")
+
+    written = write_then_rename(folder / "r-0.png", write)
+    assert swept == [True], "the sweeper did not remove the empty folder: the race was not set up"
+    assert written.read_bytes() == b"png" and not (folder / "r-0.png.tmp").exists()
