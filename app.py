@@ -33,6 +33,7 @@ from pipeline.config import Settings, load_settings
 from pipeline.errors import EngineDead
 from pipeline.protocol import Model, ModelProfile, ModelSide
 from pipeline.request import limits_for
+from pipeline.serving import owners
 from pipeline.serving.base import Adapter
 from pipeline.serving.local import LocalAdapter
 from pipeline.serving.sweeper import Sweeper
@@ -118,12 +119,16 @@ def create_app(settings: Settings, load: Callable[[], Model] | None = None) -> t
     # The app's own sweeper keeps its outputs and Gradio's copies of them within budget, in a
     # Gradio cache folder of its own (never Gradio's shared default).
     gradio_cache = own_gradio_cache(settings, os.environ)
+    if settings.output_key:
+        owners.use_key(settings.output_dir, settings.output_key)
+    owners.key_of(settings.output_dir)  # made at first start: the names in image URLs reveal nobody
     sweeper = Sweeper(
         list(dict.fromkeys([settings.output_dir, gradio_cache])),  # one folder when they are the same
         max_bytes=settings.output_max_mb * 2**20,
         max_age=settings.output_max_age_minutes * 60,
         interval=settings.sweep_interval,
         min_age=min(10.0, settings.sweep_interval),
+        max_owners=settings.max_users_on_disk,
     )
     demo = build_demo(adapter, settings)
     # Every output path joins a Gradio temp-file set and would stay there: the sweeper's deletions leave them.

@@ -50,6 +50,8 @@ class Settings:
     auth: str | None = None  # "user:password"
     metrics_token: str | None = None  # under --auth, /metrics also takes "Authorization: Bearer <token>"
     output_max_mb: int = 1024
+    max_users_on_disk: int = 32  # identities with a fixed floor of the disk budget (output_max_mb / this)
+    output_key: str | None = None  # the key of the owner folders' names; None: made at first start
     output_max_age_minutes: int = 60
     sweep_interval: float = 30.0
     output_dir: Path = Path(tempfile.gettempdir()) / "t2i-outputs"
@@ -183,6 +185,20 @@ _OPTIONS: tuple[tuple[str, str, type, str], ...] = (
         "under --auth, a bearer token that /metrics also accepts (for a Prometheus scraper); /health stays open",
     ),
     ("output_max_mb", "T2I_OUTPUT_MAX_MB", int, "disk budget for generated images, in MiB (default 1024)"),
+    (
+        "max_users_on_disk",
+        "T2I_MAX_USERS_ON_DISK",
+        int,
+        "identities each kept a fixed floor of the disk budget (the budget over this); more are served, "
+        "and their images deleted first (default 32)",
+    ),
+    (
+        "output_key",
+        "T2I_OUTPUT_KEY",
+        str,
+        "secret that names the owner folders in image URLs (default: made at first start, kept in the "
+        "output folder); give one to replicas that share a folder",
+    ),
     (
         "output_max_age_minutes",
         "T2I_OUTPUT_MAX_AGE_MINUTES",
@@ -320,7 +336,7 @@ def _check(s: Settings) -> None:
     if not 0 < s.port < 65536:
         raise SystemExit(f"--port must be between 1 and 65535; got {s.port}")
     names: tuple[str, ...] = ("concurrency", "queue_size", "max_images", "max_batch_size", "max_prompt_chars")
-    names += ("max_sessions_per_user", "max_connections_per_address", "max_body_kb")
+    names += ("max_sessions_per_user", "max_connections_per_address", "max_body_kb", "max_users_on_disk")
     for name in names:
         if getattr(s, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be at least 1; got {getattr(s, name)}")

@@ -2,8 +2,9 @@
 
 Gradio components do not validate API input (sliders pass NaN, inf and off-step values, and
 ``Textbox(max_length)`` is not checked on the server), so every field is checked here, before any
-GPU work. Each error names the field and the allowed range. Nothing is silently fixed: the one
-adjustment, a prompt longer than the text encoder's window, is reported in ``warnings``.
+GPU work. Each error names the field and the allowed range. Nothing is silently fixed but line
+breaks (``text``: a carriage return is a newline); the one adjustment, a prompt longer than the
+text encoder's window, is reported in ``warnings``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 from .errors import InvalidRequest
 from .loras import NONE, SCALE_MAX, SCALE_MIN, AdapterUse
 from .protocol import InferenceJob, ModelProfile
+from .text import normalized, text_problem
 from .token_windows import _truncation_notes, fits_every_window
 
 if TYPE_CHECKING:
@@ -208,9 +210,10 @@ def _text(field: str, value: Any, max_chars: int) -> str:
         raise InvalidRequest(
             field, f"{field} must be text of at most {max_chars} characters; got {len(value)} characters"
         )
-    if "\x00" in value:
-        raise InvalidRequest(field, f"{field} must not contain NUL characters")
-    return value
+    problem = text_problem(value)
+    if problem is not None:
+        raise InvalidRequest(field, f"{field} {problem}")
+    return normalized(value)
 
 
 def _size(field: str, value: Any, limits: Limits) -> int:

@@ -14,6 +14,7 @@ from importlib import import_module
 from typing import Any, Callable
 
 from tools.mutant_seams import Patch, attr, install, on
+from tools.mutant_security import SECURITY
 
 
 def _no_gate() -> None:
@@ -344,7 +345,6 @@ MUTANTS: dict[str, list[Patch]] = {
     "one-login-one-user": attr("pipeline.web.identity", "Caller.key", property(_one_login_one_user)),
     "forwarded-for-believed": attr("pipeline.web.identity", "client_address", _leftmost_forwarded),
     "mcp-caller-unsealed": attr("pipeline.web.identity", "unseal", lambda value: None),
-    "mcp-outside-the-login": attr("pipeline.web.frontdoor", "LOGIN_REQUIRED", ()),
     "mcp-disconnect-ignored": attr("pipeline.web.site", "LiveCalls.alive", lambda self, call: True),
     "no-cost-budget": attr("pipeline.request", "_within_budget", lambda *args: None),
     "no-connection-limits": attr("pipeline.web.lifecycle", "limited_protocol", _plain_uvicorn),
@@ -391,7 +391,7 @@ MUTANTS: dict[str, list[Patch]] = {
     "lora-previous-adapter-leaks": on("pipeline.engine.model.lora", _previous_adapter_leaks),
     "lora-mixed-batch-one-adapter": on("pipeline.engine.model.lora", _mixed_batch_one_adapter),
     "thread-off-the-map": on("pipeline.serving.streamer", _thread_off_the_map),
-}
+} | SECURITY
 
 
 def apply(name: str) -> None:

@@ -20,6 +20,7 @@ from tools.mutant_patches import MUTANTS
 
 ROOT = Path(__file__).resolve().parent.parent
 
+ROUND_TWO = "tests/server/test_hostile_round_two.py"
 # The tests that must catch each mutant (pytest node ids).
 TESTS: dict[str, str] = {
     "no-gate": "tests/unit/test_gate.py::test_eight_concurrent_requests_never_overlap_in_inference "
@@ -121,6 +122,18 @@ TESTS: dict[str, str] = {
         "tests/unit/test_lora.py::test_members_with_different_adapters_share_each_denoiser_call_with_their_own_pixels"
     ),
     "thread-off-the-map": "tests/server/test_concurrency_map.py::test_every_thread_of_a_running_app_is_on_the_map",
+    # Issue 35: hostile clients, round two.
+    "failed-logins-not-metered": f"{ROUND_TWO}::test_basic_bearer_and_form_guesses_are_metered_and_past_the_budget_nothing_is_compared",
+    "heartbeat-outside-the-login": f"{ROUND_TWO}::test_under_auth_every_route_but_the_login_pages_needs_the_login_the_heartbeat_too "
+    "tests/server/test_routes_guarded.py",
+    "owner-folders-unkeyed": f"{ROUND_TWO}::test_an_image_url_cannot_be_traced_to_an_address_and_the_key_is_never_served",
+    "text-not-validated": f"{ROUND_TWO}::test_a_lone_surrogate_is_a_422_naming_the_field_on_every_event_and_health_stays_ok",
+    "deep-json-parsed": f"{ROUND_TWO}::test_deep_json_is_a_400_on_every_route_with_no_traceback_and_cancels_take_rate_tokens",
+    "cancels-not-rate-limited": f"{ROUND_TWO}::test_deep_json_is_a_400_on_every_route_with_no_traceback_and_cancels_take_rate_tokens",
+    "door-lets-tracebacks-through": "tests/unit/test_frontdoor.py::test_a_fault_below_the_door_is_a_500_and_one_log_line_without_the_stack",
+    "call-results-unowned": f"{ROUND_TWO}::test_a_call_result_answers_only_the_identity_that_asked",
+    "disk-share-shrinks-with-identities": f"{ROUND_TWO}::test_a_many_identity_disk_attack_leaves_the_victim_every_image_within_its_lifetime "
+    "tests/unit/test_sweeper.py::test_many_identities_cannot_shrink_a_victims_floor_they_are_deleted_first",
 }
 
 

@@ -7,7 +7,6 @@ Each PNG gets two text chunks: ``parameters``, the format other Stable Diffusion
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import re
 from datetime import UTC, datetime
@@ -22,13 +21,12 @@ from ..loras import NONE, prompt_tag
 from ..protocol import InferenceResult, ModelProfile
 from ..request import DEFAULT_SCHEDULER, GenerateRequest
 from .events import Timings
+from .owners import key_of, owner_folder
 from .png import encode_png
 
 if TYPE_CHECKING:
     from .line import End
 
-OWNER_PREFIX = "u-"  # an identity's folder under each day folder (``owner_folder``)
-SHARED_FOLDER = "shared"  # files no identity asked for
 _FULL = {errno.ENOSPC, errno.EDQUOT}  # "no space left", "quota exceeded": the disk, not the request
 
 _SCHEDULER_NAMES = {
@@ -140,16 +138,9 @@ def day_folder(out_dir: Path) -> Path:
     return day
 
 
-def owner_folder(owner: str | None) -> str:
-    """The folder name of an identity's files: ``u-`` and a hash of it (no address in any URL)."""
-    if owner is None:
-        return SHARED_FOLDER
-    return OWNER_PREFIX + hashlib.sha256(owner.encode()).hexdigest()[:20]
-
-
 def output_folder(out_dir: Path, owner: str | None) -> Path:
     """``<out_dir>/<YYYYMMDD>/<owner folder>``, created if needed (``sweeper`` counts shares by it)."""
-    folder = day_folder(out_dir) / owner_folder(owner)
+    folder = day_folder(out_dir) / owner_folder(owner, key_of(out_dir))
     _mkdir(folder)
     return folder
 

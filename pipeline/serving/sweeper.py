@@ -4,11 +4,15 @@ Gradio's own ``delete_cache`` sweeper can stop silently under load (a "Set chang
 iteration" in its loop), after which its cache grows without bound; so this app sweeps both its
 output folder and Gradio's cache folder itself.
 
-The size budget is shared fairly. Each identity's images live in a folder of its own
-(``postprocess.owner_folder``: ``<day>/u-<hash>/``); over budget, the sweeper first deletes files no
-identity owns (previews, Gradio's copies), then the oldest files of the identities using more than
-an even share (the budget over the identities with files), largest first, never below that share.
-An identity within its share keeps its images until they age out, whatever another one writes.
+The size budget is shared so that no one can shrink another's part. Each identity's images live
+in a folder of its own (``owners.owner_folder``: ``<day>/u-<keyed hash>/``). The first
+``--max-users-on-disk`` identities (by their oldest file on disk) each have a fixed floor, the
+budget over that number; identities beyond them are refused storage: their images are delivered,
+then, over budget, deleted first, after the files no identity owns (previews, Gradio's copies).
+Then the oldest files of identities above their floor go, never below it. An identity within its
+floor keeps its images until they age out, whatever any number of others write. (An even share of
+the budget over the identities holding files, as before, shrank with every identity an attacker
+brought.) A zip is in its owner's folder and counts in its share.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .postprocess import OWNER_PREFIX
+from .owners import OWNER_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +53,7 @@ class Sweeper:
         max_age: float,
         min_age: float = 10.0,
         interval: float = 30.0,
+        max_owners: int = 32,
         clock: Callable[[], float] = time.time,
         on_deleted: Callable[[set[str]], object] | None = None,
     ) -> None:
@@ -56,6 +61,7 @@ class Sweeper:
         self.max_bytes = max_bytes
         self.max_age = max_age
         self.min_age = min_age
+        self.max_owners = max(1, max_owners)  # identities with a floor of the budget (--max-users-on-disk)
         self.interval = interval
         self._clock = clock
         self.on_deleted = on_deleted  # told the paths of each sweep's deleted files (Gradio's temp-file sets)
@@ -86,6 +92,8 @@ class Sweeper:
             for root, _dirs, names in os.walk(folder):
                 owner = _owner_of(Path(root), folder)
                 for name in names:
+                    if name.startswith("."):
+                        continue  # the owner folders' key (``owners.KEY_FILE``), never swept
                     path = Path(root) / name
                     try:
                         st = path.stat()
@@ -112,35 +120,49 @@ class Sweeper:
         return self.last
 
     def _over_budget(self, files: list[tuple[float, int, Path, str]], now: float) -> list[Path]:
-        """Which files to delete, oldest first within each step, to get ``files`` within budget."""
+        """Which files to delete, oldest first within each step, to get ``files`` (oldest first) within budget.
+
+        1. files no identity owns; 2. every file of the identities that did not fit (beyond the
+        first ``max_owners`` by their oldest file on disk); 3. the oldest files of the identities
+        above the floor (``max_bytes / max_owners``), the largest first, never below the floor.
+        The floors of the identities that fit add up to the budget, so one within its floor is
+        never touched, however many identities an attacker brings.
+        """
         total = sum(size for _, size, _, _ in files)
         if total <= self.max_bytes:
             return []
-        victims: list[Path] = []
-        sweepable = [f for f in files if now - f[0] > self.min_age]
-        for _mtime, size, path, owner in sweepable:  # files no identity owns go first
-            if total <= self.max_bytes:
-                return victims
-            if not owner:
-                victims.append(path)
-                total -= size
         usage: dict[str, int] = {}
-        for _, size, _, owner in files:
+        for _, size, _, owner in files:  # oldest first: an identity's first entry is its seniority
             if owner:
                 usage[owner] = usage.get(owner, 0) + size
-        share = self.max_bytes // max(1, len(usage))
+        fitting = set(list(usage)[: self.max_owners])
+        sweepable = [f for f in files if now - f[0] > self.min_age]
+        victims: list[Path] = []
+        for unowned in (True, False):  # 1, then 2
+            for _mtime, size, path, owner in sweepable:
+                if total <= self.max_bytes:
+                    return victims
+                if (not owner) == unowned and owner not in fitting:
+                    victims.append(path)
+                    total -= size
+        floor = self.floor
         oldest_first: dict[str, list[tuple[int, Path]]] = {}
         for _mtime, size, path, owner in sweepable:
-            if owner and usage[owner] > share:
+            if owner in fitting and usage[owner] > floor:
                 oldest_first.setdefault(owner, []).append((size, path))
-        for owner in sorted(oldest_first, key=usage.__getitem__, reverse=True):  # the largest first
+        for owner in sorted(oldest_first, key=usage.__getitem__, reverse=True):  # 3, the largest first
             for size, path in oldest_first[owner]:
-                if total <= self.max_bytes or usage[owner] <= share:
+                if total <= self.max_bytes or usage[owner] <= floor:
                     break
                 victims.append(path)
                 usage[owner] -= size
                 total -= size
         return victims
+
+    @property
+    def floor(self) -> int:
+        """The bytes each identity that fits keeps whatever others write."""
+        return self.max_bytes // self.max_owners
 
 
 def _owner_of(directory: Path, top: Path) -> str:

@@ -1,4 +1,5 @@
-"""Per-identity admission at the front door: a rate of joins, open sessions, requests in flight.
+"""Per-identity admission at the front door: a rate of joins, open sessions, requests in flight,
+failed logins, and who created each event.
 
 Each limit answers at once, before Gradio creates anything for the request, so a flood from one
 identity can neither queue work nor push other users' sessions out of Gradio's per-session caches
@@ -150,3 +151,85 @@ class InFlight:
 def _forget_oldest(table: OrderedDict[str, Bucket]) -> None:
     while len(table) > MAX_IDENTITIES:
         table.popitem(last=False)
+
+
+@dataclass
+class Strikes:
+    tries: float  # failed checks left before backoff (refills at ``refill`` a second)
+    at: float  # the last failure
+    until: float = 0.0  # no check before this time
+    strikes: int = 0  # failures in this episode past the budget: each doubles the next backoff
+
+
+class LoginMeter:
+    """Failed credential checks per identity, on every route and header: a budget, then backoff.
+
+    An identity may fail ``budget`` checks (a wrong password in the form, ``Authorization: Basic`` or
+    ``Bearer``, or a wrong metrics token), refilled at ``refill`` a second. Past that, each failure
+    starts a backoff: at least until one try has refilled, doubling with every further failure, at
+    most ``cap`` seconds. During it the door answers 429 with ``Retry-After`` *before* it compares
+    anything, the right password included. The episode ends after ``forgive`` seconds without a
+    failure. A success takes nothing. Event loop only.
+    """
+
+    def __init__(
+        self,
+        budget: float = 10.0,
+        refill: float = 1 / 6,
+        cap: float = 300.0,
+        forgive: float = 900.0,
+        clock: Callable[[], float] = time.monotonic,
+        on_backoff: Callable[[str, float], object] | None = None,
+    ) -> None:
+        self.budget = budget
+        self.refill = refill
+        self.cap = cap
+        self.forgive = forgive
+        self._clock = clock
+        self.on_backoff = on_backoff  # told (identity, seconds) when an identity enters backoff
+        self._table: OrderedDict[str, Strikes] = OrderedDict()
+
+    def wait(self, key: str) -> float:
+        """Seconds until ``key`` may present a credential again; 0: now."""
+        entry = self._table.get(key)
+        return 0.0 if entry is None else max(0.0, entry.until - self._clock())
+
+    def failed(self, key: str) -> None:
+        now = self._clock()
+        entry = self._table.pop(key, None) or Strikes(self.budget, now)
+        if now - entry.at > self.forgive:
+            entry.strikes = 0  # quiet long enough: the episode is over
+        entry.tries = min(self.budget, entry.tries + (now - entry.at) * self.refill) - 1
+        entry.at = now
+        if entry.strikes or entry.tries < 1:
+            backoff = min(self.cap, max(1 / self.refill, 2.0**entry.strikes))
+            entry.until = now + backoff
+            if entry.strikes == 0 and self.on_backoff is not None:
+                self.on_backoff(key, backoff)
+            entry.strikes += 1
+        self._table[key] = entry
+        while len(self._table) > MAX_IDENTITIES:
+            self._table.popitem(last=False)
+
+
+class EventBook:
+    """Which identity created each queued event (its id, as Gradio answered the join or call).
+
+    A read of an event's results by its id (``/call/<api>/<event_id>``) or a cancel naming it is
+    let through only for that identity. The newest ``MAX_IDENTITIES`` events are remembered. Event
+    loop only.
+    """
+
+    def __init__(self) -> None:
+        self._owner: OrderedDict[str, str] = OrderedDict()
+
+    def add(self, event_id: str, identity: str) -> None:
+        self._owner[event_id] = identity
+        while len(self._owner) > MAX_IDENTITIES:
+            self._owner.popitem(last=False)
+
+    def owned_by(self, event_id: str, identity: str) -> bool:
+        return self._owner.get(event_id) == identity
+
+    def known(self, event_id: str) -> bool:
+        return event_id in self._owner

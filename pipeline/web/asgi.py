@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from http.cookies import SimpleCookie
 from typing import Any, Awaitable, Callable
 from urllib.parse import parse_qs
@@ -101,3 +102,40 @@ async def body(send: Send, status: int, data: bytes, content_type: str, head_onl
 
 async def close_websocket(send: Send) -> None:
     await send({"type": "websocket.close", "code": 1008})
+
+
+MAX_JSON_DEPTH = 64  # arrays and objects inside each other, in any JSON body the front door reads
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
+
+
+def too_deep(body: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether JSON ``body`` nests deeper than ``limit``, found without a parser (whose recursion
+    a body of 200,000 ``[`` overflows): strings out, brackets kept, innermost pairs dropped a level
+    a pass. Each pass is one C-speed scan; a body with fewer brackets than ``limit`` takes none."""
+    if body.count(b"[") + body.count(b"{") <= limit:
+        return False
+    brackets = _JSON_STRING.sub(b"", body).translate(None, _NOT_BRACKETS)
+    brackets = brackets.replace(b"{", b"[").replace(b"}", b"]")
+    for _ in range(limit):
+        if b"[]" not in brackets:
+            break
+        brackets = brackets.replace(b"[]", b"")
+    return b"[]" in brackets or brackets.count(b"[") > limit
+
+
+def status_recorder(send: Send, on_body: Callable[[int, bytes], None]) -> Send:
+    """``send``, telling ``on_body`` the status and the whole body of a small response before it goes out."""
+    status, chunks = 0, []
+
+    async def recording(message: Message) -> None:
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = int(message["status"])
+        elif message["type"] == "http.response.body":
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                on_body(status, b"".join(chunks))
+        await send(message)
+
+    return recording

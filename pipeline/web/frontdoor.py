@@ -8,24 +8,31 @@ In order, for each HTTP request (``FrontDoor.__call__``):
    ``/gradio_api/process_recording``, ``proxy=``, ``/run``, ``/stream``, ``/component_server``,
    ``/vibe-*``, ...) are 404, and ``file=`` serves only this app's own files, never a URL;
 3. requests open at once per identity (``--max-connections-per-address``; long streams count);
-4. the login: under ``--auth`` a valid ``Authorization: Basic`` or ``Bearer user:password`` is
-   turned into Gradio's login cookie, and the MCP routes (which Gradio mounts outside its login
-   check) need a login like every other API route;
+4. the login (``login.Login``): under ``--auth`` every route but the few a login page needs
+   (``OPEN_UNDER_AUTH``) and ``/health`` needs a login, the heartbeat and the MCP routes (which
+   Gradio mounts outside its login check) included. A valid ``Authorization: Basic`` or ``Bearer
+   user:password`` is turned into Gradio's login cookie. Every failed check of a credential, on any
+   route and in any header, the login form's included, takes from the identity's budget of failed
+   logins; past it, 429 with ``Retry-After`` before anything is compared;
 5. sessions: a session hash belongs to the identity that used it first; each identity may keep
    ``--max-sessions-per-user`` open (``admission.SessionBook``);
-6. joins (``/queue/join``, ``/call/generate``), logins and MCP calls take a token from the
-   identity's bucket (``--rate-limit``): 429 with ``Retry-After`` past it;
-7. a join's body (at most ``--max-body-kb``) is checked by ``inputs.InputPolicy`` and handed on;
-8. a GET of a live preview the server has just written is answered from memory
+6. every write (each POST, and MCP) takes a token from the identity's bucket (``--rate-limit``):
+   429 with ``Retry-After`` past it;
+7. a JSON body (at most ``--max-body-kb``, nested at most ``asgi.MAX_JSON_DEPTH`` deep, else 400
+   before any parser walks it) is checked by ``inputs.InputPolicy`` and handed on;
+8. an event belongs to the identity that created it (``admission.EventBook``): a read of its
+   results by id (``/call/<api>/<event_id>``) or a cancel naming it answers only that identity;
+9. a GET of a live preview the server has just written is answered from memory
    (``outputs.RECENT_PREVIEWS``, to the login's caller under ``--auth``); any other file is Gradio's.
+
+An exception below the door is answered 500 and logged as one line, without the stack: no client
+input writes a traceback into the log.
 
 Owner: the event loop (the server's); the books it keeps are only touched there.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hmac
 import json
 import logging
@@ -38,43 +45,20 @@ from urllib.parse import unquote
 import orjson
 
 from . import asgi
-from .admission import InFlight, SessionBook, TokenBucket
+from .admission import EventBook, InFlight, SessionBook, TokenBucket
 from .asgi import App, Message, Receive, Scope, Send
 from .gradio_internals import cookie_user, login_cookie
+from .guards import API, JSON_BODIES, OPEN_UNDER_AUTH, not_a_file_of_ours, route_of, takes_a_token
 from .httplimits import ConnectionLimits
 from .identity import SEAL_HEADER, Caller, TrustedProxies, caller_of, seal, unseal
 from .inputs import InputPolicy, Refused
+from .login import Login, presents_credential
 from .outputs import RECENT_PREVIEWS
 from .site import LiveCalls
 
 log = logging.getLogger(__name__)
 
-
-LOGIN_REQUIRED = ("mcp",)  # route kinds the door itself refuses without a login (Gradio mounts MCP outside its own)
 INTERNAL_HEADER = "x-t2i-internal"  # Gradio's MCP server's own client, calling back over loopback
-API = "/gradio_api"
-# (methods, path pattern, kind). Everything else is 404. Kinds say what more the door does.
-ROUTES: tuple[tuple[frozenset[str], re.Pattern[str], str], ...] = tuple(
-    (frozenset(methods.split()), re.compile(pattern), kind)
-    for methods, pattern, kind in (
-        ("GET HEAD", r"/|/config/?|/favicon\.ico|/robots\.txt|/manifest\.json|/theme\.css|/pwa_icon(/\d+)?", "page"),
-        ("GET HEAD", r"/(assets|static|svelte)/.*", "page"),
-        ("GET HEAD", rf"{API}/(info|app_id|user|login_check|token|startup-events|theme\.css|queue/status)/?", "page"),
-        ("GET HEAD", r"/health|/metrics", "service"),
-        ("GET HEAD", rf"{API}/file(=|/).*", "file"),
-        ("GET", rf"{API}/heartbeat/(?P<session>[^/]*)", "heartbeat"),
-        ("GET", rf"{API}/queue/data", "stream"),
-        ("GET", rf"{API}/call/(v2/)?generate/[^/]+", "stream"),
-        ("POST", rf"{API}/queue/join", "join"),
-        ("POST", rf"{API}/call/(v2/)?(?P<api>generate)/?", "call"),
-        ("POST", rf"{API}/cancel", "cancel"),
-        ("POST", rf"{API}/reset/?", "small"),
-        ("POST", rf"{API}/upload", "service"),  # the app's own route answers 403: no uploads
-        ("POST", r"/login/?", "login"),
-        ("GET", r"/logout/?", "page"),
-        ("GET POST DELETE", rf"{API}/mcp(/.*)?", "mcp"),
-    )
-)
 
 
 @dataclass
@@ -98,6 +82,22 @@ class FrontDoor:
             if scope["type"] == "websocket":
                 return await asgi.close_websocket(send)
             return await self.app(scope, receive, send)
+        started = False
+
+        async def watched(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self._admit(scope, receive, watched)
+        except Exception as exc:  # one line, no stack: a client must not be able to fill the log
+            path = str(scope.get("path", ""))[:200]
+            log.error("%s %s failed: %s: %.200s", scope.get("method"), path, type(exc).__name__, exc)
+            if not started:
+                await asgi.json(send, 500, "Internal error.")
+
+    async def _admit(self, scope: Scope, receive: Receive, send: Send) -> None:
         d, path, method = self.d, scope.get("path", ""), scope.get("method", "GET")
         headers = _drop_unsealed(scope)
         internal = asgi.is_loopback(scope) and hmac.compare_digest(
@@ -105,23 +105,23 @@ class FrontDoor:
         )
         caller = caller_of(asgi.peer(scope), headers, d.trusted)  # 1. who
         scope.setdefault("state", {})["t2i_caller"] = caller
-        route = _route(method, path)  # 2. the route
+        route = route_of(method, path)  # 2. the route
         if route is None:
             log.info("refused %s %s from %s: not a route of this app", method, path[:200], caller.key)
             return await asgi.json(send, 404, "Not Found")
         kind, match = route
-        if kind == "file" and _url_like(path):
+        if kind == "file" and not_a_file_of_ours(path):
             return await asgi.json(send, 403, "This app serves only its own files.")
-        if kind == "service" or internal:
-            return await self._logged_in(scope, receive, send, kind, caller, internal, headers)
+        if kind in ("health", "metrics") or internal:
+            return await self._guarded(scope, receive, send, kind, caller, internal, headers, match)
         if not d.in_flight.enter(caller.key):  # 3. requests open at once
             return await asgi.json(send, 429, "Too many open requests from your address; close some tabs or wait.")
         try:
-            await self._logged_in(scope, receive, send, kind, caller, internal, headers, match)
+            await self._guarded(scope, receive, send, kind, caller, internal, headers, match)
         finally:
             d.in_flight.leave(caller.key)
 
-    async def _logged_in(
+    async def _guarded(
         self,
         scope: Scope,
         receive: Receive,
@@ -130,23 +130,24 @@ class FrontDoor:
         caller: Caller,
         internal: bool,
         headers: list[tuple[str, str]],
-        match: re.Match[str] | None = None,
+        match: re.Match[str] | None,
     ) -> None:
         d = self.d
         user = None
-        if d.auth is not None:  # 4. the login
-            user = self._bridge_login(scope, headers, internal)
-            if user is None and kind in LOGIN_REQUIRED:
-                return await asgi.json(send, 401, "Login required.", {"www-authenticate": 'Basic realm="mcp"'})
-        if kind in ("join", "call", "login", "mcp") and not internal:  # 6. the rate of joins
+        if d.login.auth is not None:  # 4. the login
+            wait, user = self._login(scope, headers, kind, caller, internal)
+            if wait > 0:
+                return await _too_many(send, wait, "Too many failed logins from your address; wait and try again.")
+            if user is None and kind not in OPEN_UNDER_AUTH and kind != "metrics":
+                return await asgi.json(send, 401, "Login required.", {"www-authenticate": 'Basic realm="app"'})
+        if takes_a_token(kind, scope["method"]) and not internal:  # 6. the rate of writes
             wait = d.buckets.take(caller.key)
             if wait > 0:
-                return await asgi.json(
-                    send, 429, "Too many requests from your address; slow down.", {"retry-after": str(int(wait) + 1)}
-                )
-        if kind == "mcp":
-            return await self._mcp(scope, receive, send, caller)
-        if kind in ("heartbeat", "stream") and not internal:  # 5. sessions
+                return await _too_many(send, wait, "Too many requests from your address; slow down.")
+        if kind in ("heartbeat", "stream") and not internal:  # 5. sessions; 8. an event's reader
+            event = match["event"] if match and "event" in match.groupdict() else None
+            if event is not None and not d.events.owned_by(event, caller.key):
+                return await asgi.json(send, 404, "No such event.")
             session = match["session"] if kind == "heartbeat" and match else asgi.query_session(scope)
             if session and await self._claim(send, caller, session):
                 return None
@@ -156,35 +157,93 @@ class FrontDoor:
                 finally:
                     d.sessions.release(caller.key, session)
             return await self.app(scope, receive, send)
-        if kind in ("join", "call", "cancel", "small", "login"):
+        if kind in JSON_BODIES or kind == "login":
             return await self._with_body(scope, receive, send, kind, caller, internal)
-        if kind == "file" and (d.auth is None or user is not None):  # 8. a live preview, from memory
+        if kind == "file" and (d.login.auth is None or user is not None):  # 9. a live preview, from memory
             preview = RECENT_PREVIEWS.get(unquote(scope["path"].split("file=", 1)[-1]))
             if preview is not None:
                 return await asgi.body(send, 200, preview, "image/jpeg", scope["method"] == "HEAD")
         return await self.app(scope, receive, send)
 
+    def _login(
+        self, scope: Scope, headers: list[tuple[str, str]], kind: str, caller: Caller, internal: bool
+    ) -> tuple[float, str | None]:
+        """(seconds to wait before any credential is compared, else 0; the request's login or None).
+
+        Gradio's cookie logs in; else a Basic or Bearer credential, checked only outside backoff,
+        and metered when it fails. ``/metrics`` takes the metrics token too (its route checks it
+        again); the login form is metered by its answer (``_with_body``).
+        """
+        login, meter, header = self.d.login, self.d.login.meter, asgi.header(headers, "authorization")
+        credential = presents_credential(header) or (kind == "login" and scope["method"] == "POST")
+        if credential and not internal and (wait := meter.wait(caller.key)) > 0:
+            return wait, None
+        app = scope.get("app")
+        if kind == "metrics":
+            if credential and not login.opens_metrics(header):
+                meter.failed(caller.key)
+            return 0.0, None
+        if app is None or not hasattr(app, "tokens"):
+            return 0.0, None
+        cookies = asgi.cookies(headers)
+        user = cookie_user(app, cookies)
+        if user is not None:
+            return 0.0, user
+        if presents_credential(header):
+            user = login.user_of(header)
+            if user is None and not internal:
+                meter.failed(caller.key)
+        if user is None and internal:
+            user = "mcp"  # Gradio's MCP server's own client: the tool call it makes carries the caller's login
+        if user is not None:
+            name, token = login_cookie(app, user)
+            asgi.set_header(scope, "cookie", "; ".join([*(f"{k}={v}" for k, v in cookies.items()), f"{name}={token}"]))
+        return 0.0, user
+
     async def _with_body(
         self, scope: Scope, receive: Receive, send: Send, kind: str, caller: Caller, internal: bool
     ) -> None:
-        """7. Read the body (at most the cap), check it, and hand it on."""
-        body = await asgi.read_body(receive, self.d.max_body_bytes)
+        """7. Read the body (at most the cap, and no deeper than the limit), check it, and hand it on."""
+        d = self.d
+        body = await asgi.read_body(receive, d.max_body_bytes)
         if body is None:
-            return await asgi.json(send, 413, f"The request body is over the limit of {self.d.max_body_bytes} bytes.")
+            return await asgi.json(send, 413, f"The request body is over the limit of {d.max_body_bytes} bytes.")
+        if kind in JSON_BODIES and asgi.too_deep(body):
+            return await asgi.json(send, 400, f"The request body nests deeper than {asgi.MAX_JSON_DEPTH} levels.")
+        if kind == "mcp":
+            return await self._mcp(scope, asgi.replay(body, receive), send, caller)
         if kind in ("join", "call", "cancel"):
             try:
                 parsed = _loads(body)
-                body = self._checked(kind, parsed, scope) or body
-            except ValueError:
+                body = self._checked(kind, parsed, scope, caller, internal) or body
+            except (ValueError, RecursionError):
                 return await asgi.json(send, 400, "The request body must be JSON.")
             except Refused as refused:
                 return await asgi.json(send, refused.status, refused.detail)
             session = parsed.get("session_hash") if isinstance(parsed, dict) else None
             if session and not internal and await self._claim(send, caller, str(session)):
                 return None
+            if kind in ("join", "call"):
+                send = asgi.status_recorder(send, lambda status, out: self._created(status, out, caller))
+        elif kind == "login":
+            send = asgi.status_recorder(send, lambda status, _out: self._logged_in(status, caller))
         await self.app(asgi.with_length(scope, len(body)), asgi.replay(body, receive), send)
 
-    def _checked(self, kind: str, parsed: Any, scope: Scope) -> bytes | None:
+    def _created(self, status: int, out: bytes, caller: Caller) -> None:
+        """A join or call was answered: the event it created is ``caller``'s (recorded before the answer goes out)."""
+        if status == 200:
+            try:
+                event = orjson.loads(out).get("event_id")
+            except (orjson.JSONDecodeError, AttributeError):
+                return
+            if isinstance(event, str):
+                self.d.events.add(event, caller.key)
+
+    def _logged_in(self, status: int, caller: Caller) -> None:
+        if status == 400 and self.d.login.auth is not None:  # Gradio's "Incorrect credentials."
+            self.d.login.meter.failed(caller.key)
+
+    def _checked(self, kind: str, parsed: Any, scope: Scope, caller: Caller, internal: bool) -> bytes | None:
         """Refuse a bad body (``Refused``); the body to hand on if it had to change, else None."""
         policy = self.d.policy
         if kind == "join":
@@ -206,6 +265,9 @@ class FrontDoor:
             return None
         if not isinstance(parsed, dict) or not isinstance(parsed.get("session_hash"), str):
             raise Refused(400, "A cancel names session_hash, fn_index and event_id.")
+        event_id = parsed.get("event_id")
+        if isinstance(event_id, str) and not internal and not self.d.events.owned_by(event_id, caller.key):
+            raise Refused(404, "No such event.")
         return None
 
     async def _claim(self, send: Send, caller: Caller, session: str) -> bool:
@@ -219,24 +281,6 @@ class FrontDoor:
             n = self.d.sessions.per_identity
             await asgi.json(send, 429, f"Too many open sessions from your address (at most {n}); close a tab or wait.")
         return True
-
-    def _bridge_login(self, scope: Scope, headers: list[tuple[str, str]], internal: bool) -> str | None:
-        """The request's login (Gradio's cookie, or Basic/Bearer turned into it); None: not logged in."""
-        app = scope.get("app")
-        if app is None or not hasattr(app, "tokens"):
-            return None
-        cookies = asgi.cookies(headers)
-        user = cookie_user(app, cookies)
-        if user is None:
-            user = self.d.check_authorization(asgi.header(headers, "authorization"))
-            if user is None and internal:
-                user = "mcp"  # Gradio's MCP server's own client: the tool call it makes carries the caller's login
-            if user is not None:
-                name, token = login_cookie(app, user)
-                asgi.set_header(
-                    scope, "cookie", "; ".join([*(f"{k}={v}" for k, v in cookies.items()), f"{name}={token}"])
-                )
-        return user
 
     async def _mcp(self, scope: Scope, receive: Receive, send: Send, caller: Caller) -> None:
         """An MCP request: seal who the caller is into the call Gradio makes back, and watch it stay.
@@ -271,7 +315,7 @@ class DoorConfig:
     policy: InputPolicy
     trusted: TrustedProxies
     limits: DoorLimits
-    auth: tuple[str, str] | None = None
+    login: Login = field(default_factory=lambda: Login(None))
     internal_secret: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     calls: LiveCalls = field(default_factory=LiveCalls)
     connections: ConnectionLimits | None = None  # the connection limits below the door (their counts)
@@ -279,32 +323,22 @@ class DoorConfig:
     buckets: TokenBucket = field(init=False)
     sessions: SessionBook = field(init=False)
     in_flight: InFlight = field(init=False)
+    events: EventBook = field(init=False)
 
     def __post_init__(self) -> None:
         lim = self.limits
         self.buckets = TokenBucket(lim.joins_per_second, lim.join_burst)
         self.sessions = SessionBook(lim.sessions_per_identity)
         self.in_flight = InFlight(lim.requests_per_identity)
+        self.events = EventBook()
 
     @property
     def max_body_bytes(self) -> int:
         return self.limits.max_body_bytes
 
-    def check_authorization(self, header: str) -> str | None:
-        """The user an ``Authorization`` header logs in (Basic, or Bearer ``user:password``)."""
-        if self.auth is None or not header:
-            return None
-        scheme, _, value = header.partition(" ")
-        if scheme.lower() == "basic":
-            try:
-                value = base64.b64decode(value.strip(), validate=True).decode()
-            except (binascii.Error, UnicodeDecodeError):
-                return None
-        elif scheme.lower() != "bearer":
-            return None
-        user, _, password = value.strip().partition(":")
-        expected = ":".join(self.auth).encode()
-        return user if hmac.compare_digest(f"{user}:{password}".encode(), expected) else None
+
+async def _too_many(send: Send, wait: float, message: str) -> None:
+    await asgi.json(send, 429, message, {"retry-after": str(int(wait) + 1)})
 
 
 def _loads(body: bytes) -> Any:
@@ -315,18 +349,6 @@ def _loads(body: bytes) -> Any:
         return orjson.loads(body)
     except orjson.JSONDecodeError:
         return json.loads(body)
-
-
-def _route(method: str, path: str) -> tuple[str, re.Match[str] | None] | None:
-    for methods, pattern, kind in ROUTES:
-        if method in methods and (match := pattern.fullmatch(path)) is not None:
-            return kind, match
-    return None
-
-
-def _url_like(path: str) -> bool:
-    rest = unquote(path.split("file=", 1)[1] if "file=" in path else path.split("/file/", 1)[-1])
-    return "://" in rest or rest.startswith("//") or rest.lower().startswith(("http:", "https:", "data:", "ftp:"))
 
 
 def _drop_unsealed(scope: Scope) -> list[tuple[str, str]]:

@@ -11,6 +11,8 @@ event of the page, not only ``/generate``:
 - no value anywhere is file-shaped (this app takes no files);
 - each text is within its field's cap (a ``Textbox``'s ``max_length``; ``SMALL_TEXT`` elsewhere),
   and every other value is small;
+- every text, wherever it is, is valid Unicode with no control character but newline and tab
+  (``text.text_problem``): a lone surrogate would otherwise fail inside a tokenizer as a server fault;
 - the event's data (``gr.SelectData``'s source) is cut down to its index: the handlers read only
   that, and a client's ``value`` could be anything.
 
@@ -28,6 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import gradio as gr
+
+from ..text import text_problem
 
 SMALL_TEXT = 256  # characters of any text that is not a Textbox's (a radio's choice, a slider's number)
 SMALL_NODES = 64  # values inside one non-text input (a list of seeds, a small dict)
@@ -157,10 +161,12 @@ def _problem(field: Field, value: Any) -> str | None:
     if isinstance(value, str):
         if len(value) > field.max_chars:
             return f"{field.label} must be text of at most {field.max_chars} characters; got {len(value)} characters"
-        return None
+        problem = text_problem(value)
+        return None if problem is None else f"{field.label} {problem}"
     if not _small(value):
         return f"{field.label} must be a single value (text of at most {field.max_chars} characters, or a number)"
-    return None
+    problem = next(filter(None, map(text_problem, _texts(value))), None)
+    return None if problem is None else f"{field.label} {problem}"
 
 
 def _small(value: Any) -> bool:
@@ -177,6 +183,21 @@ def _small(value: Any) -> bool:
         elif isinstance(item, list):
             stack.extend(item)
     return True
+
+
+def _texts(value: Any) -> list[str]:
+    """Every text inside a small value (its keys included)."""
+    found, stack = [], [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            found.append(item)
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return found
 
 
 def _small_int(value: Any) -> bool:

@@ -11,11 +11,13 @@ from starlette.middleware import Middleware
 
 from ..config import Settings
 from ..serving.base import Adapter
+from ..serving.owners import KEY_FILE
 from .frontdoor import DoorConfig, DoorLimits, FrontDoor
 from .gradio_internals import queued, skip_matplotlib_probe, tune_queue, uvicorn_options
 from .handler import PROGRESS_INTERVAL
 from .httplimits import ConnectionLimits, limited_protocol
 from .inputs import InputPolicy
+from .login import Login
 from .mcp_tool import call_back_as_internal
 from .routes import service_routes
 from .site import site_of
@@ -41,7 +43,8 @@ def front_door(demo: gr.Blocks, settings: Settings) -> DoorConfig:
         sessions_per_identity=settings.max_sessions_per_user,
         requests_per_identity=settings.max_connections_per_address,
     )
-    return DoorConfig(InputPolicy(demo), site.trusted, limits, auth=settings.auth_pair(), calls=site.calls)
+    login = Login(settings.auth_pair(), settings.metrics_token)
+    return DoorConfig(InputPolicy(demo), site.trusted, limits, login=login, calls=site.calls)
 
 
 def launch(demo: gr.Blocks, adapter: Adapter, settings: Settings) -> DoorConfig:
@@ -64,7 +67,7 @@ def launch(demo: gr.Blocks, adapter: Adapter, settings: Settings) -> DoorConfig:
         connections_per_address=settings.max_connections_per_address,
     )
     app_kwargs = {
-        "routes": service_routes(demo, adapter, settings.auth_pair(), settings.metrics_token),
+        "routes": service_routes(demo, adapter, door.login),
         "middleware": [Middleware(FrontDoor, door=door)],
     }
     with uvicorn_options(http=limited_protocol(connections), proxy_headers=False):
@@ -80,6 +83,7 @@ def launch(demo: gr.Blocks, adapter: Adapter, settings: Settings) -> DoorConfig:
             auth=settings.auth_pair(),
             mcp_server=settings.mcp,
             enable_monitoring=False,
+            blocked_paths=[str(settings.output_dir / KEY_FILE)],  # the owner folders' key (also refused at the door)
         )
     door.connections = connections
     return door

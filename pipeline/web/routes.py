@@ -2,14 +2,10 @@
 
 Under ``--auth`` ``/health`` stays open (load balancers and Spaces probe it; it shows no user data)
 and ``/metrics`` needs the same user and password (HTTP Basic, as Prometheus' ``basic_auth``) or
-the ``--metrics-token`` as a bearer token.
+the ``--metrics-token`` as a bearer token (``login.Login``).
 """
 
 from __future__ import annotations
-
-import base64
-import binascii
-import hmac
 
 import gradio as gr
 from fastapi import Request
@@ -19,28 +15,16 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from ..serving.base import Adapter
 from .gradio_internals import queued
+from .login import Login
 
 
-def authorized(header: str | None, auth: tuple[str, str] | None, token: str | None) -> bool:
-    """Whether an ``Authorization`` header opens ``/metrics`` (always, when the app has no login)."""
-    if auth is None:
-        return True
-    scheme, _, value = (header or "").partition(" ")
-    if scheme.lower() == "bearer" and token:
-        return hmac.compare_digest(value.encode(), token.encode())
-    if scheme.lower() == "basic":
-        try:
-            user, _, password = base64.b64decode(value, validate=True).decode().partition(":")
-        except (binascii.Error, UnicodeDecodeError):
-            return False
-        return hmac.compare_digest(f"{user}:{password}".encode(), ":".join(auth).encode())
-    return False
+def service_routes(demo: gr.Blocks, adapter: Adapter, login: Login | None = None) -> list[APIRoute]:
+    """``/health`` (JSON) and ``/metrics`` (Prometheus text), served by the app's own server.
 
-
-def service_routes(
-    demo: gr.Blocks, adapter: Adapter, auth: tuple[str, str] | None = None, metrics_token: str | None = None
-) -> list[APIRoute]:
-    """``/health`` (JSON) and ``/metrics`` (Prometheus text), served by the app's own server."""
+    The front door has already checked (and metered) the login of ``/metrics``; the route checks
+    it again, so it stays closed whatever is in front of it.
+    """
+    login = login or Login(None)
 
     async def health() -> JSONResponse:
         body = adapter.health()
@@ -48,7 +32,7 @@ def service_routes(
         return JSONResponse(body, status_code=503 if body["status"] in ("dead", "recovering") else 200)
 
     async def metrics(request: Request) -> Response:
-        if not authorized(request.headers.get("authorization"), auth, metrics_token):
+        if not login.opens_metrics(request.headers.get("authorization") or ""):
             return Response("login required", status_code=401, headers={"WWW-Authenticate": 'Basic realm="metrics"'})
         return Response(adapter.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 

@@ -26,7 +26,8 @@ from bench.probe import raw_http_predict
 from pipeline.web.a1111 import parse_parameters
 from pipeline.web.gradio_internals import temp_file_count
 from tests.fakes import FakeModel
-from tests.helpers import raw_request, running_app, wait_for
+from tests.helpers import running_app, wait_for
+from tests.hostile import NoisyModel, fn_index, generate_data, join, peer
 
 LIMITS = (
     "--trusted-proxies",
@@ -42,44 +43,6 @@ LIMITS = (
     "--max-pixel-steps",
     "1000000",
 )
-
-
-def peer(address: str, **kwargs: Any) -> httpx.Client:
-    """A raw HTTP client whose connections come from ``address`` (a loopback alias)."""
-    return httpx.Client(transport=httpx.HTTPTransport(local_address=address), timeout=30, **kwargs)
-
-
-def fn_index(demo: Any, api_name: str) -> int:
-    return next(i for i, fn in demo.fns.items() if fn.api_name == api_name)
-
-
-def join(
-    http: httpx.Client, url: str, fn: int, data: list[Any], session: str | None = None, **extra: Any
-) -> httpx.Response:
-    body = {"data": data, "fn_index": fn, "session_hash": session or uuid.uuid4().hex[:11], **extra}
-    return http.post(url + "gradio_api/queue/join", json=body)
-
-
-def generate_data(**overrides: Any) -> list[Any]:
-    raw = raw_request(**overrides)
-    return [
-        raw.get(k, v)
-        for k, v in [
-            ("prompt", ""),
-            ("negative_prompt", ""),
-            ("seed", 0),
-            ("randomize_seed", False),
-            ("width", 64),
-            ("height", 64),
-            ("num_inference_steps", 2),
-            ("guidance_scale", 7.5),
-            ("num_images", 1),
-            ("live_preview", False),
-            ("scheduler", "default"),
-            ("lora", "none"),
-            ("lora_scale", 1.0),
-        ]
-    ]
 
 
 class Recorder:
@@ -418,15 +381,6 @@ def test_a_prompts_newlines_plant_no_metadata_and_the_paste_reads_it_back(app: A
         values = applied["output"]["data"]
         assert values[0] == " ".join(prompt.splitlines()) and values[1] == "dark, blurry: no more"
         assert "<strong>Filled:</strong>" in values[-1]
-
-
-class NoisyModel(FakeModel):
-    """Pictures of noise: PNGs of their full size (about 200 KB at 256 px), so the disk budget bites."""
-
-    def image(self, job: Any, seed: int) -> Image.Image:
-        import os
-
-        return Image.frombytes("RGB", (job.width, job.height), os.urandom(job.width * job.height * 3))
 
 
 def test_gradio_temp_file_sets_stay_bounded_under_a_soak(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from pipeline.serving.postprocess import owner_folder
+from pipeline.serving.owners import key_of, owner_folder
 from pipeline.web.results import (
     HISTORY_SIZE,
     SessionResults,
@@ -98,7 +98,8 @@ def test_the_zip_holds_every_image_still_on_disk_and_their_parameters(tmp_path: 
     path = write_zip(history, out, owner="addr:203.0.113.9")
     # <out>/<day>/<the owner's folder>/: swept with the images, counted in that identity's share
     assert path is not None and path.parent.parent.parent == out and path.suffix == ".zip"
-    assert path.parent.name == owner_folder("addr:203.0.113.9") != owner_folder("addr:203.0.113.10")
+    key = key_of(out)
+    assert path.parent.name == owner_folder("addr:203.0.113.9", key) != owner_folder("addr:203.0.113.10", key)
     with zipfile.ZipFile(path) as archive:
         assert archive.namelist() == ["01-seed10.png", "02-seed11.png", "parameters.json"]
         assert archive.read("02-seed11.png") == b"\x89PNG a1.png"

@@ -112,3 +112,34 @@ def test_file_shapes_and_select_data() -> None:
     assert select_data({"index": [1, 2], "selected": False}) == {"index": [1, 2], "value": None, "selected": False}
     assert select_data({"index": -1})["index"] is None and select_data({"index": "0"})["index"] is None
     assert select_data("junk") is None
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        (
+            "a \ud800 lone surrogate",
+            "Parameters text must be valid Unicode text (an unpaired surrogate at character 3)",
+        ),
+        ("\udfff", "Parameters text must be valid Unicode text (an unpaired surrogate at character 1)"),
+        ("bell\x07", "Parameters text must not contain control characters (U+0007 at character 5)"),
+        ("nul\x00", "Parameters text must not contain control characters (U+0000 at character 4)"),
+        ("c1\x85", "Parameters text must not contain control characters (U+0085 at character 3)"),
+        ("del\x7f", "Parameters text must not contain control characters (U+007F at character 4)"),
+    ],
+)
+def test_text_that_is_not_valid_unicode_or_holds_a_control_character_is_refused_naming_the_field(
+    policy: Any, value: str, says: str
+) -> None:
+    rules, index = policy
+    refused = refusal(rules, join(index["py"], [value, 1]))
+    assert refused.status == 422 and says in str(refused.detail)
+    assert refused.detail[0]["parameter_name"] == "pasted" and not refused.detail[0]["is_valid"]
+
+
+def test_a_surrogate_inside_a_non_text_value_is_refused_too_and_line_breaks_and_tabs_pass(policy: Any) -> None:
+    rules, index = policy
+    refused = refusal(rules, join(index["py"], ["ok", {"note": ["\ud83d"]}]))
+    assert refused.status == 422 and "Seed must be valid Unicode text" in str(refused.detail)
+    _event, cleaned = rules.check_join(join(index["py"], ["two\nlines\r\n\twith a tab and an emoji 🎨", 1]))
+    assert cleaned["data"][0] == "two\nlines\r\n\twith a tab and an emoji 🎨"

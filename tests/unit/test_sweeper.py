@@ -3,9 +3,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from pipeline.serving.owners import KEY_FILE, owner_folder
 from pipeline.serving.sweeper import Sweeper
 
 NOW = 1_000_000.0
+KEY = b"k" * 32
 
 
 def _file(path: Path, size: int, age: float) -> Path:
@@ -47,11 +49,9 @@ def test_the_thread_is_named_and_stops(tmp_path: Path) -> None:
 
 def test_over_budget_only_identities_over_their_share_lose_files_and_the_unowned_go_first(tmp_path: Path) -> None:
     """Issue 26 §8: a share each; one identity writing a lot never costs another its images."""
-    from pipeline.serving.postprocess import owner_folder
-
     out = tmp_path / "out"
     day = out / "20261202"
-    heavy, light = day / owner_folder("addr:198.51.100.1"), day / owner_folder("addr:198.51.100.2")
+    heavy, light = day / owner_folder("addr:198.51.100.1", KEY), day / owner_folder("addr:198.51.100.2", KEY)
     light_files = [_file(light / f"l{i}.png", 100, age=5000 - i) for i in range(3)]  # the oldest files of all
     heavy_files = [_file(heavy / f"h{i}.png", 100, age=3000 - i) for i in range(10)]
     preview = _file(out / "ab12cd" / "image.png", 100, age=100)  # a preview in Gradio's cache: nobody's
@@ -66,18 +66,16 @@ def test_over_budget_only_identities_over_their_share_lose_files_and_the_unowned
     assert deleted == [{str(preview), *(str(f) for f in heavy_files[:5])}]  # Gradio's sets are told
 
 
-def test_an_even_share_is_the_budget_over_the_identities_with_files(tmp_path: Path) -> None:
-    from pipeline.serving.postprocess import owner_folder
-
+def test_each_identity_that_fits_keeps_a_floor_of_the_budget_over_max_owners(tmp_path: Path) -> None:
     day = tmp_path / "20261202"
-    owners = [day / owner_folder(f"addr:{k}") for k in range(3)]
+    owners = [day / owner_folder(f"addr:{k}", KEY) for k in range(3)]
     files = {k: [_file(o / f"{i}.png", 100, age=1000 - i) for i in range(4)] for k, o in enumerate(owners)}
     files[2] = files[2][:1]  # owner 2 keeps one image: under its share
     for f in (owners[2] / f"{i}.png" for i in range(1, 4)):
         f.unlink()
-    Sweeper([tmp_path], max_bytes=600, max_age=7200, min_age=60, clock=lambda: NOW).sweep_once()
+    Sweeper([tmp_path], max_bytes=600, max_age=7200, min_age=60, clock=lambda: NOW, max_owners=3).sweep_once()
     left = {k: sum(f.exists() for f in fs) for k, fs in files.items()}
-    # 900 -> 600, the share 200: only owners 0 and 1 are over it, and neither goes below it
+    # 900 -> 600, the floor 200: only owners 0 and 1 are over it, and neither goes below it
     assert left[2] == 1 and sum(left.values()) == 6 and min(left[0], left[1]) >= 2, left
 
 
@@ -99,3 +97,42 @@ def test_a_folder_swept_away_between_its_mkdir_and_the_write_is_made_again(tmp_p
     written = write_then_rename(folder / "r-0.png", write)
     assert swept == [True], "the sweeper did not remove the empty folder: the race was not set up"
     assert written.read_bytes() == b"png" and not (folder / "r-0.png.tmp").exists()
+
+
+def test_many_identities_cannot_shrink_a_victims_floor_they_are_deleted_first(tmp_path: Path) -> None:
+    """Issue 35 §7: the floor is fixed (budget / max_owners). An attacker with 200 identities (a /56
+    of IPv6 is 256 /64s), each holding a little, past what fits: their files go first, and the
+    victim, who came first, keeps every image within its floor however long the attack goes on."""
+    day = tmp_path / "20261203"
+    victim = [_file(day / owner_folder("addr:198.51.100.1", KEY) / f"v{i}.png", 100, age=3000 - i) for i in range(4)]
+    attacker = [
+        _file(day / owner_folder(f"addr:2001:db8:0:{k:x}::/64", KEY) / f"a{k}.png", 100, age=2000 - k)
+        for k in range(200)
+    ]
+    zip_of_victim = _file(day / owner_folder("addr:198.51.100.1", KEY) / "images-1.zip", 100, age=100)
+    sweeper = Sweeper([tmp_path], max_bytes=1600, max_age=7200, min_age=60, clock=lambda: NOW, max_owners=4)
+    assert sweeper.floor == 400
+    for _round in range(3):
+        sweeper.sweep_once()
+    # 20,500 bytes -> 1,600. The victim holds 500 (a zip counts in its share): 100 over its floor,
+    # but the identities that did not fit (all but the first 3 attackers) go first, and that is enough.
+    assert all(f.exists() for f in victim) and zip_of_victim.exists()
+    kept = [f for f in attacker if f.exists()]
+    assert attacker[:3] == kept[:3] and len(kept) <= 11, len(kept)
+    assert sum(f.stat().st_size for f in tmp_path.rglob("*.png") if f.exists()) + 100 <= 1600
+
+
+def test_the_identities_that_fit_are_trimmed_to_their_floor_never_below(tmp_path: Path) -> None:
+    day = tmp_path / "20261203"
+    victim = [_file(day / owner_folder("addr:a", KEY) / f"v{i}.png", 100, age=5000 - i) for i in range(3)]
+    hog = [_file(day / owner_folder("addr:b", KEY) / f"h{i}.png", 100, age=4000 - i) for i in range(30)]
+    Sweeper([tmp_path], max_bytes=1000, max_age=7200, min_age=60, clock=lambda: NOW, max_owners=2).sweep_once()
+    assert all(f.exists() for f in victim)  # 300 <= the floor of 500
+    assert [f.exists() for f in hog] == [False] * 23 + [True] * 7  # 3300 -> 1000: the hog's oldest go
+
+
+def test_the_owner_key_file_is_never_swept(tmp_path: Path) -> None:
+    key = _file(tmp_path / KEY_FILE, 64, age=10**6)
+    old = _file(tmp_path / "day" / "old.png", 100, age=10**6)
+    Sweeper([tmp_path], max_bytes=1, max_age=60, min_age=1, clock=lambda: NOW).sweep_once()
+    assert key.exists() and not old.exists()

@@ -1,0 +1,83 @@
+"""The mutants of the front door's second round (issue 35): each defence against a hostile client, removed.
+
+Merged into ``tools/mutant_patches.MUTANTS``; ``tools/mutants.py`` names the tests that catch each.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from tools.mutant_seams import Patch, attr, on
+
+
+def _even_share() -> None:
+    """The sweeper of old: a share of the budget over the identities holding files (an attacker's many shrink it)."""
+    from pipeline.serving.sweeper import Sweeper
+
+    def over_budget(self: Any, files: list[Any], now: float) -> list[Any]:
+        total = sum(size for _, size, _, _ in files)
+        if total <= self.max_bytes:
+            return []
+        victims: list[Any] = []
+        usage: dict[str, int] = {}
+        sweepable = [f for f in files if now - f[0] > self.min_age]
+        for _m, size, path, owner in sweepable:
+            if total > self.max_bytes and not owner:
+                victims.append(path)
+                total -= size
+        for _, size, _, owner in files:
+            if owner:
+                usage[owner] = usage.get(owner, 0) + size
+        share = self.max_bytes // max(1, len(usage))
+        for owner in sorted(usage, key=usage.__getitem__, reverse=True):
+            for _m, size, path, who in sweepable:
+                if who == owner and total > self.max_bytes and usage[owner] > share:
+                    victims.append(path)
+                    usage[owner] -= size
+                    total -= size
+        return victims
+
+    Sweeper._over_budget = over_budget  # type: ignore[method-assign]
+
+
+def _unkeyed(owner: str | None, key: bytes) -> str:
+    return "shared" if owner is None else "u-" + hashlib.sha256(owner.encode()).hexdigest()[:20]
+
+
+def _no_text_rules() -> list[Patch]:
+    return attr("pipeline.web.inputs", "text_problem", lambda value: None) + attr(
+        "pipeline.request", "text_problem", lambda value: None
+    )
+
+
+def _traceback_through() -> None:
+    from pipeline.web.frontdoor import FrontDoor
+
+    async def call(self: Any, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        return await self._admit(scope, receive, send)
+
+    FrontDoor.__call__ = call  # type: ignore[method-assign]
+
+
+OPEN = frozenset({"login-page", "login", "health", "startup"})  # guards.OPEN_UNDER_AUTH, as reviewed
+SECURITY: dict[str, list[Patch]] = {
+    "mcp-outside-the-login": attr("pipeline.web.frontdoor", "OPEN_UNDER_AUTH", OPEN | {"mcp"}),
+    "failed-logins-not-metered": attr("pipeline.web.admission", "LoginMeter.wait", lambda self, key: 0.0),
+    "heartbeat-outside-the-login": attr(
+        "pipeline.web.frontdoor",
+        "OPEN_UNDER_AUTH",
+        frozenset({"login-page", "login", "health", "startup", "heartbeat"}),
+    ),
+    "owner-folders-unkeyed": attr("pipeline.serving.owners", "owner_folder", _unkeyed),
+    "text-not-validated": _no_text_rules(),
+    "deep-json-parsed": attr("pipeline.web.asgi", "too_deep", lambda body, limit=64: False),
+    "cancels-not-rate-limited": attr(
+        "pipeline.web.frontdoor", "takes_a_token", lambda kind, method: kind in ("join", "call", "login", "mcp")
+    ),
+    "door-lets-tracebacks-through": on("pipeline.web.frontdoor", _traceback_through),
+    "call-results-unowned": attr("pipeline.web.admission", "EventBook.owned_by", lambda self, event, identity: True),
+    "disk-share-shrinks-with-identities": on("pipeline.serving.sweeper", _even_share),
+}
