@@ -339,7 +339,7 @@ MUTANTS: dict[str, list[Patch]] = {
     # Issue 26: hostile clients. Each defence of the front door and below it, removed.
     "unbounded-inputs": attr("pipeline.web.inputs", "_problem", lambda field, value: None),
     "files-pass-the-door": attr("pipeline.web.inputs", "file_shaped", lambda value: False),
-    "every-route-open": attr("pipeline.web.frontdoor", "_route", lambda method, path: ("page", None)),
+    "every-route-open": attr("pipeline.web.frontdoor", "route_of", lambda method, path: ("page", None)),
     "sessions-not-owned": attr("pipeline.web.admission", "SessionBook.claim", lambda self, identity, session: None),
     "no-join-rate": attr("pipeline.web.admission", "TokenBucket.take", lambda self, key: 0.0),
     "one-login-one-user": attr("pipeline.web.identity", "Caller.key", property(_one_login_one_user)),
