@@ -136,3 +136,15 @@ def test_the_owner_key_file_is_never_swept(tmp_path: Path) -> None:
     old = _file(tmp_path / "day" / "old.png", 100, age=10**6)
     Sweeper([tmp_path], max_bytes=1, max_age=60, min_age=1, clock=lambda: NOW).sweep_once()
     assert key.exists() and not old.exists()
+
+
+def test_a_folder_named_the_old_way_is_still_one_identitys(tmp_path: Path) -> None:
+    """Folders made before the keyed names (``u-`` and an unsalted hash) keep their owner's floor."""
+    import hashlib
+
+    day = tmp_path / "20261202"
+    legacy = day / ("u-" + hashlib.sha256(b"addr:198.51.100.3").hexdigest()[:20])
+    kept = [_file(legacy / f"old{i}.png", 100, age=5000 - i) for i in range(2)]
+    hog = [_file(day / owner_folder("addr:b", KEY) / f"h{i}.png", 100, age=4000 - i) for i in range(10)]
+    Sweeper([tmp_path], max_bytes=600, max_age=7200, min_age=60, clock=lambda: NOW, max_owners=2).sweep_once()
+    assert all(f.exists() for f in kept) and sum(f.exists() for f in hog) == 4
