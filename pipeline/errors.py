@@ -9,6 +9,8 @@
 - ``OutOfMemory``: a recoverable GPU/CPU memory fault; the user is told to shrink the request.
 - ``ReplicaDead``: (Ray backend) the replica running the job died; the others carry on.
 - ``ModelProcessDied``: the model process died during the job; the app restarts it, the others wait.
+- ``DeviceFailed``: the GPU failed in a way that poisons the process (``engine.device_faults``);
+  the model process ends itself and is restarted.
 - ``EngineDead``: the model side is gone for good; every waiting job fails at once.
 """
 
@@ -119,6 +121,17 @@ class ModelProcessDied(GenerationFailed):
             request_id,
             f"The model process stopped while running your job (request id {request_id}); "
             "the server is restarting it. Please try again in a minute.",
+        )
+
+
+class DeviceFailed(GenerationFailed):
+    """The GPU failed during the job in a way that poisons its process; the model side is being restarted."""
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(
+            request_id,
+            f"The GPU failed while running your job (request id {request_id}); the model is being "
+            "restarted on a fresh process. Please try again in a minute.",
         )
 
 

@@ -202,8 +202,9 @@ class InferenceResult:
     model_loads: int = 0
 
 
-# crashed: the model process died during the job (it is being restarted); engine_dead: no model side is left
-ErrorKind = Literal["cancelled", "out_of_memory", "failed", "crashed", "engine_dead"]
+# crashed: the model process died during the job (it is being restarted); device_lost: the device failed in a way
+# that poisons the process (``engine.device_faults``; the model side ends itself); engine_dead: no model side left
+ErrorKind = Literal["cancelled", "out_of_memory", "failed", "crashed", "device_lost", "engine_dead"]
 
 
 @dataclass(frozen=True)

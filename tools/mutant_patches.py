@@ -13,6 +13,7 @@ import threading
 from importlib import import_module
 from typing import Any, Callable
 
+from tools.mutant_gpu import GPU
 from tools.mutant_seams import Patch, attr, install, on
 from tools.mutant_security import SECURITY
 
@@ -290,108 +291,112 @@ def _thread_off_the_map() -> None:
 NO_GATE = on("pipeline.serving.local", _no_gate)
 THREAD_PER_JOB = [("pipeline.engine.hosting.runner", _thread_per_job)]
 
-MUTANTS: dict[str, list[Patch]] = {
-    "no-gate": NO_GATE,
-    "gate-wraps-whole-request": on("pipeline.serving.local", _gate_wraps_whole_request),
-    "no-gate-and-a-thread-per-job": NO_GATE + THREAD_PER_JOB,
-    "to-thread-releases-the-gate-on-cancel": THREAD_PER_JOB + on("pipeline.serving.local", _release_gate_on_cancel),
-    "batch-ignores-compatibility": on("pipeline.serving.line", _key_is_constant),
-    "no-batching": attr("pipeline.serving.line", "Line.fits", staticmethod(lambda *a: False)),
-    "batch-ignores-max-size": attr("pipeline.serving.line", "Line.fits", staticmethod(lambda *a: True)),
-    "one-cancel-stops-the-batch": attr(
-        "pipeline.serving.line", "Batch.all_stopped", lambda self: any(m.stop.is_set() for m in self.members)
-    ),
-    "oom-no-retry": attr("pipeline.serving.jobs", "GpuJobs.retry_alone", staticmethod(lambda *a: False)),
-    "skip-in-progress": attr("pipeline.web.shown", "progress_gallery", lambda: __import__("gradio").skip()),
-    "ray-replica-without-a-gate": NO_GATE + THREAD_PER_JOB + on("pipeline.ray.cluster", _ray_replica_admits_eight),
-    "ray-cancel-not-forwarded": attr("pipeline.ray.adapter", "_cancel", lambda call: None),
-    "no-disconnect-watch": attr("pipeline.web.handler", "caller_alive", lambda demo: None),
-    "stop-answers-at-once": attr("pipeline.web.handler", "PageJobs.wait_ended", _stopped_at_once),
-    "no-steps-validation": attr("pipeline.request", "_steps", lambda raw, limits: raw.get("num_inference_steps")),
-    "no-sweeper": attr("pipeline.serving.sweeper", "Sweeper.start", lambda self: None),
-    "plain-close-on-signal": attr(
-        "pipeline.web.lifecycle", "shutdown", lambda demo, adapter, deadline=8.0: demo.close()
-    ),
-    "zerogpu-passes-the-stop-event": on("pipeline.engine.hosting.zerogpu", _pass_the_stop_event),
-    "zerogpu-runs-outside-the-users-context": on("pipeline.serving.streamer", _no_user_context),
-    "model-process-never-hears-stop": on("pipeline.engine.hosting.process", _model_process_never_hears_stop),
-    "model-process-not-restarted": attr(
-        "pipeline.engine.hosting.process", "ProcessSide._restart", _restart_gives_up_at_once
-    ),
-    "recovering-not-reported": attr("pipeline.serving.local", "LocalAdapter._recovering", lambda self: False),
-    "liveness-watch-never-looks": attr(
-        "pipeline.serving.base",
-        "LivenessWatch.watching",
-        lambda self, alive, on_gone: __import__("contextlib").nullcontext(),
-    ),
-    # The page (issue 18): each helper around generate, broken in the browser.
-    "join-ignores-compatibility": on("pipeline.engine.loop.joining", _loop_key_is_constant)
-    + on("pipeline.serving.line", _serving_loop_key_is_constant),
-    "leave-drops-another-member": on("pipeline.engine.loop.joining", _leave_drops_another),
-    "joiner-waits-for-the-end": attr(
-        "pipeline.serving.jobs", "GpuJobs._deliver_member_step", _joiner_waits_for_the_end
-    ),
-    "early-joiner-not-held": attr("pipeline.engine.loop.joining", "room_for", lambda job, loop_images: True),
-    "swap-does-nothing": attr("pipeline.web.page_tools", "swapped", lambda width, height: (width, height)),
-    "history-restores-nothing": attr("pipeline.web.page_tools", "restore", lambda history, index: None),
-    "paste-fills-nothing": attr("pipeline.web.page_tools", "fill_from", _fills_nothing),
-    "escape-does-nothing": attr("pipeline.web.page_tools", "KEYS_JS", "() => {}"),
-    # Issue 26: hostile clients. Each defence of the front door and below it, removed.
-    "unbounded-inputs": attr("pipeline.web.inputs", "_problem", lambda field, value: None),
-    "files-pass-the-door": attr("pipeline.web.inputs", "file_shaped", lambda value: False),
-    "every-route-open": attr("pipeline.web.frontdoor", "route_of", lambda method, path: ("page", None)),
-    "sessions-not-owned": attr("pipeline.web.admission", "SessionBook.claim", lambda self, identity, session: None),
-    "no-join-rate": attr("pipeline.web.admission", "TokenBucket.take", lambda self, key: 0.0),
-    "one-login-one-user": attr("pipeline.web.identity", "Caller.key", property(_one_login_one_user)),
-    "forwarded-for-believed": attr("pipeline.web.identity", "client_address", _leftmost_forwarded),
-    "mcp-caller-unsealed": attr("pipeline.web.identity", "unseal", lambda value: None),
-    "mcp-disconnect-ignored": attr("pipeline.web.site", "LiveCalls.alive", lambda self, call: True),
-    "no-cost-budget": attr("pipeline.request", "_within_budget", lambda *args: None),
-    "no-connection-limits": attr("pipeline.web.lifecycle", "limited_protocol", _plain_uvicorn),
-    "full-disk-leaves-a-tmp": attr("pipeline.serving.postprocess", "write_then_rename", _rename_without_cleanup),
-    "temp-files-kept": attr("pipeline.web.gradio_internals", "forget_temp_files", lambda demo, paths: 0),
-    "shares-ignored": attr("pipeline.serving.sweeper", "_owner_of", lambda directory, top: ""),
-    "prompt-lines-kept": attr("pipeline.serving.postprocess", "one_line", lambda text: text),
-    "notes-rendered": attr("pipeline.web.a1111", "notes_html", lambda fill: "<br>".join(fill.notes)),
-    "ui-events-unbounded": attr("pipeline.web.page_tools", "UI_CONCURRENCY", None)
-    + attr(
-        "pipeline.web.page_tools",
-        "UI",
-        {"api_visibility": "private", "concurrency_id": "ui", "concurrency_limit": None, "show_progress": "hidden"},
-    ),
-    "auto-limit-off": attr("pipeline.serving.jobs", "GpuJobs.time_limit", lambda self, job: self.job_timeout),
-    "paste-regex-backtracks": attr("pipeline.web.a1111", "settings_pairs", _backtracking_pairs),
-    # Issue 27: the guidance control sent as guidance_scale whatever the family reads (Qwen-Image's is
-    # true_cfg_scale); packed latents previewed as they are (no unpacking: no preview for FLUX.2 and kin);
-    # Z-Image's step-level loop without its classifier-free guidance.
-    "guidance-always-guidance-scale": attr(
-        "pipeline.engine.model.families",
-        "guidance_arguments",
-        lambda t, guidance, steps=0: {**t.fixed, "guidance_scale": guidance},
-    ),
-    "packed-previews-not-unpacked": attr(
-        "pipeline.engine.model.previews", "unpack", lambda pipe, latents, width, height: latents
-    ),
-    # Issue 28: previews for a caller who did not ask; previews at the picture's full size; a preview
-    # made at every step whatever the job asked (a picture-sized payload per step with previews off).
-    "previews-for-everyone": on("pipeline.request", _previews_for_everyone),
-    "previews-at-full-size": on("pipeline.protocol", _full_size_previews),
-    "previews-every-step": attr(
-        "pipeline.engine.model.stepping", "StepWatch._preview_due", lambda self, step: self.preview_map is not None
-    ),
-    "z-image-loop-without-guidance": attr(
-        "pipeline.engine.loop.loop_flow_2026",
-        "ZImageLoop._guided",
-        staticmethod(lambda pos, neg, scale, normalization: pos),
-    ),
-    # Every job runs without its LoRA adapter (the request's choice never reaches the weights).
-    "lora-adapter-ignored": attr(
-        "pipeline.engine.model.lora", "use_of", lambda job: import_module("pipeline.loras").AdapterUse()
-    ),
-    "lora-previous-adapter-leaks": on("pipeline.engine.model.lora", _previous_adapter_leaks),
-    "lora-mixed-batch-one-adapter": on("pipeline.engine.model.lora", _mixed_batch_one_adapter),
-    "thread-off-the-map": on("pipeline.serving.streamer", _thread_off_the_map),
-} | SECURITY
+MUTANTS: dict[str, list[Patch]] = (
+    {
+        "no-gate": NO_GATE,
+        "gate-wraps-whole-request": on("pipeline.serving.local", _gate_wraps_whole_request),
+        "no-gate-and-a-thread-per-job": NO_GATE + THREAD_PER_JOB,
+        "to-thread-releases-the-gate-on-cancel": THREAD_PER_JOB + on("pipeline.serving.local", _release_gate_on_cancel),
+        "batch-ignores-compatibility": on("pipeline.serving.line", _key_is_constant),
+        "no-batching": attr("pipeline.serving.line", "Line.fits", staticmethod(lambda *a: False)),
+        "batch-ignores-max-size": attr("pipeline.serving.line", "Line.fits", staticmethod(lambda *a: True)),
+        "one-cancel-stops-the-batch": attr(
+            "pipeline.serving.line", "Batch.all_stopped", lambda self: any(m.stop.is_set() for m in self.members)
+        ),
+        "oom-no-retry": attr("pipeline.serving.jobs", "GpuJobs.retry_alone", staticmethod(lambda *a: False)),
+        "skip-in-progress": attr("pipeline.web.shown", "progress_gallery", lambda: __import__("gradio").skip()),
+        "ray-replica-without-a-gate": NO_GATE + THREAD_PER_JOB + on("pipeline.ray.cluster", _ray_replica_admits_eight),
+        "ray-cancel-not-forwarded": attr("pipeline.ray.adapter", "_cancel", lambda call: None),
+        "no-disconnect-watch": attr("pipeline.web.handler", "caller_alive", lambda demo: None),
+        "stop-answers-at-once": attr("pipeline.web.handler", "PageJobs.wait_ended", _stopped_at_once),
+        "no-steps-validation": attr("pipeline.request", "_steps", lambda raw, limits: raw.get("num_inference_steps")),
+        "no-sweeper": attr("pipeline.serving.sweeper", "Sweeper.start", lambda self: None),
+        "plain-close-on-signal": attr(
+            "pipeline.web.lifecycle", "shutdown", lambda demo, adapter, deadline=8.0: demo.close()
+        ),
+        "zerogpu-passes-the-stop-event": on("pipeline.engine.hosting.zerogpu", _pass_the_stop_event),
+        "zerogpu-runs-outside-the-users-context": on("pipeline.serving.streamer", _no_user_context),
+        "model-process-never-hears-stop": on("pipeline.engine.hosting.process", _model_process_never_hears_stop),
+        "model-process-not-restarted": attr(
+            "pipeline.engine.hosting.process", "ProcessSide._restart", _restart_gives_up_at_once
+        ),
+        "recovering-not-reported": attr("pipeline.serving.local", "LocalAdapter._recovering", lambda self: False),
+        "liveness-watch-never-looks": attr(
+            "pipeline.serving.base",
+            "LivenessWatch.watching",
+            lambda self, alive, on_gone: __import__("contextlib").nullcontext(),
+        ),
+        # The page (issue 18): each helper around generate, broken in the browser.
+        "join-ignores-compatibility": on("pipeline.engine.loop.joining", _loop_key_is_constant)
+        + on("pipeline.serving.line", _serving_loop_key_is_constant),
+        "leave-drops-another-member": on("pipeline.engine.loop.joining", _leave_drops_another),
+        "joiner-waits-for-the-end": attr(
+            "pipeline.serving.jobs", "GpuJobs._deliver_member_step", _joiner_waits_for_the_end
+        ),
+        "early-joiner-not-held": attr("pipeline.engine.loop.joining", "room_for", lambda job, loop_images: True),
+        "swap-does-nothing": attr("pipeline.web.page_tools", "swapped", lambda width, height: (width, height)),
+        "history-restores-nothing": attr("pipeline.web.page_tools", "restore", lambda history, index: None),
+        "paste-fills-nothing": attr("pipeline.web.page_tools", "fill_from", _fills_nothing),
+        "escape-does-nothing": attr("pipeline.web.page_tools", "KEYS_JS", "() => {}"),
+        # Issue 26: hostile clients. Each defence of the front door and below it, removed.
+        "unbounded-inputs": attr("pipeline.web.inputs", "_problem", lambda field, value: None),
+        "files-pass-the-door": attr("pipeline.web.inputs", "file_shaped", lambda value: False),
+        "every-route-open": attr("pipeline.web.frontdoor", "route_of", lambda method, path: ("page", None)),
+        "sessions-not-owned": attr("pipeline.web.admission", "SessionBook.claim", lambda self, identity, session: None),
+        "no-join-rate": attr("pipeline.web.admission", "TokenBucket.take", lambda self, key: 0.0),
+        "one-login-one-user": attr("pipeline.web.identity", "Caller.key", property(_one_login_one_user)),
+        "forwarded-for-believed": attr("pipeline.web.identity", "client_address", _leftmost_forwarded),
+        "mcp-caller-unsealed": attr("pipeline.web.identity", "unseal", lambda value: None),
+        "mcp-disconnect-ignored": attr("pipeline.web.site", "LiveCalls.alive", lambda self, call: True),
+        "no-cost-budget": attr("pipeline.request", "_within_budget", lambda *args: None),
+        "no-connection-limits": attr("pipeline.web.lifecycle", "limited_protocol", _plain_uvicorn),
+        "full-disk-leaves-a-tmp": attr("pipeline.serving.postprocess", "write_then_rename", _rename_without_cleanup),
+        "temp-files-kept": attr("pipeline.web.gradio_internals", "forget_temp_files", lambda demo, paths: 0),
+        "shares-ignored": attr("pipeline.serving.sweeper", "_owner_of", lambda directory, top: ""),
+        "prompt-lines-kept": attr("pipeline.serving.postprocess", "one_line", lambda text: text),
+        "notes-rendered": attr("pipeline.web.a1111", "notes_html", lambda fill: "<br>".join(fill.notes)),
+        "ui-events-unbounded": attr("pipeline.web.page_tools", "UI_CONCURRENCY", None)
+        + attr(
+            "pipeline.web.page_tools",
+            "UI",
+            {"api_visibility": "private", "concurrency_id": "ui", "concurrency_limit": None, "show_progress": "hidden"},
+        ),
+        "auto-limit-off": attr("pipeline.serving.jobs", "GpuJobs.time_limit", lambda self, job: self.job_timeout),
+        "paste-regex-backtracks": attr("pipeline.web.a1111", "settings_pairs", _backtracking_pairs),
+        # Issue 27: the guidance control sent as guidance_scale whatever the family reads (Qwen-Image's is
+        # true_cfg_scale); packed latents previewed as they are (no unpacking: no preview for FLUX.2 and kin);
+        # Z-Image's step-level loop without its classifier-free guidance.
+        "guidance-always-guidance-scale": attr(
+            "pipeline.engine.model.families",
+            "guidance_arguments",
+            lambda t, guidance, steps=0: {**t.fixed, "guidance_scale": guidance},
+        ),
+        "packed-previews-not-unpacked": attr(
+            "pipeline.engine.model.previews", "unpack", lambda pipe, latents, width, height: latents
+        ),
+        # Issue 28: previews for a caller who did not ask; previews at the picture's full size; a preview
+        # made at every step whatever the job asked (a picture-sized payload per step with previews off).
+        "previews-for-everyone": on("pipeline.request", _previews_for_everyone),
+        "previews-at-full-size": on("pipeline.protocol", _full_size_previews),
+        "previews-every-step": attr(
+            "pipeline.engine.model.stepping", "StepWatch._preview_due", lambda self, step: self.preview_map is not None
+        ),
+        "z-image-loop-without-guidance": attr(
+            "pipeline.engine.loop.loop_flow_2026",
+            "ZImageLoop._guided",
+            staticmethod(lambda pos, neg, scale, normalization: pos),
+        ),
+        # Every job runs without its LoRA adapter (the request's choice never reaches the weights).
+        "lora-adapter-ignored": attr(
+            "pipeline.engine.model.lora", "use_of", lambda job: import_module("pipeline.loras").AdapterUse()
+        ),
+        "lora-previous-adapter-leaks": on("pipeline.engine.model.lora", _previous_adapter_leaks),
+        "lora-mixed-batch-one-adapter": on("pipeline.engine.model.lora", _mixed_batch_one_adapter),
+        "thread-off-the-map": on("pipeline.serving.streamer", _thread_off_the_map),
+    }
+    | SECURITY
+    | GPU
+)
 
 
 def apply(name: str) -> None:

@@ -132,6 +132,10 @@ TESTS: dict[str, str] = {
     "cancels-not-rate-limited": f"{ROUND_TWO}::test_deep_json_is_a_400_on_every_route_with_no_traceback_and_cancels_take_rate_tokens",
     "door-lets-tracebacks-through": "tests/unit/test_frontdoor.py::test_a_fault_below_the_door_is_a_500_and_one_log_line_without_the_stack",
     "call-results-unowned": f"{ROUND_TWO}::test_a_call_result_answers_only_the_identity_that_asked",
+    # Issue 36: a real GPU's failures.
+    "sticky-error-carried-on": "tests/unit/test_device_faults.py "
+    "tests/server/test_device_faults_app.py::test_a_sticky_device_error_heals_and_the_next_request_gets_images_within_a_minute",
+    "allocation-failure-not-memory": "tests/unit/test_device_faults.py",
     "disk-share-shrinks-with-identities": f"{ROUND_TWO}::test_a_many_identity_disk_attack_leaves_the_victim_every_image_within_its_lifetime "
     "tests/unit/test_sweeper.py::test_many_identities_cannot_shrink_a_victims_floor_they_are_deleted_first",
 }

@@ -53,7 +53,12 @@ class TimedOut(Exception):
 
 
 class ModelCrashed(Exception):
-    """The model process died during the job (each request gets ``ModelProcessDied``)."""
+    """The model process died during the job (each request gets ``ModelProcessDied``), or its device
+    failed and poisoned it (``device``: each request gets ``DeviceFailed``)."""
+
+    def __init__(self, message: str, device: bool = False) -> None:
+        super().__init__(message)
+        self.device = device
 
 
 class ModelFailed(Exception):
@@ -66,8 +71,8 @@ def error_of(event: ErrorEvent, request_id: str) -> BaseException:
         return Cancelled(event.message, steps_done=event.steps_done)
     if event.kind == "out_of_memory":
         return OutOfMemory(request_id)
-    if event.kind == "crashed":
-        return ModelCrashed(event.message)
+    if event.kind in ("crashed", "device_lost"):
+        return ModelCrashed(event.message, device=event.kind == "device_lost")
     if event.kind == "engine_dead":
         return EngineDead(event.message)
     return ModelFailed(event.message)

@@ -33,6 +33,7 @@ from typing import Any, AsyncGenerator, Callable, Mapping
 
 from ..errors import (
     Cancelled,
+    DeviceFailed,
     GenerationFailed,
     JobTimedOut,
     ModelProcessDied,
@@ -310,6 +311,9 @@ class LocalAdapter(AdapterBase):
         if isinstance(error, (OutOfMemory, MemoryError)):
             raise OutOfMemory(request.request_id) from None
         if isinstance(error, ModelCrashed):
+            if error.device:
+                log.error("request %s: the device failed: %s", request.request_id, error)
+                raise DeviceFailed(request.request_id) from None
             raise ModelProcessDied(request.request_id) from None
         if isinstance(error, ServingError):
             raise error

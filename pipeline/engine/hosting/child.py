@@ -25,6 +25,7 @@ from typing import Mapping
 from ...errors import EngineDead
 from ...protocol import TERMINAL, CountingStop, ErrorEvent, ModelEvent
 from .wire import (
+    EXIT_POISONED,
     CountTokens,
     JobEvent,
     LoadFailed,
@@ -63,14 +64,22 @@ def main(fd: int) -> None:
             conn.send(message)
 
     load = pickle.loads(conn.recv_bytes())
-    runner = ModelRunner(load)
+    out: queue.SimpleQueue[tuple[int, ModelEvent] | None] = queue.SimpleQueue()
+    relay = threading.Thread(target=lambda: relay_events(), name="job-relay", daemon=True)
+
+    def poisoned(reason: str) -> None:  # on the model thread: the job's answer goes out, then the process ends
+        out.put(None)
+        relay.join(10)
+        log.critical("exiting: the device is poisoned (%s); the server starts a new model process", reason)
+        os._exit(EXIT_POISONED)
+
+    runner = ModelRunner(load, on_poisoned=poisoned)
     try:
         profile = runner.start()
     except EngineDead as exc:
         send(LoadFailed(str(exc)))
         return
     send(Ready(profile))
-    out: queue.SimpleQueue[tuple[int, ModelEvent] | None] = queue.SimpleQueue()
     stops: dict[int, CountingStop] = {}
 
     def relay_events() -> None:  # "job-relay": every job's events back to the server, in order, as they come
@@ -88,7 +97,6 @@ def main(fd: int) -> None:
             if isinstance(event, TERMINAL):
                 stops.pop(serial, None)
 
-    relay = threading.Thread(target=relay_events, name="job-relay", daemon=True)
     relay.start()
     try:
         while True:

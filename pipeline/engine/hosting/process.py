@@ -11,8 +11,9 @@ Inside the model process one named thread owns the model and the device: the sam
 (``gpu-worker``) as under ``--model-side thread``. Several jobs may be in flight (joinable ones share
 a step-level loop there, ``engine.joining``); each job's stop is forwarded the moment it is set.
 
-Healing. When the model process dies (the OOM killer's SIGKILL, a segfault, a poisoned CUDA
-context that exits), the server's ``model-pipe`` reader sees the socket close:
+Healing. When the model process dies (the OOM killer's SIGKILL, a segfault, or a device error that
+poisons its CUDA context: the process answers that job ``device_lost`` and exits by itself, see
+``engine.device_faults``), the server's ``model-pipe`` reader sees the socket close:
 
 - the running job gets a ``crashed`` error at once (never a hang);
 - jobs still waiting stay in line: ``stream`` waits for the next process before sending its job;
@@ -78,6 +79,8 @@ def exit_reason(returncode: int | None) -> str:
         except ValueError:
             name = f"signal {-returncode}"
         return f"killed by {name}"
+    if returncode == wire.EXIT_POISONED:
+        return "its device failed and poisoned it"
     return f"exit code {returncode}"
 
 

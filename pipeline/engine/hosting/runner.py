@@ -21,12 +21,11 @@ import logging
 import os
 import queue
 import threading
-import traceback
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Generator, Hashable, Mapping
 
-from ...errors import Cancelled, EngineDead, OutOfMemory
+from ...errors import Cancelled, EngineDead
 from ...protocol import (
     TERMINAL,
     ErrorEvent,
@@ -39,6 +38,7 @@ from ...protocol import (
     StopFlag,
     encoded,
 )
+from ..device_faults import fault_event
 from ..loop.joining import LoopDriver, loop_key, room_for
 
 log = logging.getLogger(__name__)
@@ -84,11 +84,22 @@ _SHUTDOWN = object()
 class ModelRunner:
     """Owns one ``Model`` on one named thread. ``stream`` may be called from any thread."""
 
-    def __init__(self, load: Callable[[], Model], *, name: str = "gpu-worker") -> None:
+    def __init__(
+        self,
+        load: Callable[[], Model],
+        *,
+        name: str = "gpu-worker",
+        on_poisoned: Callable[[str], object] | None = None,
+    ) -> None:
         self._load = load
         self._name = name
         self._model: Model | None = None
         self._dead: BaseException | None = None
+        # A job ended with ``device_lost`` (``engine.device_faults``): every later kernel would fail.
+        # In a model process ``on_poisoned`` ends the process (the server starts a new one); on a
+        # thread the runner is dead, and ``/health`` says so, so that an orchestrator restarts the app.
+        self._on_poisoned = on_poisoned
+        self._poisoned: str | None = None
         self._ready = threading.Event()
         self._start_thread(load_first=True)
 
@@ -138,7 +149,7 @@ class ModelRunner:
     def submit(self, job: InferenceJob, stop: StopFlag, emit: Callable[[ModelEvent], None]) -> None:
         """Queue ``job``; ``emit`` gets its events on the model thread, the last one terminal. Never blocks."""
         self._after_fork()
-        task = _Task(job, _JobStop(stop), emit)
+        task = _Task(job, _JobStop(stop), self._watched(emit))
         with self._lock:
             if self._dead is None and self._thread.is_alive():
                 self._tasks.put(task)
@@ -149,7 +160,7 @@ class ModelRunner:
         """Run ``job`` on the model thread; yield its steps, then one result or error value."""
         self._after_fork()
         events: queue.SimpleQueue[ModelEvent] = queue.SimpleQueue()
-        task = _Task(job, _JobStop(stop), events.put)
+        task = _Task(job, _JobStop(stop), self._watched(events.put))
         with self._lock:
             if self._dead is not None or not self._thread.is_alive():
                 yield ErrorEvent("engine_dead", DEAD_MESSAGE)
@@ -166,6 +177,16 @@ class ModelRunner:
                 task.stop.closed.set()
                 while not isinstance(events.get(), TERMINAL):
                     pass
+
+    def _watched(self, emit: Callable[[ModelEvent], None]) -> Callable[[ModelEvent], None]:
+        """``emit``, noting a ``device_lost`` ending (the thread ends the model side after that job)."""
+
+        def watched(event: ModelEvent) -> None:
+            if isinstance(event, ErrorEvent) and event.kind == "device_lost":
+                self._poisoned = self._poisoned or event.message
+            emit(event)
+
+        return watched
 
     def _after_fork(self) -> None:
         """In a forked child (ZeroGPU) the thread is gone but the model is here: give it a new thread."""
@@ -193,12 +214,22 @@ class ModelRunner:
                     self._run_loop(task, key)
                 else:
                     self._run(task)
+                if self._poisoned is not None:
+                    self._end_poisoned(self._poisoned)
+                    return
         except BaseException as exc:  # the thread is dying: nobody may be left waiting
             log.critical("model thread died: %r", exc, exc_info=True)
             with self._lock:
                 self._dead = exc
         finally:
             self._fail_pending()
+
+    def _end_poisoned(self, reason: str) -> None:
+        log.critical("the device is poisoned (%s): every later kernel would fail; ending this model side", reason)
+        with self._lock:
+            self._dead = RuntimeError(f"the device failed: {reason}")
+        if self._on_poisoned is not None:
+            self._on_poisoned(reason)
 
     def _next(self) -> _Task | object:
         return self._later.popleft() if self._later else self._tasks.get()
@@ -230,7 +261,7 @@ class ModelRunner:
         try:
             loop = self.model.open_loop(first.job)  # type: ignore[attr-defined]
         except Exception as exc:
-            first.emit(ErrorEvent("failed", f"{type(exc).__name__}: {exc}", detail=traceback.format_exc()))
+            first.emit(fault_event(exc))
             return
         LoopDriver(loop, pull).run(first)
         self._later.extendleft(held)  # the loop emptied before it fitted: it runs next
@@ -247,10 +278,8 @@ class ModelRunner:
             result = self.model.generate(job, task.stop, on_step)
         except Cancelled as exc:
             emit(ErrorEvent("cancelled", str(exc), exc.steps_done))
-        except (OutOfMemory, MemoryError) as exc:
-            emit(ErrorEvent("out_of_memory", str(exc)))
-        except Exception as exc:  # one job's fault; the thread carries on
-            emit(ErrorEvent("failed", f"{type(exc).__name__}: {exc}", detail=traceback.format_exc()))
+        except Exception as exc:  # one job's fault (the thread carries on), memory, or a poisoned device
+            emit(fault_event(exc))
         except BaseException:
             emit(ErrorEvent("engine_dead", DEAD_MESSAGE))
             raise

@@ -17,6 +17,8 @@ from typing import Mapping
 
 from ...protocol import InferenceJob, ModelEvent, ModelProfile
 
+EXIT_POISONED = 75  # the model process's exit code after a device fault poisoned it (``engine.device_faults``)
+
 
 @dataclass(frozen=True)
 class RunJob:

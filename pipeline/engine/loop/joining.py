@@ -30,14 +30,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-import traceback
 from dataclasses import dataclass
 from typing import Callable, Hashable, Mapping, Protocol, Sequence
 
 from PIL import Image
 
-from ...errors import OutOfMemory
 from ...protocol import ErrorEvent, InferenceJob, InferenceResult, ModelEvent, StepEvent, StopFlag, encoded
+from ..device_faults import fault_event
 
 log = logging.getLogger(__name__)
 
@@ -232,6 +231,4 @@ class LoopDriver:
 
 
 def _error_of(exc: Exception) -> ErrorEvent:
-    if isinstance(exc, (OutOfMemory, MemoryError)):
-        return ErrorEvent("out_of_memory", str(exc))
-    return ErrorEvent("failed", f"{type(exc).__name__}: {exc}", detail=traceback.format_exc())
+    return fault_event(exc)  # a poisoned device ends the model side after the loop (``ModelRunner``)

@@ -1,0 +1,89 @@
+"""Device faults (issue 36 §1): memory, a poisoned device, or the request's own fault; a poisoned model
+thread is dead, and says so, where a model process ends itself (tests/server/test_device_faults_app.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pipeline.engine.device_faults import kind_of
+from pipeline.engine.hosting.runner import ModelRunner
+from pipeline.errors import DeviceFailed, EngineDead
+from tests.fakes import FakeModel
+from tests.helpers import collect, raw_request
+
+STICKY = "CUDA error: an illegal memory access was encountered\nCUDA kernel errors might be asynchronously reported"
+
+
+class AcceleratorError(RuntimeError):
+    """What torch >= 2.8 raises for a CUDA error (matched by name: no GPU build here)."""
+
+
+@pytest.mark.parametrize(
+    ("exc", "kind"),
+    [
+        (RuntimeError(STICKY), "device_lost"),
+        (RuntimeError("CUDA error: device-side assert triggered"), "device_lost"),
+        (RuntimeError("CUDA error: uncorrectable ECC error encountered"), "device_lost"),
+        (RuntimeError("CUDA error: unspecified launch failure"), "device_lost"),
+        (RuntimeError("CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasGemmEx( handle, ...)`"), "device_lost"),
+        (RuntimeError("cuDNN error: CUDNN_STATUS_EXECUTION_FAILED"), "device_lost"),
+        (AcceleratorError("an Xid 79 was reported"), "device_lost"),
+        (RuntimeError("CUDA error: out of memory"), "out_of_memory"),
+        (RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"), "out_of_memory"),
+        (RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"), "out_of_memory"),
+        (MemoryError(), "out_of_memory"),
+        (RuntimeError("mat1 and mat2 shapes cannot be multiplied (2x768 and 1024x320)"), "failed"),
+        (TypeError("argument 'text': 'str' object cannot be interpreted"), "failed"),
+        (ValueError("`height` and `width` have to be divisible by 8"), "failed"),
+    ],
+)
+def test_each_fault_is_memory_a_poisoned_device_or_the_requests_own(exc: BaseException, kind: str) -> None:
+    assert kind_of(exc) == kind
+
+
+def sticky(job: Any) -> None:
+    raise RuntimeError(STICKY)
+
+
+def test_a_poisoned_model_thread_ends_and_fails_what_waits_instead_of_running_a_dead_device() -> None:
+    runner = ModelRunner(lambda: FakeModel(outcome=sticky))
+    runner.start(timeout=10)
+    from pipeline.protocol import ErrorEvent
+    from pipeline.request import Limits, validate
+
+    job = validate(raw_request(), Limits.for_model(runner.profile)).to_job()
+    events = list(runner.stream(job))
+    assert isinstance(events[-1], ErrorEvent) and events[-1].kind == "device_lost", events
+    assert "illegal memory access" in events[-1].message and "\n" not in events[-1].message
+    assert not runner.alive
+    again = list(runner.stream(job))
+    assert isinstance(again[-1], ErrorEvent) and again[-1].kind == "engine_dead"
+
+
+@pytest.mark.anyio
+async def test_on_a_model_thread_the_job_is_told_the_gpu_failed_and_health_says_dead(make_adapter: Any) -> None:
+    adapter, _model = make_adapter(FakeModel(outcome=sticky))
+    with pytest.raises(DeviceFailed, match="The GPU failed while running your job"):
+        await collect(adapter, raw_request())
+    assert adapter.health()["status"] == "dead"  # an orchestrator restarts the app on this
+    with pytest.raises(EngineDead):
+        await collect(adapter, raw_request(seed=2))
+
+
+@pytest.mark.anyio
+async def test_a_fault_of_the_requests_own_fails_it_alone_and_the_model_carries_on(make_adapter: Any) -> None:
+    failing = {"first": True}
+
+    def once(job: Any) -> None:
+        if failing.pop("first", False):
+            raise RuntimeError("mat1 and mat2 shapes cannot be multiplied (2x768 and 1024x320)")
+
+    adapter, model = make_adapter(FakeModel(outcome=once))
+    from pipeline.errors import GenerationFailed
+
+    with pytest.raises(GenerationFailed):
+        await collect(adapter, raw_request())
+    events = await collect(adapter, raw_request(seed=3))
+    assert events and adapter.health()["status"] in ("ok", "busy") and len(model.calls) == 2
