@@ -81,6 +81,7 @@ def a1111_parameters(params: dict[str, Any], seed: int, model: str, scheduler_cl
     }
     if lora and lora != NONE and params.get("lora_hash"):
         settings["Lora hashes"] = f"{lora}: {params['lora_hash']}"
+    settings["RNG"] = "CPU"  # the noise comes from a CPU generator on every device (A1111's "RNG: CPU")
     lines.append(", ".join(f"{key}: {quote(str(value))}" for key, value in settings.items()))
     return "\n".join(lines)
 

@@ -32,7 +32,7 @@ _KEY = re.compile(r"\w[\w \-/+.]*")  # a settings key: checked with fullmatch on
 _SIZE = re.compile(r"^\s*(\d+)\s*[x×]\s*(\d+)\s*$")
 _NEGATIVE = "Negative prompt:"
 # Keys this app reads; every other key of the settings line is listed as "not used".
-_READ = {"Steps", "Sampler", "Schedule type", "CFG scale", "Seed", "Size", "Model", "Lora hashes"}
+_READ = {"Steps", "Sampler", "Schedule type", "CFG scale", "Seed", "Size", "Model", "Lora hashes", "RNG"}
 
 
 @dataclass(frozen=True)
@@ -192,6 +192,10 @@ def fill_from(
         _sampler(s["Sampler"], s.get("Schedule type", ""), samplers, values, notes)
     if model and s.get("Model") and s["Model"] != model:
         notes.append(f"Model: the text names {s['Model']!r}; this app runs {model!r}, so the image will differ.")
+    if s.get("RNG", "CPU").upper() != "CPU":
+        notes.append(
+            f"RNG: the text's noise came from {s['RNG']!r}; this app draws it on the CPU, so the image will differ."
+        )
     unused = [key for key in s if key not in _READ or (key == "Lora hashes" and not limits.loras)]
     if unused:
         notes.append("Not used by this app: " + ", ".join(unused) + ".")

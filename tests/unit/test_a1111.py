@@ -187,7 +187,7 @@ def test_a_prompts_line_breaks_cannot_plant_lines_and_quoted_values_round_trip()
     assert pasted.negative_prompt == "blurry, Steps: 1, Seed: 2, Size: 8x8"
     assert pasted.settings["Model"] == model and pasted.settings["Seed"] == "4242"
     assert pasted.settings["Steps"] == "12" and pasted.settings["Sampler"] == "Euler a"
-    assert text.splitlines()[-1].endswith("Model: " + json.dumps(model))  # A1111's quote: JSON
+    assert text.splitlines()[-1].endswith("Model: " + json.dumps(model) + ", RNG: CPU")  # A1111's quote: JSON
 
 
 @settings(max_examples=200, deadline=None)
@@ -227,3 +227,14 @@ def test_the_parser_reads_a_megabyte_of_its_worst_cases_in_one_pass(shape: str) 
         subprocess.run([sys.executable, "-c", code], check=True, timeout=30, cwd=ROOT)
     except subprocess.TimeoutExpired:
         pytest.fail("the parser is not linear in its input")
+
+
+def test_the_noise_source_is_written_as_a1111_writes_it_and_another_source_gets_a_note() -> None:
+    """Issue 36 §8: the noise comes from a CPU generator on every device: ``RNG: CPU`` in the parameters."""
+    params = {"prompt": "a cat", "num_inference_steps": 4, "guidance_scale": 7.5, "width": 64, "height": 64}
+    text = a1111_parameters(params, 7, "m", "EulerDiscreteScheduler")
+    assert text.splitlines()[-1].endswith(", RNG: CPU")
+    limits = Limits.for_model(FAKE_PROFILE)
+    assert not [n for n in fill_from(parse_parameters(text), limits).notes if "RNG" in n]
+    gpu = fill_from(parse_parameters(text.replace("RNG: CPU", "RNG: GPU")), limits)
+    assert any("RNG: the text's noise came from 'GPU'" in n for n in gpu.notes), gpu.notes
