@@ -6,10 +6,27 @@ Merged into ``tools/mutant_patches.MUTANTS``; ``tools/mutants.py`` names the tes
 from __future__ import annotations
 
 import re
+from typing import Any, Callable
 
 from tools.mutant_seams import Patch, attr
 
 NEVER = re.compile(r"(?!)")
+
+
+def _free_while_members_live(self: Any, request_id: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """The loop's guard of old: the cache emptied inside it, while the failed members still hold tensors."""
+    import torch
+
+    from pipeline.errors import OutOfMemory
+
+    try:
+        with torch.inference_mode():
+            return fn(*args)
+    except (torch.OutOfMemoryError, MemoryError):
+        pass
+    self.model.free_memory()
+    raise OutOfMemory(request_id)
+
 
 GPU: dict[str, list[Patch]] = {
     # A sticky device error taken for the request's own fault: the poisoned model side carries on.
@@ -17,4 +34,8 @@ GPU: dict[str, list[Patch]] = {
     + attr("pipeline.engine.device_faults", "POISON_TYPES", ()),
     # cuBLAS / cuDNN allocation failures taken for the request's own fault (no retry, no smaller job).
     "allocation-failure-not-memory": attr("pipeline.engine.device_faults", "ALLOCATION", NEVER),
+    "oom-freed-while-members-live": attr(
+        "pipeline.engine.loop.loop_base", "MemberLoop._guarded", _free_while_members_live
+    )
+    + attr("pipeline.engine.loop.joining", "LoopDriver._release", lambda self: None),
 }

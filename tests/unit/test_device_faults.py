@@ -87,3 +87,86 @@ async def test_a_fault_of_the_requests_own_fails_it_alone_and_the_model_carries_
         await collect(adapter, raw_request())
     events = await collect(adapter, raw_request(seed=3))
     assert events and adapter.health()["status"] in ("ok", "busy") and len(model.calls) == 2
+
+
+@pytest.fixture(scope="module")
+def real() -> Any:
+    from pipeline.config import Settings
+    from pipeline.engine.model.loading import load_model
+
+    return load_model(Settings(), warmup=False)
+
+
+def _jobs(model: Any, n: int) -> list[Any]:
+    from pipeline.request import Limits, validate
+
+    limits = Limits.for_model(model.profile)
+    return [validate(raw_request(seed=k, num_inference_steps=4), limits).to_job() for k in range(n)]
+
+
+def _failing_unet(monkeypatch: pytest.MonkeyPatch, error: BaseException, at_call: int) -> None:
+    """diffusers' own UNet fails at its ``at_call``-th call, as a device would (the app's code untouched)."""
+    from diffusers import UNet2DConditionModel
+
+    original, calls = UNet2DConditionModel.forward, []
+
+    def forward(unet: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == at_call:
+            raise error
+        return original(unet, *args, **kwargs)
+
+    monkeypatch.setattr(UNet2DConditionModel, "forward", forward)
+
+
+def test_out_of_memory_in_a_loop_frees_memory_only_once_the_failed_members_are_dropped(
+    real: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 36 §5: the loop's members (their latents, embeddings) leave before the cache is emptied;
+    before, ``empty_cache`` ran while they still held their memory."""
+    import torch
+
+    from pipeline.engine.loop.joining import LoopDriver
+    from pipeline.engine.hosting.runner import NEVER
+    from pipeline.protocol import ErrorEvent
+
+    _failing_unet(monkeypatch, torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), at_call=2)
+    loop = real.open_loop(_jobs(real, 1)[0])
+    held_at_free: list[int] = []
+    monkeypatch.setattr(real, "free_memory", lambda: held_at_free.append(len(loop.members)))
+    events: dict[str, list[Any]] = {}
+
+    class Task:
+        def __init__(self, job: Any) -> None:
+            self.job, self.stop = job, NEVER
+
+        def emit(self, event: Any) -> None:
+            events.setdefault(self.job.request_id, []).append(event)
+
+    first, second = (Task(j) for j in _jobs(real, 2))
+    pending = [second]
+    LoopDriver(loop, lambda: pending.pop() if pending else None).run(first)
+    ends = [evs[-1] for evs in events.values()]
+    assert len(ends) == 2 and all(isinstance(e, ErrorEvent) and e.kind == "out_of_memory" for e in ends), ends
+    assert held_at_free == [0], held_at_free  # freed once, with no member left holding tensors
+
+
+@pytest.mark.parametrize("where", ["job", "loop"])
+def test_an_allocation_failure_of_cublas_counts_as_out_of_memory(
+    real: Any, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    from pipeline.protocol import ErrorEvent
+
+    error = RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`")
+    _failing_unet(monkeypatch, error, at_call=1)
+    freed: list[bool] = []
+    monkeypatch.setattr(real, "free_memory", lambda: freed.append(True))
+    monkeypatch.setattr(real, "loop_key", lambda job: ("k",) if where == "loop" else None)
+    runner = ModelRunner(lambda: real)
+    runner.start(timeout=30)
+    try:
+        events = list(runner.stream(_jobs(real, 1)[0]))
+    finally:
+        runner.shutdown(timeout=30)
+    assert isinstance(events[-1], ErrorEvent) and events[-1].kind == "out_of_memory", events[-1]
+    assert freed and runner.alive is False  # memory given back; the runner was shut down, not poisoned

@@ -301,7 +301,9 @@ def test_loop_keys_name_size_and_sampler_and_only_the_supported_families_have_on
         other.open_loop(a)
 
 
-def test_out_of_memory_in_a_step_becomes_out_of_memory_after_freeing(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_out_of_memory_in_a_step_becomes_out_of_memory_and_release_frees(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The step raises; the memory is freed by ``release``, once the driver has dropped the failed
+    members (``tests/unit/test_device_faults.py`` checks the order through the driver)."""
     model = model_of("default")
     loop = model.open_loop(job_a())
     loop.add(job_a())
@@ -314,6 +316,8 @@ def test_out_of_memory_in_a_step_becomes_out_of_memory_after_freeing(monkeypatch
     monkeypatch.setattr(model.pipe.unet, "forward", no_memory)
     with pytest.raises(OutOfMemory):
         loop.step()
+    assert freed == []
+    loop.release()
     assert freed == [True]
 
 

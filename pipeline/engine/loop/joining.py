@@ -159,6 +159,7 @@ class LoopDriver:
                 self._fail_all(exc)
                 if not isinstance(exc, Exception):
                     raise
+                self._release()  # the failed members' tensors are gone now: their memory can go back
                 return
             self.steps += 1
             for m in self.members:
@@ -182,6 +183,7 @@ class LoopDriver:
             slot = self.loop.add(task.job)
         except Exception as exc:  # this job's fault (its prompt, its sampler): the others carry on
             task.emit(_error_of(exc))
+            self._release()
             return
         note = getattr(task.stop, "note", None)
         self.members.append(_Seat(task, slot, self.steps, time.time(), note if callable(note) else None))
@@ -201,6 +203,7 @@ class LoopDriver:
         except Exception as exc:
             for m in finished:
                 m.task.emit(_error_of(exc))
+            self._release()
             return
         ended, peak = time.time(), self.loop.peak_memory_bytes()
         fields = getattr(self.loop, "result_fields", None)
@@ -218,6 +221,11 @@ class LoopDriver:
                     **(fields(m.slot) if fields is not None else {}),
                 )
             )
+
+    def _release(self) -> None:
+        release = getattr(self.loop, "release", None)
+        if callable(release):
+            release()
 
     def _fail_all(self, exc: BaseException) -> None:
         members, self.members = self.members, []

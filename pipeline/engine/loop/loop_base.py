@@ -31,6 +31,7 @@ from PIL import Image
 
 from ...errors import OutOfMemory
 from ...protocol import InferenceJob
+from ..device_faults import kind_of
 from ..model.lora import use_of
 from ..model.previews import denoised, unpack
 
@@ -256,12 +257,18 @@ class MemberLoop:
         return ",".join(m.job.request_id for m in self.members.values())
 
     def _guarded(self, request_id: str, fn: Callable[..., T], *args: Any) -> T:
-        """``fn`` under inference mode; out of memory becomes ``OutOfMemory`` after freeing, as in
-        ``DiffusersModel`` (outside the except block, so the traceback's tensors are gone first)."""
+        """``fn`` under inference mode; out of memory (an allocation failure of cuBLAS or cuDNN too,
+        ``engine.device_faults``) becomes ``OutOfMemory``, raised outside the except block so the
+        traceback's tensors are gone. Memory is freed by ``release``, which the driver calls once it
+        has dropped the failed members (their latents and embeddings), not here while they live."""
         try:
             with torch.inference_mode():
                 return fn(*args)
-        except (torch.OutOfMemoryError, MemoryError):
-            pass
-        self.model.free_memory()
+        except Exception as exc:
+            if kind_of(exc) != "out_of_memory":
+                raise
         raise OutOfMemory(request_id)
+
+    def release(self) -> None:
+        """Free the device's cache: after a failure, once the failed members are gone (``LoopDriver``)."""
+        self.model.free_memory()

@@ -17,6 +17,7 @@ import torch
 
 from ...errors import Cancelled, OutOfMemory
 from ...protocol import InferenceJob, InferenceResult, ModelProfile, StepCallback, StopFlag
+from ..device_faults import kind_of
 from ..loop.loop_base import MemberLoop, loop_kind
 from . import samplers
 from .families import call_arguments, counted_text, encoder_tokenizers, guidance_arguments, traits
@@ -114,7 +115,9 @@ class DiffusersModel:
                 images = getattr(pipe(**kwargs), self.traits.output)
         except StoppedAtStep:
             raise Cancelled(steps_done=watch.steps_done) from None
-        except (torch.OutOfMemoryError, MemoryError):
+        except Exception as exc:  # out of memory, or an allocation failure of cuBLAS / cuDNN
+            if kind_of(exc) != "out_of_memory":
+                raise
             oom = True
         if oom:
             self.free_memory()
