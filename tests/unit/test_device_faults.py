@@ -126,8 +126,8 @@ def test_out_of_memory_in_a_loop_frees_memory_only_once_the_failed_members_are_d
     before, ``empty_cache`` ran while they still held their memory."""
     import torch
 
-    from pipeline.engine.loop.joining import LoopDriver
     from pipeline.engine.hosting.runner import NEVER
+    from pipeline.engine.loop.joining import LoopDriver
     from pipeline.protocol import ErrorEvent
 
     _failing_unet(monkeypatch, torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), at_call=2)
