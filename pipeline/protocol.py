@@ -63,6 +63,7 @@ class ModelProfile:
     size_choices: tuple[tuple[int, int], ...] = ()  # only these (width, height) run (empty: any on the grid)
     negative_prompt_reason: str = ""  # why a negative prompt is refused, where it is
     previews: bool = True  # whether live previews can be drawn for this model
+    preview_note: str = ""  # why not, where they cannot (the start log, /health and the page say it)
     cfg_above: float = 1.0  # classifier-free guidance (and so a negative prompt) runs above this guidance
     loras: tuple[LoraInfo, ...] = ()  # the LoRA adapters loaded at start (``--lora``), in flag order
     # how jobs with different adapters batch: "mixed" (one denoiser call, a LoRA per row: step-level

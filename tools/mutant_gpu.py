@@ -28,7 +28,15 @@ def _free_while_members_live(self: Any, request_id: str, fn: Callable[..., Any],
     raise OutOfMemory(request_id)
 
 
+def _fit_in_model_dtype(vae: Any, count: int = 6, size: int = 128) -> Any:
+    """The preview map fitted in the model's dtype, as before: an SDXL VAE in float16 overflows."""
+    from pipeline.engine.model import previews
+
+    return previews._fit(vae, count, size)
+
+
 GPU: dict[str, list[Patch]] = {
+    "previews-fitted-in-half": attr("pipeline.engine.model.previews", "fit_from_vae", _fit_in_model_dtype),
     # A sticky device error taken for the request's own fault: the poisoned model side carries on.
     "sticky-error-carried-on": attr("pipeline.engine.device_faults", "POISON", NEVER)
     + attr("pipeline.engine.device_faults", "POISON_TYPES", ()),

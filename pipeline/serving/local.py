@@ -133,6 +133,7 @@ class LocalAdapter(AdapterBase):
             "model_hung": self.model_hung,
             "model_side": self.model_side_state,
             "model_restarts": int(getattr(self.side, "restarts", 0)),
+            "previews": "on" if self.profile.previews else f"off: {self.profile.preview_note}",
         }
         return not self.streamer.alive, self.model_hung, own
 

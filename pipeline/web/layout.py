@@ -150,7 +150,8 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
         wire_history(generate_event, site, summary, history_gallery, download_button, history_zip, controls)
         wire_paste(paste_button, paste_text, paste_notes, controls, lim, p.name, {i.name: i.hash for i in p.loras})
         wire_keys(demo)
-        demo.load(fn=None, outputs=[live_preview], js="() => true", api_visibility="private")
+        if p.previews:
+            demo.load(fn=None, outputs=[live_preview], js="() => true", api_visibility="private")
     if settings.mcp:  # the `generate` MCP tool answers with image content and the info as JSON text
         serve_images(demo)
     demo.queue(max_size=settings.queue_size, api_open=False, default_concurrency_limit=1)
@@ -234,7 +235,14 @@ def _advanced_settings(p: ModelProfile, lim: Limits) -> dict[str, Any]:
     with gr.Row():
         num_images = gr.Slider(1, lim.max_images, value=1, step=1, label="Number of images", elem_id="num-images")
         # Off for API callers (the component's default); the page turns it on on load.
-        live_preview = gr.Checkbox(label="Live preview", value=False, elem_id="live-preview")
+        # A model without previews says so here (and at start, and in /health): never silently off.
+        live_preview = gr.Checkbox(
+            label="Live preview",
+            value=False,
+            elem_id="live-preview",
+            interactive=p.previews,
+            info=None if p.previews else f"Live previews are off for this model: {p.preview_note}",
+        )
     return dict(
         negative_prompt=negative_prompt, seed=seed, randomize_seed=randomize_seed, width=width,
         height=height, num_inference_steps=num_inference_steps, guidance_scale=guidance_scale,

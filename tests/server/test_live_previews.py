@@ -62,3 +62,31 @@ def test_previews_go_only_to_the_caller_who_asked_at_display_size_as_jpeg(tmp_pa
         for result in (gallery, other):
             with Image.open(result[0]["image"]) as final:
                 assert final.format == "PNG" and final.size == (384, 256)
+
+
+def test_an_sdxl_in_float16_whose_vae_overflows_shows_previews_through_the_app(tmp_path: Path) -> None:
+    """Issue 36 §2, through the launched app: the SDXL VAE overflows float16 (``tests.half``); the
+    preview map is fitted in float32, so the page's caller sees previews, and /health says they are on."""
+    import shutil
+
+    import httpx
+    from gradio_client import Client
+
+    from tests.half import hot_sdxl
+
+    folder = hot_sdxl()
+    try:
+        with running_app(tmp_path, "--model", str(folder), "--dtype", "float16", "--device", "cpu") as (url, _d, a):
+            assert a.profile.dtype == "float16" and httpx.get(url + "health", timeout=10).json()["previews"] == "on"
+            client = Client(url, verbose=False, download_files=str(tmp_path / "dl"))
+            job = client.submit(
+                **raw_request(live_preview=True, num_inference_steps=8, width=64, height=64), api_name="/generate"
+            )
+            gallery, _info = job.result(timeout=300)
+            shown = _previews(job)
+            assert shown, "no preview in float16"
+            with Image.open(shown[-1]) as preview, Image.open(gallery[0]["image"]) as final:
+                assert preview.format == "JPEG" and final.size == (64, 64)
+                assert preview.getextrema() != ((0, 0), (0, 0), (0, 0))  # not the black of a NaN map
+    finally:
+        shutil.rmtree(folder.parent, ignore_errors=True)

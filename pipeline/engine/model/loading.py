@@ -6,6 +6,7 @@ the embedded default model, a hub id or a local path; it runs on the model threa
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -141,15 +142,21 @@ def load_model(settings: Settings, *, warmup: bool = True) -> DiffusersModel | S
     folder = Path(source) if Path(source).is_dir() else None
     # Previews: the map saved with the model, else one fitted to its VAE now (not on ZeroGPU, whose
     # device exists only inside a request's GPU call).
+    preview_off = ""
     if settings.preview_decoder is not None:  # a tiny autoencoder the user chose for sharper previews
         preview_map: Previewer | None = load_decoder(settings.preview_decoder, device, dtype)
     else:
-        preview_map = load_preview_map(pipe, folder, fit=not zero_gpu_active())
+        preview_map, preview_off = load_preview_map(pipe, folder, fit=not zero_gpu_active())
     # LoRA adapters, once, before any compile (hotswap under --compile, so a switch never recompiles).
     hotswap = settings.compile and not zero_gpu_active()
     adapters = load_adapters(pipe, settings.lora_specs(), hotswap=hotswap)
     batching = lora_batching(pipe, adapters, settings.lora_batching, device)
     profile = build_profile(pipe, name, device, dtype, saved, adapters, batching)
+    if not profile.previews:
+        preview_map, preview_off = None, "this family's latents cannot be previewed (engine/model/family_table.py)"
+    if preview_off:
+        log.warning("live previews are off for %s: %s", name, preview_off)
+        profile = dataclasses.replace(profile, previews=False, preview_note=preview_off)
     model = DiffusersModel(pipe, profile, preview_map, adapters)
     global _LOADS
     _LOADS += 1

@@ -47,6 +47,10 @@ class PreviewMap:
     def channels(self) -> int:
         return int(self.layers[0][0].shape[1])
 
+    @property
+    def finite(self) -> bool:
+        return all(bool(torch.isfinite(w).all() and torch.isfinite(b).all()) for w, b in self.layers)
+
     def rgb(self, latents: torch.Tensor) -> torch.Tensor:
         """(C, h, w) latents -> (3, h, w) colours in [0, 1]."""
         x = latents.detach().float().cpu().flatten(1).T  # (h*w, C)
@@ -113,9 +117,12 @@ Previewer = PreviewMap | DecoderPreview
 
 
 def fit_linear(latents: torch.Tensor, targets: torch.Tensor) -> PreviewMap:
-    """Least squares: (N, C, h, w) latents -> (N, 3, h, w) colours, with a bias."""
+    """Least squares: (N, C, h, w) latents -> (N, 3, h, w) colours, with a bias (NaN where they are not finite)."""
     x = latents.float().permute(0, 2, 3, 1).reshape(-1, latents.shape[1])
     y = targets.float().permute(0, 2, 3, 1).reshape(-1, 3)
+    if not (torch.isfinite(x).all() and torch.isfinite(y).all()):
+        channels = latents.shape[1]
+        return PreviewMap([(torch.full((3, channels), math.nan), torch.full((3,), math.nan))])
     x1 = torch.cat([x, torch.ones(len(x), 1)], dim=1)
     solution = torch.linalg.lstsq(x1, y).solution  # (C + 1, 3)
     return PreviewMap([(solution[:-1].T.contiguous(), solution[-1].contiguous())])
@@ -179,14 +186,38 @@ def _decoded(vae: Any, z: torch.Tensor, video: bool) -> torch.Tensor:
     return ((sample.float().cpu() + 1) / 2).clamp(0, 1)
 
 
-@torch.inference_mode()
 def fit_from_vae(vae: Any, count: int = 6, size: int = 128) -> PreviewMap:
     """A linear map for any VAE (once, at load, on the model thread): latents of a few encoded
     pictures against what the VAE's *decoder* draws from them, pooled to the latent grid.
 
     The decoder is what makes the final picture, so its colours are the target: for a trained VAE
     they are the pictures again; for one whose encoder and decoder disagree (random weights, a
-    retrained decoder) a map fitted to the pictures would announce colours the picture never has."""
+    retrained decoder) a map fitted to the pictures would announce colours the picture never has.
+
+    In float32 whenever the final decode is: a VAE that diffusers upcasts (``force_upcast``, the
+    SDXL VAE, whose activations overflow float16) or one whose half-precision fit is not finite.
+    """
+    param = next(vae.parameters())
+    if param.dtype in (torch.float16, torch.bfloat16) and getattr(vae.config, "force_upcast", False):
+        return _fit_in_float32(vae, count, size)
+    fitted = _fit(vae, count, size)
+    if param.dtype != torch.float32 and not fitted.finite:
+        log.info("the preview map is not finite in %s: fitting it in float32", param.dtype)
+        return _fit_in_float32(vae, count, size)
+    return fitted
+
+
+def _fit_in_float32(vae: Any, count: int, size: int) -> PreviewMap:
+    dtype = next(vae.parameters()).dtype
+    vae.to(torch.float32)
+    try:
+        return _fit(vae, count, size)
+    finally:
+        vae.to(dtype)
+
+
+@torch.inference_mode()
+def _fit(vae: Any, count: int, size: int) -> PreviewMap:
     pictures = _smooth_pictures(count, size)
     param = next(vae.parameters())
     x = pictures.to(param.device, param.dtype) * 2 - 1
@@ -207,18 +238,24 @@ def fit_from_vae(vae: Any, count: int = 6, size: int = 128) -> PreviewMap:
     return fit_linear(latents, targets)
 
 
-def load_preview_map(pipe: Any, source: Path | None, *, fit: bool = True) -> PreviewMap | None:
-    """The map saved with the model, else (``fit``) one fitted to its VAE now; None without either."""
+def load_preview_map(pipe: Any, source: Path | None, *, fit: bool = True) -> tuple[PreviewMap | None, str]:
+    """The map saved with the model, else (``fit``) one fitted to its VAE now; and, when there is
+    none, why (said at start, in ``/health`` and on the page: previews are never silently off)."""
     if source is not None and (source / PREVIEW_FOLDER / "preview.safetensors").exists():
-        return PreviewMap.load(source / PREVIEW_FOLDER)
+        return PreviewMap.load(source / PREVIEW_FOLDER), ""
     vae = getattr(pipe, "vae", None)
-    if not fit or vae is None or not hasattr(vae, "encode"):
-        return None
+    if vae is None or not hasattr(vae, "encode"):
+        return None, "the model has no VAE to fit a preview map to; give --preview-decoder"
+    if not fit:
+        return None, "on ZeroGPU the device exists only inside a request's GPU call; give --preview-decoder"
     try:
-        return fit_from_vae(vae)
-    except Exception:  # a VAE we cannot encode with: previews off, serving on
-        log.exception("could not fit a preview map to this VAE; live previews are off")
-        return None
+        fitted = fit_from_vae(vae)
+    except Exception as exc:  # a VAE we cannot encode with: previews off, serving on
+        log.warning("could not fit a preview map to this VAE: %s", exc, exc_info=True)
+        return None, f"no preview map could be fitted to this VAE ({type(exc).__name__}); give --preview-decoder"
+    if not fitted.finite:
+        return None, "the preview map fitted to this VAE is not finite, even in float32; give --preview-decoder"
+    return fitted, ""
 
 
 def denoised(scheduler: Any, out: Any, model_output: torch.Tensor, timestep: Any, sample: torch.Tensor) -> torch.Tensor:
