@@ -36,6 +36,7 @@ def _fit_in_model_dtype(vae: Any, count: int = 6, size: int = 128) -> Any:
 
 
 GPU: dict[str, list[Patch]] = {
+    "compiled-batch-static": attr("pipeline.engine.model.speedups", "dynamic_batch", lambda module, args, kwargs: None),
     "previews-fitted-in-half": attr("pipeline.engine.model.previews", "fit_from_vae", _fit_in_model_dtype),
     # A sticky device error taken for the request's own fault: the poisoned model side carries on.
     "sticky-error-carried-on": attr("pipeline.engine.device_faults", "POISON", NEVER)

@@ -339,21 +339,10 @@ MUTANTS: dict[str, list[Patch]] = (
         "paste-fills-nothing": attr("pipeline.web.page_tools", "fill_from", _fills_nothing),
         "escape-does-nothing": attr("pipeline.web.page_tools", "KEYS_JS", "() => {}"),
         # Issue 26: hostile clients. Each defence of the front door and below it, removed.
-        "unbounded-inputs": attr("pipeline.web.inputs", "_problem", lambda field, value: None),
-        "files-pass-the-door": attr("pipeline.web.inputs", "file_shaped", lambda value: False),
-        "every-route-open": attr("pipeline.web.frontdoor", "route_of", lambda method, path: ("page", None)),
-        "sessions-not-owned": attr("pipeline.web.admission", "SessionBook.claim", lambda self, identity, session: None),
-        "no-join-rate": attr("pipeline.web.admission", "TokenBucket.take", lambda self, key: 0.0),
         "one-login-one-user": attr("pipeline.web.identity", "Caller.key", property(_one_login_one_user)),
         "forwarded-for-believed": attr("pipeline.web.identity", "client_address", _leftmost_forwarded),
-        "mcp-caller-unsealed": attr("pipeline.web.identity", "unseal", lambda value: None),
-        "mcp-disconnect-ignored": attr("pipeline.web.site", "LiveCalls.alive", lambda self, call: True),
-        "no-cost-budget": attr("pipeline.request", "_within_budget", lambda *args: None),
         "no-connection-limits": attr("pipeline.web.lifecycle", "limited_protocol", _plain_uvicorn),
         "full-disk-leaves-a-tmp": attr("pipeline.serving.postprocess", "write_then_rename", _rename_without_cleanup),
-        "temp-files-kept": attr("pipeline.web.gradio_internals", "forget_temp_files", lambda demo, paths: 0),
-        "shares-ignored": attr("pipeline.serving.sweeper", "_owner_of", lambda directory, top: ""),
-        "prompt-lines-kept": attr("pipeline.serving.postprocess", "one_line", lambda text: text),
         "notes-rendered": attr("pipeline.web.a1111", "notes_html", lambda fill: "<br>".join(fill.notes)),
         "ui-events-unbounded": attr("pipeline.web.page_tools", "UI_CONCURRENCY", None)
         + attr(

@@ -1,4 +1,4 @@
-"""The mutants of the front door's second round (issue 35): each defence against a hostile client, removed.
+"""The front door's mutants (issues 26 and 35): each defence against a hostile client, removed.
 
 Merged into ``tools/mutant_patches.MUTANTS``; ``tools/mutants.py`` names the tests that catch each.
 """
@@ -64,6 +64,19 @@ def _traceback_through() -> None:
 
 OPEN = frozenset({"login-page", "login", "health", "startup"})  # guards.OPEN_UNDER_AUTH, as reviewed
 SECURITY: dict[str, list[Patch]] = {
+    # Issue 26.
+    "unbounded-inputs": attr("pipeline.web.inputs", "_problem", lambda field, value: None),
+    "files-pass-the-door": attr("pipeline.web.inputs", "file_shaped", lambda value: False),
+    "every-route-open": attr("pipeline.web.frontdoor", "route_of", lambda method, path: ("page", None)),
+    "sessions-not-owned": attr("pipeline.web.admission", "SessionBook.claim", lambda self, identity, session: None),
+    "no-join-rate": attr("pipeline.web.admission", "TokenBucket.take", lambda self, key: 0.0),
+    "mcp-caller-unsealed": attr("pipeline.web.identity", "unseal", lambda value: None),
+    "mcp-disconnect-ignored": attr("pipeline.web.site", "LiveCalls.alive", lambda self, call: True),
+    "no-cost-budget": attr("pipeline.request", "_within_budget", lambda *args: None),
+    "temp-files-kept": attr("pipeline.web.gradio_internals", "forget_temp_files", lambda demo, paths: 0),
+    "shares-ignored": attr("pipeline.serving.sweeper", "_owner_of", lambda directory, top: ""),
+    "prompt-lines-kept": attr("pipeline.serving.postprocess", "one_line", lambda text: text),
+    # Issue 35.
     "mcp-outside-the-login": attr("pipeline.web.frontdoor", "OPEN_UNDER_AUTH", OPEN | {"mcp"}),
     "failed-logins-not-metered": attr("pipeline.web.admission", "LoginMeter.wait", lambda self, key: 0.0),
     "heartbeat-outside-the-login": attr(

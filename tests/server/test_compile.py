@@ -216,3 +216,37 @@ def test_lora_switches_under_compile_hotswap_and_never_recompile() -> None:
         job = replace(JOB, lora=lora, lora_scale=scale)
         assert_close(draw(model, job), draw(eager, job))
     assert counters["stats"]["unique_graphs"] == graphs, "a switch recompiled the denoiser"
+
+
+def test_members_joining_and_leaving_a_loop_never_recompile_after_the_warm_up() -> None:
+    """Issue 36 §4: the compiled denoiser's batch is dynamic from the warm-up on, so a loop whose rows
+    go 2 -> 6 -> 2 as a member joins and leaves compiles nothing more. (Without ``dynamic_batch``
+    the first join recompiles: the count grows by one.)"""
+    from torch._dynamo.utils import counters
+
+    from pipeline.engine.hosting.runner import NEVER
+    from pipeline.engine.loop.joining import LoopDriver
+    from pipeline.engine.model.loading import load_model
+
+    if cpu_compiler() is None:
+        pytest.skip("no C++ compiler: inductor cannot build CPU kernels here (--compile stays eager)")
+    before = counters["stats"]["unique_graphs"]
+    model = load_model(Settings(compile=True))  # a new model: its warm-up compiles (batch 2: guidance)
+    warmed = counters["stats"]["unique_graphs"]
+    assert warmed > before, "the warm-up compiled nothing: the count below would prove nothing"
+    ended: dict[str, Any] = {}
+
+    class Task:
+        def __init__(self, job: InferenceJob) -> None:
+            self.job, self.stop = job, NEVER
+
+        def emit(self, event: Any) -> None:
+            ended[self.job.request_id] = event
+
+    first = Task(InferenceJob("a", ("a red circle",), ("",), (1,), 64, 64, 6, 4.0))
+    joiner = Task(InferenceJob("b", ("a blue square", "a star"), ("", ""), (2, 3), 64, 64, 2, 4.0))
+    pending = [joiner]
+    loop = model.open_loop(first.job)
+    LoopDriver(loop, lambda: pending.pop() if pending and loop.steps_done(0) >= 2 else None).run(first)
+    assert set(ended) == {"a", "b"} and all(hasattr(e, "images") for e in ended.values()), ended
+    assert counters["stats"]["unique_graphs"] == warmed, "a member joining or leaving recompiled the denoiser"

@@ -12,15 +12,14 @@ Inside the model process one named thread owns the model and the device: the sam
 a step-level loop there, ``engine.joining``); each job's stop is forwarded the moment it is set.
 
 Healing. When the model process dies (the OOM killer's SIGKILL, a segfault, or a device error that
-poisons its CUDA context: the process answers that job ``device_lost`` and exits by itself, see
-``engine.device_faults``), the server's ``model-pipe`` reader sees the socket close:
+poisons its CUDA context: it answers that job and exits, ``engine.device_faults``), the server's
+``model-pipe`` reader sees the socket close:
 
 - the running job gets a ``crashed`` error at once (never a hang);
 - jobs still waiting stay in line: ``stream`` waits for the next process before sending its job;
 - ``state`` is ``recovering`` (``/health`` shows it) while a ``model-restart`` thread starts a new
   process, with bounded retries and backoff; after ``max_restarts`` failures in a row it is
   ``dead``, and every job gets an ``engine_dead`` error.
-
 A model process exits by itself when the server goes away (its socket closes).
 """
 
@@ -79,9 +78,7 @@ def exit_reason(returncode: int | None) -> str:
         except ValueError:
             name = f"signal {-returncode}"
         return f"killed by {name}"
-    if returncode == wire.EXIT_POISONED:
-        return "its device failed and poisoned it"
-    return f"exit code {returncode}"
+    return "its device failed and poisoned it" if returncode == wire.EXIT_POISONED else f"exit code {returncode}"
 
 
 def _poll_stop(stop: StopFlag, ended: threading.Event, forward: Callable[[], None]) -> None:

@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -18,8 +19,9 @@ import torch
 from ...config import Settings
 from ...default_model import ensure_default_model, model_defaults
 from ...errors import ModelRefused
-from ...protocol import InferenceJob, ModelProfile
+from ...protocol import ErrorEvent, InferenceJob, ModelProfile
 from ..hosting.zerogpu import zero_gpu_active
+from ..loop.joining import LoopDriver, loop_key
 from ..loop.loop_base import MIXED_ADAPTER_LOOPS, loop_kind
 from .diffusers_model import DiffusersModel
 from .families import pick_dtype_name, pipeline_class_of, traits
@@ -187,16 +189,33 @@ def load_model(settings: Settings, *, warmup: bool = True) -> DiffusersModel | S
     )
     # On ZeroGPU the device exists only inside a request's GPU call: no warm-up outside one.
     if warmup and not zero_gpu_active():
-        _warm_up(model, compiled=compiled)
+        _warm_up(model, compiled=compiled, step_joining=settings.step_joining == "on")
     return model
 
 
-def _warm_up(model: DiffusersModel, *, compiled: bool = False) -> None:
+def _draw_once(model: DiffusersModel, job: InferenceJob, *, through_loop: bool) -> None:
+    """``job`` as one call, or (``through_loop``, where the family has a step-level loop) through the
+    loop the served jobs take: its denoiser call differs (a timestep per row), so a compiled warm-up
+    must make that call to compile the graph the loop will use."""
+    joinable = dataclasses.replace(job, joinable=True)
+    if not through_loop or loop_key(model, joinable) is None:
+        model.generate(job, threading.Event(), lambda *_: None)
+        return
+    ended: list[Any] = []
+    warm = SimpleNamespace(job=joinable, stop=threading.Event(), emit=ended.append)
+    LoopDriver(model.open_loop(joinable), lambda: None).run(warm)
+    if isinstance(ended[-1], ErrorEvent):
+        raise RuntimeError(f"the warm-up through the step-level loop failed: {ended[-1].message}")
+
+
+def _warm_up(model: DiffusersModel, *, compiled: bool = False, step_joining: bool = True) -> None:
     """One step, so the first user's request does not pay for lazy initialisation.
 
     Uncompiled: one tiny image. Compiled: one image of the default size and guidance, the shape
-    most requests have, so this call compiles the graph they will use. If compiling fails, the
-    denoiser goes back to eager and the warm-up runs again: the model still serves.
+    most requests have, through the step-level loop where requests run in one (``_draw_once``), so
+    this call compiles the graph they will use; its batch is dynamic (``speedups.dynamic_batch``),
+    so members joining and leaving compile nothing more. If compiling fails, the denoiser goes back
+    to eager and the warm-up runs again: the model still serves.
     """
     p = model.profile  # the family's fewest valid steps (PixArt's scheduler fails a 1-step run)
     width, height = (p.default_width, p.default_height) if compiled else (p.min_size, p.min_size)
@@ -210,7 +229,7 @@ def _warm_up(model: DiffusersModel, *, compiled: bool = False) -> None:
         )
     t0 = time.time()
     try:
-        model.generate(job, threading.Event(), lambda *_: None)
+        _draw_once(model, job, through_loop=compiled and step_joining)
     except Exception as exc:  # a model that cannot warm up may still serve: say so, and carry on
         if model.traits.guessed:  # an unknown class that the generic call cannot drive: refused now
             raise ModelRefused(

@@ -15,9 +15,10 @@ thread, before the warm-up:
   the default mode (inductor's C++/OpenMP kernels on the CPU, which need a C++ compiler; without
   one the denoiser stays eager, with a warning).
 
-Compilation is lazy: the first call compiles (the warm-up, at the default size). ``dynamic=None``
-(the default) compiles that first shape statically and, the first time a width, height or batch
-differs, once more with those sizes symbolic, so later sizes reuse that graph instead of
+Compilation is lazy: the first call compiles (the warm-up, at the default size), with the batch
+dimension symbolic (``dynamic_batch``), so members joining and leaving a step-level loop never
+recompile. ``dynamic=None`` (the default) compiles the first width and height statically and, the
+first time they differ, once more with them symbolic, so later sizes reuse that graph instead of
 recompiling each time.
 On CUDA, graphs are still recorded once per distinct shape (a replay needs fixed sizes), which
 costs a recording and some pool memory per new size. The recompile limit is raised to
@@ -102,7 +103,9 @@ def compile_denoiser(pipe: Any, device: str, *, offloaded: bool = False) -> str 
     mode = "reduce-overhead" if device == "cuda" and not offloaded else "default"
     dynamo_config: Any = torch._dynamo.config
     dynamo_config.recompile_limit = max(int(dynamo_config.recompile_limit), RECOMPILE_LIMIT)
-    setattr(pipe, name, torch.compile(getattr(pipe, name), mode=mode))
+    compiled: Any = torch.compile(getattr(pipe, name), mode=mode)
+    compiled.register_forward_pre_hook(dynamic_batch, with_kwargs=True)
+    setattr(pipe, name, compiled)
     log.info(
         "--compile: pipe.%s wrapped in torch.compile(mode=%r); the first call of each new shape compiles "
         "(tens of seconds, minutes on a CPU)",
@@ -110,6 +113,22 @@ def compile_denoiser(pipe: Any, device: str, *, offloaded: bool = False) -> str 
         mode,
     )
     return mode
+
+
+def dynamic_batch(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Mark the batch dimension of every input of the compiled denoiser dynamic, before dynamo sees it.
+
+    A step-level loop's batch changes at every join and leave (its rows: each member's images, twice
+    under guidance). Without this the warm-up compiles one static batch and the first join at another
+    stalls every member for a recompile; with it the warm-up's graph is symbolic in the batch and
+    serves every row count (on CUDA, a CUDA graph is still recorded once per new row count). A batch
+    of 1 stays static (dynamo specialises 0 and 1): at most one more graph, once.
+    """
+    for value in (*args, *kwargs.values()):
+        tensors = value.values() if isinstance(value, dict) else (value,)  # SDXL's added_cond_kwargs
+        for tensor in tensors:
+            if isinstance(tensor, torch.Tensor) and tensor.ndim >= 1 and tensor.shape[0] > 1:
+                torch._dynamo.maybe_mark_dynamic(tensor, 0)
 
 
 def uncompile_denoiser(pipe: Any) -> bool:
