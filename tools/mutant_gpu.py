@@ -36,6 +36,9 @@ def _fit_in_model_dtype(vae: Any, count: int = 6, size: int = 128) -> Any:
 
 
 GPU: dict[str, list[Patch]] = {
+    "offload-chain-left-to-itself": attr(
+        "pipeline.engine.loop.loop_base", "MemberLoop._offload_all", lambda self: None
+    ),
     "compiled-batch-static": attr("pipeline.engine.model.speedups", "dynamic_batch", lambda module, args, kwargs: None),
     "previews-fitted-in-half": attr("pipeline.engine.model.previews", "fit_from_vae", _fit_in_model_dtype),
     # A sticky device error taken for the request's own fault: the poisoned model side carries on.

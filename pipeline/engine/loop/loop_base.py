@@ -164,6 +164,7 @@ class MemberLoop:
 
     def add(self, job: InferenceJob) -> int:
         switch_ms = self.model.use_adapter(job)  # its text encoders read its prompts through its own adapter
+        self._offload_all()  # mid-loop, the denoiser is on the device: its encoders must not join it there
         member = self._guarded(job.request_id, self._enter, job)
         slot, self._next_slot = self._next_slot, self._next_slot + 1
         self.members[slot] = member
@@ -193,7 +194,11 @@ class MemberLoop:
         if not members:
             return {}
         ids = ",".join(m.job.request_id for m in members)
-        images = self._guarded(ids, self._pixels, torch.cat([m.latents for m in members]), members[0].job)
+        self._offload_all()  # the denoiser leaves for the decode, and comes back at its next call
+        try:
+            images = self._guarded(ids, self._pixels, torch.cat([m.latents for m in members]), members[0].job)
+        finally:
+            self._offload_all()  # and the VAE leaves before it does (the chain would not move it: it comes later)
         result: dict[int, tuple[Image.Image, ...]] = {}
         start = 0
         for slot, m in zip(slots, members):
@@ -268,6 +273,18 @@ class MemberLoop:
             if kind_of(exc) != "out_of_memory":
                 raise
         raise OutOfMemory(request_id)
+
+    def _offload_all(self) -> None:
+        """Under ``--cpu-offload`` (accelerate's model offload hooks): every component off the device.
+
+        ``pipe()`` calls its components in the offload chain's order, and each call moves the one
+        before it off, so one model is on the device at a time. A loop calls them out of that order
+        (a joiner's text encoders while the denoiser is on the device; a decode between two steps):
+        without this, the chain would hold the denoiser beside a text encoder (for FLUX, 33 GB where
+        offload promises 24). No-op without offload.
+        """
+        for hook in getattr(self.pipe, "_all_hooks", None) or ():
+            hook.offload()
 
     def release(self) -> None:
         """Free the device's cache: after a failure, once the failed members are gone (``LoopDriver``)."""

@@ -1,0 +1,86 @@
+"""``--cpu-offload`` with step-level joining (issue 36 §3): a loop holds no more components on the device
+at once than ``pipe()`` does. accelerate's model offload hooks take any device
+(``enable_model_cpu_offload(device="cpu")``); a tracker on them records which components are resident."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import pytest
+
+from pipeline.config import Settings
+from pipeline.engine.hosting.runner import NEVER
+from tests.helpers import raw_request
+
+
+@pytest.fixture(scope="module")
+def offloaded() -> Any:
+    from pipeline.engine.model.loading import load_model
+
+    model = load_model(Settings(), warmup=False)
+    model.pipe.enable_model_cpu_offload(device="cpu")
+    return model
+
+
+@pytest.fixture
+def resident(monkeypatch: pytest.MonkeyPatch, offloaded: Any) -> Iterator[list[set[str]]]:
+    """Each time a component is called, the set then resident on the device (by component name): what
+    accelerate's hooks would leave there on a GPU (with device="cpu" nothing moves, so the tracker
+    follows the hooks' calls: a component's call loads it and moves the previous in the chain off,
+    an explicit offload moves it off)."""
+    from accelerate.hooks import CpuOffload  # type: ignore[import-untyped]
+
+    names = {id(module): name for name, module in offloaded.pipe.components.items()}
+    now: set[str] = set()
+    seen: list[set[str]] = []
+    onload, offload = CpuOffload.pre_forward, CpuOffload.init_hook
+
+    def pre_forward(hook: Any, module: Any, *args: Any, **kwargs: Any) -> Any:
+        out = onload(hook, module, *args, **kwargs)
+        previous = hook.prev_module_hook
+        if previous is not None:  # on a GPU the chain moves the previous model off here (not from the CPU)
+            now.discard(names.get(id(previous.model), type(previous.model).__name__))
+        now.add(names.get(id(module), type(module).__name__))
+        seen.append(set(now))
+        return out
+
+    def init_hook(hook: Any, module: Any) -> Any:
+        now.discard(names.get(id(module), type(module).__name__))
+        return offload(hook, module)
+
+    monkeypatch.setattr(CpuOffload, "pre_forward", pre_forward)
+    monkeypatch.setattr(CpuOffload, "init_hook", init_hook)
+    yield seen
+
+
+def _job(model: Any, seed: int, steps: int) -> Any:
+    from pipeline.request import Limits, validate
+
+    return validate(raw_request(seed=seed, num_inference_steps=steps), Limits.for_model(model.profile)).to_job()
+
+
+def test_a_loop_with_a_joiner_holds_no_more_components_at_once_than_pipe(
+    offloaded: Any, resident: list[set[str]]
+) -> None:
+    from pipeline.engine.loop.joining import LoopDriver
+    from pipeline.protocol import InferenceResult
+
+    offloaded.generate(_job(offloaded, 1, 4), NEVER, lambda *_: None)
+    by_pipe = max(len(s) for s in resident)
+    resident.clear()
+    ended: dict[str, Any] = {}
+
+    class Task:
+        def __init__(self, job: Any) -> None:
+            self.job, self.stop = job, NEVER
+
+        def emit(self, event: Any) -> None:
+            ended[self.job.request_id] = event
+
+    first, joiner = Task(_job(offloaded, 2, 6)), Task(_job(offloaded, 3, 2))
+    pending = [joiner]
+    loop = offloaded.open_loop(first.job)
+    LoopDriver(loop, lambda: pending.pop() if pending and loop.steps_done(0) >= 2 else None).run(first)
+    assert all(isinstance(e, InferenceResult) for e in ended.values()) and len(ended) == 2, ended
+    assert by_pipe == 1 and max(len(s) for s in resident) <= by_pipe, [s for s in resident if len(s) > 1]
+    assert {"unet", "text_encoder", "vae"} <= set().union(*resident)  # each was on the device in its turn
