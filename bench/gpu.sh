@@ -3,6 +3,11 @@
 #
 #   bash bench/gpu.sh [OUT_DIR]        # default: $OUT, else ./out
 #   STEPS="cuda build compile" bash bench/gpu.sh   # only some steps (a rerun on a warm machine)
+#   bash bench/gpu.sh --check          # here, without a GPU: is the script ready for the bare device?
+#                                      # (bench/gpu_check.py: the carry, its install, the imports, the budget)
+#
+# On the lent machine (Python 3.12, torch 2.11, no registry) the wheels it lacks travel in .whl/
+# (python -m bench.carry builds them here); docs/performance.md gives the one device call.
 #
 # Steps, in this order (each under `timeout`, its output in OUT_DIR/<step>.log; a failing step is
 # reported and the next one runs):
@@ -27,6 +32,11 @@
 # script exits 1 if any step failed or was skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+py="${PYTHON:-$(command -v python3 || command -v python)}"  # the device's python3 is the one with torch
+shim="$(mktemp -d)" && ln -s "$py" "$shim/python" && export PATH="$shim:$PATH"  # every step's `python` is it
+if [[ "${1:-}" == "--check" ]]; then
+  exec "$py" -m bench.gpu_check
+fi
 out="${1:-${OUT:-out}}"
 mkdir -p "$out"
 budget="${GPU_SH_BUDGET_S:-570}"  # every step ends by then: 10 minutes less a margin for the summary
@@ -90,7 +100,7 @@ wanted build && gpu_step build 150 30 python -m bench.sd15 --out "$model" --dtyp
 if wanted compile; then
   gpu_step compile 200 60 python - "$model" "$out/compile.json" <<'PY'
 """Eager against --compile (mode="reduce-overhead": CUDA graphs), in-process, through load_model."""
-import gc, json, sys, threading, time
+import dataclasses, gc, json, sys, threading, time
 
 import numpy as np
 import torch
@@ -146,6 +156,30 @@ for flags in ([], ["--compile"]):
             row[name]["speedup"] = round(result["eager"][name]["median_s"] / row[name]["median_s"], 3)
         save()
         print(key, name, row[name], flush=True)
+    # The step-level loop, as the app serves: a member joins at step 2 and leaves before the first ends
+    # (rows 2 -> 6 -> 2). After the warm-up a compiled denoiser must not recompile (issue 36 §4).
+    from torch._dynamo.utils import counters
+    from pipeline.engine.loop.joining import LoopDriver
+
+    ended = {}
+    class Task:
+        def __init__(self, j):
+            self.job, self.stop = j, threading.Event()
+        def emit(self, event):
+            ended[self.job.request_id] = event
+    first, joiner = Task(job(8)), Task(job(3, 2))
+    joiner.job = dataclasses.replace(joiner.job, request_id="joiner", joinable=True)
+    first.job = dataclasses.replace(first.job, joinable=True)
+    pending, graphs = [joiner], counters["stats"]["unique_graphs"]
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    loop = model.open_loop(first.job)
+    LoopDriver(loop, lambda: pending.pop() if pending and loop.steps_done(0) >= 2 else None).run(first)
+    torch.cuda.synchronize()
+    row["loop_join_leave"] = {"seconds": round(time.perf_counter() - t0, 3),
+                              "recompiles": counters["stats"]["unique_graphs"] - graphs,
+                              "results": sorted(type(e).__name__ for e in ended.values())}
+    print(key, "loop_join_leave", row["loop_join_leave"], flush=True)
     row["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     save()
     del model

@@ -204,3 +204,34 @@ def test_the_published_cpu_runs_are_complete(path: Path) -> None:
     # a run of some configurations (--configs) names exactly those; process is always one
     assert "process" in result["configs"]
     check_cpu(result, set(result["configs"]))
+
+
+def test_the_gpu_check_finds_a_missing_wheel_a_wrong_version_and_an_over_budget_script(tmp_path: Path) -> None:
+    """``bash bench/gpu.sh --check``'s parts on made-up wheels and scripts (issue 36 §6; no network)."""
+    import zipfile
+
+    from bench import carry, gpu_check
+
+    def wheel(name: str, version: str, *requires: str) -> None:
+        path = tmp_path / f"{name}-{version}-py3-none-any.whl"
+        meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(
+            f"Requires-Dist: {r}\n" for r in requires
+        )
+        with zipfile.ZipFile(path, "w") as archive:
+            archive.writestr(f"{name}-{version}.dist-info/METADATA", meta)
+
+    for name in carry.NEEDED:
+        wheel(name, "1.0")
+    wheel(
+        "gradio", "6.31.0", "fastapi<1.0,>=0.115", "numpy<3", "starlette>=1.0", "audioop-lts; python_version >= '3.13'"
+    )
+    (tmp_path / "gradio-1.0-py3-none-any.whl").unlink()
+    wheel("starlette", "0.9")
+    lines = carry.missing(tmp_path)
+    assert "missing: fastapi (fastapi<1.0,>=0.115), required by gradio" in lines  # not on the device
+    assert "wrong version: starlette 0.9 carried, gradio requires starlette>=1.0" in lines
+    assert not [line for line in lines if "numpy" in line or "audioop" in line]  # on the device; a 3.13 marker
+    script = gpu_check.SCRIPT.read_text()
+    assert gpu_check.budget_problems(script) == []
+    tight = script.replace("GPU_SH_BUDGET_S:-570", "GPU_SH_BUDGET_S:-300")
+    assert gpu_check.budget_problems(tight) and "over the budget of 300 s" in gpu_check.budget_problems(tight)[0]
