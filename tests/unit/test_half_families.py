@@ -1,0 +1,97 @@
+"""Half precision in the family matrix (issue 36 §7): in bfloat16 on the CPU, for SD, SDXL, FLUX and
+Z-Image, the app's call gives the pixels of a plain diffusers call, a step-level loop gives exactly
+``pipe()``'s pixels, and a member that joined a running loop stays within 1/255 of its picture alone."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from pipeline.config import Settings
+from pipeline.engine.hosting.runner import NEVER
+from pipeline.protocol import InferenceJob, InferenceResult
+from tests.families import built_family
+
+_MODELS: dict[str, Any] = {}
+
+
+def model_of(name: str) -> Any:
+    from pipeline.engine.model.loading import load_model
+
+    if name not in _MODELS:
+        source = None if name == "default" else str(built_family(name))
+        _MODELS[name] = load_model(Settings(model=source, dtype="bfloat16", device="cpu"), warmup=False)
+    return _MODELS[name]
+
+
+def mad(a: tuple[Image.Image, ...], b: tuple[Image.Image, ...]) -> float:
+    """Mean |difference| in levels of 255."""
+    return float(np.mean([np.abs(np.asarray(x, float) - np.asarray(y, float)).mean() for x, y in zip(a, b)]))
+
+
+def job(
+    rid: str, prompts: tuple[str, ...], seeds: tuple[int, ...], steps: int, guidance: float, size: int
+) -> InferenceJob:
+    return InferenceJob(rid, prompts, ("",) * len(prompts), seeds, size, size, steps, guidance, joinable=True)
+
+
+@pytest.mark.parametrize("name", ["sd1", "sdxl", "flux-dev", "z-image"])
+def test_in_bfloat16_the_pixels_of_a_plain_diffusers_call(name: str) -> None:
+    from diffusers import DiffusionPipeline
+
+    model = model_of(name)
+    assert model.pipe.dtype == torch.bfloat16
+    size = max(64, model.profile.size_multiple * 4)
+    guidance = min(4.0, model.profile.max_guidance)
+    ours = model.generate(job("p", ("a red circle",), (5,), 2, guidance, size), threading.Event(), lambda *_: None)
+    pipe = DiffusionPipeline.from_pretrained(str(built_family(name)), torch_dtype=torch.bfloat16)
+    pipe.set_progress_bar_config(disable=True)
+    with torch.inference_mode():
+        plain = pipe(
+            prompt=["a red circle"],
+            width=size,
+            height=size,
+            num_inference_steps=2,
+            guidance_scale=guidance,
+            generator=[torch.Generator("cpu").manual_seed(5)],
+        ).images
+    assert mad(ours.images, tuple(plain)) <= 1.0, mad(ours.images, tuple(plain))
+
+
+def run_loop(model: Any, first: InferenceJob, joiner: InferenceJob | None, join_at: int = 1) -> dict[str, Any]:
+    from pipeline.engine.loop.joining import LoopDriver
+
+    ended: dict[str, Any] = {}
+
+    class Task:
+        def __init__(self, j: InferenceJob) -> None:
+            self.job, self.stop = j, NEVER
+
+        def emit(self, event: Any) -> None:
+            ended[self.job.request_id] = event
+
+    pending = [Task(joiner)] if joiner is not None else []
+    loop = model.open_loop(first)
+    LoopDriver(loop, lambda: pending.pop() if pending and loop.steps_done(0) >= join_at else None).run(Task(first))
+    assert all(isinstance(e, InferenceResult) for e in ended.values()), ended
+    return {rid: e.images for rid, e in ended.items()}
+
+
+@pytest.mark.parametrize("name", ["default", "flux-dev", "z-image"])
+def test_in_bfloat16_a_loop_equals_pipe_and_a_joiner_stays_within_1_of_255(name: str) -> None:
+    model = model_of(name)
+    size = max(64, model.profile.size_multiple * 4)
+    guidance = min(3.5, model.profile.max_guidance)
+    a = job("A", ("a red circle on a blue background", "a yellow star"), (11, 12), 4, guidance, size)
+    b = job("B", ("a purple square",), (5,), 3, min(2.0, guidance), size)
+    alone = {j.request_id: model.generate(j, threading.Event(), lambda *_: None).images for j in (a, b)}
+    assert mad(run_loop(model, a, None)["A"], alone["A"]) == 0.0  # the loop is pipe(), to the bit
+    joined = run_loop(model, a, b)
+    for rid in "AB":
+        assert mad(joined[rid], alone[rid]) <= 1.0, (rid, mad(joined[rid], alone[rid]))
+    assert mad(joined["A"][:1], joined["B"]) > 5.0  # the pictures are not trivially alike
