@@ -62,11 +62,16 @@ class FakeModel:
     joining: bool = False  # joinable jobs run step-level in a FakeLoop (engine.joining)
     loop_steps: list[tuple[tuple[str, int], ...]] = field(default_factory=list)  # per loop step: (id, its step)
     loop_step_started: int = 0  # loop steps begun (a step waiting for its permit counts)
+    memory: tuple[int, int] | None = None  # a device's (total, idle) bytes; None: a CPU, which reports none
+    bytes_per_image: int = 0  # what each image in a loop adds to its peak, on that device
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         if self.joining:
             self.profile = dataclasses.replace(self.profile, step_joining=True)
+
+    def device_memory(self) -> tuple[int, int] | None:
+        return self.memory
 
     def loop_key(self, job: InferenceJob) -> Hashable | None:
         return (job.width, job.height, job.scheduler) if self.joining else None
@@ -171,11 +176,13 @@ class FakeLoop:
         self.model = model
         self.members: dict[int, list] = {}  # slot -> [job, steps done]
         self._slots = itertools.count()
+        self.most_images = 0  # the most images it held at once (its "peak memory" on a fake device)
 
     def add(self, job: InferenceJob) -> int:
         self.model._enter(job)
         slot = next(self._slots)
         self.members[slot] = [job, 0]
+        self.most_images = max(self.most_images, self.images)
         return slot
 
     def step(self) -> dict[int, dict[int, Image.Image]]:
@@ -221,4 +228,6 @@ class FakeLoop:
         return sum(job.num_images for job, _ in self.members.values())
 
     def peak_memory_bytes(self) -> int | None:
-        return None
+        if self.model.memory is None:
+            return None
+        return self.model.memory[1] + self.model.bytes_per_image * self.most_images

@@ -136,6 +136,7 @@ TESTS: dict[str, str] = {
     "sticky-error-carried-on": "tests/unit/test_device_faults.py "
     "tests/server/test_device_faults_app.py::test_a_sticky_device_error_heals_and_the_next_request_gets_images_within_a_minute",
     "allocation-failure-not-memory": "tests/unit/test_device_faults.py",
+    "joiner-ignores-device-memory": "tests/unit/test_joining.py::test_a_joiner_that_would_not_fit_in_device_memory_waits_for_the_next_loop",
     "offload-chain-left-to-itself": "tests/unit/test_offload_joining.py",
     "compiled-batch-static": "tests/server/test_compile.py::test_members_joining_and_leaving_a_loop_never_recompile_after_the_warm_up",
     "previews-fitted-in-half": "tests/unit/test_previews_half.py "

@@ -302,3 +302,47 @@ def test_the_model_side_holds_a_joiner_until_the_loop_has_room() -> None:
     # c waits behind b (FIFO), though it would have fitted beside a.
     assert [[rid for rid, _ in s] for s in model.loop_steps] == [["a"]] * 3 + [["b"]] * 2 + [["c"]]
     assert results["b"].joined_at_step == 3 and results["c"].joined_at_step == 5
+
+
+@pytest.mark.parametrize(("total", "joins"), [(1000, False), (2000, True)])
+def test_a_joiner_that_would_not_fit_in_device_memory_waits_for_the_next_loop(total: int, joins: bool) -> None:
+    """Issue 36 §5: the peak per image, measured on the jobs so far (100 bytes idle, 300 an image
+    here), decides whether a joiner fits beside a running loop: on a device of 1000 bytes a loop of
+    2 images (700) has no room for one more (1000 > 90 %), which runs next instead of failing them
+    all; on 2000 bytes it joins."""
+    import dataclasses
+    import queue
+
+    from pipeline.engine.hosting.runner import ModelRunner
+    from pipeline.protocol import TERMINAL, InferenceJob
+
+    steps = threading.Semaphore(0)
+    model = _joining(step_gate=steps, memory=(total, 100), bytes_per_image=300)
+    runner = ModelRunner(lambda: model)
+    runner.start(timeout=10)
+    ends: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+    def run(*jobs: InferenceJob) -> dict[str, Any]:
+        for job in jobs:
+            runner.submit(
+                job,
+                threading.Event(),
+                lambda e, r=job.request_id: ends.put((r, e)) if isinstance(e, TERMINAL) else None,
+            )
+        steps.release(40)
+        return dict(ends.get(timeout=10) for _ in jobs)
+
+    try:
+        first = InferenceJob("m", ("p",), ("",), (1,), 64, 64, 2, 7.5, joinable=True)
+        assert run(first)["m"].peak_memory_bytes == 400  # learned: 300 an image at 64 x 64
+        two = dataclasses.replace(
+            first, request_id="a", prompts=("p", "q"), negative_prompts=("", ""), seeds=(2, 3), num_inference_steps=3
+        )
+        results = run(two, dataclasses.replace(first, request_id="b", seeds=(4,)))
+    finally:
+        runner.shutdown(timeout=10)
+    assert all(hasattr(r, "images") for r in results.values()), results
+    # Joined: beside a's two images (3 in the loop). Not: held until a has left (never beside it).
+    assert results["b"].batch_images == (3 if joins else 1), results["b"]
+    beside = max(sum({"a": 2, "b": 1}.get(rid, 0) for rid, _ in s) for s in model.loop_steps if s)
+    assert beside == (3 if joins else 2)

@@ -40,6 +40,7 @@ from ...protocol import (
 )
 from ..device_faults import fault_event
 from ..loop.joining import LoopDriver, loop_key, room_for
+from .memory import RowMemory
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,7 @@ class ModelRunner:
         # thread the runner is dead, and ``/health`` says so, so that an orchestrator restarts the app.
         self._on_poisoned = on_poisoned
         self._poisoned: str | None = None
+        self.memory = RowMemory()  # the model's device memory probe is set once it is loaded
         self._ready = threading.Event()
         self._start_thread(load_first=True)
 
@@ -149,7 +151,7 @@ class ModelRunner:
     def submit(self, job: InferenceJob, stop: StopFlag, emit: Callable[[ModelEvent], None]) -> None:
         """Queue ``job``; ``emit`` gets its events on the model thread, the last one terminal. Never blocks."""
         self._after_fork()
-        task = _Task(job, _JobStop(stop), self._watched(emit))
+        task = _Task(job, _JobStop(stop), self._watched(emit, job))
         with self._lock:
             if self._dead is None and self._thread.is_alive():
                 self._tasks.put(task)
@@ -160,7 +162,7 @@ class ModelRunner:
         """Run ``job`` on the model thread; yield its steps, then one result or error value."""
         self._after_fork()
         events: queue.SimpleQueue[ModelEvent] = queue.SimpleQueue()
-        task = _Task(job, _JobStop(stop), self._watched(events.put))
+        task = _Task(job, _JobStop(stop), self._watched(events.put, job))
         with self._lock:
             if self._dead is not None or not self._thread.is_alive():
                 yield ErrorEvent("engine_dead", DEAD_MESSAGE)
@@ -178,12 +180,16 @@ class ModelRunner:
                 while not isinstance(events.get(), TERMINAL):
                     pass
 
-    def _watched(self, emit: Callable[[ModelEvent], None]) -> Callable[[ModelEvent], None]:
-        """``emit``, noting a ``device_lost`` ending (the thread ends the model side after that job)."""
+    def _watched(self, emit: Callable[[ModelEvent], None], job: InferenceJob) -> Callable[[ModelEvent], None]:
+        """``emit``, noting a ``device_lost`` ending (the thread ends the model side after that job) and
+        learning the device memory a result used (``memory.RowMemory``)."""
 
         def watched(event: ModelEvent) -> None:
             if isinstance(event, ErrorEvent) and event.kind == "device_lost":
                 self._poisoned = self._poisoned or event.message
+            elif isinstance(event, InferenceResult):
+                images = max(event.batch_images, job.num_images)
+                self.memory.learn(job.width, job.height, images, event.peak_memory_bytes)
             emit(event)
 
         return watched
@@ -207,6 +213,7 @@ class ModelRunner:
                 self._ready.set()
                 return
             self._ready.set()
+        self.memory.probe = getattr(self._model, "device_memory", None)
         try:
             while (task := self._next()) is not _SHUTDOWN:
                 assert isinstance(task, _Task)
@@ -239,9 +246,11 @@ class ModelRunner:
 
         held: list[_Task] = []  # the next joiner, sent ahead of room: it enters once it fits (FIFO)
 
-        def fits(task: _Task) -> bool:  # room for its images, and its LoRA adapter at one scale
+        def fits(task: _Task) -> bool:  # room for its images and their memory, its LoRA adapter at one scale
             admits = getattr(loop, "admits", None)
-            return room_for(task.job, loop.images) and (admits is None or bool(admits(task.job)))
+            job = task.job
+            memory = self.memory.fits(job.width, job.height, loop.images, job.num_images)
+            return room_for(job, loop.images) and memory and (admits is None or bool(admits(job)))
 
         def pull() -> _Task | None:  # at a step boundary: the next joiner; anything else waits its turn
             if held:
@@ -258,6 +267,7 @@ class ModelRunner:
                     return None
                 self._later.append(task)
 
+        self.memory.idle()
         try:
             loop = self.model.open_loop(first.job)  # type: ignore[attr-defined]
         except Exception as exc:

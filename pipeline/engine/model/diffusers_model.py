@@ -179,6 +179,14 @@ class DiffusersModel:
             return loops[kind](self)
         raise ValueError(f"{type(self.pipe).__name__} runs job-level only (loop_key is None)")
 
+    def device_memory(self) -> tuple[int, int] | None:
+        """(the device's total bytes, bytes allocated now) on a CUDA device; None elsewhere
+        (``hosting.memory.RowMemory`` admits joiners by it)."""
+        if self._device != "cuda":
+            return None
+        _free, total = torch.cuda.mem_get_info()
+        return int(total), int(torch.cuda.memory_allocated())
+
     def free_memory(self) -> None:
         gc.collect()
         if self._device == "cuda":
