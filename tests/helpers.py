@@ -206,3 +206,24 @@ def spaces_calls(log: Path) -> list[dict[str, Any]]:
     import json
 
     return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def run_loop(model: Any, first: Any, joiner: Any = None, join_at: int = 1) -> dict[str, Any]:
+    """``first`` through a step-level loop of ``model`` (``joining.LoopDriver``), ``joiner`` entering
+    once the first has run ``join_at`` steps; each job's terminal event by request id."""
+    from pipeline.engine.hosting.runner import NEVER
+    from pipeline.engine.loop.joining import LoopDriver
+
+    ended: dict[str, Any] = {}
+
+    class Task:
+        def __init__(self, job: Any) -> None:
+            self.job, self.stop = job, NEVER
+
+        def emit(self, event: Any) -> None:
+            ended[self.job.request_id] = event
+
+    pending = [Task(joiner)] if joiner is not None else []
+    loop = model.open_loop(first)
+    LoopDriver(loop, lambda: pending.pop() if pending and loop.steps_done(0) >= join_at else None).run(Task(first))
+    return ended

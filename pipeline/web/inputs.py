@@ -163,41 +163,30 @@ def _problem(field: Field, value: Any) -> str | None:
             return f"{field.label} must be text of at most {field.max_chars} characters; got {len(value)} characters"
         problem = text_problem(value)
         return None if problem is None else f"{field.label} {problem}"
-    if not _small(value):
+    texts = _small_texts(value)
+    if texts is None:
         return f"{field.label} must be a single value (text of at most {field.max_chars} characters, or a number)"
-    problem = next(filter(None, map(text_problem, _texts(value))), None)
+    problem = next(filter(None, map(text_problem, texts)), None)
     return None if problem is None else f"{field.label} {problem}"
 
 
-def _small(value: Any) -> bool:
-    """At most SMALL_NODES values inside, each text among them at most SMALL_TEXT characters."""
-    stack, nodes = [value], 0
+def _small_texts(value: Any) -> list[str] | None:
+    """The texts inside ``value`` (its keys included) if it is small: at most SMALL_NODES values
+    inside, each text among them at most SMALL_TEXT characters; else None."""
+    stack, nodes, texts = [value], 0, []
     while stack:
         item = stack.pop()
         nodes += 1
         if nodes > SMALL_NODES or (isinstance(item, str) and len(item) > SMALL_TEXT):
-            return False
-        if isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return True
-
-
-def _texts(value: Any) -> list[str]:
-    """Every text inside a small value (its keys included)."""
-    found, stack = [], [value]
-    while stack:
-        item = stack.pop()
+            return None
         if isinstance(item, str):
-            found.append(item)
+            texts.append(item)
         elif isinstance(item, dict):
             stack.extend(item.keys())
             stack.extend(item.values())
         elif isinstance(item, list):
             stack.extend(item)
-    return found
+    return texts
 
 
 def _small_int(value: Any) -> bool:

@@ -110,9 +110,16 @@ def test_compile_wraps_the_unet_and_draws_the_same_images(compiled: Any, eager: 
     assert any("torch.compile(mode='default')" in m for m in messages), messages
     assert any("the first call compiles the denoiser (64x64" in m for m in messages), messages
     assert graphs["after_load"] > graphs["before"], "the warm-up did not run the compiled UNet"
-    assert_close(draw(model), draw(eager))
-    # The warm-up compiled the shape this job has: drawing it compiled nothing new.
+    # The warm-up compiled the call this job makes where it is served, in a step-level loop (issue 36
+    # §4: a timestep per row): serving it compiles nothing new.
+    from dataclasses import replace
+
+    from tests.helpers import run_loop
+
+    served = run_loop(model, replace(JOB, joinable=True))["same"]
     assert counters["stats"]["unique_graphs"] == graphs["after_load"]
+    assert_close([np.asarray(i, dtype=np.int16) for i in served.images], draw(eager))
+    assert_close(draw(model), draw(eager))  # as one pipe() call too (its scalar timestep: one more graph)
 
 
 @pytest.mark.slow  # each new shape class compiles once more: 2-3 minutes with a cold cache
@@ -224,9 +231,8 @@ def test_members_joining_and_leaving_a_loop_never_recompile_after_the_warm_up() 
     the first join recompiles: the count grows by one.)"""
     from torch._dynamo.utils import counters
 
-    from pipeline.engine.hosting.runner import NEVER
-    from pipeline.engine.loop.joining import LoopDriver
     from pipeline.engine.model.loading import load_model
+    from tests.helpers import run_loop
 
     if cpu_compiler() is None:
         pytest.skip("no C++ compiler: inductor cannot build CPU kernels here (--compile stays eager)")
@@ -234,19 +240,8 @@ def test_members_joining_and_leaving_a_loop_never_recompile_after_the_warm_up() 
     model = load_model(Settings(compile=True))  # a new model: its warm-up compiles (batch 2: guidance)
     warmed = counters["stats"]["unique_graphs"]
     assert warmed > before, "the warm-up compiled nothing: the count below would prove nothing"
-    ended: dict[str, Any] = {}
-
-    class Task:
-        def __init__(self, job: InferenceJob) -> None:
-            self.job, self.stop = job, NEVER
-
-        def emit(self, event: Any) -> None:
-            ended[self.job.request_id] = event
-
-    first = Task(InferenceJob("a", ("a red circle",), ("",), (1,), 64, 64, 6, 4.0))
-    joiner = Task(InferenceJob("b", ("a blue square", "a star"), ("", ""), (2, 3), 64, 64, 2, 4.0))
-    pending = [joiner]
-    loop = model.open_loop(first.job)
-    LoopDriver(loop, lambda: pending.pop() if pending and loop.steps_done(0) >= 2 else None).run(first)
+    first = InferenceJob("a", ("a red circle",), ("",), (1,), 64, 64, 6, 4.0, joinable=True)
+    joiner = InferenceJob("b", ("a blue square", "a star"), ("", ""), (2, 3), 64, 64, 2, 4.0, joinable=True)
+    ended = run_loop(model, first, joiner, join_at=2)
     assert set(ended) == {"a", "b"} and all(hasattr(e, "images") for e in ended.values()), ended
     assert counters["stats"]["unique_graphs"] == warmed, "a member joining or leaving recompiled the denoiser"

@@ -13,9 +13,9 @@ import torch
 from PIL import Image
 
 from pipeline.config import Settings
-from pipeline.engine.hosting.runner import NEVER
 from pipeline.protocol import InferenceJob, InferenceResult
 from tests.families import built_family
+from tests.helpers import run_loop
 
 _MODELS: dict[str, Any] = {}
 
@@ -63,21 +63,7 @@ def test_in_bfloat16_the_pixels_of_a_plain_diffusers_call(name: str) -> None:
     assert mad(ours.images, tuple(plain)) <= 1.0, mad(ours.images, tuple(plain))
 
 
-def run_loop(model: Any, first: InferenceJob, joiner: InferenceJob | None, join_at: int = 1) -> dict[str, Any]:
-    from pipeline.engine.loop.joining import LoopDriver
-
-    ended: dict[str, Any] = {}
-
-    class Task:
-        def __init__(self, j: InferenceJob) -> None:
-            self.job, self.stop = j, NEVER
-
-        def emit(self, event: Any) -> None:
-            ended[self.job.request_id] = event
-
-    pending = [Task(joiner)] if joiner is not None else []
-    loop = model.open_loop(first)
-    LoopDriver(loop, lambda: pending.pop() if pending and loop.steps_done(0) >= join_at else None).run(Task(first))
+def images_of(ended: dict[str, Any]) -> dict[str, Any]:
     assert all(isinstance(e, InferenceResult) for e in ended.values()), ended
     return {rid: e.images for rid, e in ended.items()}
 
@@ -90,8 +76,8 @@ def test_in_bfloat16_a_loop_equals_pipe_and_a_joiner_stays_within_1_of_255(name:
     a = job("A", ("a red circle on a blue background", "a yellow star"), (11, 12), 4, guidance, size)
     b = job("B", ("a purple square",), (5,), 3, min(2.0, guidance), size)
     alone = {j.request_id: model.generate(j, threading.Event(), lambda *_: None).images for j in (a, b)}
-    assert mad(run_loop(model, a, None)["A"], alone["A"]) == 0.0  # the loop is pipe(), to the bit
-    joined = run_loop(model, a, b)
+    assert mad(images_of(run_loop(model, a))["A"], alone["A"]) == 0.0  # the loop is pipe(), to the bit
+    joined = images_of(run_loop(model, a, b))
     for rid in "AB":
         assert mad(joined[rid], alone[rid]) <= 1.0, (rid, mad(joined[rid], alone[rid]))
     assert mad(joined["A"][:1], joined["B"]) > 5.0  # the pictures are not trivially alike

@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.config import Settings
 from pipeline.engine.hosting.runner import NEVER
-from tests.helpers import raw_request
+from tests.helpers import raw_request, run_loop
 
 
 @pytest.fixture(scope="module")
@@ -62,25 +62,12 @@ def _job(model: Any, seed: int, steps: int) -> Any:
 def test_a_loop_with_a_joiner_holds_no_more_components_at_once_than_pipe(
     offloaded: Any, resident: list[set[str]]
 ) -> None:
-    from pipeline.engine.loop.joining import LoopDriver
     from pipeline.protocol import InferenceResult
 
     offloaded.generate(_job(offloaded, 1, 4), NEVER, lambda *_: None)
     by_pipe = max(len(s) for s in resident)
     resident.clear()
-    ended: dict[str, Any] = {}
-
-    class Task:
-        def __init__(self, job: Any) -> None:
-            self.job, self.stop = job, NEVER
-
-        def emit(self, event: Any) -> None:
-            ended[self.job.request_id] = event
-
-    first, joiner = Task(_job(offloaded, 2, 6)), Task(_job(offloaded, 3, 2))
-    pending = [joiner]
-    loop = offloaded.open_loop(first.job)
-    LoopDriver(loop, lambda: pending.pop() if pending and loop.steps_done(0) >= 2 else None).run(first)
+    ended = run_loop(offloaded, _job(offloaded, 2, 6), _job(offloaded, 3, 2), join_at=2)
     assert all(isinstance(e, InferenceResult) for e in ended.values()) and len(ended) == 2, ended
     assert by_pipe == 1 and max(len(s) for s in resident) <= by_pipe, [s for s in resident if len(s) > 1]
     assert {"unet", "text_encoder", "vae"} <= set().union(*resident)  # each was on the device in its turn
