@@ -139,7 +139,7 @@ TESTS: dict[str, str] = {
     "joiner-ignores-device-memory": "tests/unit/test_joining.py::test_a_joiner_that_would_not_fit_in_device_memory_waits_for_the_next_loop",
     "offload-chain-left-to-itself": "tests/unit/test_offload_joining.py",
     "compiled-batch-static": "tests/server/test_compile.py::test_members_joining_and_leaving_a_loop_never_recompile_after_the_warm_up",
-    "previews-fitted-in-half": "tests/unit/test_previews_half.py "
+    "previews-fitted-in-half": "tests/server/test_previews_half.py "
     "tests/server/test_live_previews.py::test_an_sdxl_in_float16_whose_vae_overflows_shows_previews_through_the_app",
     "oom-freed-while-members-live": "tests/unit/test_device_faults.py::test_out_of_memory_in_a_loop_frees_memory_only_once_the_failed_members_are_dropped",
     "disk-share-shrinks-with-identities": f"{ROUND_TWO}::test_a_many_identity_disk_attack_leaves_the_victim_every_image_within_its_lifetime "
