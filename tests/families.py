@@ -754,3 +754,25 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def plain_diffusers_images(
+    name: str, size: int, steps: int, guidance: float, seed: int, dtype: Any = None
+) -> list[Any]:
+    """Family ``name`` through a plain diffusers call of its built folder: ``"a red circle"`` at ``size``,
+    one CPU generator seeded ``seed`` (the reference the app's pixels are held to)."""
+    import torch
+    from diffusers import DiffusionPipeline
+
+    pipe = DiffusionPipeline.from_pretrained(str(built_family(name)), **({"torch_dtype": dtype} if dtype else {}))
+    pipe.set_progress_bar_config(disable=True)
+    with torch.inference_mode():
+        images: list[Any] = pipe(
+            prompt=["a red circle"],
+            width=size,
+            height=size,
+            num_inference_steps=steps,
+            guidance_scale=guidance,
+            generator=[torch.Generator("cpu").manual_seed(seed)],
+        ).images
+    return images

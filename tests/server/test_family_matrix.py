@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.families import built_family
+from tests.families import built_family, plain_diffusers_images
 from tests.helpers import ROOT, raw_request, running_app, wait_for
 
 pytestmark = pytest.mark.timeout(600)
@@ -171,25 +171,12 @@ def test_progress_and_cancel(served: tuple[str, Any, Any]) -> None:
 
 
 def test_the_same_pixels_as_a_plain_diffusers_call(served: tuple[str, Any, Any]) -> None:
-    import torch
-    from diffusers import DiffusionPipeline
-
     family, client, adapter = served
     size = max(64, adapter.profile.size_multiple * 4)
     gs = min(4.0, adapter.profile.max_guidance)
     args = dict(width=size, height=size, num_inference_steps=steps_for(family), guidance_scale=gs, seed=5)
     gallery, _ = generate(client, **args)
-    pipe = DiffusionPipeline.from_pretrained(str(built_family(family)))
-    pipe.set_progress_bar_config(disable=True)
-    with torch.inference_mode():
-        plain = pipe(
-            prompt=["a red circle"],
-            width=size,
-            height=size,
-            num_inference_steps=args["num_inference_steps"],
-            guidance_scale=gs,
-            generator=[torch.Generator("cpu").manual_seed(5)],
-        ).images[0]
+    plain = plain_diffusers_images(family, size, args["num_inference_steps"], gs, 5)[0]
     diff = float(np.abs(pixels(gallery) - np.asarray(plain, dtype=np.float32) / 255).mean())
     assert diff <= 1 / 255, diff
     record(family, "same pixels", f"yes ({diff * 255:.2f}/255)")

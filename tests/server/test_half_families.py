@@ -14,7 +14,7 @@ from PIL import Image
 
 from pipeline.config import Settings
 from pipeline.protocol import InferenceJob, InferenceResult
-from tests.families import built_family
+from tests.families import built_family, plain_diffusers_images
 from tests.helpers import run_loop
 
 _MODELS: dict[str, Any] = {}
@@ -42,24 +42,12 @@ def job(
 
 @pytest.mark.parametrize("name", ["sd1", "sdxl", "flux-dev", "z-image"])
 def test_in_bfloat16_the_pixels_of_a_plain_diffusers_call(name: str) -> None:
-    from diffusers import DiffusionPipeline
-
     model = model_of(name)
     assert model.pipe.dtype == torch.bfloat16
     size = max(64, model.profile.size_multiple * 4)
     guidance = min(4.0, model.profile.max_guidance)
     ours = model.generate(job("p", ("a red circle",), (5,), 2, guidance, size), threading.Event(), lambda *_: None)
-    pipe = DiffusionPipeline.from_pretrained(str(built_family(name)), torch_dtype=torch.bfloat16)
-    pipe.set_progress_bar_config(disable=True)
-    with torch.inference_mode():
-        plain = pipe(
-            prompt=["a red circle"],
-            width=size,
-            height=size,
-            num_inference_steps=2,
-            guidance_scale=guidance,
-            generator=[torch.Generator("cpu").manual_seed(5)],
-        ).images
+    plain = plain_diffusers_images(name, size, 2, guidance, 5, torch.bfloat16)
     assert mad(ours.images, tuple(plain)) <= 1.0, mad(ours.images, tuple(plain))
 
 
