@@ -37,3 +37,77 @@ def test_in_the_launched_app_two_forwarded_addresses_are_two_users(tmp_path: Any
         for job in (h1, h2, l1):
             job.result(timeout=30)
     assert [job.prompts[0] for job in model.calls] == ["h1", "l1", "h2"]
+
+
+def _loop_app(tmp_path: Any, cap: int) -> Any:
+    """The launched app with step-level joining on a fake loop of 20 ms steps, two images a loop."""
+    model = FakeModel(joining=True, step_seconds=0.02)
+    args = ("--max-waiting-per-user", str(cap), "--concurrency", "48", "--max-batch-size", "2")
+    return model, running_app(tmp_path, *args, load=lambda: model)
+
+
+def _started_between(model: FakeModel, before: int, prompt: str) -> list[str]:
+    """The jobs the model started after the first ``before`` and before ``prompt``'s."""
+    order = [job.prompts[0] for job in model.calls]
+    return order[before : order.index(prompt)]
+
+
+def test_a_request_that_cannot_join_waits_one_loop_behind_a_single_users_long_backlog(tmp_path: Any) -> None:
+    """Issue 37: one user queues 20 requests that share a loop; another user's request of another
+    size cannot join it. It waits only for the loop's members when it arrived (2) and the one joiner
+    sent a step early, never for the backlog behind them, however long it is."""
+    from gradio_client import Client
+
+    model, app = _loop_app(tmp_path, cap=30)
+    with app as (url, _demo, adapter):
+        heavy = Client(url, verbose=False, headers={"X-Forwarded-For": "203.0.113.1"})
+        other = Client(url, verbose=False, headers={"X-Forwarded-For": "203.0.113.2"})
+        data = {**raw_request(), "num_inference_steps": 8}
+        backlog = [heavy.submit(**{**data, "prompt": f"h{i}"}, api_name="/generate") for i in range(20)]
+        wait_for(lambda: len(model.calls) >= 3 and adapter.gpu_queue_depth >= 10, "a loop runs, a backlog waits")
+        before = len(model.calls)
+        alone = other.submit(**{**data, "prompt": "o", "width": 128, "height": 128}, api_name="/generate")
+        alone.result(timeout=120)
+        for job in backlog:
+            job.result(timeout=120)
+    overtook = _started_between(model, before, "o")
+    assert len(overtook) <= 3, f"{len(overtook)} of the backlog ran first: {overtook}"
+    assert len(model.calls) == 21
+
+
+def test_a_request_that_cannot_join_waits_one_loop_behind_users_who_keep_the_loop_full(tmp_path: Any) -> None:
+    """Four users each keep their waiting cap (3) full of requests that share a loop, resubmitting as
+    each ends; a fifth user's request of another size waits one loop's worth, not a round of theirs."""
+    import threading
+
+    from gradio_client import Client
+
+    model, app = _loop_app(tmp_path, cap=3)
+    with app as (url, _demo, adapter):
+        data = {**raw_request(), "num_inference_steps": 8}
+        done = threading.Event()
+        count = [0] * 4
+
+        def keep_full(user: int) -> None:
+            client = Client(url, verbose=False, headers={"X-Forwarded-For": f"203.0.113.{10 + user}"})
+            sent = [client.submit(**{**data, "prompt": f"u{user}-{i}"}, api_name="/generate") for i in range(3)]
+            count[user] = len(sent)
+            while not done.is_set():
+                sent.pop(0).result(timeout=120)
+                sent.append(client.submit(**{**data, "prompt": f"u{user}-{count[user]}"}, api_name="/generate"))
+                count[user] += 1
+            for job in sent:
+                job.result(timeout=120)
+
+        users = [threading.Thread(target=keep_full, args=(u,), name=f"user-{u}") for u in range(4)]
+        for thread in users:
+            thread.start()
+        wait_for(lambda: len(model.calls) >= 8 and adapter.gpu_queue_depth >= 6, "four users keep the loop full")
+        before = len(model.calls)
+        other = Client(url, verbose=False, headers={"X-Forwarded-For": "203.0.113.99"})
+        other.submit(**{**data, "prompt": "o", "width": 128, "height": 128}, api_name="/generate").result(timeout=120)
+        done.set()
+        for thread in users:
+            thread.join(timeout=120)
+    overtook = _started_between(model, before, "o")
+    assert len(overtook) <= 3, f"{len(overtook)} of the others' requests ran first: {overtook}"
