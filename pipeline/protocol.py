@@ -100,12 +100,14 @@ class InferenceJob:
     preview_every: int = 0  # 0: no previews; k: a cheap latent preview every k steps
     preview_images: tuple[int, ...] = (0,)  # which images get previews (the first of each request)
     scheduler: str = "default"  # a name from ModelProfile.schedulers; each job gets its own instance
-    # True: the job may enter a running denoising loop of compatible jobs at a step boundary, and
-    # others may enter its loop (step-level batching, ``engine.joining``); False: it runs as one call.
+    # True: the job enters the running denoising loop ``loop_id`` at a step boundary (it opens that
+    # loop when none runs), step-level batching (``engine.loop.joining``); False: it runs as one call.
+    # The serving side's scheduler decides which jobs share a loop; the model side only follows the tags.
     joinable: bool = False
-    # Joinable jobs: the most images the loop may hold when this job enters it (0: no bound). The
-    # server may send a joiner a step before there is room; the model side holds it until there is.
-    loop_images_max: int = 0
+    loop_id: int = 0
+    # The request ids of members of that loop on their last step: the server sends a joiner a step
+    # early, for their place, and the model side holds it until they have left.
+    enters_after: tuple[str, ...] = ()
     # The LoRA adapter the job runs with (a name from ModelProfile.loras; "": none) and its scale.
     lora: str = ""
     lora_scale: float = 0.0
@@ -201,6 +203,10 @@ class InferenceResult:
     # and how many times that model side has loaded the model (a switch never loads it again).
     lora_switch_ms: float = 0.0
     model_loads: int = 0
+    # The device's memory, where it reports it (not the CPU): its total and its idle footprint (the
+    # weights) when the loop or call began; the scheduler learns from them what a joiner needs.
+    device_total_bytes: int | None = None
+    idle_bytes: int | None = None
 
 
 # crashed: the model process died during the job (it is being restarted); device_lost: the device failed in a way

@@ -36,7 +36,7 @@ def _fit_in_model_dtype(vae: Any, count: int = 6, size: int = 128) -> Any:
 
 
 GPU: dict[str, list[Patch]] = {
-    "joiner-ignores-device-memory": attr("pipeline.engine.hosting.memory", "RowMemory.fits", lambda self, *a: True),
+    "joiner-ignores-device-memory": attr("pipeline.serving.scheduler", "MemoryRoom.fits", lambda self, *a: True),
     "offload-chain-left-to-itself": attr(
         "pipeline.engine.loop.loop_base", "MemberLoop._offload_all", lambda self: None
     ),

@@ -74,19 +74,25 @@ def _release_gate_on_cancel() -> None:
 
     async def _own_gate(self: Any, batch: Any) -> None:
         job = asyncio.create_task(self.jobs.run(batch))
-        while not job.done() and not batch.stop.is_set():
+        while not job.done() and not all(e.stop.is_set() for e in batch.entries):
             await asyncio.sleep(0.001)
         self._gate.release()
-        self._line.notify()
+        self.scheduler.ended(batch)
         await job
 
     LocalAdapter._own_gate = _own_gate  # type: ignore[method-assign]
 
 
-def _key_is_constant() -> None:
-    from pipeline.serving.line import Entry
+def _one_stop_stops_the_call(entries: Any) -> Any:
+    """A closed batch's call stopped as soon as any one of its entries stops."""
+    from pipeline.serving.line import StopSignal
 
-    Entry.key = property(lambda self: 0)  # type: ignore[assignment,method-assign]
+    stop = StopSignal()
+    for entry in entries:
+        entry.stop.on_set(stop.set)
+    if any(e.stop.is_set() for e in entries):
+        stop.set()
+    return stop
 
 
 async def _stopped_at_once(self: Any, session: str, timeout: float) -> bool:
@@ -141,19 +147,6 @@ def _fills_nothing(pasted: Any, limits: Any, **kwargs: Any) -> Any:
     return Fill({}, [])
 
 
-def _loop_key_is_constant() -> None:
-    """A join that ignores compatibility, on both sides: any waiting request joins, any job enters the loop."""
-    from pipeline.engine.loop import joining
-
-    joining.loop_key = lambda model, job: 0 if job.joinable and getattr(model, "loop_key", None) else None
-
-
-def _serving_loop_key_is_constant() -> None:
-    from pipeline.serving.line import Entry
-
-    Entry.loop_key = property(lambda self: 0)  # type: ignore[assignment,method-assign]
-
-
 def _leave_drops_another() -> None:
     """A leave that drops another member: when one member stops, the next one in the loop goes too."""
     from pipeline.engine.loop.joining import LoopDriver
@@ -173,8 +166,29 @@ def _leave_drops_another() -> None:
     LoopDriver._leave_stopped = _leave_stopped  # type: ignore[method-assign]
 
 
-def _joiner_waits_for_the_end(self: Any, member: Any, line: Any, offsets: Any, event: Any, clock: Any) -> None:
-    self._deliver_step([member], offsets, event, clock)  # no place promised on the last step
+def _joiner_waits_for_the_end() -> None:
+    """No place promised on a member's last step: its successor is sent when it has left."""
+    from pipeline.serving.jobs import GpuJobs
+
+    original = GpuJobs._deliver_step
+
+    def deliver(self: Any, entries: Any, offsets: Any, event: Any, clock: Any, joinable: bool) -> None:
+        original(self, entries, offsets, event, clock, False)
+
+    GpuJobs._deliver_step = deliver  # type: ignore[method-assign]
+
+
+def _joiners_skip_the_head() -> None:
+    """Joiners taken from anywhere in the line: compatible requests overtake one that cannot join."""
+    from pipeline.serving.scheduler import Scheduler, loop_key
+
+    original = Scheduler._joiners
+
+    def _joiners(self: Any, batch: Any, fair: Any, *, take: bool) -> Any:
+        fair = [e for e in fair if loop_key(e.request, self.mixed_adapters) == batch.key]
+        return original(self, batch, fair, take=take)
+
+    Scheduler._joiners = _joiners  # type: ignore[method-assign]
 
 
 def _one_login_one_user(self: Any) -> str:
@@ -297,12 +311,10 @@ MUTANTS: dict[str, list[Patch]] = (
         "gate-wraps-whole-request": on("pipeline.serving.local", _gate_wraps_whole_request),
         "no-gate-and-a-thread-per-job": NO_GATE + THREAD_PER_JOB,
         "to-thread-releases-the-gate-on-cancel": THREAD_PER_JOB + on("pipeline.serving.local", _release_gate_on_cancel),
-        "batch-ignores-compatibility": on("pipeline.serving.line", _key_is_constant),
-        "no-batching": attr("pipeline.serving.line", "Line.fits", staticmethod(lambda *a: False)),
-        "batch-ignores-max-size": attr("pipeline.serving.line", "Line.fits", staticmethod(lambda *a: True)),
-        "one-cancel-stops-the-batch": attr(
-            "pipeline.serving.line", "Batch.all_stopped", lambda self: any(m.stop.is_set() for m in self.members)
-        ),
+        "batch-ignores-compatibility": attr("pipeline.serving.scheduler", "batch_key", lambda request: 0),
+        "no-batching": attr("pipeline.serving.scheduler", "Scheduler.fits", lambda self, images, entry: False),
+        "batch-ignores-max-size": attr("pipeline.serving.scheduler", "Scheduler.fits", lambda self, *a: True),
+        "one-cancel-stops-the-batch": attr("pipeline.serving.jobs", "_all_stopped", _one_stop_stops_the_call),
         "oom-no-retry": attr("pipeline.serving.jobs", "GpuJobs.retry_alone", staticmethod(lambda *a: False)),
         "skip-in-progress": attr("pipeline.web.shown", "progress_gallery", lambda: __import__("gradio").skip()),
         "ray-replica-without-a-gate": NO_GATE + THREAD_PER_JOB + on("pipeline.ray.cluster", _ray_replica_admits_eight),
@@ -327,13 +339,12 @@ MUTANTS: dict[str, list[Patch]] = (
             lambda self, alive, on_gone: __import__("contextlib").nullcontext(),
         ),
         # The page (issue 18): each helper around generate, broken in the browser.
-        "join-ignores-compatibility": on("pipeline.engine.loop.joining", _loop_key_is_constant)
-        + on("pipeline.serving.line", _serving_loop_key_is_constant),
+        "join-ignores-compatibility": attr("pipeline.serving.scheduler", "loop_key", lambda request, mixed: 0),
         "leave-drops-another-member": on("pipeline.engine.loop.joining", _leave_drops_another),
-        "joiner-waits-for-the-end": attr(
-            "pipeline.serving.jobs", "GpuJobs._deliver_member_step", _joiner_waits_for_the_end
-        ),
-        "early-joiner-not-held": attr("pipeline.engine.loop.joining", "room_for", lambda job, loop_images: True),
+        "joiner-waits-for-the-end": on("pipeline.serving.jobs", _joiner_waits_for_the_end),
+        "early-joiner-not-held": attr("pipeline.engine.loop.joining", "waits_for", lambda job, in_loop: False),
+        # Issue 37: the scheduler's fair order inside a running loop, skipped by joiners.
+        "joiners-skip-the-fair-head": on("pipeline.serving.scheduler", _joiners_skip_the_head),
         "swap-does-nothing": attr("pipeline.web.page_tools", "swapped", lambda width, height: (width, height)),
         "history-restores-nothing": attr("pipeline.web.page_tools", "restore", lambda history, index: None),
         "paste-fills-nothing": attr("pipeline.web.page_tools", "fill_from", _fills_nothing),

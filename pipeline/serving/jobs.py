@@ -1,16 +1,16 @@
-"""One job on the model side, for the task that owns the gate: steps out, one end per member.
+"""Runs the scheduler's batches on the model side, for the task that owns the gate: steps out, one end per entry.
 
-Step-level (``run_session``): the task that owns the gate runs a ``Session`` instead, a loop on
-the model side that requests enter (``Line.take_joiners``, whenever the line moves) and leave on
-their own: each member is its own joinable job there, with its own steps, stop, time limit and
-end, and the gate opens when the last member has left.
+``GpuJobs.run(batch)`` holds the batch until its last entry has left; ``GpuJobs.start(batch, joins)``
+sends entries into it. One path for both kinds of batch (``scheduler.Batch``): an entry of a
+joinable batch is its own job on the model side, entering the step-level loop at a step boundary
+and leaving when its own steps are done, with its own steps, stop, time limit and end; a closed
+batch is one whole-pipeline call whose steps go to every entry and whose images are shared out.
+Either way, each part is ``_part``: the job on the model side under its time limit, then every
+entry's end; an out-of-memory error in a part that shared calls with others is retried once, each
+entry alone, before anyone gets an error.
 
-``GpuJobs.run(batch)`` submits the batch's ``InferenceJob`` to the model-stream thread, relays each
-step to every member (one event-loop wake-up per step for the whole batch), and ends every
-member's stream with its share of the images or the job's error. It returns only when the model
-side has left the job (or, past the time limit, has been given up on), so the gate it runs under
-is never released while a job is still denoising. An out-of-memory error in a job of several
-requests is retried once, one request at a time, before anyone gets an error.
+``run`` returns only when the model side has left every part (or, past the time limit, has been
+given up on), so the gate it runs under is never released while a job is still denoising.
 
 Owners: the event loop owns ``running`` and ``model_hung``; the model-stream thread's callbacks
 reach the loop through ``call_soon_threadsafe``.
@@ -30,8 +30,9 @@ from ..errors import Cancelled, EngineDead, OutOfMemory
 from ..protocol import ErrorEvent, InferenceJob, InferenceResult, ModelEvent, StepEvent
 from .eta import EtaBook, JobClock, Shape
 from .events import Step
-from .line import Batch, End, Entry, Line, Session, StopSignal
+from .line import End, StopSignal
 from .metrics import Metrics
+from .scheduler import Batch, Entry, Join, MemoryRoom, call_job, image_offsets
 from .streamer import ModelStreamer
 
 log = logging.getLogger(__name__)
@@ -89,26 +90,31 @@ class GpuJobs:
         job_timeout: float | None,
         closing: Callable[[], bool],
         auto_floor: float = AUTO_LIMIT_FLOOR_SECONDS,
+        on_leave: Callable[[], None] = lambda: None,
+        memory: MemoryRoom | None = None,
     ) -> None:
         self.streamer = streamer
         self.metrics = metrics
         self.job_timeout = job_timeout  # None: each job's limit follows the measured rate (time_limit)
         self.auto_floor = auto_floor
         self._closing = closing
-        self.running: dict[int, StopSignal] = {}  # id(batch) -> the stop of the job on the model side
+        self._on_leave = on_leave  # an entry left its batch, or is on its last step: the scheduler may act
+        self.memory = memory if memory is not None else MemoryRoom()
+        self.running: dict[int, StopSignal] = {}  # id(stop) -> the stop of a job on the model side
         self.model_hung = False  # a job ran past its limit and the model side has not returned yet
         self.book = EtaBook()  # measured rates per shape, for the ETA (eta.py)
         self.clock: JobClock | None = None  # the job on the model side now, as the ETA follows it
+        self._parts: dict[Batch, set[asyncio.Task[None]]] = {}
 
-    def time_limit(self, job: InferenceJob) -> float:
+    def time_limit(self, job: InferenceJob, images: int = 0) -> float:
         """Seconds ``job`` may run: ``--job-timeout``, else from the measured rate (see the constants).
 
-        A joinable job is timed as if its loop held the most images it may (each step then draws
-        them all), so a full loop does not time out its members.
+        A joinable job is timed as if its loop held the most images it may (``images``: each step
+        then draws them all), so a full loop does not time out its members.
         """
         if self.job_timeout is not None:
             return self.job_timeout
-        images = max(job.num_images, job.loop_images_max)
+        images = max(job.num_images, images)
         expected = self.book.job_seconds(Shape(job.width * job.height, job.num_inference_steps, images))
         if expected is None:
             return AUTO_LIMIT_UNMEASURED_SECONDS
@@ -118,44 +124,94 @@ class GpuJobs:
         for stop in list(self.running.values()):
             stop.set()
 
+    # -- a batch -----------------------------------------------------------------------------
     async def run(self, batch: Batch) -> None:
-        """Run ``batch`` and end every member's stream. Never raises."""
-        error = await self._attempt(batch)
-        if self.retry_alone(error, batch):
-            log.warning(
-                "out of memory in a job of %d requests (%d images); retrying one request at a time",
-                len(batch.members),
-                batch.images,
-            )
-            self.metrics.oom_retries.inc()
-            for member in batch.members:
-                if member.stop.is_set():
-                    member.deliver(End(error=Cancelled("cancelled before the retry")))
-                elif (alone := await self._attempt(Batch([member]))) is not None:
-                    member.deliver(End(error=alone))
-        elif error is not None:
-            for member in batch.members:
-                member.deliver(End(error=error))
+        """Start ``batch``'s entries and hold it until the last has left and its parts are done. Never raises."""
+        parts = self._parts.setdefault(batch, set())
+        if batch.joinable:
+            self.start(batch, [Join(entry) for entry in batch.entries])
+        else:
+            self._start_part(batch, list(batch.entries), ())
+        while parts:
+            await asyncio.gather(*list(parts), return_exceptions=True)
+        del self._parts[batch]
+
+    def start(self, batch: Batch, joins: list[Join]) -> None:
+        """Send these entries into the running (joinable) batch: each is its own job on the model side."""
+        for join in joins:
+            self._start_part(batch, [join.entry], join.after)
+
+    def _start_part(self, batch: Batch, entries: list[Entry], after: tuple[str, ...]) -> None:
+        task = asyncio.create_task(self._part(batch, entries, after), name="gpu-part")
+        parts = self._parts.setdefault(batch, set())
+        parts.add(task)
+        task.add_done_callback(parts.discard)
+
+    async def _part(self, batch: Batch, entries: list[Entry], after: tuple[str, ...]) -> None:
+        """One job on the model side and every entry's end; then they leave the batch. Never raises."""
+        try:
+            error = await self._attempt(batch, entries, after, joinable=batch.joinable)
+            if self.retry_alone(error, entries):
+                log.warning(
+                    "out of memory in a batch of %d requests; retrying %s alone",
+                    max(e.peers for e in entries),
+                    ", ".join(e.request.request_id for e in entries),
+                )
+                self.metrics.oom_retries.inc()
+                for entry in entries:
+                    if entry.stop.is_set():
+                        entry.deliver(End(error=Cancelled("cancelled before the retry")))
+                    elif (alone := await self._attempt(batch, [entry], (), joinable=False)) is not None:
+                        entry.deliver(End(error=alone))
+            elif error is not None:
+                for entry in entries:
+                    entry.deliver(End(error=error))
+        finally:
+            for entry in entries:
+                batch.leave(entry)
+            self._on_leave()  # room in the batch: the scheduler may take joiners, or end it
 
     @staticmethod
-    def retry_alone(error: BaseException | None, batch: Batch) -> bool:
-        return isinstance(error, (OutOfMemory, MemoryError)) and len(batch.members) > 1
+    def retry_alone(error: BaseException | None, entries: list[Entry]) -> bool:
+        """An out-of-memory error in a job that shared the device with others (in its call or its loop)."""
+        shared = len(entries) > 1 or any(e.peers > 1 for e in entries)
+        return isinstance(error, (OutOfMemory, MemoryError)) and shared and not all(e.stop.is_set() for e in entries)
 
-    async def _attempt(self, batch: Batch) -> BaseException | None:
-        """One job on the model side. On success every member gets its images; else returns the error."""
-        job, members, offsets = batch.job(), batch.members, batch.offsets
-        self.metrics.batch_images.observe(job.num_images)
+    async def _attempt(
+        self, batch: Batch, entries: list[Entry], after: tuple[str, ...], *, joinable: bool
+    ) -> BaseException | None:
+        """One job on the model side. On success every entry gets its images; else returns the error."""
+        if len(entries) == 1:
+            entry = entries[0]
+            job, stop = entry.request.to_job(), entry.stop
+            if joinable:
+                job = dataclasses.replace(job, joinable=True, loop_id=batch.loop_id, enters_after=after)
+        else:
+            job, stop = call_job(entries), _all_stopped(entries)
+        offsets = image_offsets(entries)
         outcome = await self._on_model(
             job,
-            batch.stop,
-            members[0].context,  # the head's user
-            lambda event, clock: self._deliver_step(members, offsets, event, clock),
+            stop,
+            entries[0].context,  # the head's user
+            lambda event, clock: self._deliver_step(entries, offsets, event, clock, joinable),
+            self.time_limit(job, batch.max_images if joinable else 0),
         )
         if not isinstance(outcome, InferenceResult):
             return outcome
-        for i, member in enumerate(members):
+        images = outcome.batch_images or job.num_images
+        self.metrics.batch_images.observe(images)
+        self.memory.learn(job.width, job.height, images, outcome)
+        for i, entry in enumerate(entries):
             share = dataclasses.replace(outcome, images=outcome.images[offsets[i] : offsets[i + 1]])
-            member.deliver(End(result=share, batch_size=job.num_images, batch_requests=len(members)))
+            entry.deliver(
+                End(
+                    result=share,
+                    batch_size=images,
+                    batch_requests=outcome.batch_jobs or len(entries),
+                    batching="step" if outcome.joined_at_step is not None else "job",
+                    joined_at_step=outcome.joined_at_step,
+                )
+            )
         return None
 
     async def _on_model(
@@ -164,6 +220,7 @@ class GpuJobs:
         stop: StopSignal,
         context: contextvars.Context | None,
         on_step: Callable[[StepEvent, JobClock], None],
+        limit: float,
     ) -> InferenceResult | BaseException:
         """Run ``job`` on the model side under the time limit; ``on_step`` gets each step on the event
         loop. Returns its result or its error only when the model side has left it (or, past the
@@ -188,7 +245,6 @@ class GpuJobs:
         # Steps are posted with call_soon_threadsafe before the terminal future resolves, so every
         # step reaches its member before the end does.
         terminal = self.streamer.submit(job, stop, deliver, context=context)
-        limit = self.time_limit(job)
         try:
             if not await wait_for_model(terminal, timeout=limit):
                 # Past the limit: stop at the next step (a loop member leaves it; the others go on).
@@ -213,74 +269,6 @@ class GpuJobs:
             log.error("job %s failed on the model side: %s\n%s", job.request_id, event.message, event.detail)
         return error_of(event, job.request_id)
 
-    # -- step-level: a session of members that enter and leave a loop on the model side --------
-    async def run_session(self, session: Session, line: Line) -> None:
-        """Run ``session`` until nobody is left in it, taking joiners whenever the line moves. Never raises."""
-        tasks: set[asyncio.Task[None]] = set()
-
-        def start(members: list[Entry]) -> None:
-            for peer in session.members:  # who shared the loop (an out-of-memory error is retried alone)
-                peer.peers = max(peer.peers, len(session.members))
-            for member in members:
-                task = asyncio.create_task(self._member(member, session, line), name="gpu-member")
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-
-        start(list(session.members))
-        while True:
-            moved = line.moved
-            if self._closing():
-                session.open = False
-            start(line.take_joiners(session))
-            if not session.members:
-                session.open = False
-                break
-            await moved.wait()
-        if tasks:  # members' tasks end after they leave; nothing is left on the model side
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def _member(self, member: Entry, session: Session, line: Line) -> None:
-        """One member's job in the loop: its steps, its time limit, its end. Then it leaves the session."""
-        try:
-            end = await self._member_attempt(member, session, line, joinable=True)
-            if isinstance(end.error, (OutOfMemory, MemoryError)) and member.peers > 1 and not member.stop.is_set():
-                self.metrics.oom_retries.inc()
-                log.warning("out of memory in a loop of requests; retrying %s alone", member.request.request_id)
-                end = await self._member_attempt(member, session, line, joinable=False)
-            member.deliver(end)
-        finally:
-            session.leave(member)
-            line.notify()  # room in the loop: the session may take joiners, or end
-
-    async def _member_attempt(self, member: Entry, session: Session, line: Line, *, joinable: bool) -> End:
-        job = dataclasses.replace(member.request.to_job(), joinable=joinable, loop_images_max=session.max_images)
-        offsets = [0, job.num_images]
-        outcome = await self._on_model(
-            job,
-            member.stop,
-            member.context,
-            lambda event, clock: self._deliver_member_step(member, line, offsets, event, clock),
-        )
-        if not isinstance(outcome, InferenceResult):
-            return End(error=outcome)
-        self.metrics.batch_images.observe(outcome.batch_images or job.num_images)
-        return End(
-            result=outcome,
-            batch_size=outcome.batch_images or job.num_images,
-            batch_requests=outcome.batch_jobs or 1,
-            batching="step" if outcome.joined_at_step is not None else "job",
-            joined_at_step=outcome.joined_at_step,
-        )
-
-    def _deliver_member_step(
-        self, member: Entry, line: Line, offsets: list[int], event: StepEvent, clock: JobClock
-    ) -> None:
-        """A loop member's step; on its last step its place goes to the next joiner, a step early."""
-        self._deliver_step([member], offsets, event, clock)
-        if not member.last_step and event.total - event.step <= 1:
-            member.last_step = True
-            line.notify()
-
     def _mark_hung(self, terminal: concurrent.futures.Future[ModelEvent]) -> None:
         log.error("the model side is stuck in a job past its time limit")
         self.model_hung = True
@@ -292,13 +280,33 @@ class GpuJobs:
 
         terminal.add_done_callback(lambda _f: loop.call_soon_threadsafe(recovered))
 
-    def _deliver_step(self, members: list[Entry], offsets: list[int], event: StepEvent, clock: JobClock) -> None:
-        """One step to every member (on the event loop), with the job's time left."""
+    def _deliver_step(
+        self, entries: list[Entry], offsets: list[int], event: StepEvent, clock: JobClock, joinable: bool
+    ) -> None:
+        """One step to every entry (on the event loop), with the job's time left. An entry of a
+        joinable batch on its last step tells the scheduler: its place may go to a joiner a step early."""
         now = time.monotonic()
         clock.on_step(event.step, event.total, now)
         eta = clock.remaining(self.book, now)
-        for i, member in enumerate(members):
-            member.deliver(Step(event.step, event.total, event.preview(offsets[i]), eta))
+        for i, entry in enumerate(entries):
+            entry.deliver(Step(event.step, event.total, event.preview(offsets[i]), eta))
+        if joinable and event.total - event.step <= 1 and not entries[0].last_step:
+            entries[0].last_step = True
+            self._on_leave()
+
+
+def _all_stopped(entries: list[Entry]) -> StopSignal:
+    """A call's stop: set when every entry in it has stopped."""
+    stop = StopSignal()
+
+    def entry_stopped() -> None:
+        if all(e.stop.is_set() for e in entries):
+            stop.set()
+
+    for entry in entries:
+        entry.stop.on_set(entry_stopped)
+    entry_stopped()
+    return stop
 
 
 async def wait_for_model(future: concurrent.futures.Future[Any], timeout: float | None = None) -> bool:

@@ -1,25 +1,21 @@
-"""The line for the GPU: who waits, in a fair order across users, how many are ahead, and who shares a job.
+"""The line for the GPU: who waits, in a fair order across users, and how many are ahead.
 
-``WaitLine`` is the "k ahead" both adapters report. ``Line`` adds dynamic batching for the local
-adapter: the head of the line takes the compatible requests waiting behind it into one job
-(``Batch``). Everything here is owned by the event loop; other threads reach it through the loop.
+``WaitLine`` is the fair order and the "k ahead" both adapters report; the local adapter's
+``scheduler.Scheduler`` decides from it who runs and who joins. ``StopSignal`` is a request's stop
+on the serving side. Everything here is owned by the event loop; other threads reach it through the loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import itertools
 import math
-from dataclasses import dataclass, field
 from typing import AsyncGenerator, Callable, Generic, Hashable, Iterable, TypeVar
 
-from ..protocol import CountingStop, InferenceJob
-from ..request import GenerateRequest
-from .events import Step, Waiting
+from ..protocol import CountingStop
+from .events import Waiting
 from .mailbox import End as End  # re-exported: the serving side reads End from here
-from .mailbox import Mailbox
 
 T = TypeVar("T")
 
@@ -148,214 +144,3 @@ class WaitLine(Generic[T]):
                 reported, reported_at = ahead, loop.time()
                 yield Waiting(ahead)
             await moved.wait()
-
-
-@dataclass(eq=False)
-class Entry:
-    """A prepared request in line for the GPU, and then in a job."""
-
-    request: GenerateRequest
-    stop: StopSignal
-    context: contextvars.Context | None = None  # the request's own (a batch runs in its head's)
-    events: Mailbox = field(default_factory=lambda: Mailbox())
-    ticket: int = -1
-    batch: Batch | None = None  # set when a job takes this request
-    session: Session | None = None  # set when a step-level loop takes this request
-    peers: int = 1  # the most requests in its step-level loop while it was there
-    last_step: bool = False  # step-level: it has one step left (its place may be promised to a joiner)
-    user: Hashable | None = None  # who asked (None: a user of its own); the line is fair across users
-    mixed_adapters: bool = False  # the model's loops take members with different LoRA adapters (lora_batching)
-
-    def deliver(self, item: Step | End) -> None:
-        """Put a step or the end on this request's stream (on the event loop's thread)."""
-        self.events.put(item)
-
-    @property
-    def key(self) -> tuple[Hashable, ...]:
-        """Requests with equal keys can share a job: the same size, steps, guidance, scheduler and LoRA
-        adapter (at one scale), and a negative prompt on all or none (SDXL zeroes an all-empty one; one
-        empty among others is encoded as "")."""
-        r = self.request
-        return (r.width, r.height, r.num_inference_steps, r.guidance_scale, bool(r.negative_prompt), r.scheduler,
-                r.adapter)  # fmt: skip
-
-    @property
-    def taken(self) -> bool:
-        return self.batch is not None or self.session is not None
-
-    @property
-    def loop_key(self) -> tuple[Hashable, ...]:
-        """Requests with equal loop keys can share a step-level loop: the same size and sampler (they
-        may differ in prompt, seed, image count, steps and guidance), and the same LoRA adapter and
-        scale unless the model mixes adapters per row (then ``Session.admits`` keeps one scale each)."""
-        r = self.request
-        return (r.width, r.height, r.scheduler) if self.mixed_adapters else (r.width, r.height, r.scheduler, r.adapter)
-
-    async def relay(self) -> AsyncGenerator[Step | End, None]:
-        """This request's steps as its job runs, then its ``End``."""
-        while True:
-            item = await self.events.get()
-            yield item
-            if isinstance(item, End):
-                return
-
-
-class Batch:
-    """Requests that run as one job. Its stop is set when every member has stopped (or by force)."""
-
-    def __init__(self, members: list[Entry]) -> None:
-        self.members = members
-        self.stop = StopSignal()
-        for member in members:
-            member.batch = self
-            member.stop.on_set(self._member_stopped)
-        self._member_stopped()
-
-    def _member_stopped(self) -> None:
-        if self.all_stopped():
-            self.stop.set()
-
-    def all_stopped(self) -> bool:
-        return all(m.stop.is_set() for m in self.members)
-
-    @property
-    def images(self) -> int:
-        return sum(m.request.num_images for m in self.members)
-
-    @property
-    def offsets(self) -> list[int]:
-        """Where each member's images start in the job (and, last, the job's image count)."""
-        return list(itertools.accumulate((m.request.num_images for m in self.members), initial=0))
-
-    def job(self) -> InferenceJob:
-        jobs = [m.request.to_job() for m in self.members]
-        offsets = self.offsets
-        first = jobs[0]
-        return InferenceJob(
-            request_id=",".join(j.request_id for j in jobs),
-            prompts=tuple(p for j in jobs for p in j.prompts),
-            negative_prompts=tuple(p for j in jobs for p in j.negative_prompts),
-            seeds=tuple(seed for j in jobs for seed in j.seeds),
-            width=first.width,
-            height=first.height,
-            num_inference_steps=first.num_inference_steps,
-            guidance_scale=first.guidance_scale,
-            preview_every=max(j.preview_every for j in jobs),
-            preview_images=tuple(offsets[i] for i, j in enumerate(jobs) if j.preview_every),
-            scheduler=first.scheduler,
-            lora=first.lora,  # the batch key holds one adapter and scale
-            lora_scale=first.lora_scale,
-        )
-
-
-class Session:
-    """The running step-level loop as the serving side sees it: its key, its members, its images.
-
-    Owned by the event loop. Members enter through ``Line.take_joiners`` and leave when their own
-    job ends; the task that holds the gate runs the session until nobody is left in it.
-    """
-
-    def __init__(self, key: tuple[Hashable, ...], max_images: int) -> None:
-        self.key = key
-        self.max_images = max_images
-        self.members: list[Entry] = []
-        self.open = True  # False: no more joiners (closing, or the gate is about to open)
-
-    @property
-    def images(self) -> int:
-        """Images the loop must make room for: members on their last step are leaving, so a joiner
-        may be sent for their place a step early (the model side holds it until the place is free)."""
-        return sum(m.request.num_images for m in self.members if not m.last_step)
-
-    def admits(self, member: Entry) -> bool:
-        """Whether ``member``'s LoRA adapter can share this loop's calls: each adapter at one scale."""
-        use = member.request.adapter
-        return not use.name or all(m.request.adapter.name != use.name or m.request.adapter == use for m in self.members)
-
-    def add(self, member: Entry) -> None:
-        member.session = self
-        self.members.append(member)
-
-    def leave(self, member: Entry) -> None:
-        if member in self.members:
-            self.members.remove(member)
-
-
-class Line(WaitLine[Entry]):
-    """The local adapter's line: ``take_batch`` forms the head's job (dynamic batching)."""
-
-    def join_member(self, member: Entry) -> None:
-        member.ticket = self.join(member, member.user)
-
-    @staticmethod
-    def fits(images: int, member: Entry, max_images: int) -> bool:
-        return images + member.request.num_images <= max_images
-
-    def jobs_until(self, member: Entry, max_images: int) -> list[list[Entry]]:
-        """The jobs the line would form, in order, up to the one that takes ``member`` (for the ETA).
-
-        ``take_batch``'s rule applied again and again to the waiting requests, without changing the line.
-        """
-        waiting = [m for m in map(self.tickets.__getitem__, self.order()) if not m.stop.is_set()]
-        jobs: list[list[Entry]] = []
-        while waiting:
-            head, rest = waiting[0], []
-            job, images = [head], head.request.num_images
-            for other in waiting[1:]:
-                if other.key == head.key and self.fits(images, other, max_images):
-                    job.append(other)
-                    images += other.request.num_images
-                else:
-                    rest.append(other)
-            jobs.append(job)
-            if member in job:
-                break
-            waiting = rest
-        return jobs
-
-    def take_batch(self, head: Entry, max_images: int) -> Batch:
-        """``head`` and, in the line's fair order, the waiting requests compatible with it that still fit.
-
-        The head is always first in the fair order; a request passed over here keeps its place in its
-        user's own order, and its user moves up the round when the users taken here go to its back.
-        """
-        members, images = [head], head.request.num_images
-        for ticket in self.order():
-            member = self.tickets[ticket]
-            if member is head or member.stop.is_set() or member.key != head.key:
-                continue
-            if self.fits(images, member, max_images):
-                members.append(member)
-                images += member.request.num_images
-                del self.tickets[ticket]
-                self.users.pop(ticket, None)
-        self.remove(head.ticket)
-        self.served(m.user for m in members if m.user is not None)
-        batch = Batch(members)
-        self.notify()
-        return batch
-
-    def take_joiners(self, session: Session) -> list[Entry]:
-        """Waiting requests that join ``session`` now, in the fair order: the longest run from the head
-        of the line that share its key and fit (FIFO: a request that cannot join holds back those
-        behind it, so a stream of joiners never starves it; the session then drains and it runs next)."""
-        taken: list[Entry] = []
-        if not session.open:
-            return taken
-        images = session.images
-        for ticket in list(self.order()):
-            member = self.tickets[ticket]
-            if member.stop.is_set():
-                continue  # leaving
-            if member.loop_key != session.key or not self.fits(images, member, session.max_images):
-                break
-            if not session.admits(member):
-                break
-            images += member.request.num_images
-            self.remove(ticket)
-            session.add(member)
-            taken.append(member)
-        if taken:
-            self.served(m.user for m in taken if m.user is not None)
-            self.notify()
-        return taken

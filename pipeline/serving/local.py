@@ -48,9 +48,10 @@ from .base import SHUTDOWN_MESSAGE, AdapterBase
 from .eta import Shape
 from .events import Done, Event, Timings, Waiting
 from .jobs import AUTO_LIMIT_FLOOR_SECONDS, GpuJobs, ModelCrashed, ModelFailed, TimedOut
-from .line import REPORT_INTERVAL, Batch, End, Entry, Line, Session, StopSignal
+from .line import REPORT_INTERVAL, End, StopSignal, WaitLine
 from .metrics import Metrics
 from .postprocess import adapter_fields, encode_pngs, info_record, scheduler_used
+from .scheduler import Batch, Entry, Scheduler
 from .streamer import ModelStreamer
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,7 @@ class LocalAdapter(AdapterBase):
         step_joining: bool = False,
         report_interval: float = REPORT_INTERVAL,
     ) -> None:
-        self._line = Line(report_interval)
+        self._line: WaitLine[Entry] = WaitLine(report_interval)
         self._gate = self.make_gate()
         super().__init__(
             Metrics(lambda: self.gpu_queue_depth, lambda: int(self.inference_in_progress)), pool_threads=pool_threads
@@ -89,17 +90,26 @@ class LocalAdapter(AdapterBase):
         self.job_timeout = job_timeout
         self._clock = clock
         self._encode_pngs = encode
+        # Step-level batching where the model and its side can (engine.loop.joining): requests join
+        # the running loop at a step boundary instead of waiting for the gate.
+        self.step_joining = step_joining and side.profile.step_joining and self.streamer.many_in_flight
+        self.scheduler = Scheduler(
+            max_batch_size,
+            joining=self.step_joining,
+            mixed_adapters=getattr(side.profile, "lora_batching", "") == "mixed",
+            line=self._line,
+        )
         self.jobs = GpuJobs(
             self.streamer,
             self.metrics,
             job_timeout=job_timeout,
             closing=lambda: self.closing,
             auto_floor=auto_limit_floor,
+            on_leave=self._line.notify,
+            memory=self.scheduler.memory,
         )
-        self._job_tasks: set[asyncio.Task[None]] = set()  # the job holding the gate (at most one)
-        # Step-level batching where the model and its side can (engine.joining): requests join the
-        # running loop at a step boundary instead of waiting for the gate.
-        self.step_joining = step_joining and side.profile.step_joining and self.streamer.many_in_flight
+        self._job_tasks: set[asyncio.Task[None]] = set()  # the batch holding the gate (at most one)
+        self._scheduling: asyncio.Task[None] | None = None  # the scheduler's owner task, started lazily
 
     @staticmethod
     def make_gate() -> asyncio.Semaphore:
@@ -178,13 +188,11 @@ class LocalAdapter(AdapterBase):
             # 2. Wait in line for the GPU, in a fair order across users (round-robin, ``Line.order``);
             #    a user already at the cap is answered at once. The head may take this request into its job.
             cap = self.max_waiting_per_user
-            if user is not None and cap is not None and (n := self._line.waiting(user)) >= cap:
+            if user is not None and cap is not None and (n := self.scheduler.waiting(user)) >= cap:
                 raise TooManyWaiting(n)
-            mixed = getattr(self.side.profile, "lora_batching", "") == "mixed"
-            member = Entry(request, stop, contextvars.copy_context(), user=user, mixed_adapters=mixed)
-            self._line.join_member(member)
-            if self.step_joining:
-                self._line.notify()  # a running loop may take it at its next step
+            member = Entry(request, stop, contextvars.copy_context(), user=user)
+            self._start_scheduling()
+            self.scheduler.add(member)
             end: End | None = None
             try:
                 async for waiting in self._wait_turn(member):
@@ -200,8 +208,7 @@ class LocalAdapter(AdapterBase):
                     stop.set()  # this request leaves; its job stops if nobody else is left in it
                     raise
             finally:
-                self._line.leave(member.ticket)
-                self._line.notify()  # the gate may have opened: wake the line
+                self.scheduler.leave(member)
         assert end is not None
         result = self._outcome(request, end)
         t.infer_start, t.infer_end = result.started, result.ended
@@ -216,42 +223,61 @@ class LocalAdapter(AdapterBase):
         yield Done(paths, info)
 
     async def _wait_turn(self, member: Entry) -> AsyncGenerator[Waiting, None]:
-        """Report "k ahead" until a job takes ``member``; as the head with the gate free, start one."""
+        """Report "k ahead" until the scheduler takes ``member`` into a batch (or it stops, or we close)."""
         async for waiting in self._line.turn(
             member.ticket,
             busy=lambda: int(self._gate.locked()),
             done=lambda ahead: member.taken or not ahead or self.closing or member.stop.is_set(),
         ):
             yield Waiting(waiting.ahead, self._eta(member))
+        while not (member.taken or self.closing or member.stop.is_set()):
+            await self._line.moved.wait()  # the head with nothing running: the scheduler takes it next
         if not member.taken:
             if self.closing:
                 raise ShuttingDown(SHUTDOWN_MESSAGE)
-            if member.stop.is_set():
-                raise Cancelled("the caller went away while waiting")
+            raise Cancelled("the caller went away while waiting")
         yield Waiting(0, self._eta(member))
-        if not member.taken:
-            # Head of the line and the gate is free: take it now (a free semaphore never suspends,
-            # so nobody can overtake) and hand it to this job's task, which releases it only when
-            # the model side has left the job. The gate belongs to the job, not to any request.
-            await self._gate.acquire()
+
+    # -- the scheduler's owner: one task on the loop acts on its decisions -------------------------
+    def _start_scheduling(self) -> None:
+        if self._scheduling is None or self._scheduling.done():
+            self._scheduling = asyncio.get_running_loop().create_task(self._schedule(), name="scheduler")
+
+    async def _schedule(self) -> None:
+        """Whenever the line or the running batch moves: ask the scheduler what runs now, and do it."""
+        while True:
+            moved = self._line.moved  # taken before deciding, so no wake-up is missed
             try:
-                if self.step_joining:  # a loop that others join at step boundaries
-                    job = self._own_session(self._open_session(member))
-                else:
-                    job = self._own_gate(self._line.take_batch(member, self.max_batch_size))
-                task = asyncio.create_task(job, name="gpu-job")
-                self._job_tasks.add(task)  # a reference, so the task is not garbage-collected
-                task.add_done_callback(self._job_tasks.discard)
-            except BaseException:
-                self._gate.release()
-                raise
+                opened, joins = self.scheduler.schedule(closing=self.closing, gate_free=not self._gate.locked())
+                if opened is not None:
+                    # The gate is free (the scheduler opens a batch only then), so taking it never
+                    # suspends. The batch's task holds it until the model side has
+                    # left the batch: the gate belongs to the batch, not to any request.
+                    await self._gate.acquire()
+                    task = asyncio.create_task(self._own_gate(opened), name="gpu-batch")
+                    self._job_tasks.add(task)  # a reference, so the task is not garbage-collected
+                    task.add_done_callback(self._job_tasks.discard)
+                if joins:
+                    assert self.scheduler.running is not None
+                    self.jobs.start(self.scheduler.running, joins)
+            except Exception:  # a bug here would strand every request: say so, and keep serving
+                log.critical("the scheduler failed", exc_info=True)
+            await moved.wait()
+
+    async def _own_gate(self, batch: Batch) -> None:
+        """The task that holds the gate for one batch; the gate opens when the model side is done with it."""
+        try:
+            await self.jobs.run(batch)
+        finally:
+            self._gate.release()
+            self.scheduler.ended(batch)  # wakes the line
 
     def _eta(self, member: Entry) -> float | None:
-        """Seconds until ``member``'s images: the running job's time left, then each job the line
-        will form before and with it (``Line.jobs_until``), from measured rates (``eta.py``)."""
+        """Seconds until ``member``'s images: the running job's time left, then each batch the
+        scheduler would form before and with it (``Scheduler.plan_until``), from measured rates (``eta.py``)."""
         book, clock, now = self.jobs.book, self.jobs.clock, time.monotonic()
-        if member.taken:  # taken into the job or loop that holds the gate
-            members = member.batch.members if member.batch is not None else [member]
+        if member.taken:  # taken into the running batch
+            members = member.batch.entries if member.batch is not None and not member.batch.joinable else [member]
             left = clock.remaining(book, now) if clock is not None else book.job_seconds(_shape(members))
             return None if left is None else round(left, 2)
         total = 0.0
@@ -260,38 +286,12 @@ class LocalAdapter(AdapterBase):
             if left is None:
                 return None
             total += left
-        for job in self._line.jobs_until(member, self.max_batch_size):
-            seconds = book.job_seconds(_shape(job))
+        for batch in self.scheduler.plan_until(member):
+            seconds = book.job_seconds(_shape(batch))
             if seconds is None:
                 return None
             total += seconds
         return round(total, 2)
-
-    def _open_session(self, head: Entry) -> Session:
-        """A step-level loop for ``head`` and the waiting requests that can join it now."""
-        session = Session(head.loop_key, self.max_batch_size)
-        self._line.remove(head.ticket)
-        session.add(head)
-        self._line.served([head.user] if head.user is not None else [])
-        self._line.take_joiners(session)
-        self._line.notify()
-        return session
-
-    async def _own_session(self, session: Session) -> None:
-        """The task that holds the gate for a step-level loop; the gate opens when nobody is left in it."""
-        try:
-            await self.jobs.run_session(session, self._line)
-        finally:
-            self._gate.release()
-            self._line.notify()
-
-    async def _own_gate(self, batch: Batch) -> None:
-        """The task that holds the gate for one job; the gate opens when the model side is done."""
-        try:
-            await self.jobs.run(batch)
-        finally:
-            self._gate.release()
-            self._line.notify()  # the gate opened: wake the line
 
     # -- stages ------------------------------------------------------------------------------
     def _count_tokens(self, request: GenerateRequest) -> GenerateRequest:

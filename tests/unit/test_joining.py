@@ -264,85 +264,79 @@ async def test_a_joiner_is_sent_a_step_early_and_enters_as_the_leaving_member_go
     assert isinstance(ra[-1], Done) and ra[-1].info["batch_size"] == 1
 
 
-def test_the_model_side_holds_a_joiner_until_the_loop_has_room() -> None:
-    """A joiner sent ahead of room (``loop_images_max``) waits on the model thread, in order, and
-    enters at the first boundary where it fits: the loop never holds more than the bound."""
-    import dataclasses
+def _submit_all(runner: Any, jobs: list[Any]) -> Any:
+    """Queue ``jobs`` on the model thread at once; a queue of (request id, terminal event)."""
     import queue
 
+    from pipeline.protocol import TERMINAL
+
+    ends: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    for job in jobs:
+        runner.submit(
+            job,
+            threading.Event(),
+            lambda e, r=job.request_id: ends.put((r, e)) if isinstance(e, TERMINAL) else None,
+        )
+    return ends
+
+
+def test_the_model_side_follows_the_schedulers_tags_and_decides_nothing() -> None:
+    """Issue 37: the model thread admits what the scheduler tagged for its running loop (``loop_id``),
+    in the order sent, each once the members it names in ``enters_after`` have left, and runs anything
+    else after the loop. It checks no room, memory or order of its own: b waits for a, c behind b."""
+    import dataclasses
+
     from pipeline.engine.hosting.runner import ModelRunner
-    from pipeline.protocol import TERMINAL, InferenceJob
+    from pipeline.protocol import InferenceJob
 
     steps = threading.Semaphore(0)
     model = _joining(step_gate=steps)
     runner = ModelRunner(lambda: model)
     runner.start(timeout=10)
     try:
-        base = InferenceJob("a", ("p",), ("",), (1,), 64, 64, 3, 7.5, joinable=True, loop_images_max=2)
-        two = dict(prompts=("p", "p"), negative_prompts=("", ""), seeds=(2, 3))
+        a = InferenceJob("a", ("p",), ("",), (1,), 64, 64, 3, 7.5, joinable=True, loop_id=7)
         jobs = [
-            base,
-            dataclasses.replace(base, request_id="b", num_inference_steps=2, **two),
-            dataclasses.replace(base, request_id="c", seeds=(4,), num_inference_steps=1),
+            a,
+            dataclasses.replace(a, request_id="b", seeds=(2,), num_inference_steps=2, enters_after=("a",)),
+            dataclasses.replace(a, request_id="c", seeds=(3,), num_inference_steps=1),
+            dataclasses.replace(a, request_id="d", seeds=(4,), num_inference_steps=1, loop_id=8),
         ]
-        ends: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        for job in jobs:  # all queued before the first step: a opens the loop, b (2 images) cannot fit yet
-            runner.submit(
-                job,
-                threading.Event(),
-                lambda e, r=job.request_id: ends.put((r, e)) if isinstance(e, TERMINAL) else None,
-            )
+        ends = _submit_all(runner, jobs)  # all queued before the first step
         steps.release(20)
         results = dict(ends.get(timeout=10) for _ in jobs)
     finally:
         runner.shutdown(timeout=10)
-    assert [len(s) for s in model.loop_steps] and all(
-        sum({"a": 1, "b": 2, "c": 1}[rid] for rid, _ in s) <= 2 for s in model.loop_steps
-    )
-    # c waits behind b (FIFO), though it would have fitted beside a.
-    assert [[rid for rid, _ in s] for s in model.loop_steps] == [["a"]] * 3 + [["b"]] * 2 + [["c"]]
-    assert results["b"].joined_at_step == 3 and results["c"].joined_at_step == 5
+    assert [[rid for rid, _ in s] for s in model.loop_steps] == [["a"], ["a"], ["a"], ["b", "c"], ["b"], ["d"]]
+    assert results["b"].joined_at_step == 3 and results["c"].joined_at_step == 3
+    assert results["d"].joined_at_step == 0 and results["d"].batch_images == 1  # its own loop, after
 
 
 @pytest.mark.parametrize(("total", "joins"), [(1000, False), (2000, True)])
-def test_a_joiner_that_would_not_fit_in_device_memory_waits_for_the_next_loop(total: int, joins: bool) -> None:
-    """Issue 36 §5: the peak per image, measured on the jobs so far (100 bytes idle, 300 an image
-    here), decides whether a joiner fits beside a running loop: on a device of 1000 bytes a loop of
-    2 images (700) has no room for one more (1000 > 90 %), which runs next instead of failing them
-    all; on 2000 bytes it joins."""
-    import dataclasses
-    import queue
-
-    from pipeline.engine.hosting.runner import ModelRunner
-    from pipeline.protocol import TERMINAL, InferenceJob
-
+async def test_a_joiner_that_would_not_fit_in_device_memory_waits_for_the_next_loop(
+    make_adapter: Any, total: int, joins: bool
+) -> None:
+    """Issue 36 §5, decided by the scheduler (issue 37): the peak per image, measured on the jobs so
+    far and reported by the model side with the device's total and idle bytes (100 idle, 300 an
+    image here), decides whether a joiner fits beside a running loop: on a device of 1000 bytes a
+    loop of 2 images (700) has no room for one more (1000 > 90 %), which runs next instead of
+    failing them all; on 2000 bytes it joins."""
     steps = threading.Semaphore(0)
     model = _joining(step_gate=steps, memory=(total, 100), bytes_per_image=300)
-    runner = ModelRunner(lambda: model)
-    runner.start(timeout=10)
-    ends: queue.SimpleQueue[Any] = queue.SimpleQueue()
-
-    def run(*jobs: InferenceJob) -> dict[str, Any]:
-        for job in jobs:
-            runner.submit(
-                job,
-                threading.Event(),
-                lambda e, r=job.request_id: ends.put((r, e)) if isinstance(e, TERMINAL) else None,
-            )
-        steps.release(40)
-        return dict(ends.get(timeout=10) for _ in jobs)
-
-    try:
-        first = InferenceJob("m", ("p",), ("",), (1,), 64, 64, 2, 7.5, joinable=True)
-        assert run(first)["m"].peak_memory_bytes == 400  # learned: 300 an image at 64 x 64
-        two = dataclasses.replace(
-            first, request_id="a", prompts=("p", "q"), negative_prompts=("", ""), seeds=(2, 3), num_inference_steps=3
-        )
-        results = run(two, dataclasses.replace(first, request_id="b", seeds=(4,)))
-    finally:
-        runner.shutdown(timeout=10)
-    assert all(hasattr(r, "images") for r in results.values()), results
-    # Joined: beside a's two images (3 in the loop). Not: held until a has left (never beside it).
-    assert results["b"].batch_images == (3 if joins else 1), results["b"]
+    adapter, _ = make_adapter(model, max_batch_size=4, step_joining=True)
+    steps.release(2)
+    first = (await collect(adapter, raw_request(num_inference_steps=2), request_id="m"))[-1]
+    assert isinstance(first, Done) and first.info["peak_memory_bytes"] == 400  # 300 an image at 64 x 64
+    a = await _start(adapter, "a", num_inference_steps=3, num_images=2, seed=2)
+    await _loop_blocked_in(model, 3)  # a new loop (loop steps count on), a's first step
+    b = await _start(adapter, "b", num_inference_steps=2, seed=4)
+    if joins:
+        await _handed_to_model(adapter)
+    else:
+        await wait_until(lambda: adapter.gpu_queue_depth == 1, "b waits in line: no room in memory")
+    steps.release(40)
+    ra, rb = await asyncio.gather(a, b)
+    assert isinstance(ra[-1], Done) and isinstance(rb[-1], Done)
+    # Joined: beside a's two images (3 in the loop). Not: after a has left (never beside it).
+    assert rb[-1].info["batch_size"] == (3 if joins else 1), rb[-1].info
     beside = max(sum({"a": 2, "b": 1}.get(rid, 0) for rid, _ in s) for s in model.loop_steps if s)
     assert beside == (3 if joins else 2)

@@ -36,10 +36,8 @@ async def test_the_cost_budget_is_a_few_default_jobs_and_a_request_over_it_is_re
     assert Limits.for_model(FAKE_PROFILE, max_pixel_steps=10**9).max_pixel_steps == 10**9
 
 
-def _job(steps: int, images: int = 1, loop_images_max: int = 0) -> InferenceJob:
-    return InferenceJob(
-        "r", ("p",) * images, ("",) * images, tuple(range(images)), 64, 64, steps, 7.5, loop_images_max=loop_images_max
-    )
+def _job(steps: int, images: int = 1) -> InferenceJob:
+    return InferenceJob("r", ("p",) * images, ("",) * images, tuple(range(images)), 64, 64, steps, 7.5)
 
 
 async def test_without_job_timeout_each_job_is_limited_by_the_measured_rate(make_adapter: Any) -> None:
@@ -50,7 +48,7 @@ async def test_without_job_timeout_each_job_is_limited_by_the_measured_rate(make
     assert expected is not None
     assert adapter.jobs.time_limit(_job(50)) == round(0.3 + AUTO_LIMIT_FACTOR * expected, 1)
     # a step-level member is timed as if its loop were full
-    assert adapter.jobs.time_limit(_job(50, 1, loop_images_max=4)) > adapter.jobs.time_limit(_job(50))
+    assert adapter.jobs.time_limit(_job(50, 1), 4) > adapter.jobs.time_limit(_job(50))
     model.hold = True  # a job that never ends: stopped at its limit, well before forever
     with pytest.raises(JobTimedOut, match=r"ran past the \d+(\.\d+)? s time limit"):
         await collect(adapter, raw_request(num_inference_steps=4, seed=2))

@@ -148,7 +148,7 @@ def test_the_handlers_are_introspected_once_and_gradio_still_finds_its_parameter
 async def test_a_consumer_behind_gets_the_latest_step_and_preview_never_a_backlog() -> None:
     """``line.Mailbox``: steps put while the one before is unread replace it (keeping that one's preview
     when the newer has none); a consumer that keeps up reads every step; the end is never coalesced."""
-    from pipeline.serving.line import End, Mailbox
+    from pipeline.serving.mailbox import End, Mailbox
 
     box = Mailbox()
     box.put(Step(1, 5))

@@ -223,7 +223,7 @@ class ProcessSide:
         self.backoff = backoff
         self.restarts = 0  # successful restarts, for /health and /metrics
         self._cond = threading.Condition()  # guards the state below
-        self._state = "starting"  # starting | ready | recovering | dead | closed
+        self._state = "starting"  # starting | ready | draining | recovering | dead | closed
         self._generations = itertools.count()
         self._serials = itertools.count()
         self._child = _Child(self._load_blob, next(self._generations), self._child_exited)
@@ -244,8 +244,8 @@ class ProcessSide:
 
     @property
     def state(self) -> str:
-        """ready, recovering (a new model process is starting), dead or closed."""
-        return self._state
+        """ready, recovering (a new model process is starting, or the poisoned one is ending), dead or closed."""
+        return "recovering" if self._state == "draining" else self._state
 
     @property
     def pid(self) -> int:
@@ -293,6 +293,8 @@ class ProcessSide:
                 if isinstance(event, TERMINAL):
                     forwarded.set()  # a late stop must not be sent for a job that has ended
                     ended.set()
+                    if isinstance(event, ErrorEvent) and event.kind == "device_lost":
+                        self._draining(child)
                     with child.lock:
                         at = child.stopped_at.pop(serial, None)
                         child.pending.pop(serial, None)
@@ -355,15 +357,21 @@ class ProcessSide:
     # -- healing -----------------------------------------------------------------------------
     def _wait_ready(self, stop: StopFlag) -> _Child | None:
         with self._cond:
-            while self._state in ("starting", "recovering") and not stop.is_set():
+            while self._state in ("starting", "recovering", "draining") and not stop.is_set():
                 self._cond.wait(STOP_POLL_SECONDS * 5)
             return self._child if self._state == "ready" else None
+
+    def _draining(self, child: _Child) -> None:  # the child's model-pipe thread
+        """Its device is poisoned: it answers its jobs and exits, so new jobs wait for the next one."""
+        with self._cond:
+            if child is self._child and self._state == "ready":
+                self._state = "draining"
 
     def _child_exited(self, child: _Child) -> None:  # the child's model-pipe thread
         with self._cond:
             # Only a serving process's death starts the healing: a first load that fails makes
             # __init__ raise, and a restart that fails is the restart loop's to retry.
-            if child is not self._child or self._state != "ready":
+            if child is not self._child or self._state not in ("ready", "draining"):
                 return
             self._state = "recovering"
         reason = exit_reason(child.proc.returncode)

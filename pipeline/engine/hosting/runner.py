@@ -23,7 +23,7 @@ import queue
 import threading
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Generator, Hashable, Mapping
+from typing import Callable, Generator, Mapping
 
 from ...errors import Cancelled, EngineDead
 from ...protocol import (
@@ -39,8 +39,8 @@ from ...protocol import (
     encoded,
 )
 from ..device_faults import fault_event
-from ..loop.joining import LoopDriver, loop_key, room_for
-from .memory import RowMemory
+from ..loop.joining import LoopDriver, in_a_loop, waits_for
+from .memory import DeviceMemory
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ class ModelRunner:
         # thread the runner is dead, and ``/health`` says so, so that an orchestrator restarts the app.
         self._on_poisoned = on_poisoned
         self._poisoned: str | None = None
-        self.memory = RowMemory()  # the model's device memory probe is set once it is loaded
+        self.memory = DeviceMemory()  # the model's device memory probe is set once it is loaded
         self._ready = threading.Event()
         self._start_thread(load_first=True)
 
@@ -182,14 +182,13 @@ class ModelRunner:
 
     def _watched(self, emit: Callable[[ModelEvent], None], job: InferenceJob) -> Callable[[ModelEvent], None]:
         """``emit``, noting a ``device_lost`` ending (the thread ends the model side after that job) and
-        learning the device memory a result used (``memory.RowMemory``)."""
+        stamping a result with the device's memory (``memory.DeviceMemory``: the scheduler learns from it)."""
 
         def watched(event: ModelEvent) -> None:
             if isinstance(event, ErrorEvent) and event.kind == "device_lost":
                 self._poisoned = self._poisoned or event.message
             elif isinstance(event, InferenceResult):
-                images = max(event.batch_images, job.num_images)
-                self.memory.learn(job.width, job.height, images, event.peak_memory_bytes)
+                event = self.memory.stamp(event)
             emit(event)
 
         return watched
@@ -217,9 +216,10 @@ class ModelRunner:
         try:
             while (task := self._next()) is not _SHUTDOWN:
                 assert isinstance(task, _Task)
-                if (key := loop_key(self.model, task.job)) is not None:
-                    self._run_loop(task, key)
+                if in_a_loop(self.model, task.job):
+                    self._run_loop(task)
                 else:
+                    self.memory.idle()
                     self._run(task)
                 if self._poisoned is not None:
                     self._end_poisoned(self._poisoned)
@@ -241,31 +241,29 @@ class ModelRunner:
     def _next(self) -> _Task | object:
         return self._later.popleft() if self._later else self._tasks.get()
 
-    def _run_loop(self, first: _Task, key: Hashable) -> None:
-        """A step-level loop (``engine.joining``): ``first``, and every task queued meanwhile with its key."""
+    def _run_loop(self, first: _Task) -> None:
+        """A step-level loop (``engine.loop.joining``): ``first``, and every job the serving side's
+        scheduler tagged for the same loop, each entering at the next step boundary once the members
+        it names in ``enters_after`` have left. The model thread decides nothing about who shares
+        the loop: what arrives for another loop (or as one call) waits until this one is over."""
+        loop_id = first.job.loop_id
+        ours = [t for t in self._later if isinstance(t, _Task) and t.job.joinable and t.job.loop_id == loop_id]
+        held: deque[_Task] = deque(ours)  # tagged for this loop, in arrival order, not yet in it
+        self._later = deque(t for t in self._later if t not in ours)
 
-        held: list[_Task] = []  # the next joiner, sent ahead of room: it enters once it fits (FIFO)
-
-        def fits(task: _Task) -> bool:  # room for its images and their memory, its LoRA adapter at one scale
-            admits = getattr(loop, "admits", None)
-            job = task.job
-            memory = self.memory.fits(job.width, job.height, loop.images, job.num_images)
-            return room_for(job, loop.images) and memory and (admits is None or bool(admits(job)))
-
-        def pull() -> _Task | None:  # at a step boundary: the next joiner; anything else waits its turn
-            if held:
-                return held.pop() if fits(held[0]) else None
+        def pull() -> _Task | None:  # at a step boundary: the next joiner whose place is free, or None
             while True:
+                if held:
+                    in_loop = [m.task.job.request_id for m in driver.members]
+                    return None if waits_for(held[0].job, in_loop) else held.popleft()
                 try:
                     task = self._tasks.get_nowait()
                 except queue.Empty:
                     return None
-                if isinstance(task, _Task) and not self._later and loop_key(self.model, task.job) == key:
-                    if fits(task):
-                        return task
+                if isinstance(task, _Task) and task.job.joinable and task.job.loop_id == loop_id:
                     held.append(task)
-                    return None
-                self._later.append(task)
+                else:
+                    self._later.append(task)
 
         self.memory.idle()
         try:
@@ -273,8 +271,9 @@ class ModelRunner:
         except Exception as exc:
             first.emit(fault_event(exc))
             return
-        LoopDriver(loop, pull).run(first)
-        self._later.extendleft(held)  # the loop emptied before it fitted: it runs next
+        driver = LoopDriver(loop, pull)
+        driver.run(first)
+        self._later.extendleft(reversed(held))  # the loop emptied first: they open the next one
 
     def _run(self, task: _Task) -> None:
         """One job; exactly one terminal event, whatever happens."""

@@ -12,10 +12,10 @@ the denoising loop instead of calling the pipeline once per job:
 - **One step.** ``Loop.step`` runs one denoiser call for every member, each at its own timestep,
   then each member's own scheduler ``step`` on its own slice: the per-sample arithmetic is the
   scheduler's own, so a member's pixels are the same as alone (within batch arithmetic).
-- **Joining.** Between steps, ``LoopDriver`` takes every waiting task the model thread's queue
-  holds that shares the loop's key (the serving side sends only what its gate admits: compatible
-  requests, in its fair order, up to ``max_batch_size`` images); the text encoders run then, on
-  this thread, for the joiners only.
+- **Joining.** Between steps, ``LoopDriver`` takes every waiting task that the serving side's
+  scheduler (``serving.scheduler.Scheduler``, the one place that decides who shares a loop: fair
+  order, ``max_batch_size``, device memory, LoRA scales) tagged for this loop; the text encoders
+  run then, on this thread, for the joiners only.
 - **Leaving.** A member whose steps are done is decoded then (with any others finishing at the
   same step); a member whose stop is set leaves at the next boundary without a decode, and the
   others are untouched. Every member gets exactly one terminal event of its own.
@@ -90,20 +90,17 @@ class JoiningModel(Protocol):
         ...
 
 
-def loop_key(model: object, job: InferenceJob) -> Hashable | None:
-    """``job``'s loop key on ``model``, or ``None`` when it runs as one call (not joinable, or unsupported)."""
+def in_a_loop(model: object, job: InferenceJob) -> bool:
+    """Whether ``job`` runs in a step-level loop on ``model``: the scheduler tagged it for one
+    (``job.joinable``, ``job.loop_id``) and the model can loop it (its ``loop_key`` is not None)."""
     key_of = getattr(model, "loop_key", None)
-    if not job.joinable or key_of is None:
-        return None
-    key: Hashable | None = key_of(job)
-    return key
+    return bool(job.joinable and job.loop_id and key_of is not None and key_of(job) is not None)
 
 
-def room_for(job: InferenceJob, loop_images: int) -> bool:
-    """Whether ``job`` may enter a loop holding ``loop_images`` images now (``job.loop_images_max``;
-    an empty loop takes any job, as a job-level batch's head always runs)."""
-    bound = job.loop_images_max
-    return not bound or loop_images == 0 or loop_images + job.num_images <= bound
+def waits_for(job: InferenceJob, in_loop: Sequence[str]) -> bool:
+    """Whether ``job`` must wait at this boundary: members it was sent to replace (``job.enters_after``,
+    a step early) are still in the loop (``in_loop``: their request ids)."""
+    return any(rid in job.enters_after for rid in in_loop)
 
 
 class Task(Protocol):

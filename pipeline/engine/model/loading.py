@@ -21,7 +21,7 @@ from ...default_model import ensure_default_model, model_defaults
 from ...errors import ModelRefused
 from ...protocol import ErrorEvent, InferenceJob, ModelProfile
 from ..hosting.zerogpu import zero_gpu_active
-from ..loop.joining import LoopDriver, loop_key
+from ..loop.joining import LoopDriver, in_a_loop
 from ..loop.loop_base import MIXED_ADAPTER_LOOPS, loop_kind
 from .diffusers_model import DiffusersModel
 from .families import pick_dtype_name, pipeline_class_of, traits
@@ -197,8 +197,8 @@ def _draw_once(model: DiffusersModel, job: InferenceJob, *, through_loop: bool) 
     """``job`` as one call, or (``through_loop``, where the family has a step-level loop) through the
     loop the served jobs take: its denoiser call differs (a timestep per row), so a compiled warm-up
     must make that call to compile the graph the loop will use."""
-    joinable = dataclasses.replace(job, joinable=True)
-    if not through_loop or loop_key(model, joinable) is None:
+    joinable = dataclasses.replace(job, joinable=True, loop_id=1)
+    if not through_loop or not in_a_loop(model, joinable):
         model.generate(job, threading.Event(), lambda *_: None)
         return
     ended: list[Any] = []
