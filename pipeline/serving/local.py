@@ -97,7 +97,7 @@ class LocalAdapter(AdapterBase):
             auto_floor=auto_limit_floor,
         )
         self._job_tasks: set[asyncio.Task[None]] = set()  # the job holding the gate (at most one)
-        # Step-level batching where the model and its side can (engine.joining): requests join the
+        # Step-level batching where the model and its side can (engine.loop.joining): requests join the
         # running loop at a step boundary instead of waiting for the gate.
         self.step_joining = step_joining and side.profile.step_joining and self.streamer.many_in_flight
 
