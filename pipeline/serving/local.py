@@ -167,7 +167,7 @@ class LocalAdapter(AdapterBase):
         with self.liveness.watching(alive, caller_gone):
             # 1. Prepare. A bad field fails here, before any GPU work. Checking the fields takes
             #    microseconds, so it runs on the loop; counting a prompt's tokens (only one that
-            #    might not fit its text encoders' windows: ``request.fits_every_window``) may ask
+            #    might not fit its text encoders' windows: ``token_windows.fits_every_window``) may ask
             #    the model process, so it runs off the loop, concurrently.
             t.prepare_start = self._clock()
             request = validate(raw, self.limits, request_id=request_id)

@@ -18,7 +18,7 @@ poisons its CUDA context: it answers that job and exits, ``engine.device_faults`
 - the running job gets a ``crashed`` error at once (never a hang);
 - jobs still waiting stay in line: ``stream`` waits for the next process before sending its job;
 - ``state`` is ``recovering`` (``/health`` shows it) while a ``model-restart`` thread starts a new
-  process, with bounded retries and backoff; after ``max_restarts`` failures in a row it is
+  process, with bounded retries and backoff; after ``len(backoff)`` failures in a row it is
   ``dead``, and every job gets an ``engine_dead`` error.
 A model process exits by itself when the server goes away (its socket closes).
 """
