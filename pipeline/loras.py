@@ -1,7 +1,7 @@
 """LoRA adapters as the app names them: ``--lora NAME=PATH_OR_HUB_ID[:SCALE]``, free of torch.
 
 The specs are parsed here (by ``config``, at start, so a bad one stops the app with its reason);
-``engine.lora`` loads them into the pipeline. A request names an adapter by ``NAME`` (``"none"``:
+``engine.model.lora`` loads them into the pipeline. A request names an adapter by ``NAME`` (``"none"``:
 no adapter) and a ``lora_scale``; ``:SCALE`` is the adapter's own recommended scale, the one the
 page's slider moves to when the adapter is picked.
 

@@ -6,16 +6,16 @@ terminal event, an ``InferenceResult`` (images, timings, peak memory) or an ``Er
 as a value, classified by ``kind``). Stop is a separate one-way signal, any object with
 ``is_set()``, which the model side reads at every step boundary: in-thread, the caller's flag
 itself; to the model process, a ``StopJob`` message sent the moment the flag is set
-(``engine.wire``); on ZeroGPU, the closing of the GPU call's stream at its next yield.
+(``engine.hosting.wire``); on ZeroGPU, the closing of the GPU call's stream at its next yield.
 
 Stops, one type per role: ``StopFlag``, what the model side reads (anything with ``is_set()``);
 ``CountingStop``, a job's flag on the model side, which remembers the step it was set at;
 ``serving.line.StopSignal``, a request's flag on the serving side, which also calls back when set
-(a batch stops once all its members have); ``engine.runner``'s private ``_JobStop``, the caller's flag
-or the stream closed, as the model thread sees a job; and ``engine.stepping.StoppedAtStep``, the
+(a batch stops once all its members have); ``engine.hosting.runner``'s private ``_JobStop``, the caller's flag
+or the stream closed, as the model thread sees a job; and ``engine.model.stepping.StoppedAtStep``, the
 exception that ends a pipeline call at the step boundary where the flag was found set.
 
-No closures, locks or callbacks cross: the same generator (``engine.runner.run_job``) runs on the
+No closures, locks or callbacks cross: the same generator (``engine.hosting.runner.run_job``) runs on the
 in-process model thread, in ZeroGPU's forked process (which pickles its arguments and every yield),
 in a Ray replica, and in a model process of our own.
 """
@@ -52,10 +52,10 @@ class ModelProfile:
     # (encoder, text tokens it reads), e.g. (("CLIP", 75), ("T5", 255)): the long-prompt note names the one that cut
     text_encoders: tuple[tuple[str, int], ...] = (("CLIP", 75),)
     supports_negative_prompt: bool = True
-    family: str = "sd"  # sd, sdxl, sd3, flux, pixart, sana, other (see engine.families)
-    # Whether jobs may run step-level: enter a running denoising loop at a step boundary (engine.joining)
+    family: str = "sd"  # sd, sdxl, sd3, flux, pixart, sana, other (see engine.model.families)
+    # Whether jobs may run step-level: enter a running denoising loop at a step boundary (engine.loop.joining)
     step_joining: bool = False
-    # Sampler names a request may ask for ("default": the model's own scheduler; see engine.samplers)
+    # Sampler names a request may ask for ("default": the model's own scheduler; see engine.model.samplers)
     schedulers: tuple[str, ...] = ("default",)
     # The __call__ argument the guidance control drives (None: guidance is baked into the model)
     guidance_arg: str | None = "guidance_scale"
@@ -194,7 +194,7 @@ class InferenceResult:
     started: float
     ended: float
     peak_memory_bytes: int | None = None
-    # Step-level runs only (``engine.joining``): the most images and jobs its loop held while this job
+    # Step-level runs only (``engine.loop.joining``): the most images and jobs its loop held while this job
     # was in it, and how many loop steps had run when it joined (0: it opened or started with the loop).
     batch_images: int = 0
     batch_jobs: int = 0
@@ -263,7 +263,7 @@ StepCallback = Callable[[int, int, "Mapping[int, Image.Image]"], None]
 
 
 class Model(Protocol):
-    """A loaded model, hosted by the engine's model thread (``engine.runner.ModelRunner``)."""
+    """A loaded model, hosted by the engine's model thread (``engine.hosting.runner.ModelRunner``)."""
 
     profile: ModelProfile
 
@@ -278,8 +278,8 @@ class Model(Protocol):
 
 class ModelSide(Protocol):
     """What the serving side drives, whatever hosts the model: the in-process thread
-    (``engine.runner.ModelRunner``, also inside each Ray replica), the model process
-    (``engine.process.ProcessSide``) and ZeroGPU (``engine.zerogpu.ZeroGpuSide``)."""
+    (``engine.hosting.runner.ModelRunner``, also inside each Ray replica), the model process
+    (``engine.hosting.process.ProcessSide``) and ZeroGPU (``engine.hosting.zerogpu.ZeroGpuSide``)."""
 
     @property
     def many_in_flight(self) -> bool:

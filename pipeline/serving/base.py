@@ -2,7 +2,7 @@
 
 An adapter is what the web layer drives: ``run(raw)`` streams one request's ``Waiting``/``Step``
 events and one ``Done``, or raises a ``ServingError``. ``LocalAdapter`` runs the model in this
-process; ``ray.RayAdapter`` runs it on Ray Serve replicas. ``AdapterBase`` holds the parts they
+process; ``ray.adapter.RayAdapter`` runs it on Ray Serve replicas. ``AdapterBase`` holds the parts they
 share, so each adapter is only its own request path (``_request``).
 
 Owners: the event loop owns ``in_flight``, ``consecutive_failures``, ``closing`` and the liveness
@@ -161,7 +161,7 @@ class AdapterBase:
     ) -> AsyncGenerator[Event, None]:
         """Yield ``Waiting``/``Step`` progress, then one ``Done``; or raise a ``ServingError``.
 
-        ``user`` (optional) says who asked (the web layer's ``request_user``); the local line is
+        ``user`` (optional) says who asked (the web layer's ``request_caller``, its ``Caller.key``); the local line is
         fair across users and caps each one's waiting requests. None: a user of its own.
 
         ``alive`` (optional) says whether the caller is still there; the liveness watch reads it

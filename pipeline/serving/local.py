@@ -6,19 +6,19 @@
              tokens of a prompt that might not fit its text encoders (concurrent, in the pool)
 2. wait      in line for the GPU, reporting "k ahead" whenever k changes, with the estimated
              time until its images (``eta.py``)
-3. infer     (serial) the head of the line takes the gate, an ``asyncio.Semaphore(1)``, and the
-             compatible requests waiting behind it (dynamic batching); one job runs on the model
-             side and each request streams its own steps back
+3. infer     (serial) the scheduler (``scheduler.Scheduler``) takes it into a batch: one that opens
+             with the gate, an ``asyncio.Semaphore(1)``, or the running step-level loop at a step
+             boundary; its job runs on the model side and it streams its own steps back
 4. finalize  (concurrent) encode PNGs with their parameters, build the info record
 
-Only step 3 is inside the gate, and the gate belongs to the job: the ``gpu-job`` task that holds it
-releases it when the model side has left the job, never earlier. Step 4 (and step 1 when it
+Only step 3 is inside the gate, and the gate belongs to the batch: the ``gpu-batch`` task that holds
+it releases it when the model side has left every job of the batch, never earlier. Step 4 (and step 1 when it
 counts) runs in the adapter's small thread pool, so the event loop only keeps the books. A
 request whose consumer stops (cancel, disconnect, close) leaves at once; its job's stop is set
 when nobody is left in the job, and the model stops at the end of the step in progress.
 
-State and owners: the event loop owns the gate, the line, the jobs' ``running`` stops and every
-request's stream; the model-stream thread only posts to the loop; ``begin_shutdown`` from another
+State and owners: the event loop owns the gate, the scheduler (its one ``scheduler`` task acts on
+its decisions), the jobs' ``running`` stops and every request's stream; the model-stream thread only posts to the loop; ``begin_shutdown`` from another
 thread goes through the loop (``AdapterBase.on_loop``).
 """
 
@@ -177,7 +177,7 @@ class LocalAdapter(AdapterBase):
         with self.liveness.watching(alive, caller_gone):
             # 1. Prepare. A bad field fails here, before any GPU work. Checking the fields takes
             #    microseconds, so it runs on the loop; counting a prompt's tokens (only one that
-            #    might not fit its text encoders' windows: ``request.fits_every_window``) may ask
+            #    might not fit its text encoders' windows: ``token_windows.fits_every_window``) may ask
             #    the model process, so it runs off the loop, concurrently.
             t.prepare_start = self._clock()
             request = validate(raw, self.limits, request_id=request_id)
@@ -185,8 +185,8 @@ class LocalAdapter(AdapterBase):
                 request = await loop.run_in_executor(self._pool, self._count_tokens, request)
             t.prepare_end = t.gpu_wait_start = self._clock()
 
-            # 2. Wait in line for the GPU, in a fair order across users (round-robin, ``Line.order``);
-            #    a user already at the cap is answered at once. The head may take this request into its job.
+            # 2. Wait in line for the GPU, in a fair order across users (round-robin, ``WaitLine.order``);
+            #    a user already at the cap is answered at once. The scheduler takes it into a batch.
             cap = self.max_waiting_per_user
             if user is not None and cap is not None and (n := self.scheduler.waiting(user)) >= cap:
                 raise TooManyWaiting(n)

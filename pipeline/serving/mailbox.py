@@ -25,7 +25,7 @@ class End:
     error: BaseException | None = None
     batch_size: int = 1  # images in the job this request ran in (step-level: the most its loop held)
     batch_requests: int = 1  # requests in that job (step-level: the most its loop held)
-    batching: str = "job"  # job: one call for the whole batch; step: a step-level loop (engine.joining)
+    batching: str = "job"  # job: one call for the whole batch; step: a step-level loop (engine.loop.joining)
     joined_at_step: int | None = None  # step-level: loop steps run before it joined
 
 

@@ -7,7 +7,7 @@ submitted with (the head request's copy), so ``spaces`` sees that user's Gradio 
 
 A model side with a callback API of its own (``submit``: the in-process ``ModelRunner``, a model
 process's ``ProcessSide``) is handed each job here and calls back as events happen, so several jobs
-can be in flight (step-level joining, ``engine.joining``) and no thread iterates a stream. A side
+can be in flight (step-level joining, ``engine.loop.joining``) and no thread iterates a stream. A side
 with only ``stream`` (ZeroGPU's ``@spaces.GPU`` call) runs one job at a time on this thread.
 
 Every event is passed to the job's ``deliver`` callback (the adapter posts it to the event loop)

@@ -1,13 +1,13 @@
-"""The model process's own side: ``python -m pipeline.engine.hosting.child FD`` (started by ``engine.process``).
+"""The model process's own side: ``python -m pipeline.engine.hosting.child FD`` (started by ``engine.hosting.process``).
 
 It reads a pickled loader from the socket ``FD``, loads the model on a ``ModelRunner`` (the named
 ``gpu-worker`` thread that owns the model and the device), says ``ready`` with the profile, then
 serves messages until ``shutdown`` or until the server goes away (its socket closes: the process
-exits, so a killed server leaves no model process behind). See ``engine.process`` for the messages.
+exits, so a killed server leaves no model process behind). See ``engine.hosting.process`` for the messages.
 
 Threads: the main thread reads messages (jobs, stops, token counts, which it answers itself) and
 submits each job to the runner; ``job-relay`` sends every job's events back as they come (several
-jobs may be in flight: joinable ones share a step-level loop, ``engine.joining``).
+jobs may be in flight: joinable ones share a step-level loop, ``engine.loop.joining``).
 """
 
 from __future__ import annotations

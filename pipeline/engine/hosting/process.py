@@ -3,13 +3,13 @@
 Why a process: the server's event loop, its PNG encoders and the model's Python-side work all want
 the GIL; in its own process the model has a GIL of its own, and the server never imports torch.
 The server's gate and its ``model-stream`` thread call ``ProcessSide.submit``/``stream`` as they
-call the in-process ``ModelRunner``; only the pickled message dataclasses of ``engine.wire`` cross,
+call the in-process ``ModelRunner``; only the pickled message dataclasses of ``engine.hosting.wire`` cross,
 on one socket pair (``RunJob``, ``StopJob``, ``CountTokens``, ``Shutdown`` to the model process;
 ``Ready`` or ``LoadFailed``, then ``JobEvent``, ``StoppedAt`` and ``TokenCounts`` back).
 
 Inside the model process one named thread owns the model and the device: the same ``ModelRunner``
 (``gpu-worker``) as under ``--model-side thread``. Several jobs may be in flight (joinable ones share
-a step-level loop there, ``engine.joining``); each job's stop is forwarded the moment it is set.
+a step-level loop there, ``engine.loop.joining``); each job's stop is forwarded the moment it is set.
 
 Healing. When the model process dies (the OOM killer's SIGKILL, a segfault, or a device error that
 poisons its CUDA context: it answers that job and exits, ``engine.device_faults``), the server's
@@ -18,7 +18,7 @@ poisons its CUDA context: it answers that job and exits, ``engine.device_faults`
 - the running job gets a ``crashed`` error at once (never a hang);
 - jobs still waiting stay in line: ``stream`` waits for the next process before sending its job;
 - ``state`` is ``recovering`` (``/health`` shows it) while a ``model-restart`` thread starts a new
-  process, with bounded retries and backoff; after ``max_restarts`` failures in a row it is
+  process, with bounded retries and backoff; after ``len(backoff)`` failures in a row it is
   ``dead``, and every job gets an ``engine_dead`` error.
 A model process exits by itself when the server goes away (its socket closes).
 """
@@ -271,7 +271,7 @@ class ProcessSide:
     def submit(self, job: InferenceJob, stop: StopFlag, emit: Callable[[ModelEvent], None]) -> Callable[[], None]:
         """Send ``job`` to the model process; ``emit`` gets its events on the ``model-pipe`` thread, the
         last one terminal (exactly one, whatever happens). Several jobs may be in flight (a joinable
-        one enters the running loop there, ``engine.joining``).
+        one enters the running loop there, ``engine.loop.joining``).
 
         Blocks only while the model process restarts. The stop is forwarded the moment it is set
         (through ``stop.on_set``; a plain flag is polled). Returns a function that forwards it now.

@@ -8,7 +8,7 @@ returns only once the thread has left the job.
 
 ``ModelRunner.submit(job, stop, emit)`` is the same without a stream: ``emit`` is called on the
 model thread with each event (several jobs may be in flight: a job marked ``joinable`` enters a
-running denoising loop of compatible jobs at its next step boundary, ``engine.joining``).
+running denoising loop of compatible jobs at its next step boundary, ``engine.loop.joining``).
 
 ``run_job(job)`` is the same stream as a module-level generator of picklable arguments, for hosts
 that pickle the call: ZeroGPU's ``@spaces.GPU`` forks a process, sends it ``job`` and reads back

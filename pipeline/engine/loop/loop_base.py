@@ -1,4 +1,4 @@
-"""What every step-level denoising loop of a real diffusers pipeline shares (``engine.joining.Loop``).
+"""What every step-level denoising loop of a real diffusers pipeline shares (``engine.loop.joining.Loop``).
 
 A loop holds *members*, one per job, each with everything the pipeline's own ``__call__`` keeps
 for one call: its own scheduler instance (built from the model's config by ``samplers.build`` and
@@ -61,7 +61,7 @@ class LoopHost(Protocol):
 T = TypeVar("T")
 
 # Loops whose denoiser input is one row per image (and CFG's [uncond, cond] per member), so that peft's
-# mixed-adapter batches can give each row its own LoRA (``engine.lora``). Z-Image's transformer takes
+# mixed-adapter batches can give each row its own LoRA (``engine.model.lora``). Z-Image's transformer takes
 # a list of images and packs their tokens together: its adapters batch a loop per adapter instead.
 MIXED_ADAPTER_LOOPS = frozenset({"sd", "sd3", "flux", "chroma"})
 

@@ -1,7 +1,7 @@
 """A loaded diffusers pipeline that runs one ``InferenceJob`` at a time on the model thread.
 
 ``DiffusersModel`` implements ``protocol.Model``; it is owned by the engine's model thread and
-must only be called from there (``count_tokens`` excepted). ``engine.loading`` builds it.
+must only be called from there (``count_tokens`` excepted). ``engine.model.loading`` builds it.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ class DiffusersModel:
         self, pipe: Any, profile: ModelProfile, preview_map: Previewer | None = None, adapters: Adapters | None = None
     ) -> None:
         self.pipe = pipe
-        self.adapters = adapters  # the --lora adapters (engine.lora), or None
-        self.loads = 0  # how many times this process has loaded a model (engine.loading sets it)
+        self.adapters = adapters  # the --lora adapters (engine.model.lora), or None
+        self.loads = 0  # how many times this process has loaded a model (engine.model.loading sets it)
         self.profile = profile
         self.preview_map = preview_map
         self._device = profile.device
@@ -149,7 +149,8 @@ class DiffusersModel:
         return kwargs
 
     def loop_key(self, job: InferenceJob) -> Hashable | None:
-        """Step-level joining (``engine.joining``) for SD 1.x/2.x, FLUX, SD3, Chroma and Z-Image; ``None`` for the rest.
+        """Step-level joining (``engine.loop.joining``) for SD 1.x/2.x, FLUX, SD3, Chroma and Z-Image;
+        ``None`` for the rest.
 
         Members of one loop share the latent shape (width, height) and the sampler name; prompts,
         negative prompts, seeds, image counts, steps and guidance (with or without CFG) may differ,
@@ -181,7 +182,7 @@ class DiffusersModel:
 
     def device_memory(self) -> tuple[int, int] | None:
         """(the device's total bytes, bytes allocated now) on a CUDA device; None elsewhere
-        (``hosting.memory.RowMemory`` admits joiners by it)."""
+        (``hosting.memory.DeviceMemory`` reports it; ``serving.scheduler.MemoryRoom`` admits joiners by it)."""
         if self._device != "cuda":
             return None
         _free, total = torch.cuda.mem_get_info()

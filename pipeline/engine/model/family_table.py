@@ -4,7 +4,7 @@ Each entry says what the loaded pipeline itself cannot: how the user's guidance 
 the model, when the negative prompt is read, how latents are packed, where the output is, which
 arguments a call must always carry, and the model cards' defaults for the well-known distilled
 checkpoints. Everything else (step and guidance defaults, the VAE factor, patch sizes, tokenizer
-windows) is read from the pipeline in ``engine.families``; a class with no entry here is served
+windows) is read from the pipeline in ``engine.model.families``; a class with no entry here is served
 generically from its ``__call__`` signature (``generic``), and the guesses are logged at start.
 
 **Guidance** (``Family.guidance``), the parameter the guidance control drives:
@@ -56,7 +56,7 @@ class Family:
     output: str = "images"  # the attribute of the pipeline's output holding the pictures
     bf16: bool = False  # trained in bf16: fp16 overflows (black images), so bf16 on a GPU
     samplers: bool = False  # A1111's samplers apply (DDPM-family noise or v prediction)
-    loop: str | None = None  # the step-level loop (engine.loop_sd / loop_flow / loop_flow_2026), else job-level
+    loop: str | None = None  # the step-level loop (engine.loop.loop_sd / loop_flow / loop_flow_2026), else job-level
     fixed: dict[str, Any] = field(default_factory=dict)  # arguments every call carries
     default_size: int | None = None  # what __call__ draws with no size, where the pipeline does not say
     step_choices: tuple[int, ...] = ()  # only these step counts run (empty: any in the range)

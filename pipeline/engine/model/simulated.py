@@ -17,7 +17,7 @@ A slow model hides a slow server. This one behaves like a GPU pipeline as the se
   pipeline: the latents stay with the model.
 
 Progress, stop and previews behave like any model's, and so does step-level joining
-(``engine.joining``): ``SimLoop`` charges each step the device time of the images in the loop then.
+(``engine.loop.joining``): ``SimLoop`` charges each step the device time of the images in the loop then.
 It is a benchmark tool (issue 17's "fast device" profiles), documented in the README, and never
 the default.
 """
@@ -205,7 +205,7 @@ class SimLatents:
 
 
 class SimLoop:
-    """``engine.joining.Loop`` on the simulated device: a step costs ``cpu_ms`` of GIL, then the device
+    """``engine.loop.joining.Loop`` on the simulated device: a step costs ``cpu_ms`` of GIL, then the device
     time of a batch of the images in the loop; a finishing member's decode costs ``decode_ms`` per image."""
 
     def __init__(self, model: SimulatedModel) -> None:

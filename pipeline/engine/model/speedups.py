@@ -1,6 +1,6 @@
 """Speed settings for a loaded pipeline: ``--channels-last`` and ``--compile`` (issue 17).
 
-Applied by ``engine.loading`` once the pipeline is on its device and in its dtype, on the model
+Applied by ``engine.model.loading`` once the pipeline is on its device and in its dtype, on the model
 thread, before the warm-up:
 
 - **channels_last** puts the convolution weights of a UNet denoiser and of the VAE in NHWC order,
