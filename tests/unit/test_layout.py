@@ -1,15 +1,16 @@
-"""The layout shows the architecture: imports run one way, modules stay small, serving trains nothing."""
+"""The layout shows the architecture: imports run one way, modules are one concept each, serving trains nothing."""
 
 from __future__ import annotations
 
 import ast
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, LongModuleWarning
 
 PIPELINE = ROOT / "pipeline"
 
@@ -82,18 +83,23 @@ def test_serving_imports_only_the_default_models_public_surface() -> None:
     assert out.stdout.strip() == "[]", out.stdout
 
 
-def test_no_module_of_the_app_the_benchmark_or_the_tools_is_over_400_lines() -> None:
-    long = {
-        str(p.relative_to(ROOT)): n
-        for p in [
-            ROOT / "app.py",
-            *PIPELINE.rglob("*.py"),
-            *(ROOT / "bench").rglob("*.py"),
-            *(ROOT / "tools").rglob("*.py"),
-        ]
-        if (n := len(p.read_text().splitlines())) > 400
-    }
-    assert not long, long
+USUAL_LINES = 400  # most modules, one concept each, read in fewer; a longer one is reported
+ABSURD_LINES = 800  # no one concept takes this many: a module this long is two
+
+
+def _app_modules() -> list[Path]:
+    return [ROOT / "app.py", *PIPELINE.rglob("*.py"), *(ROOT / "bench").rglob("*.py"), *(ROOT / "tools").rglob("*.py")]
+
+
+def test_a_module_of_the_app_the_benchmark_or_the_tools_is_one_concept_of_a_readable_length() -> None:
+    """Files by concept, not by line count (issue 37): a module over ``USUAL_LINES`` is reported as a
+    ``LongModuleWarning`` in the warnings summary, never split for it; only one over ``ABSURD_LINES`` fails."""
+    lengths = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in _app_modules()}
+    for path, n in sorted(lengths.items()):
+        if USUAL_LINES < n <= ABSURD_LINES:
+            warnings.warn(f"{path}: {n} lines (most modules take under {USUAL_LINES})", LongModuleWarning, stacklevel=1)
+    absurd = {path: n for path, n in lengths.items() if n > ABSURD_LINES}
+    assert not absurd, absurd
 
 
 def _top_level_imports(path: Path) -> set[str]:
