@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def serve_forever() -> None:
-    """Say READY (what ``bench.__main__.Server`` waits for), then keep the launched app serving."""
+    """Say READY (what ``bench.harness.Server`` waits for), then keep the launched app serving."""
     print("READY", flush=True)
     try:
         while True:
