@@ -3,8 +3,8 @@
 (``ovis-image``), LongCat-Image (``longcat-image``) and ERNIE-Image (``ernie-image``).
 
 FLUX.1 is built from configs like the Stable Diffusion builds (CLIP-L pooled + T5, its 16-channel KL VAE,
-latents packed 2x2, the real schedulers' configs). The others' components follow diffusers' own test components (``get_dummy_components()`` in
-``tests/pipelines/flux2/test_pipeline_flux2.py``, ``.../flux2/test_pipeline_flux2_klein.py``,
+latents packed 2x2, the real schedulers' configs). The others' components follow diffusers' own test
+components (``get_dummy_components()`` in ``tests/pipelines/flux2/test_pipeline_flux2.py``, ``.../flux2/test_pipeline_flux2_klein.py``,
 ``.../chroma/test_pipeline_chroma.py``, ``.../ovis_image/test_ovis_image.py``; LongCat-Image and
 ERNIE-Image have no pipeline test there, so their denoisers follow
 ``tests/models/transformers/test_models_transformer_{longcat,ernie}_image.py`` and the rest mirrors

@@ -2,14 +2,13 @@
 CogView4 (``cogview4``).
 
 The components follow diffusers' own test components (``get_dummy_components()`` in
-``tests/pipelines/{sana/test_sana_sprint,krea2/test_krea2,lumina2/test_pipeline_lumina2,cogview4/test_cogview4}.py``
+``tests/pipelines/{krea2/test_krea2,lumina2/test_pipeline_lumina2,cogview4/test_cogview4}.py``
 and, for Ideogram 4, which has no pipeline test, ``tests/lora/test_lora_layers_ideogram4.py``), with the
 constructors of the installed diffusers 0.42.1, and with the real checkpoints' values wherever the app reads them:
-the VAE downsampling (8, DC-AE 32), latent channels, patch sizes, the denoisers' ``sample_size``, the
-``__call__``-relevant config flags (``guidance_embeds``, ``is_distilled``, ``time_cond_proj_dim``) and the
-schedulers' configs. Nothing is downloaded: the tokenizers are built here (Qwen2 byte-level BPE with the Qwen chat
-template, GLM-4's ``PreTrainedTokenizerFast`` with its ``[gMASK]<sop>`` prefix) or come from ``tests.families``
-(CLIP, Gemma), as do the CLIP text encoders, the KL VAEs and the Sana pieces Sana Sprint shares.
+the VAE downsampling, latent channels, patch sizes, the denoisers' ``sample_size``, the ``__call__``-relevant
+config flags (Krea 2's ``is_distilled``) and the schedulers' configs. Nothing is downloaded: the
+tokenizers are built here (Qwen2 byte-level BPE with the Qwen chat template, GLM-4's ``PreTrainedTokenizerFast``
+with its ``[gMASK]<sop>`` prefix) or come from ``tests.builds.components`` (Gemma), as do Gemma 2 and the KL VAEs.
 
     from tests.builds.krea_ideogram_lumina_cogview import BUILDS
     pipe = BUILDS["cogview4"]()
