@@ -168,7 +168,7 @@ def _join_refusal(response: httpx.Response) -> str:
     return response.text[:300]
 
 
-async def _sse_messages(response: httpx.Response) -> Any:
+async def sse_messages(response: httpx.Response) -> Any:
     """The ``data:`` messages of an event stream, framed on blank lines like gradio_client's reader."""
     buffer = b""
     async for chunk in response.aiter_bytes():
@@ -223,7 +223,7 @@ async def async_request(
         async with http.stream("GET", url + "gradio_api/queue/data", params={"session_hash": session}) as stream:
             if stream.status_code != 200:
                 return done(False, f"stream {stream.status_code}")
-            async for message in _sse_messages(stream):
+            async for message in sse_messages(stream):
                 kind = message.get("msg")
                 if kind == "process_completed" and message.get("event_id") == event_id:
                     completed = message  # read on to close_stream, as gradio_client does on sse_v3, so

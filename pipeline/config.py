@@ -125,7 +125,7 @@ class Settings:
 
 
 # (flag, env var, type, help). Booleans are store_true flags; their variables take 1/true/yes.
-_OPTIONS: tuple[tuple[str, str, type, str], ...] = (
+OPTIONS: tuple[tuple[str, str, type, str], ...] = (
     ("model", "T2I_MODEL", str, "hub id or local path of a diffusers text-to-image pipeline"),
     ("host", "GRADIO_SERVER_NAME", str, "address to listen on (default 127.0.0.1)"),
     ("port", "GRADIO_SERVER_PORT", int, "port to listen on (default 7860)"),
@@ -330,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
         "denoiser calls, a LoRA per row (mixed), or run a loop per adapter (separate); auto: mixed "
         "where the model's loop can, separate under --compile [T2I_LORA_BATCHING]",
     )
-    for dest, env, kind, text in _OPTIONS:
+    for dest, env, kind, text in OPTIONS:
         flag = "--" + dest.replace("_", "-")
         if kind is bool:
             parser.add_argument(flag, dest=dest, action="store_true", default=None, help=f"{text} [{env}]")
@@ -344,7 +344,7 @@ def load_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] 
     environ = os.environ if environ is None else environ
     args = build_parser().parse_args(argv)
     values: dict[str, object] = {}
-    for dest, env, kind, _ in _OPTIONS:
+    for dest, env, kind, _ in OPTIONS:
         flag_value = getattr(args, dest)
         if flag_value is not None:
             values[dest] = flag_value

@@ -166,6 +166,23 @@ def test_no_import_cycle_not_even_a_type_only_or_a_deferred_one() -> None:
     assert not cycles, sorted({" -> ".join(c) for c in cycles})[:5]
 
 
+def test_no_module_imports_another_modules_private_name() -> None:
+    """Names that say one thing (issue 37): what another module needs is public; a leading underscore
+    means this module only. The mutants (``tools/mutant_*.py``) are the exception: they break private
+    seams on purpose."""
+    paths = [ROOT / "app.py", *(p for root in GRAPH_ROOTS for p in (ROOT / root).rglob("*.py"))]
+    reached = {
+        f"{path.relative_to(ROOT)} imports {node.module}.{alias.name}"
+        for path in paths
+        if not path.name.startswith("mutant_")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+        if alias.name.startswith("_") and not alias.name.startswith("__")
+    }
+    assert not reached, sorted(reached)
+
+
 def test_the_shared_modules_import_no_layer_above_them() -> None:
     """``pipeline/*.py`` (``config``, ``request``, ``protocol``, ``errors``, ...) sit under serving, the
     engine, the page and Ray (docs/design.md "Imports run one way"): none of them imports any of those,
