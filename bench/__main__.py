@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import ROOT, Raw, Server, fn_index_of, versions
-from bench.report import finite_figures, render  # noqa: F401  (re-exported)
-from bench.sections import (  # noqa: F401  (re-exported)
+from bench.report import render
+from bench.sections import (
     batching,
-    busy_fraction,
     cancel_cost,
     cold_start,
     memory,

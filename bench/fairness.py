@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.__main__ import Server
+from bench.harness import Server
 
 
 def _request(prompt: str, seed: int, steps: int) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """The benchmark's harness: one app design in a subprocess (``Server``), the raw pipeline in its own
-(``Raw``), and the run's facts (``fn_index_of``, ``versions``); ``bench.__main__`` re-exports them."""
+(``Raw``), and the run's facts (``fn_index_of``, ``versions``); every benchmark of ``bench/`` runs on it."""
 
 from __future__ import annotations
 

@@ -35,6 +35,8 @@ import asyncio
 import dataclasses
 import itertools
 import json
+import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -166,7 +168,7 @@ def _join_refusal(response: httpx.Response) -> str:
     return response.text[:300]
 
 
-async def _sse_messages(response: httpx.Response) -> Any:
+async def sse_messages(response: httpx.Response) -> Any:
     """The ``data:`` messages of an event stream, framed on blank lines like gradio_client's reader."""
     buffer = b""
     async for chunk in response.aiter_bytes():
@@ -221,7 +223,7 @@ async def async_request(
         async with http.stream("GET", url + "gradio_api/queue/data", params={"session_hash": session}) as stream:
             if stream.status_code != 200:
                 return done(False, f"stream {stream.status_code}")
-            async for message in _sse_messages(stream):
+            async for message in sse_messages(stream):
                 kind = message.get("msg")
                 if kind == "process_completed" and message.get("event_id") == event_id:
                     completed = message  # read on to close_stream, as gradio_client does on sse_v3, so
@@ -325,6 +327,78 @@ async def run_async(
 # --- the gradio_client driver ----------------------------------------------------------------------
 
 
+def run_gradio(
+    url: str,
+    clients: int,
+    *,
+    n: int | None = None,
+    seconds: float | None = None,
+    min_seconds: float | None = None,
+    size: int = 512,
+    steps: int = 1,
+    fetch: bool = False,
+    api_name: str = "generate",
+    data: Callable[[int], list[Any]] | None = None,
+    on_start: Callable[[], None] | None = None,
+) -> LoadResult:
+    """``clients`` ``gradio_client.Client`` threads; see ``run``."""
+    from gradio_client import Client
+
+    make = data or (lambda k: generate_data(k, size, steps))
+    download: str | bool = tempfile.mkdtemp(prefix="loadgen-") if fetch else False
+    cpu0 = time.process_time()
+    # ssl_verify=False on plain http: gradio_client opens a new httpx client per call and loading the
+    # CA bundle costs ~30 ms of CPU each time (see bench.probe.predict_many).
+    made = [
+        Client(url, verbose=False, download_files=download, ssl_verify=not url.startswith("http://"))
+        for _ in range(clients)
+    ]
+    setup_cpu = time.process_time() - cpu0
+    if on_start is not None:
+        on_start()
+    counter = itertools.count()
+    lock = threading.Lock()
+    outcomes: list[Outcome] = []
+    t0, cpu1 = time.perf_counter(), time.process_time()
+    window = Window(n, seconds, min_seconds)
+
+    def caller(client: Any) -> None:
+        while True:
+            with lock:
+                k = next(counter)
+            if not window.more(k):
+                return
+            s0 = time.perf_counter()
+            try:
+                gallery, info = client.predict(*make(k), api_name="/" + api_name)
+                urls = _image_urls([gallery])
+                outcome = Outcome(
+                    bool(urls),
+                    (time.perf_counter() - s0) * 1000,
+                    time.monotonic(),
+                    None if urls else "no image in the output",
+                    urls,
+                    info,
+                )
+            except Exception as exc:  # any failure is counted and reported
+                outcome = Outcome(False, (time.perf_counter() - s0) * 1000, time.monotonic(), repr(exc)[:300])
+            with lock:
+                outcomes.append(outcome)
+
+    threads = [threading.Thread(target=caller, args=(c,), name=f"loadgen-{i}") for i, c in enumerate(made)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu1
+    for c in made:
+        c.close()
+    return _result("gradio", clients, outcomes, elapsed, cpu, setup_cpu, fetch)
+
+
+# --- either driver ---------------------------------------------------------------------------------
+
+
 def run(url: str, clients: int, *, client: str = "async", **kwargs: Any) -> LoadResult:
     """Drive ``url``'s ``/generate`` with ``clients`` closed-loop callers until ``n`` requests have
     been sent or ``seconds`` have passed (either or both; neither would run forever); with
@@ -340,8 +414,6 @@ def run(url: str, clients: int, *, client: str = "async", **kwargs: Any) -> Load
     if client == "async":
         return asyncio.run(run_async(url, clients, **kwargs))
     if client == "gradio":
-        from bench.loadgen_gradio import run_gradio  # gradio_client's threads, imported only when asked for
-
         kwargs.pop("keep_images", None)
         return run_gradio(url, clients, **kwargs)
     raise ValueError(f"client must be one of {CLIENTS}, not {client!r}")

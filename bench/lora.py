@@ -35,8 +35,8 @@ from typing import Any
 import httpx
 
 from bench import loadgen
-from bench.__main__ import Server
-from bench.openloop import percentile
+from bench.harness import Server
+from bench.stats import percentile
 
 NAMES = ("ink", "glow", "grain", "neon")
 CALLERS = 8

@@ -40,8 +40,8 @@ import httpx
 import psutil
 
 from bench import loadgen
-from bench.__main__ import Server
 from bench.fast import device_rate, tree_cpu_seconds
+from bench.harness import Server
 
 SIM = "sim:cpu_ms=5,dev_ms=12,decode_ms=15,size={size},steps=20"
 KINDS = ("api", "page")

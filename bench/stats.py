@@ -1,5 +1,5 @@
 """The open-loop benchmark's pure figures: Poisson schedules, percentiles, latency summaries, the
-ABBA order of designs, and what one run's requests add up to (``bench.openloop`` re-exports them)."""
+ABBA order of designs, and what one run's requests add up to (``bench.openloop`` measures them)."""
 
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ Every flag has an environment variable; a flag given on the command line wins ov
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import tempfile
 from dataclasses import dataclass
@@ -13,6 +14,35 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from .loras import LoraSpec, parse_all, split_env
+
+ProxyNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+# ``--trusted-proxies auto``: loopback (``--share``'s tunnel connects from 127.0.0.1), and on Spaces also
+# the private ranges its proxy comes from (``web.identity`` says what a trusted proxy's header means).
+LOOPBACK: tuple[str, ...] = ("127.0.0.1/32", "::1/128")
+PRIVATE: tuple[str, ...] = (
+    "10.0.0.0/8",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "100.64.0.0/10",
+    "169.254.0.0/16",
+    "fc00::/7",
+    "fe80::/10",
+)
+
+
+def proxy_networks(text: str | None, *, on_spaces: bool = False) -> tuple[ProxyNetwork, ...]:
+    """``--trusted-proxies``: ``auto`` (None or ""), ``none``, or comma-separated addresses and CIDR networks."""
+    value = (text or "auto").strip().lower()
+    if value == "none":
+        return ()
+    if value == "auto":
+        names: Sequence[str] = LOOPBACK + (PRIVATE if on_spaces else ())
+    else:
+        names = [part.strip() for part in value.split(",") if part.strip()]
+    try:
+        return tuple(ipaddress.ip_network(name, strict=False) for name in names)
+    except ValueError as exc:
+        raise ValueError(f"--trusted-proxies: {exc}; give auto, none or addresses/CIDRs like 10.0.0.0/8") from None
 
 
 @dataclass(frozen=True)
@@ -87,12 +117,15 @@ class Settings:
     def on_spaces(self) -> bool:
         return bool(os.environ.get("SPACE_ID"))
 
+    def trusted_proxy_networks(self) -> tuple[ProxyNetwork, ...]:
+        return proxy_networks(self.trusted_proxies, on_spaces=self.on_spaces())
+
     def resolved_torch_threads(self) -> int:
         return self.torch_threads or max(1, (os.cpu_count() or 2) - 1)
 
 
 # (flag, env var, type, help). Booleans are store_true flags; their variables take 1/true/yes.
-_OPTIONS: tuple[tuple[str, str, type, str], ...] = (
+OPTIONS: tuple[tuple[str, str, type, str], ...] = (
     ("model", "T2I_MODEL", str, "hub id or local path of a diffusers text-to-image pipeline"),
     ("host", "GRADIO_SERVER_NAME", str, "address to listen on (default 127.0.0.1)"),
     ("port", "GRADIO_SERVER_PORT", int, "port to listen on (default 7860)"),
@@ -297,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
         "denoiser calls, a LoRA per row (mixed), or run a loop per adapter (separate); auto: mixed "
         "where the model's loop can, separate under --compile [T2I_LORA_BATCHING]",
     )
-    for dest, env, kind, text in _OPTIONS:
+    for dest, env, kind, text in OPTIONS:
         flag = "--" + dest.replace("_", "-")
         if kind is bool:
             parser.add_argument(flag, dest=dest, action="store_true", default=None, help=f"{text} [{env}]")
@@ -311,7 +344,7 @@ def load_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] 
     environ = os.environ if environ is None else environ
     args = build_parser().parse_args(argv)
     values: dict[str, object] = {}
-    for dest, env, kind, _ in _OPTIONS:
+    for dest, env, kind, _ in OPTIONS:
         flag_value = getattr(args, dest)
         if flag_value is not None:
             values[dest] = flag_value
@@ -348,10 +381,8 @@ def _check(s: Settings) -> None:
         raise SystemExit(f"--request-timeout must be a positive number of seconds; got {s.request_timeout}")
     if not s.rate_limit > 0:
         raise SystemExit(f"--rate-limit must be a positive number of joins a second; got {s.rate_limit}")
-    from .web.identity import TrustedProxies  # pure: parses addresses, imports no Gradio
-
     try:
-        TrustedProxies.parse(s.trusted_proxies)
+        proxy_networks(s.trusted_proxies)
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
     if s.auth is not None and (":" not in s.auth or s.auth.startswith(":") or s.auth.endswith(":")):

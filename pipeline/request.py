@@ -21,7 +21,7 @@ from .errors import InvalidRequest
 from .loras import NONE, SCALE_MAX, SCALE_MIN, AdapterUse
 from .protocol import InferenceJob, ModelProfile
 from .text import normalized, text_problem
-from .token_windows import _truncation_notes, fits_every_window
+from .token_windows import fits_every_window, truncation_notes
 
 if TYPE_CHECKING:
     from .config import Settings
@@ -373,7 +373,7 @@ def with_token_notes(
     warnings = [
         note
         for field, text in _texts_to_count(request, limits)
-        for note in _truncation_notes(field, count_tokens(text), limits.text_encoders)
+        for note in truncation_notes(field, count_tokens(text), limits.text_encoders)
     ]
     return dataclasses.replace(request, warnings=tuple(warnings)) if warnings else request
 

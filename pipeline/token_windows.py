@@ -1,7 +1,7 @@
 """Whether a prompt fits its text encoders' windows, and the note for one that does not. Pure.
 
 ``request`` asks: ``fits_every_window`` answers without counting (most prompts are short enough),
-and ``_truncation_notes`` words the note for each encoder that cuts a counted text.
+and ``truncation_notes`` words the note for each encoder that cuts a counted text.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def fits_every_window(text: str, encoders: tuple[tuple[str, int], ...]) -> bool:
     return bool(encoders) and text.isascii() and len(text) + 1 <= min(windows)
 
 
-def _truncation_notes(field: str, tokens: Mapping[str, int], encoders: tuple[tuple[str, int], ...]) -> list[str]:
+def truncation_notes(field: str, tokens: Mapping[str, int], encoders: tuple[tuple[str, int], ...]) -> list[str]:
     """One note per text encoder that cut the text, naming it (CLIP reads 75 tokens, T5 its own length)."""
     notes = []
     for encoder, limit in dict(encoders).items():

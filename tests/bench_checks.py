@@ -4,7 +4,7 @@ timing thresholds."""
 
 from __future__ import annotations
 
-from bench.__main__ import finite_figures, render
+from bench.report import finite_figures, render
 
 FIGURES = {
     "overhead": {

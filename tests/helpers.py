@@ -17,6 +17,11 @@ from pipeline.serving.local import LocalAdapter
 ROOT = Path(__file__).resolve().parent.parent
 
 
+class LongModuleWarning(UserWarning):
+    """A module longer than most concepts take (``tests/unit/test_layout.py``): shown in the warnings
+    summary, never an error (``pyproject.toml`` lets this category through)."""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

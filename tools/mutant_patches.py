@@ -382,7 +382,7 @@ MUTANTS: dict[str, list[Patch]] = (
             "pipeline.engine.model.stepping", "StepWatch._preview_due", lambda self, step: self.preview_map is not None
         ),
         "z-image-loop-without-guidance": attr(
-            "pipeline.engine.loop.loop_flow_2026",
+            "pipeline.engine.loop.loop_flow",
             "ZImageLoop._guided",
             staticmethod(lambda pos, neg, scale, normalization: pos),
         ),

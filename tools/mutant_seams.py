@@ -1,7 +1,8 @@
 """How a mutant breaks the code: a patch of a named seam (a method, a function, a module attribute),
 applied right after the seam's module has been executed, in every process that imports it.
 
-``tools/mutant_patches.py`` names the mutants; this module only applies them.
+``tools/mutant_patches.py`` names the mutants (with ``mutant_security.py``'s and ``mutant_gpu.py``'s,
+which build their tables from ``attr`` and ``on`` here too); this module only applies them.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ BUILD_SEED = 20261130
 # Changing the architecture or the tokenizer here: bump ``folder.BUILD_VERSION``, so stale builds are rebuilt.
 
 # Words the tokenizer learns merges from: what people type into a text-to-image demo.
-_CORPUS = [
+CORPUS = [
     "a",
     "an",
     "the",
@@ -248,7 +248,7 @@ def build_pipeline(seed: int = BUILD_SEED) -> Any:  # a StableDiffusionPipeline
     )
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
-    vocab, merges = learn_bpe(_CORPUS, _NUM_MERGES)
+    vocab, merges = learn_bpe(CORPUS, _NUM_MERGES)
     tokenizer = CLIPTokenizer(vocab=vocab, merges=merges)  # type: ignore[arg-type]  # it takes (a, b) pairs too
     tokenizer.model_max_length = 77
 

@@ -18,8 +18,9 @@ request whose consumer stops (cancel, disconnect, close) leaves at once; its job
 when nobody is left in the job, and the model stops at the end of the step in progress.
 
 State and owners: the event loop owns the gate, the scheduler (its one ``scheduler`` task acts on
-its decisions), the jobs' ``running`` stops and every request's stream; the model-stream thread only posts to the loop; ``begin_shutdown`` from another
-thread goes through the loop (``AdapterBase.on_loop``).
+its decisions), the jobs' ``running`` stops and every request's stream; the model-stream thread
+only posts to the loop; ``begin_shutdown`` from another thread goes through the loop
+(``AdapterBase.on_loop``).
 """
 
 from __future__ import annotations

@@ -21,24 +21,10 @@ from ..serving.events import Step, Waiting
 from .gradio_internals import caller_alive, current_session
 from .identity import Caller, TrustedProxies, caller_of
 from .outputs import Postprocess, introspected_once
-from .shown import (
-    PROGRESS_INTERVAL,  # re-exported: what callers of the handler read
-    ProgressView,
-    _done_output,
-    _step_output,
-    _waiting_output,
-    duration_text,
-    gallery_items,
-    progress_gallery,
-    status_html,
-    step_text,
-)
+from .shown import PROGRESS_INTERVAL, ProgressView, done_output, step_output, waiting_output
 from .site import Site
 
 log = logging.getLogger(__name__)
-
-__all__ = ["PROGRESS_INTERVAL", "ProgressView", "duration_text", "gallery_items", "progress_gallery", "status_html",
-           "step_text"]  # fmt: skip
 
 
 class PageJobs:
@@ -211,13 +197,13 @@ def make_generate(
                 async with contextlib.aclosing(events):
                     async for event in events:
                         if isinstance(event, Waiting):
-                            out = _waiting_output(event, view, request_id, None if ui else progress)
+                            out = waiting_output(event, view, request_id, None if ui else progress)
                         elif isinstance(event, Step):
-                            out = _step_output(
+                            out = step_output(
                                 event, view, request_id, None if ui else progress, postprocess is not None
                             )
                         else:
-                            out = _done_output(event, site if ui else None, session)
+                            out = done_output(event, site if ui else None, session)
                         if out is None:
                             continue
                         out = out[:width_of_output]

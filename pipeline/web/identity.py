@@ -17,7 +17,7 @@ What the proxies in front of the app send (``docs`` and README "Security"): on S
 its proxy's internal address (10.x) and the client's address at the right end of
 ``X-Forwarded-For``; ``--share``'s tunnel (frpc) connects from 127.0.0.1 and its server, frp's
 HTTP vhost (Go's ``ReverseProxy``), appends the address it saw (fatedier/frp#1767). ``auto``
-trusts 127.0.0.1 and ::1, and on Spaces also the private ranges its proxy comes from.
+trusts 127.0.0.1 and ::1, and on Spaces also the private ranges its proxy comes from (``config.proxy_networks``).
 
 Gradio's MCP server calls the app back over loopback with the MCP caller's headers. The front door
 seals the caller's address into that call (``seal``: an HMAC under a key of this process), and
@@ -32,51 +32,28 @@ import hmac
 import ipaddress
 import secrets
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
-if TYPE_CHECKING:
-    from ..config import Settings
+from ..config import ProxyNetwork, Settings, proxy_networks
 
 SEAL_HEADER = "x-t2i-caller"  # set by the front door on MCP requests only; any client-sent one is dropped
 _KEY = secrets.token_bytes(32)  # this process's; a seal never outlives the process that made it
-
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
-LOOPBACK: tuple[str, ...] = ("127.0.0.1/32", "::1/128")
-PRIVATE: tuple[str, ...] = (
-    "10.0.0.0/8",
-    "172.16.0.0/12",
-    "192.168.0.0/16",
-    "100.64.0.0/10",
-    "169.254.0.0/16",
-    "fc00::/7",
-    "fe80::/10",
-)
 
 
 @dataclass(frozen=True)
 class TrustedProxies:
     """The peers whose ``X-Forwarded-For`` is believed."""
 
-    networks: tuple[Network, ...] = ()
+    networks: tuple[ProxyNetwork, ...] = ()
 
     @classmethod
     def parse(cls, text: str | None, *, on_spaces: bool = False) -> TrustedProxies:
-        """``auto`` (None or ""), ``none``, or comma-separated addresses and CIDR networks."""
-        value = (text or "auto").strip().lower()
-        if value == "none":
-            return cls(())
-        if value == "auto":
-            names: Sequence[str] = LOOPBACK + (PRIVATE if on_spaces else ())
-        else:
-            names = [part.strip() for part in value.split(",") if part.strip()]
-        try:
-            return cls(tuple(ipaddress.ip_network(name, strict=False) for name in names))
-        except ValueError as exc:
-            raise ValueError(f"--trusted-proxies: {exc}; give auto, none or addresses/CIDRs like 10.0.0.0/8") from None
+        """``auto`` (None or ""), ``none``, or comma-separated addresses and CIDRs (``config.proxy_networks``)."""
+        return cls(proxy_networks(text, on_spaces=on_spaces))
 
     @classmethod
     def from_settings(cls, settings: Settings) -> TrustedProxies:
-        return cls.parse(settings.trusted_proxies, on_spaces=settings.on_spaces())
+        return cls(settings.trusted_proxy_networks())
 
     def trusts(self, address: str) -> bool:
         ip = _ip(address)

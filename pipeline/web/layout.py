@@ -14,12 +14,13 @@ from ..protocol import ModelProfile
 from ..request import MAX_SEED, Limits
 from ..serving.base import Adapter
 from ..serving.postprocess import sampler_name
-from .handler import PageJobs, make_generate, make_validator, selected_index, status_html
+from .handler import PageJobs, make_generate, make_validator, selected_index
 from .identity import TrustedProxies
 from .mcp_tool import serve_images
 from .page_tools import UI_CONCURRENCY, Controls, reuse_seed, wire_history, wire_keys, wire_paste, wire_sizes
 from .presets import preset_value, size_presets
 from .results import HISTORY_SIZE
+from .shown import status_html
 from .site import Site, attach
 
 log = logging.getLogger(__name__)

@@ -14,12 +14,12 @@ from ..serving.base import Adapter
 from ..serving.owners import KEY_FILE
 from .frontdoor import DoorConfig, DoorLimits, FrontDoor
 from .gradio_internals import queued, skip_matplotlib_probe, tune_queue, uvicorn_options
-from .handler import PROGRESS_INTERVAL
 from .httplimits import ConnectionLimits, limited_protocol
 from .inputs import InputPolicy
 from .login import Login
 from .mcp_tool import call_back_as_internal
 from .routes import service_routes
+from .shown import PROGRESS_INTERVAL
 from .site import site_of
 
 

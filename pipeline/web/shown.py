@@ -104,7 +104,7 @@ def gallery_items(paths: Sequence[Path], info: dict[str, Any]) -> list[tuple[str
     return [(str(p), f"seed {seed} · {each:.2f} s") for p, seed in zip(paths, info["seeds"])]
 
 
-def _waiting_output(
+def waiting_output(
     event: Waiting, view: ProgressView, request_id: str, progress: gr.Progress | None
 ) -> tuple[Any, ...] | None:
     """A place in line as the outputs show it (None: nothing a person would see changed)."""
@@ -116,7 +116,7 @@ def _waiting_output(
     return (progress_gallery(), record, status_html(text))
 
 
-def _step_output(
+def step_output(
     event: Step, view: ProgressView, request_id: str, progress: gr.Progress | None, as_file: bool
 ) -> tuple[Any, ...] | None:
     """A step as the outputs show it, with its preview (None: too soon after the last, or a 1-step job).
@@ -140,7 +140,7 @@ def _step_output(
     return (preview, record, status_html(text, event.step, event.total))
 
 
-def _done_output(event: Done, site: Site | None, session: str | None) -> tuple[Any, ...]:
+def done_output(event: Done, site: Site | None, session: str | None) -> tuple[Any, ...]:
     """The images, the info record and the time taken; on the page, filed in the tab's history."""
     for warning in event.info["warnings"]:
         gr.Warning(warning)

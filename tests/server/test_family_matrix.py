@@ -1,6 +1,6 @@
 """Every model family a user can pick, served correctly, through the launched app and ``gradio_client``.
 
-Each family is a tiny random-weight pipeline built from configs (``tests/families.py``) with the
+Each family is a tiny random-weight pipeline built from configs (``tests/builds/``) with the
 family's real VAE factor, latent channels, default size, schedulers and text encoders, loaded by the
 app through ``from_pretrained`` from disk. The rows: it starts (warm-up with a valid step count), its
 defaults and limits come from the model, the negative prompt means something or is refused, every

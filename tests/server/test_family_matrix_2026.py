@@ -1,7 +1,7 @@
 """The model families people pick in 2026, served the way their authors run them (issue 27).
 
 Each family is a tiny random-weight build of the exact diffusers class, made from diffusers' own
-test components (``tests/builds_a.py``, ``builds_b.py``, ``builds_c.py``), saved and loaded by the
+test components (``tests/builds/``, a module per group of families), saved and loaded by the
 app through ``from_pretrained``, and driven through the launched app and ``gradio_client``. The
 checks per family: the defaults match the pipeline and the model card; the size step is the
 family's and an off-step size is refused naming it; the pixels equal a plain diffusers call that

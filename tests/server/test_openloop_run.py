@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench import openloop
-from bench.__main__ import finite_figures
+from bench.report import finite_figures
 
 FAST_SIM = "sim:cpu_ms=1,dev_ms=3,decode_ms=1,size=64,steps=2"
 

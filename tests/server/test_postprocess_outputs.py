@@ -18,9 +18,9 @@ import httpx
 from PIL import Image
 
 import app  # noqa: F401  (its Gradio settings: no analytics summary after each event)
-from bench.loadgen import _sse_messages
-from pipeline.web.handler import gallery_items, status_html
+from bench.loadgen import sse_messages
 from pipeline.web.outputs import Postprocess
+from pipeline.web.shown import gallery_items, status_html
 from tests.helpers import free_port
 
 
@@ -75,7 +75,7 @@ async def outputs_of(url: str, fn_index: int, session: str) -> list[Any]:
         assert joined.status_code == 200, joined.text
         out = []
         async with http.stream("GET", url + "gradio_api/queue/data", params={"session_hash": session}) as stream:
-            async for message in _sse_messages(stream):
+            async for message in sse_messages(stream):
                 if message.get("msg") in ("process_generating", "process_completed"):
                     assert message.get("success", True), message
                     out.append(message["output"]["data"])

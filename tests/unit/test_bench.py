@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.__main__ import finite_figures
+from bench.report import finite_figures
 from tests.bench_checks import check, check_cpu, check_ray
 from tests.helpers import ROOT
 
@@ -74,7 +74,7 @@ def test_the_published_open_loop_runs_are_complete(path: Path) -> None:
     from bench import openloop
 
     result = json.loads(path.read_text())
-    assert openloop.finite_figures(result) and openloop.errors_of(result) == 0
+    assert finite_figures(result) and openloop.errors_of(result) == 0
     designs = {d for section in result["sections"] for d in section["capacity"]}
     assert designs == {"none", "job", "step"}
     assert "| step |" in openloop.render(result)
@@ -126,7 +126,7 @@ def test_steady_rate_counts_whole_jobs_inside_the_saturated_window() -> None:
 
 
 def test_busy_fraction_counts_only_gaps_with_a_job_waiting() -> None:
-    from bench.__main__ import busy_fraction
+    from bench.sections import busy_fraction
 
     def job(ready: float, start: float, end: float) -> dict:
         return {"timings": {"gpu_wait_start": ready, "infer_start": start, "infer_end": end}}

@@ -11,7 +11,7 @@ from pipeline.engine.device_faults import kind_of
 from pipeline.engine.hosting.runner import ModelRunner
 from pipeline.errors import DeviceFailed, EngineDead
 from tests.fakes import FakeModel
-from tests.helpers import collect, raw_request
+from tests.helpers import collect, raw_request, wait_for
 
 STICKY = "CUDA error: an illegal memory access was encountered\nCUDA kernel errors might be asynchronously reported"
 
@@ -57,7 +57,8 @@ def test_a_poisoned_model_thread_ends_and_fails_what_waits_instead_of_running_a_
     events = list(runner.stream(job))
     assert isinstance(events[-1], ErrorEvent) and events[-1].kind == "device_lost", events
     assert "illegal memory access" in events[-1].message and "\n" not in events[-1].message
-    assert not runner.alive
+    # the thread ends right after it has sent that job's terminal event: not before the caller reads it
+    wait_for(lambda: not runner.alive, "the poisoned model thread ends", timeout=10)
     again = list(runner.stream(job))
     assert isinstance(again[-1], ErrorEvent) and again[-1].kind == "engine_dead"
 

@@ -28,14 +28,14 @@ def test_the_readme_is_a_front_door_of_at_most_12_kb() -> None:
 
 
 def test_every_flag_and_variable_is_on_the_front_door_and_in_the_manual() -> None:
-    from pipeline.config import _OPTIONS, build_parser
+    from pipeline.config import OPTIONS, build_parser
 
     readme, usage = README.read_text(), (ROOT / "docs" / "usage.md").read_text()
     flags = [a.option_strings[0] for a in build_parser()._actions if a.option_strings[0] != "-h"]
     for flag in flags:
         assert re.search(rf"`{re.escape(flag)}\b", readme) or f"{flag}`" in readme or f"{flag}," in readme, flag
         assert flag in usage, flag
-    for _dest, env, _kind, _text in _OPTIONS:
+    for _dest, env, _kind, _text in OPTIONS:
         assert env in readme and env in usage, env
     assert "T2I_LORAS" in readme and "T2I_LORA_BATCHING" in readme
 

@@ -3,9 +3,8 @@ are the same whether it ran alone (the pipeline's own ``__call__`` through ``Dif
 joined a running loop mid-run, next to members with other prompts, seeds, steps, image counts and guidance.
 
 Families: the embedded default model (SD, Euler, v-prediction, zero SNR) with every offered sampler, and the
-tiny random-weight builds of ``tests/families.py`` (SD 1.x with PNDM, SD 2.x v-prediction with DDIM, FLUX dev
-and schnell, SD3) and of diffusers' own test components (Chroma, Z-Image: ``tests/builds_a.py``, ``builds_b.py``),
-all at 64 px and 2-4 steps.
+tiny random-weight builds of ``tests/builds/`` (SD 1.x with PNDM, SD 2.x v-prediction with DDIM, FLUX dev
+and schnell, SD3; Chroma and Z-Image after diffusers' own test components), all at 64 px and 2-4 steps.
 """
 
 from __future__ import annotations

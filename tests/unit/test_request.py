@@ -136,16 +136,16 @@ def test_an_ascii_text_is_at_most_one_token_per_character_plus_one(family: str) 
     import random
     import string
 
-    from tests import families
+    from tests.builds import components
 
     make = {
-        "clip": families.make_clip_tokenizer,
-        "t5": families.make_t5_tokenizer,
-        "gemma": families.make_gemma_tokenizer,
+        "clip": components.make_clip_tokenizer,
+        "t5": components.make_t5_tokenizer,
+        "gemma": components.make_gemma_tokenizer,
     }[family]
     tokenizer = make()
     rng = random.Random(17)
-    words = list(families._WORDS)
+    words = list(components.WORDS)
     texts = ["a", "1", " a", "a ", "  ", "a  b", "!!!", "\t\n", "x" * 80, " ".join(words[:40])]
     texts += ["".join(rng.choices(string.printable, k=rng.randint(1, 120))) for _ in range(300)]
     texts += [" ".join(rng.choices(words, k=rng.randint(1, 30))) for _ in range(100)]

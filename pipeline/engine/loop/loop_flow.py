@@ -1,4 +1,5 @@
-"""The step-level loops of the flow-matching families: ``FluxPipeline`` and ``StableDiffusion3Pipeline``.
+"""The step-level loops of the flow-matching families: ``FluxPipeline``, ``StableDiffusion3Pipeline``,
+``ChromaPipeline`` and ``ZImagePipeline``.
 
 Each member is what one pipeline ``__call__`` keeps (diffusers 0.42), step for step.
 
@@ -21,6 +22,26 @@ Each member is what one pipeline ``__call__`` keeps (diffusers 0.42), step for s
 2. Latents through ``prepare_latents`` with the member's generators.
 3. Scheduler and ``retrieve_timesteps`` (``mu`` only where the config shifts dynamically).
 
+**Chroma** (FLUX's packed 2x2 latents and T5 conditioning, no pooled embedding, classifier-free
+guidance when ``guidance_scale > 1``, an attention mask over the padded T5 tokens):
+
+1. Prompts through ``encode_prompt`` at the call's ``max_sequence_length`` (512), with their masks;
+   with guidance, rows ``[negative, prompt]`` (the pipeline runs the two as separate transformer
+   calls; here they are rows of one call, the same per-row arithmetic).
+2. Latents through ``prepare_latents`` with the member's generators; masks extended over the image
+   tokens as ``_prepare_attention_mask`` does.
+3. FLUX's sigmas ``linspace(1, 1/N, N)`` and dynamic shift ``mu``, ``set_begin_index(0)``.
+
+**Z-Image** (a transformer that takes *lists* of latents and of variable-length prompt embeddings,
+so members with prompts of any length share one call; classifier-free guidance when
+``guidance_scale > 0``, with the pipeline's CFG truncation and renormalisation per member):
+
+1. Prompts (and, with guidance, negative prompts) through ``encode_prompt``: one embedding per prompt.
+2. Latents through ``prepare_latents`` (float32) with the member's generators.
+3. ``get_default_z_image_sigmas`` and the dynamic shift from the token count, ``set_begin_index(0)``.
+4. Per step the timestep ``(1000 - t) / 1000`` per row, the member's guidance (0 once its
+   ``cfg_truncation`` is passed), and the negated prediction to its own scheduler.
+
 One step runs the transformer once on every member's rows, each at its own timestep, then each
 member's own ``scheduler.step``. The decode is the pipeline's: (unpack,) ``latents /
 scaling_factor + shift_factor``, the VAE, ``image_processor.postprocess(..., output_type="pil")``.
@@ -29,6 +50,7 @@ scaling_factor + shift_factor``, the VAE, ``image_processor.postprocess(..., out
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -36,6 +58,8 @@ import torch
 from diffusers.pipelines.flux.pipeline_flux import calculate_shift as flux_shift
 from diffusers.pipelines.flux.pipeline_flux import retrieve_timesteps
 from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import calculate_shift as sd3_shift
+from diffusers.pipelines.z_image.pipeline_z_image import calculate_shift as z_shift
+from diffusers.pipelines.z_image.pipeline_z_image import get_default_z_image_sigmas
 from PIL import Image
 
 from ...protocol import InferenceJob
@@ -62,8 +86,27 @@ def packed_latents(pipe: Any, job: InferenceJob, dtype: torch.dtype, device: tor
     )
 
 
+def _shift(config: Any, tokens: int, fn: Any) -> float:
+    """The dynamic shift ``mu`` for ``tokens`` image tokens (``fn``: the pipeline's ``calculate_shift``)."""
+    return float(
+        fn(
+            tokens,
+            config.get("base_image_seq_len", 256),
+            config.get("max_image_seq_len", 4096),
+            config.get("base_shift", 0.5),
+            config.get("max_shift", 1.15),
+        )
+    )
+
+
+def _negatives(loop: _FlowLoop, job: InferenceJob) -> Any:
+    """The negative prompts exactly as ``DiffusersModel.call_arguments`` sends them (or None)."""
+    profile = loop.model.profile
+    return call_arguments(profile.family, job.negative_prompts, profile.supports_negative_prompt).get("negative_prompt")
+
+
 class _FlowLoop(MemberLoop):
-    """The decode both flow families share: ``latents / scaling_factor + shift_factor``, then the VAE."""
+    """The decode every flow family here shares: ``latents / scaling_factor + shift_factor``, then the VAE."""
 
     def _pixels(self, latents: torch.Tensor, job: InferenceJob) -> list[Image.Image]:
         pipe = self.pipe
@@ -95,14 +138,7 @@ class FluxLoop(_FlowLoop):
         sigmas: Any = np.linspace(1.0, 1 / steps, steps)
         if getattr(scheduler.config, "use_flow_sigmas", False):
             sigmas = None
-        config = scheduler.config
-        mu = flux_shift(
-            latents.shape[1],
-            config.get("base_image_seq_len", 256),
-            config.get("max_image_seq_len", 4096),
-            config.get("base_shift", 0.5),
-            config.get("max_shift", 1.15),
-        )
+        mu = _shift(scheduler.config, latents.shape[1], flux_shift)
         timesteps, _ = retrieve_timesteps(scheduler, steps, device, sigmas=sigmas, mu=mu)
         scheduler.set_begin_index(0)
         rows_of = {"encoder_hidden_states": embeds, "pooled_projections": pooled}
@@ -149,15 +185,11 @@ class SD3Loop(_FlowLoop):
         pipe, device = self.pipe, self.device
         # 1. Guidance as the pipeline decides it; prompts through its own encoder.
         cfg = job.guidance_scale > 1
-        profile = self.model.profile
-        negative = call_arguments(profile.family, job.negative_prompts, profile.supports_negative_prompt).get(
-            "negative_prompt"
-        )
         embeds, negative_embeds, pooled, negative_pooled = pipe.encode_prompt(
             prompt=list(job.prompts),
             prompt_2=None,
             prompt_3=None,
-            negative_prompt=negative,
+            negative_prompt=_negatives(self, job),
             do_classifier_free_guidance=cfg,
             device=device,
             num_images_per_prompt=1,
@@ -213,3 +245,164 @@ class SD3Loop(_FlowLoop):
             return_dict=False,
         )[0]
         return [m.guided(chunk) for m, chunk in zip(members, out.split([m.rows for m in members]))]
+
+
+class ChromaLoop(_FlowLoop):
+    """``joining.Loop`` for ``ChromaPipeline`` (see the module docstring)."""
+
+    def _enter(self, job: InferenceJob) -> LoopMember:
+        pipe, device = self.pipe, self.device
+        cfg = job.guidance_scale > 1
+        embeds, text_ids, mask, negative_embeds, _, negative_mask = pipe.encode_prompt(
+            prompt=list(job.prompts),
+            negative_prompt=_negatives(self, job),
+            device=device,
+            num_images_per_prompt=1,
+            do_classifier_free_guidance=cfg,
+            max_sequence_length=_call_default(pipe, "max_sequence_length", 512),
+        )
+        latents, image_ids = packed_latents(pipe, job, embeds.dtype, device)
+        tokens = latents.shape[1]
+
+        def extended(m: torch.Tensor) -> torch.Tensor:
+            return pipe._prepare_attention_mask(batch_size=latents.shape[0], sequence_length=tokens,
+                                                dtype=latents.dtype, attention_mask=m)  # fmt: skip
+
+        scheduler = samplers.build(self.model.base_scheduler, job.scheduler)
+        steps = job.num_inference_steps
+        sigmas: Any = np.linspace(1.0, 1 / steps, steps)
+        mu = _shift(scheduler.config, tokens, flux_shift)
+        timesteps, _ = retrieve_timesteps(scheduler, steps, device, sigmas=sigmas, mu=mu)
+        scheduler.set_begin_index(0)
+        rows = {"encoder_hidden_states": embeds, "attention_mask": extended(mask)}
+        if cfg:
+            rows = {
+                "encoder_hidden_states": torch.cat([negative_embeds, embeds]),
+                "attention_mask": torch.cat([extended(negative_mask), rows["attention_mask"]]),
+            }
+        return LoopMember(job=job, scheduler=scheduler, timesteps=timesteps, latents=latents, cfg=cfg, rows_of=rows,
+                      shared={"txt_ids": text_ids, "img_ids": image_ids})  # fmt: skip
+
+    def _predict(self, members: list[LoopMember]) -> list[torch.Tensor]:
+        inputs = torch.cat([torch.cat([m.latents] * 2) if m.cfg else m.latents for m in members])
+        timestep = torch.cat([m.timestep.expand(m.rows).to(inputs.dtype) for m in members])
+        out = self.pipe.transformer(
+            hidden_states=inputs,
+            timestep=timestep / 1000,
+            encoder_hidden_states=_cat_rows(members, "encoder_hidden_states"),
+            txt_ids=members[0].shared["txt_ids"],
+            img_ids=members[0].shared["img_ids"],
+            attention_mask=_cat_rows(members, "attention_mask"),
+            joint_attention_kwargs={},
+            return_dict=False,
+        )[0]
+        return [m.guided(chunk) for m, chunk in zip(members, out.split([m.rows for m in members]))]
+
+    def _pixels(self, latents: torch.Tensor, job: InferenceJob) -> list[Image.Image]:
+        pipe = self.pipe
+        return super()._pixels(pipe._unpack_latents(latents, job.height, job.width, pipe.vae_scale_factor), job)
+
+
+@dataclass
+class ZImageMember(LoopMember):
+    """A Z-Image member: its prompt embeddings are a list (one tensor per prompt, each its own length)."""
+
+    embeds: list[torch.Tensor] = field(default_factory=list)
+    negative: list[torch.Tensor] = field(default_factory=list)
+    t_norms: list[float] | None = None  # CFG is off at a step whose t-norm passes cfg_truncation
+    truncation: float = 1.0
+    normalization: float = 0.0
+
+    def scale_now(self) -> float:
+        if self.t_norms is not None and self.t_norms[self.done] > self.truncation:
+            return 0.0
+        return self.job.guidance_scale
+
+
+class ZImageLoop(_FlowLoop):
+    """``joining.Loop`` for ``ZImagePipeline`` (see the module docstring)."""
+
+    def _enter(self, job: InferenceJob) -> LoopMember:
+        pipe, device = self.pipe, self.device
+        signature = inspect.signature(pipe.__call__).parameters
+        cfg = job.guidance_scale > 0
+        embeds, negative = pipe.encode_prompt(
+            prompt=list(job.prompts),  # encode_prompt templates the list in place: a fresh one
+            negative_prompt=_negatives(self, job),
+            do_classifier_free_guidance=cfg,
+            device=device,
+            max_sequence_length=_call_default(pipe, "max_sequence_length", 512),
+        )
+        latents = pipe.prepare_latents(
+            job.num_images,
+            pipe.transformer.in_channels,
+            job.height,
+            job.width,
+            torch.float32,
+            device,
+            generators_of(job),
+            None,
+        )
+        scheduler = samplers.build(self.model.base_scheduler, job.scheduler)
+        tokens = (latents.shape[2] // 2) * (latents.shape[3] // 2)
+        mu = _shift(scheduler.config, tokens, z_shift)
+        sigmas = get_default_z_image_sigmas(job.num_inference_steps)
+        timesteps, _ = retrieve_timesteps(scheduler, job.num_inference_steps, device, sigmas=sigmas, mu=mu)
+        scheduler.set_begin_index(0)
+        truncation = float(signature["cfg_truncation"].default)
+        normalization = float(signature["cfg_normalization"].default or 0.0)
+        t_norms = ((1000 - timesteps.float()) / 1000).tolist() if cfg and truncation <= 1 else None
+        return ZImageMember(job=job, scheduler=scheduler, timesteps=timesteps, latents=latents, cfg=cfg, rows_of={},
+                       embeds=list(embeds), negative=list(negative) if cfg else [], t_norms=t_norms,
+                       truncation=truncation, normalization=normalization)  # fmt: skip
+
+    def _predict(self, members: list[LoopMember]) -> list[torch.Tensor]:
+        transformer = self.pipe.transformer
+        latents: list[torch.Tensor] = []
+        embeds: list[torch.Tensor] = []
+        timesteps: list[torch.Tensor] = []
+        scales: list[float] = []
+        for m in members:
+            assert isinstance(m, ZImageMember)
+            scale = m.scale_now()
+            scales.append(scale)
+            t = ((1000 - m.timestep.expand(m.images)) / 1000).to(torch.float32)
+            frames = m.latents.to(transformer.dtype).unsqueeze(2)
+            if m.cfg and scale > 0:
+                latents += [*frames.unbind(0), *frames.unbind(0)]
+                embeds += [*m.embeds, *m.negative]
+                timesteps += [t, t]
+            else:
+                latents += list(frames.unbind(0))
+                embeds += list(m.embeds)
+                timesteps.append(t)
+        out = transformer(latents, torch.cat(timesteps), embeds, joint_attention_kwargs=None, return_dict=False)[0]
+        predictions: list[torch.Tensor] = []
+        start = 0
+        for m, scale in zip(members, scales):
+            assert isinstance(m, ZImageMember)
+            n = m.images
+            if m.cfg and scale > 0:
+                pos, neg = out[start : start + n], out[start + n : start + 2 * n]
+                start += 2 * n
+                rows: list[torch.Tensor] = [self._guided(p.float(), q.float(), scale, m.normalization)
+                                            for p, q in zip(pos, neg)]  # fmt: skip
+            else:
+                rows = [o.float() for o in out[start : start + n]]
+                start += n
+            predictions.append(-torch.stack(rows).squeeze(2).to(torch.float32))
+        return predictions
+
+    @staticmethod
+    def _guided(pos: torch.Tensor, neg: torch.Tensor, scale: float, normalization: float) -> torch.Tensor:
+        """The pipeline's CFG on one image, with its renormalisation when ``cfg_normalization`` is set."""
+        pred = pos + scale * (pos - neg)
+        if normalization > 0.0:
+            ceiling = torch.linalg.vector_norm(pos) * normalization
+            norm = torch.linalg.vector_norm(pred)
+            if norm > ceiling:
+                pred = pred * (ceiling / norm)
+        return pred
+
+    def _pixels(self, latents: torch.Tensor, job: InferenceJob) -> list[Image.Image]:
+        return super()._pixels(latents.to(self.pipe.vae.dtype), job)

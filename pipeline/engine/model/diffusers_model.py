@@ -171,8 +171,7 @@ class DiffusersModel:
             from ..loop.loop_sd import SDLoop
 
             return SDLoop(self)
-        from ..loop.loop_flow import FluxLoop, SD3Loop
-        from ..loop.loop_flow_2026 import ChromaLoop, ZImageLoop
+        from ..loop.loop_flow import ChromaLoop, FluxLoop, SD3Loop, ZImageLoop
 
         loops: dict[str, type[MemberLoop]] = {
             "flux": FluxLoop, "sd3": SD3Loop, "chroma": ChromaLoop, "z-image": ZImageLoop}  # fmt: skip

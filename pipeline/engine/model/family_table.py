@@ -56,7 +56,7 @@ class Family:
     output: str = "images"  # the attribute of the pipeline's output holding the pictures
     bf16: bool = False  # trained in bf16: fp16 overflows (black images), so bf16 on a GPU
     samplers: bool = False  # A1111's samplers apply (DDPM-family noise or v prediction)
-    loop: str | None = None  # the step-level loop (engine.loop.loop_sd / loop_flow / loop_flow_2026), else job-level
+    loop: str | None = None  # the step-level loop (engine.loop.loop_sd / loop_flow), else job-level
     fixed: dict[str, Any] = field(default_factory=dict)  # arguments every call carries
     default_size: int | None = None  # what __call__ draws with no size, where the pipeline does not say
     step_choices: tuple[int, ...] = ()  # only these step counts run (empty: any in the range)

@@ -1,17 +1,17 @@
-"""Tiny random-weight pipelines for Sana Sprint, Krea 2, Ideogram 4, Lumina 2, CogView4, SD-Turbo and LCM-SDXL.
+"""Tiny random-weight pipelines of Krea 2 (``krea2``), Ideogram 4 (``ideogram4``), Lumina 2 (``lumina2``) and
+CogView4 (``cogview4``).
 
 The components follow diffusers' own test components (``get_dummy_components()`` in
-``tests/pipelines/{sana/test_sana_sprint,krea2/test_krea2,lumina2/test_pipeline_lumina2,cogview4/test_cogview4}.py``
+``tests/pipelines/{krea2/test_krea2,lumina2/test_pipeline_lumina2,cogview4/test_cogview4}.py``
 and, for Ideogram 4, which has no pipeline test, ``tests/lora/test_lora_layers_ideogram4.py``), with the
 constructors of the installed diffusers 0.42.1, and with the real checkpoints' values wherever the app reads them:
-the VAE downsampling (8, DC-AE 32), latent channels, patch sizes, the denoisers' ``sample_size``, the
-``__call__``-relevant config flags (``guidance_embeds``, ``is_distilled``, ``time_cond_proj_dim``) and the
-schedulers' configs. Nothing is downloaded: the tokenizers are built here (Qwen2 byte-level BPE with the Qwen chat
-template, GLM-4's ``PreTrainedTokenizerFast`` with its ``[gMASK]<sop>`` prefix) or come from ``tests.families``
-(CLIP, Gemma), as do the CLIP text encoders, the KL VAEs and the Sana pieces Sana Sprint shares.
+the VAE downsampling, latent channels, patch sizes, the denoisers' ``sample_size``, the ``__call__``-relevant
+config flags (Krea 2's ``is_distilled``) and the schedulers' configs. Nothing is downloaded: the
+tokenizers are built here (Qwen2 byte-level BPE with the Qwen chat template, GLM-4's ``PreTrainedTokenizerFast``
+with its ``[gMASK]<sop>`` prefix) or come from ``tests.builds.components`` (Gemma), as do Gemma 2 and the KL VAEs.
 
-    from tests.builds_c import BUILDS
-    pipe = BUILDS["sana-sprint"]()
+    from tests.builds.krea_ideogram_lumina_cogview import BUILDS
+    pipe = BUILDS["cogview4"]()
 """
 
 from __future__ import annotations
@@ -19,18 +19,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from tests.families import (
-    _SD_BETAS,
-    _WORDS,
-    SEED,
-    _build_sana,
-    _build_sdxl,
-    _clip_text,
-    _vae_kl,
-    _vae_sd,
-    make_clip_tokenizer,
-    make_gemma_tokenizer,
-)
+from tests.builds.components import SEED, WORDS, gemma2_encoder, in_eval_mode, make_gemma_tokenizer, vae_kl
 
 # --------------------------------------------------------------------------------------------
 # Tokenizers.
@@ -109,7 +98,7 @@ def _byte_level_bpe() -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
     ("Ġword"), is a single token; learned once per process."""
     from pipeline.default_model.architecture import bytes_to_unicode, learn_merges
 
-    words = sorted(set(_WORDS) | set(_TEMPLATE_WORDS))
+    words = sorted(set(WORDS) | set(_TEMPLATE_WORDS))
     split: dict[str, tuple[str, ...]] = {}
     for w in words:
         split["\u0120" + w] = tuple("\u0120" + w)
@@ -221,85 +210,8 @@ def _qwen3_vl(tokenizer: Any, *, hidden: int, layers: int, seed: int) -> Any:
     return Qwen3VLModel(config).eval()
 
 
-def _gemma2(tokenizer: Any, seed: int) -> Any:
-    """Gemma 2 (gemma-2-2b) shrunk to hidden 32, as ``tests.families``' Sana uses it."""
-    import torch
-    from transformers import Gemma2Config, Gemma2Model
-
-    torch.manual_seed(seed)
-    return Gemma2Model(
-        Gemma2Config(
-            vocab_size=len(tokenizer),
-            hidden_size=32,  # real: 2304
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            head_dim=16,
-            max_position_embeddings=8192,
-            query_pre_attn_scalar=16,
-            sliding_window=4096,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            bos_token_id=tokenizer.bos_token_id,
-        )
-    )
-
-
 # --------------------------------------------------------------------------------------------
 # Families.
-
-
-def _eval(pipe: Any) -> Any:
-    """Every model in eval mode, as ``from_pretrained`` leaves them (CogView4's transformer, e.g., computes
-    differently in training mode), so the in-memory pipeline and its saved-and-loaded copy give the same pixels."""
-    import torch
-
-    for component in pipe.components.values():
-        if isinstance(component, torch.nn.Module):
-            component.eval()
-    return pipe
-
-
-def build_sana_sprint() -> Any:
-    """Sana_Sprint_1.6B_1024px_diffusers: Sana's Gemma 2 + DC-AE f32c32, a transformer with ``guidance_embeds``
-    (guidance is an embedding, scaled by ``guidance_embeds_scale`` 0.1; no CFG, no negative prompt) and
-    ``rms_norm_across_heads`` q/k norms, ``sample_size`` 32 (the only one resolution binning accepts), SCMScheduler."""
-    import torch
-    from diffusers import SanaSprintPipeline, SanaTransformer2DModel, SCMScheduler
-
-    sana = _build_sana()  # the tokenizer (SEED-free), Gemma 2 (SEED) and DC-AE (SEED + 2) of tests.families' Sana
-    torch.manual_seed(SEED + 1)
-    transformer = SanaTransformer2DModel(
-        in_channels=32,
-        out_channels=32,
-        num_attention_heads=2,  # real: 70
-        attention_head_dim=16,  # real: 32
-        num_layers=2,  # real: 20
-        num_cross_attention_heads=2,  # real: 20
-        cross_attention_head_dim=16,  # real: 112
-        cross_attention_dim=32,  # real: 2240
-        caption_channels=32,  # Gemma 2's hidden size (real: 2304)
-        mlp_ratio=2.5,
-        attention_bias=False,
-        sample_size=32,  # x32 = 1024 px
-        patch_size=1,
-        norm_elementwise_affine=False,
-        norm_eps=1e-6,
-        interpolation_scale=None,
-        guidance_embeds=True,
-        guidance_embeds_scale=0.1,
-        qk_norm="rms_norm_across_heads",
-    )
-    return _eval(
-        SanaSprintPipeline(
-            tokenizer=sana.tokenizer,
-            text_encoder=sana.text_encoder,
-            vae=sana.vae,
-            transformer=transformer,
-            scheduler=SCMScheduler(num_train_timesteps=1000, prediction_type="trigflow", sigma_data=0.5),
-        )
-    )
 
 
 def build_krea2() -> Any:
@@ -351,7 +263,7 @@ def build_krea2() -> Any:
         base_image_seq_len=256,
         max_image_seq_len=6400,
     )
-    return _eval(
+    return in_eval_mode(
         Krea2Pipeline(
             scheduler=scheduler,
             vae=vae,
@@ -405,7 +317,7 @@ def build_ideogram4() -> Any:
         sample_size=1024,
         patch_size=(2, 2),
     )
-    return _eval(
+    return in_eval_mode(
         Ideogram4Pipeline(
             scheduler=FlowMatchEulerDiscreteScheduler(
                 num_train_timesteps=1000, shift=1.0
@@ -426,7 +338,7 @@ def build_lumina2() -> Any:
     from diffusers import FlowMatchEulerDiscreteScheduler, Lumina2Pipeline, Lumina2Transformer2DModel
 
     tokenizer = make_gemma_tokenizer()
-    text_encoder = _gemma2(tokenizer, SEED)
+    text_encoder = gemma2_encoder(tokenizer, SEED)
     torch.manual_seed(SEED + 1)
     transformer = Lumina2Transformer2DModel(
         sample_size=128,  # x8 = 1024 px
@@ -445,11 +357,11 @@ def build_lumina2() -> Any:
         axes_lens=(300, 512, 512),
         cap_feat_dim=32,  # Gemma 2's hidden size (real: 2304)
     )
-    vae = _vae_kl(
+    vae = vae_kl(
         16, 1024, SEED + 2, scaling_factor=0.3611, shift_factor=0.1159, use_quant_conv=False, use_post_quant_conv=False
     )
     scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=6.0, use_dynamic_shifting=False)
-    return _eval(
+    return in_eval_mode(
         Lumina2Pipeline(
             transformer=transformer, scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer
         )
@@ -513,89 +425,16 @@ def build_cogview4() -> Any:
     scheduler = FlowMatchEulerDiscreteScheduler(
         base_shift=0.25, max_shift=0.75, base_image_seq_len=256, use_dynamic_shifting=True, time_shift_type="linear"
     )
-    return _eval(
+    return in_eval_mode(
         CogView4Pipeline(
             tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, transformer=transformer, scheduler=scheduler
         )
     )
 
 
-def build_sd_turbo() -> Any:
-    """stabilityai/sd-turbo: SD 2.1-base (OpenCLIP text encoder, 512 px epsilon UNet) with Euler, trailing spacing;
-    adversarially distilled for 1 step at guidance 0.0 (no CFG, no negative prompt)."""
-    import torch
-    from diffusers import EulerDiscreteScheduler, StableDiffusionPipeline, UNet2DConditionModel
-
-    tokenizer = make_clip_tokenizer(pad_token="!")  # OpenCLIP ViT-H pads with "!"
-    text_encoder = _clip_text(tokenizer, 48, 32, act="gelu", with_projection=False, seed=SEED)
-    torch.manual_seed(SEED + 1)
-    unet = UNet2DConditionModel(
-        sample_size=64,  # x8 = 512 px
-        in_channels=4,
-        out_channels=4,
-        layers_per_block=1,
-        block_out_channels=(16, 16, 32, 32),
-        down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
-        cross_attention_dim=48,
-        attention_head_dim=(2, 2, 4, 4),  # SD 2.x: (5, 10, 20, 20) heads
-        use_linear_projection=True,
-        norm_num_groups=8,
-    )
-    scheduler = EulerDiscreteScheduler(
-        **_SD_BETAS,
-        steps_offset=1,
-        timestep_spacing="trailing",
-        interpolation_type="linear",
-        use_karras_sigmas=False,
-        prediction_type="epsilon",
-    )
-    return _eval(
-        StableDiffusionPipeline(
-            vae=_vae_sd(512, SEED + 2),
-            text_encoder=text_encoder,
-            tokenizer=tokenizer,
-            unet=unet,
-            scheduler=scheduler,
-            safety_checker=None,
-            feature_extractor=None,
-            requires_safety_checker=False,
-        )
-    )
-
-
-def build_sdxl_lcm() -> Any:
-    """SDXL base with latent-consistency/lcm-sdxl's UNet (``time_cond_proj_dim`` 256: guidance is an embedding,
-    no CFG, the negative prompt unused) and ``LCMScheduler.from_config`` of SDXL's scheduler, as the model card does."""
-    import torch
-    from diffusers import LCMScheduler, StableDiffusionXLPipeline, UNet2DConditionModel
-
-    sdxl = _build_sdxl()  # tests.families' SDXL: the same encoders (SEED, SEED + 3) and VAE (SEED + 2)
-    torch.manual_seed(SEED + 1)
-    config = {k: v for k, v in sdxl.unet.config.items() if not k.startswith("_")}  # "_use_default_values" would
-    unet = UNet2DConditionModel.from_config({**config, "time_cond_proj_dim": 256})  # reset time_cond_proj_dim
-    return _eval(
-        StableDiffusionXLPipeline(
-            vae=sdxl.vae,
-            text_encoder=sdxl.text_encoder,
-            text_encoder_2=sdxl.text_encoder_2,
-            tokenizer=sdxl.tokenizer,
-            tokenizer_2=sdxl.tokenizer_2,
-            unet=unet,
-            # = LCMScheduler.from_config(SDXL's Euler config), as the card does, less the Euler-only keys
-            scheduler=LCMScheduler(**_SD_BETAS, steps_offset=1, timestep_spacing="leading", prediction_type="epsilon"),
-            force_zeros_for_empty_prompt=True,
-            add_watermarker=False,
-        )
-    )
-
-
 BUILDS: dict[str, Callable[[], Any]] = {
-    "sana-sprint": build_sana_sprint,
     "krea2": build_krea2,
     "ideogram4": build_ideogram4,
     "lumina2": build_lumina2,
     "cogview4": build_cogview4,
-    "sd-turbo": build_sd_turbo,
-    "sdxl-lcm": build_sdxl_lcm,
 }

@@ -1,5 +1,6 @@
-"""Tiny random-weight pipelines of six more families: Qwen-Image, Z-Image (Turbo and base), HiDream-I1,
-HunyuanImage-2.1 and Kandinsky 5.0 T2I, built in memory in a few seconds.
+"""Tiny random-weight pipelines of Qwen-Image (``qwen-image``), Z-Image (``z-image-turbo``, ``z-image``),
+HiDream-I1 (``hidream``), HunyuanImage-2.1 (``hunyuanimage-2.1``) and Kandinsky 5.0 T2I (``kandinsky5``),
+built in memory in a few seconds.
 
 The components follow diffusers' own test components (``get_dummy_components()`` in
 ``tests/pipelines/{qwenimage,z_image,hidream_image,hunyuan_image_21,kandinsky5}/test_*.py`` of the diffusers
@@ -12,9 +13,9 @@ same classes: byte-level BPE ``Qwen2Tokenizer`` (Qwen2.5-VL / Qwen3) and a Llama
 ``PreTrainedTokenizerFast`` learned from the default model's word list plus the words of the pipelines' fixed
 prompt templates -- so that the templates tokenize to exactly as many tokens as with the real tokenizers (the
 pipelines drop that many leading hidden states: 34 for Qwen-Image / HunyuanImage, 40 for Kandinsky 5) -- and the
-CLIP / T5 tokenizers of ``tests.families``; ByT5 needs no files. Text-encoder vocabularies are ``len(tokenizer)``.
+CLIP / T5 tokenizers of ``tests.builds.components``; ByT5 needs no files. Text-encoder vocabularies are ``len(tokenizer)``.
 
-    from tests.builds_b import BUILDS
+    from tests.builds.qwen_image_z_image_hidream_hunyuan_kandinsky import BUILDS
     pipe = BUILDS["qwen-image"]()          # a QwenImagePipeline, seeded random weights
 
 Kandinsky 5's ``tokenizer`` component is a ``Qwen2VLProcessor`` in the real checkpoint; its video processor needs
@@ -26,8 +27,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from pipeline.default_model.architecture import _CORPUS, bytes_to_unicode, learn_merges
-from tests.families import SEED, _t5_encoder, _vae_kl, make_clip_tokenizer, make_t5_tokenizer
+from pipeline.default_model.architecture import CORPUS, bytes_to_unicode, learn_merges
+from tests.builds.components import SEED, in_eval_mode, make_clip_tokenizer, make_t5_tokenizer, t5_encoder, vae_kl
 
 # --------------------------------------------------------------------------------------------
 # Byte-level BPE tokenizers (Qwen2 / Qwen3 / Llama 3 style), learned locally.
@@ -111,7 +112,7 @@ def _byte_bpe(extra_words: tuple[str, ...] = ()) -> tuple[dict[str, int], list[t
     becomes one token; the 256 byte symbols spell anything else."""
     byte_chars = list(bytes_to_unicode().values())
     space = bytes_to_unicode()[ord(" ")]
-    words = sorted(set(_CORPUS) | set(extra_words))
+    words = sorted(set(CORPUS) | set(extra_words))
     split = {}
     for w in words:
         split[w] = tuple(w)
@@ -255,17 +256,6 @@ def _clip_text_long(tokenizer: Any, hidden: int, projection: int, *, act: str, p
 # Families.
 
 
-def _eval(pipe: Any) -> Any:
-    """Every module in eval mode, as ``from_pretrained`` leaves them (T5's dropout is 0.1: a pipeline built in
-    train mode would not give the pixels of its saved-and-loaded copy)."""
-    import torch
-
-    for component in pipe.components.values():
-        if isinstance(component, torch.nn.Module):
-            component.eval()
-    return pipe
-
-
 def build_qwen_image() -> Any:
     """``QwenImagePipeline`` like Qwen/Qwen-Image: Qwen2.5-VL text encoder, 16-channel 8x Wan-style VAE,
     2x2-packed latents (``in_channels`` 64), no guidance embedding (true CFG), 1024 px default."""
@@ -317,7 +307,7 @@ def build_qwen_image() -> Any:
         use_exponential_sigmas=False,
         use_beta_sigmas=False,
     )
-    return _eval(
+    return in_eval_mode(
         QwenImagePipeline(
             scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer
         )
@@ -371,7 +361,7 @@ def _build_z_image(*, turbo: bool) -> Callable[[], Any]:
             transformer.x_pad_token.copy_(torch.ones_like(transformer.x_pad_token))
             transformer.cap_pad_token.copy_(torch.ones_like(transformer.cap_pad_token))
         # The FLUX.1 VAE's configuration (Z-Image ships its own weights for it).
-        vae = _vae_kl(
+        vae = vae_kl(
             16,
             1024,
             SEED + 2,
@@ -384,7 +374,7 @@ def _build_z_image(*, turbo: bool) -> Callable[[], Any]:
         scheduler = FlowMatchEulerDiscreteScheduler(
             num_train_timesteps=1000, shift=3.0 if turbo else 6.0, use_dynamic_shifting=False
         )
-        return _eval(
+        return in_eval_mode(
             ZImagePipeline(
                 scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer
             )
@@ -411,7 +401,7 @@ def build_hidream() -> Any:
     tokenizer_4 = make_llama3_tokenizer()
     text_encoder = _clip_text_long(tokenizer, 32, 32, act="quick_gelu", positions=248, seed=SEED)  # L: 768
     text_encoder_2 = _clip_text_long(tokenizer_2, 64, 64, act="gelu", positions=248, seed=SEED + 3)  # G: 1280
-    text_encoder_3 = _t5_encoder(tokenizer_3, 64, seed=SEED + 4)
+    text_encoder_3 = t5_encoder(tokenizer_3, 64, seed=SEED + 4)
     torch.manual_seed(SEED + 5)
     text_encoder_4 = LlamaForCausalLM(
         LlamaConfig(
@@ -445,14 +435,14 @@ def build_hidream() -> Any:
         max_resolution=(128, 128),  # real: max_seq 4096 patches (1024x1024 px)
         llama_layers=[0, 1],  # one Llama hidden state per block (real: 48 indices into 32 layers)
     ).eval()
-    vae = _vae_kl(
+    vae = vae_kl(
         16, 1024, SEED + 2, scaling_factor=0.3611, shift_factor=0.1159, use_quant_conv=False, use_post_quant_conv=False
     )
     # HiDream-I1-Full: flow UniPC, shift 3.0 (Dev / Fast use FlowMatchEulerDiscreteScheduler, shift 6.0 / 3.0).
     scheduler = UniPCMultistepScheduler(
         num_train_timesteps=1000, prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0
     )
-    return _eval(
+    return in_eval_mode(
         HiDreamImagePipeline(
             scheduler=scheduler,
             vae=vae,
@@ -535,7 +525,7 @@ def build_hunyuanimage_2_1() -> Any:
     scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=5.0)
     guider = AdaptiveProjectedMixGuidance(guidance_scale=3.5, adaptive_projected_guidance_start_step=5)
     ocr_guider = AdaptiveProjectedMixGuidance(guidance_scale=3.5, adaptive_projected_guidance_start_step=38)
-    return _eval(
+    return in_eval_mode(
         HunyuanImagePipeline(
             scheduler=scheduler,
             vae=vae,
@@ -594,11 +584,11 @@ def build_kandinsky5() -> Any:
         visual_cond=False,
         attention_type="regular",
     )
-    vae = _vae_kl(
+    vae = vae_kl(
         16, 1024, SEED + 2, scaling_factor=0.3611, shift_factor=0.1159, use_quant_conv=False, use_post_quant_conv=False
     )
     scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0)
-    return _eval(
+    return in_eval_mode(
         Kandinsky5T2IPipeline(
             transformer=transformer,
             vae=vae,

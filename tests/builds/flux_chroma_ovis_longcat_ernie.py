@@ -1,7 +1,10 @@
-"""Tiny random-weight pipelines of the FLUX.2, Chroma, Ovis-Image, LongCat-Image and ERNIE-Image families.
+"""Tiny random-weight pipelines of FLUX and the families built on its parts: FLUX.1 (``flux-schnell``,
+``flux-dev``), FLUX.2 (``flux2-dev``, ``flux2-klein``, ``flux2-klein-base``), Chroma (``chroma``), Ovis-Image
+(``ovis-image``), LongCat-Image (``longcat-image``) and ERNIE-Image (``ernie-image``).
 
-The components follow diffusers' own test components (``get_dummy_components()`` in
-``tests/pipelines/flux2/test_pipeline_flux2.py``, ``.../flux2/test_pipeline_flux2_klein.py``,
+FLUX.1 is built from configs like the Stable Diffusion builds (CLIP-L pooled + T5, its 16-channel KL VAE,
+latents packed 2x2, the real schedulers' configs). The others' components follow diffusers' own test
+components (``get_dummy_components()`` in ``tests/pipelines/flux2/test_pipeline_flux2.py``, ``.../flux2/test_pipeline_flux2_klein.py``,
 ``.../chroma/test_pipeline_chroma.py``, ``.../ovis_image/test_ovis_image.py``; LongCat-Image and
 ERNIE-Image have no pipeline test there, so their denoisers follow
 ``tests/models/transformers/test_models_transformer_{longcat,ernie}_image.py`` and the rest mirrors
@@ -23,7 +26,7 @@ whose video-processor slot needs torchvision) is a second ``Qwen2Tokenizer`` wit
 template, which serves the pipeline's prompt rewriting (``apply_chat_template``, ``__call__(text=...)``,
 ``batch_decode``).
 
-    from tests.builds_a import BUILDS
+    from tests.builds.flux_chroma_ovis_longcat_ernie import BUILDS
     pipe = BUILDS["flux2-klein"]()
 """
 
@@ -32,10 +35,10 @@ from __future__ import annotations
 from functools import cache
 from typing import Any, Callable
 
-from pipeline.default_model.architecture import _CORPUS, bytes_to_unicode, learn_merges
-from tests.families import SEED, make_t5_tokenizer
+from pipeline.default_model.architecture import CORPUS, bytes_to_unicode, learn_merges
+from tests.builds.components import SEED, clip_text, make_clip_tokenizer, make_t5_tokenizer, t5_encoder
 
-_WORDS: list[str] = sorted(set(_CORPUS))
+_WORDS: list[str] = sorted(set(CORPUS))
 _CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,:;!?'\"-()[]/&+*=_#%@<>"
 _BPE_MERGES = 200
 
@@ -320,8 +323,10 @@ def _scheduler(kind: str) -> Any:
         return FlowMatchEulerDiscreteScheduler(
             **flux, shift=3.0, use_dynamic_shifting=True, time_shift_type="exponential"
         )
-    if kind == "flux1-dev":  # Chroma1-HD, Ovis-Image-7B, LongCat-Image: FLUX.1-dev's
+    if kind == "flux1-dev":  # FLUX.1-dev, Chroma1-HD, Ovis-Image-7B, LongCat-Image: FLUX.1-dev's
         return FlowMatchEulerDiscreteScheduler(**flux, shift=3.0, use_dynamic_shifting=True)
+    if kind == "flux1-schnell":
+        return FlowMatchEulerDiscreteScheduler(**flux, shift=1.0, use_dynamic_shifting=False)
     if kind == "ernie":  # the pipeline passes sigmas and no mu: dynamic shifting must be off
         return FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=False)
     raise KeyError(kind)
@@ -329,6 +334,42 @@ def _scheduler(kind: str) -> Any:
 
 # --------------------------------------------------------------------------------------------
 # Families.
+
+
+def _build_flux1(*, guidance_embeds: bool) -> Callable[[], Any]:
+    def build() -> Any:
+        import torch
+        from diffusers import FluxPipeline, FluxTransformer2DModel
+
+        tokenizer = make_clip_tokenizer()
+        tokenizer_2 = make_t5_tokenizer(512)
+        text_encoder = clip_text(tokenizer, 32, 32, act="quick_gelu", with_projection=False, seed=SEED)
+        text_encoder_2 = t5_encoder(tokenizer_2, 64, seed=SEED + 4)
+        torch.manual_seed(SEED + 1)
+        transformer = FluxTransformer2DModel(
+            patch_size=1,
+            in_channels=64,  # 16 latent channels packed 2x2
+            num_layers=1,  # real: 19
+            num_single_layers=2,  # real: 38
+            attention_head_dim=16,  # real: 128
+            num_attention_heads=2,  # real: 24
+            joint_attention_dim=64,  # T5's d_model
+            pooled_projection_dim=32,  # CLIP-L's pooled output
+            guidance_embeds=guidance_embeds,
+            axes_dims_rope=(4, 6, 6),  # real: (16, 56, 56); sums to the head dim
+        )
+        vae = _vae_flux1(SEED + 2)
+        return FluxPipeline(
+            scheduler=_scheduler("flux1-dev" if guidance_embeds else "flux1-schnell"),
+            vae=vae,
+            text_encoder=text_encoder,
+            tokenizer=tokenizer,
+            text_encoder_2=text_encoder_2,
+            tokenizer_2=tokenizer_2,
+            transformer=transformer,
+        )
+
+    return build
 
 
 def build_flux2_dev() -> Any:
@@ -592,6 +633,8 @@ def build_ernie_image() -> Any:
 
 
 BUILDS: dict[str, Callable[[], Any]] = {
+    "flux-schnell": _build_flux1(guidance_embeds=False),
+    "flux-dev": _build_flux1(guidance_embeds=True),
     "flux2-dev": build_flux2_dev,
     "flux2-klein": build_flux2_klein,
     "flux2-klein-base": build_flux2_klein_base,
