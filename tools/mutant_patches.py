@@ -57,15 +57,15 @@ def _thread_per_job() -> None:
 def _gate_wraps_whole_request() -> None:
     from pipeline.serving.local import LocalAdapter
 
-    original = LocalAdapter._request
+    original = LocalAdapter.run
 
-    async def _request(self: Any, *args: Any) -> Any:
+    async def run(self: Any, *args: Any, **kwargs: Any) -> Any:
         whole = self.__dict__.setdefault("_mutant_whole", asyncio.Semaphore(1))
         async with whole:
-            async for event in original(self, *args):
+            async for event in original(self, *args, **kwargs):
                 yield event
 
-    LocalAdapter._request = _request  # type: ignore[method-assign, assignment]
+    LocalAdapter.run = run  # type: ignore[method-assign]
 
 
 def _release_gate_on_cancel() -> None:

@@ -151,84 +151,88 @@ class RayAdapter(AdapterBase):
         super().close()
 
     # -- the request -----------------------------------------------------------------------------
-    async def _request(
+    async def run(
         self,
         raw: Mapping[str, Any],
-        request_id: str | None,
-        alive: Callable[[], bool] | None,
+        *,
+        request_id: str | None = None,
+        alive: Callable[[], bool] | None = None,
         user: str | None = None,  # only for the disk share: Ray Serve's own queue orders the replicas' requests
     ) -> AsyncGenerator[Event, None]:
-        loop = asyncio.get_running_loop()
-        # 1. Prepare on the front end: a bad field is answered here, before any replica sees it. The
-        #    seed is resolved here too, so the replica draws exactly what the caller will be told.
-        request = await loop.run_in_executor(self._pool, lambda: validate(raw, self.limits, request_id=request_id))
-        forward = {**dict(raw), "seed": request.seed, "randomize_seed": False}
-        ticket = self._line.join(None)
-        started: Started | None = None
-        done: RemoteDone | None = None
-        try:
-            for attempt in range(RETRIES_BEFORE_START + 1):
-                call = self.handle.generate.remote(forward, request.request_id)
-                self._calls.add(call)
-                gone = asyncio.Event()
+        """One request through a replica; see ``Adapter.run``."""
+        with self.accounted():
+            loop = asyncio.get_running_loop()
+            # 1. Prepare on the front end: a bad field is answered here, before any replica sees it. The
+            #    seed is resolved here too, so the replica draws exactly what the caller will be told.
+            request = await loop.run_in_executor(self._pool, lambda: validate(raw, self.limits, request_id=request_id))
+            forward = {**dict(raw), "seed": request.seed, "randomize_seed": False}
+            ticket = self._line.join(None)
+            started: Started | None = None
+            done: RemoteDone | None = None
+            try:
+                for attempt in range(RETRIES_BEFORE_START + 1):
+                    call = self.handle.generate.remote(forward, request.request_id)
+                    self._calls.add(call)
+                    gone = asyncio.Event()
 
-                def caller_gone(call: Any = call, gone: asyncio.Event = gone) -> None:
-                    gone.set()
-                    _cancel(call)
+                    def caller_gone(call: Any = call, gone: asyncio.Event = gone) -> None:
+                        gone.set()
+                        _cancel(call)
 
-                try:
-                    with self.liveness.watching(alive, caller_gone):
-                        # 2./3. Wait for a replica, then relay its steps.
-                        async for item in self._relay(call, ticket):
-                            if isinstance(item, Started):
-                                started = item
-                                self.started[request.request_id] = item
-                                self._line.leave(ticket)
-                                self.running += 1
-                                self._line.notify()
-                            elif isinstance(item, RemoteDone):
-                                done = item
-                            else:
-                                yield item
-                    break
-                except BaseException as exc:
-                    _cancel(call)
-                    if gone.is_set():
-                        raise Cancelled("the caller went away") from None
-                    if isinstance(exc, (GeneratorExit, asyncio.CancelledError)):
-                        raise
-                    error = classify(exc, request.request_id, self.queue_size)
-                    if self.closing and not isinstance(error, ShuttingDown):
-                        raise ShuttingDown(SHUTDOWN_MESSAGE + " Your job was stopped.") from None
-                    if isinstance(error, ReplicaDead) and started is None and attempt < RETRIES_BEFORE_START:
-                        log.warning(
-                            "request %s: its replica went away before starting it; sending it again", request.request_id
-                        )
-                        continue
-                    if isinstance(error, ReplicaDead):
-                        log.error(
-                            "request %s: the replica %s died during the job",
-                            request.request_id,
-                            started.replica if started else "?",
-                        )
-                    raise error from None
-                finally:
-                    self._calls.discard(call)
-        finally:
-            self._line.leave(ticket)
-            self.started.pop(request.request_id, None)
-            if started is not None:
-                self.running -= 1
-            self._line.notify()
-        if done is None:
-            raise GenerationFailed(request.request_id)
-        # 4. Finalize on the front end: write the replica's PNGs where the app serves files from.
-        paths = await loop.run_in_executor(self._pool, self._write, done, user)
-        info = dict(done.info)
-        info["backend"] = "ray"
-        self.metrics.images.inc(len(paths))
-        self.metrics.inference.observe(info["durations_ms"]["inference"] / 1000)
-        yield Done(paths, info)
+                    try:
+                        with self.liveness.watching(alive, caller_gone):
+                            # 2./3. Wait for a replica, then relay its steps.
+                            async for item in self._relay(call, ticket):
+                                if isinstance(item, Started):
+                                    started = item
+                                    self.started[request.request_id] = item
+                                    self._line.leave(ticket)
+                                    self.running += 1
+                                    self._line.notify()
+                                elif isinstance(item, RemoteDone):
+                                    done = item
+                                else:
+                                    yield item
+                        break
+                    except BaseException as exc:
+                        _cancel(call)
+                        if gone.is_set():
+                            raise Cancelled("the caller went away") from None
+                        if isinstance(exc, (GeneratorExit, asyncio.CancelledError)):
+                            raise
+                        error = classify(exc, request.request_id, self.queue_size)
+                        if self.closing and not isinstance(error, ShuttingDown):
+                            raise ShuttingDown(SHUTDOWN_MESSAGE + " Your job was stopped.") from None
+                        if isinstance(error, ReplicaDead) and started is None and attempt < RETRIES_BEFORE_START:
+                            log.warning(
+                                "request %s: its replica went away before starting it; sending it again",
+                                request.request_id,
+                            )
+                            continue
+                        if isinstance(error, ReplicaDead):
+                            log.error(
+                                "request %s: the replica %s died during the job",
+                                request.request_id,
+                                started.replica if started else "?",
+                            )
+                        raise error from None
+                    finally:
+                        self._calls.discard(call)
+            finally:
+                self._line.leave(ticket)
+                self.started.pop(request.request_id, None)
+                if started is not None:
+                    self.running -= 1
+                self._line.notify()
+            if done is None:
+                raise GenerationFailed(request.request_id)
+            # 4. Finalize on the front end: write the replica's PNGs where the app serves files from.
+            paths = await loop.run_in_executor(self._pool, self._write, done, user)
+            info = dict(done.info)
+            info["backend"] = "ray"
+            self.metrics.images.inc(len(paths))
+            self.metrics.inference.observe(info["durations_ms"]["inference"] / 1000)
+            yield Done(paths, info)
 
     async def _relay(self, call: Any, ticket: int) -> AsyncGenerator[Any, None]:
         """The remote stream; until the replica starts the request, ``Waiting`` as the line moves."""

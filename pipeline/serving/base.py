@@ -122,15 +122,6 @@ class AdapterBase:
         self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="prep-finalize")
 
     # -- what each adapter provides ------------------------------------------------------------
-    def _request(
-        self,
-        raw: Mapping[str, Any],
-        request_id: str | None,
-        alive: Callable[[], bool] | None,
-        user: str | None = None,
-    ) -> AsyncGenerator[Event, None]:
-        raise NotImplementedError
-
     def _health_fields(self) -> tuple[bool, bool, dict[str, Any]]:
         """(dead, degraded, the adapter's own fields) for ``health``."""
         raise NotImplementedError
@@ -151,7 +142,7 @@ class AdapterBase:
         raise NotImplementedError
 
     # -- the request -------------------------------------------------------------------------
-    async def run(
+    def run(
         self,
         raw: Mapping[str, Any],
         *,
@@ -161,6 +152,8 @@ class AdapterBase:
     ) -> AsyncGenerator[Event, None]:
         """Yield ``Waiting``/``Step`` progress, then one ``Done``; or raise a ``ServingError``.
 
+        Each adapter's ``run`` is one async generator whose body runs inside ``accounted``.
+
         ``user`` (optional) says who asked (the web layer's ``request_caller``, its ``Caller.key``); the local line is
         fair across users and caps each one's waiting requests. None: a user of its own.
 
@@ -168,22 +161,19 @@ class AdapterBase:
         while the request waits or infers, so a caller that vanished without a cancel leaves the
         line, or stops the model at the next step, without waiting for the next yield.
         """
-        self._loop = asyncio.get_running_loop()
-        async with contextlib.aclosing(self._accounted(self._request(raw, request_id, alive, user))) as events:
-            async for event in events:
-                yield event
+        raise NotImplementedError
 
-    async def _accounted(self, stages: AsyncGenerator[Event, None]) -> AsyncGenerator[Event, None]:
-        """Stream one request's events, counting it: in flight, its outcome, failures in a row."""
+    @contextlib.contextmanager
+    def accounted(self) -> Iterator[None]:
+        """Count one request around an adapter's ``run``: in flight, its outcome, failures in a row."""
+        self._loop = asyncio.get_running_loop()
         self.in_flight += 1
         self.metrics.in_flight.inc()
         outcome = "failed"
         try:
             if self.closing:
                 raise ShuttingDown(SHUTDOWN_MESSAGE)
-            async with contextlib.aclosing(stages):
-                async for event in stages:
-                    yield event
+            yield
             outcome = "completed"
         except (InvalidRequest, RetryLater):
             outcome = "rejected"

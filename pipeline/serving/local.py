@@ -160,68 +160,72 @@ class LocalAdapter(AdapterBase):
         self.streamer.shutdown(timeout=timeout)
 
     # -- the request -------------------------------------------------------------------------
-    async def _request(
+    async def run(
         self,
         raw: Mapping[str, Any],
-        request_id: str | None,
-        alive: Callable[[], bool] | None,
+        *,
+        request_id: str | None = None,
+        alive: Callable[[], bool] | None = None,
         user: str | None = None,
     ) -> AsyncGenerator[Event, None]:
-        loop = asyncio.get_running_loop()
-        t = Timings(received=self._clock())
-        stop = StopSignal()  # set: this request leaves; its job stops when nobody is left in it
+        """One request, in four numbered steps (the module docstring); see ``Adapter.run``.
 
-        def caller_gone() -> None:
-            stop.set()
-            self._line.notify()
+        One async generator from the mailbox to the caller: a step crosses no other.
+        """
+        with self.accounted():
+            loop = asyncio.get_running_loop()
+            t = Timings(received=self._clock())
+            stop = StopSignal()  # set: this request leaves; its job stops when nobody is left in it
 
-        with self.liveness.watching(alive, caller_gone):
-            # 1. Prepare. A bad field fails here, before any GPU work. Checking the fields takes
-            #    microseconds, so it runs on the loop; counting a prompt's tokens (only one that
-            #    might not fit its text encoders' windows: ``token_windows.fits_every_window``) may ask
-            #    the model process, so it runs off the loop, concurrently.
-            t.prepare_start = self._clock()
-            request = validate(raw, self.limits, request_id=request_id)
-            if needs_token_count(request, self.limits):
-                request = await loop.run_in_executor(self._pool, self._count_tokens, request)
-            t.prepare_end = t.gpu_wait_start = self._clock()
+            def caller_gone() -> None:
+                stop.set()
+                self._line.notify()
 
-            # 2. Wait in line for the GPU, in a fair order across users (round-robin, ``WaitLine.order``);
-            #    a user already at the cap is answered at once. The scheduler takes it into a batch.
-            cap = self.max_waiting_per_user
-            if user is not None and cap is not None and (n := self.scheduler.waiting(user)) >= cap:
-                raise TooManyWaiting(n)
-            member = Entry(request, stop, contextvars.copy_context(), user=user)
-            self._start_scheduling()
-            self.scheduler.add(member)
-            end: End | None = None
-            try:
-                async for waiting in self._wait_turn(member):
-                    yield waiting
-                # 3. Infer: this request's steps from its job (its own, or a head's that took it along).
+            with self.liveness.watching(alive, caller_gone):
+                # 1. Prepare. A bad field fails here, before any GPU work. Checking the fields takes
+                #    microseconds, so it runs on the loop; counting a prompt's tokens (only one that
+                #    might not fit its text encoders' windows: ``token_windows.fits_every_window``) may ask
+                #    the model process, so it runs off the loop, concurrently.
+                t.prepare_start = self._clock()
+                request = validate(raw, self.limits, request_id=request_id)
+                if needs_token_count(request, self.limits):
+                    request = await loop.run_in_executor(self._pool, self._count_tokens, request)
+                t.prepare_end = t.gpu_wait_start = self._clock()
+
+                # 2. Wait in line for the GPU, in a fair order across users (round-robin, ``WaitLine.order``);
+                #    a user already at the cap is answered at once. The scheduler takes it into a batch.
+                cap = self.max_waiting_per_user
+                if user is not None and cap is not None and (n := self.scheduler.waiting(user)) >= cap:
+                    raise TooManyWaiting(n)
+                member = Entry(request, stop, contextvars.copy_context(), user=user)
+                self._start_scheduling()
+                self.scheduler.add(member)
+                end: End | None = None
                 try:
-                    async for item in member.relay():
-                        if isinstance(item, End):
-                            end = item
-                        else:
+                    async for waiting in self._wait_turn(member):
+                        yield waiting
+                    # 3. Infer: this request's steps from its job, straight from its mailbox, then its end.
+                    try:
+                        while not isinstance(item := await member.events.get(), End):
                             yield item
-                except BaseException:
-                    stop.set()  # this request leaves; its job stops if nobody else is left in it
-                    raise
-            finally:
-                self.scheduler.leave(member)
-        assert end is not None
-        result = self._outcome(request, end)
-        t.infer_start, t.infer_end = result.started, result.ended
+                        end = item
+                    except BaseException:
+                        stop.set()  # this request leaves; its job stops if nobody else is left in it
+                        raise
+                finally:
+                    self.scheduler.leave(member)
+            assert end is not None
+            result = self._outcome(request, end)
+            t.infer_start, t.infer_end = result.started, result.ended
 
-        # 4. Finalize: concurrent, off the loop.
-        t.finalize_start = self._clock()
-        paths = await loop.run_in_executor(self._pool, self._encode, request, result, user)
-        t.finalize_end = self._clock()
-        p = self.profile
-        info = info_record(request, result, t, p, end)
-        self._observe(info, len(paths))
-        yield Done(paths, info)
+            # 4. Finalize: concurrent, off the loop.
+            t.finalize_start = self._clock()
+            paths = await loop.run_in_executor(self._pool, self._encode, request, result, user)
+            t.finalize_end = self._clock()
+            p = self.profile
+            info = info_record(request, result, t, p, end)
+            self._observe(info, len(paths))
+            yield Done(paths, info)
 
     async def _wait_turn(self, member: Entry) -> AsyncGenerator[Waiting, None]:
         """Report "k ahead" until the scheduler takes ``member`` into a batch (or it stops, or we close)."""

@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextvars
 import itertools
 from dataclasses import dataclass, field
-from typing import AsyncGenerator, Hashable
+from typing import Hashable
 
 from ..protocol import InferenceJob, InferenceResult
 from ..request import GenerateRequest
@@ -64,14 +64,6 @@ class Entry:
     @property
     def images(self) -> int:
         return self.request.num_images
-
-    async def relay(self) -> AsyncGenerator[Step | End, None]:
-        """This request's steps as its batch runs, then its ``End``."""
-        while True:
-            item = await self.events.get()
-            yield item
-            if isinstance(item, End):
-                return
 
 
 def batch_key(request: GenerateRequest) -> tuple[Hashable, ...]:

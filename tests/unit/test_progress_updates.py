@@ -162,3 +162,42 @@ async def test_a_consumer_behind_gets_the_latest_step_and_preview_never_a_backlo
     box.put(Step(5, 5))
     box.put(end)
     assert [(await box.get()), (await box.get())] == [Step(5, 5), end]
+
+
+@pytest.mark.anyio
+async def test_a_step_reaches_the_caller_through_at_most_two_async_generators(make_adapter: Any) -> None:
+    """Issue 37: from a request's mailbox to the handler's yield, a step crosses the adapter's ``run``
+    and the handler's ``generate``, no other async generator (there were five). Counted on the real
+    handler over a ``LocalAdapter``: the async-generator frames on the stack when a step leaves the
+    mailbox."""
+    import inspect
+    import sys
+
+    from pipeline.serving.mailbox import Mailbox
+    from tests.fakes import FakeModel
+
+    adapter, _model = make_adapter(FakeModel())
+    depths: list[int] = []
+    original = Mailbox.get
+
+    async def get(self: Mailbox) -> Any:
+        item = await original(self)
+        frame, depth = sys._getframe(1), 0
+        while frame is not None:
+            depth += bool(frame.f_code.co_flags & inspect.CO_ASYNC_GENERATOR)
+            frame = frame.f_back
+        if isinstance(item, Step):
+            depths.append(depth)
+        return item
+
+    with gr.Blocks() as demo:
+        pass
+    generate = make_generate(adapter, demo)
+    raw = {**raw_request(num_inference_steps=3), "live_preview": False}
+    Mailbox.get = get  # type: ignore[method-assign]
+    try:
+        outputs = [out async for out in generate(*(raw[f] for f in FIELDS), progress=CountingProgress())]
+    finally:
+        Mailbox.get = original  # type: ignore[method-assign]
+    assert outputs[-1][1]["status"] == "done"
+    assert depths and max(depths) <= 2, depths
