@@ -212,6 +212,20 @@ class InferenceResult:
 # crashed: the model process died during the job (it is being restarted); device_lost: the device failed in a way
 # that poisons the process (``engine.device_faults``; the model side ends itself); engine_dead: no model side left
 ErrorKind = Literal["cancelled", "out_of_memory", "failed", "crashed", "device_lost", "engine_dead"]
+# Why a request ended: every ending is a value with a reason (the model side's ``ErrorKind``s, the
+# serving side's time limit and shutdown, or done), translated into the user's words once
+# (``serving.local.LocalAdapter._outcome``).
+FinishReason = Literal[
+    "done",
+    "cancelled",
+    "timed_out",
+    "out_of_memory",
+    "failed",
+    "crashed",
+    "device_lost",
+    "engine_dead",
+    "shutting_down",
+]
 
 
 @dataclass(frozen=True)

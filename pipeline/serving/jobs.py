@@ -26,7 +26,6 @@ import logging
 import time
 from typing import Any, Callable
 
-from ..errors import Cancelled, EngineDead, OutOfMemory
 from ..protocol import ErrorEvent, InferenceJob, InferenceResult, ModelEvent, StepEvent
 from .eta import EtaBook, JobClock, Shape
 from .events import Step
@@ -45,38 +44,9 @@ AUTO_LIMIT_FACTOR = 2.0
 AUTO_LIMIT_UNMEASURED_SECONDS = 600.0
 
 
-class TimedOut(Exception):
-    """A job ran past its time limit, ``limit`` seconds (each request gets its own ``JobTimedOut``)."""
-
-    def __init__(self, limit: float) -> None:
-        super().__init__(f"past {limit:g} s")
-        self.limit = limit
-
-
-class ModelCrashed(Exception):
-    """The model process died during the job (each request gets ``ModelProcessDied``), or its device
-    failed and poisoned it (``device``: each request gets ``DeviceFailed``)."""
-
-    def __init__(self, message: str, device: bool = False) -> None:
-        super().__init__(message)
-        self.device = device
-
-
-class ModelFailed(Exception):
-    """The model side failed the job (its detail is in the log; each request gets ``GenerationFailed``)."""
-
-
-def error_of(event: ErrorEvent, request_id: str) -> BaseException:
-    """An error value from the model side as the exception the serving side raises."""
-    if event.kind == "cancelled":
-        return Cancelled(event.message, steps_done=event.steps_done)
-    if event.kind == "out_of_memory":
-        return OutOfMemory(request_id)
-    if event.kind in ("crashed", "device_lost"):
-        return ModelCrashed(event.message, device=event.kind == "device_lost")
-    if event.kind == "engine_dead":
-        return EngineDead(event.message)
-    return ModelFailed(event.message)
+def failure_of(event: ErrorEvent) -> End:
+    """The model side's error value as a request's end: its kind is the reason, as it is."""
+    return End(reason=event.kind, message=event.message, steps_done=event.steps_done)
 
 
 class GpuJobs:
@@ -160,27 +130,28 @@ class GpuJobs:
                 self.metrics.oom_retries.inc()
                 for entry in entries:
                     if entry.stop.is_set():
-                        entry.deliver(End(error=Cancelled("cancelled before the retry")))
+                        entry.deliver(End("cancelled", message="cancelled before the retry"))
                     elif (alone := await self._attempt(batch, [entry], (), joinable=False)) is not None:
-                        entry.deliver(End(error=alone))
+                        entry.deliver(alone)
             elif error is not None:
                 for entry in entries:
-                    entry.deliver(End(error=error))
+                    entry.deliver(error)
         finally:
             for entry in entries:
                 batch.leave(entry)
             self._on_leave()  # room in the batch: the scheduler may take joiners, or end it
 
     @staticmethod
-    def retry_alone(error: BaseException | None, entries: list[Entry]) -> bool:
+    def retry_alone(error: End | None, entries: list[Entry]) -> bool:
         """An out-of-memory error in a job that shared the device with others (in its call or its loop)."""
         shared = len(entries) > 1 or any(e.peers > 1 for e in entries)
-        return isinstance(error, (OutOfMemory, MemoryError)) and shared and not all(e.stop.is_set() for e in entries)
+        out_of_memory = error is not None and error.reason == "out_of_memory"
+        return out_of_memory and shared and not all(e.stop.is_set() for e in entries)
 
     async def _attempt(
         self, batch: Batch, entries: list[Entry], after: tuple[str, ...], *, joinable: bool
-    ) -> BaseException | None:
-        """One job on the model side. On success every entry gets its images; else returns the error."""
+    ) -> End | None:
+        """One job on the model side. On success every entry gets its images; else returns its failure."""
         if len(entries) == 1:
             entry = entries[0]
             job, stop = entry.request.to_job(), entry.stop
@@ -196,7 +167,7 @@ class GpuJobs:
             lambda event, clock: self._deliver_step(entries, offsets, event, clock, joinable),
             self.time_limit(job, batch.max_images if joinable else 0),
         )
-        if not isinstance(outcome, InferenceResult):
+        if isinstance(outcome, End):
             return outcome
         images = outcome.batch_images or job.num_images
         self.metrics.batch_images.observe(images)
@@ -221,7 +192,7 @@ class GpuJobs:
         context: contextvars.Context | None,
         on_step: Callable[[StepEvent, JobClock], None],
         limit: float,
-    ) -> InferenceResult | BaseException:
+    ) -> InferenceResult | End:
         """Run ``job`` on the model side under the time limit; ``on_step`` gets each step on the event
         loop. Returns its result or its error only when the model side has left it (or, past the
         limit, has been given up on)."""
@@ -253,7 +224,7 @@ class GpuJobs:
                 stop.set()
                 if not await wait_for_model(terminal, timeout=TIMEOUT_GRACE_SECONDS):
                     self._mark_hung(terminal)
-                return TimedOut(limit)
+                return End("timed_out", message=f"past {limit:g} s", limit=limit)
         finally:
             self.running.pop(key, None)
             if self.clock is clock:
@@ -267,7 +238,7 @@ class GpuJobs:
             self.metrics.steps_after_stop.observe(event.steps_done - stop.steps_at_set)
         if event.kind == "failed":
             log.error("job %s failed on the model side: %s\n%s", job.request_id, event.message, event.detail)
-        return error_of(event, job.request_id)
+        return failure_of(event)
 
     def _mark_hung(self, terminal: concurrent.futures.Future[ModelEvent]) -> None:
         log.error("the model side is stuck in a job past its time limit")

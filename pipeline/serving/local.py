@@ -35,11 +35,11 @@ from typing import Any, AsyncGenerator, Callable, Mapping
 from ..errors import (
     Cancelled,
     DeviceFailed,
+    EngineDead,
     GenerationFailed,
     JobTimedOut,
     ModelProcessDied,
     OutOfMemory,
-    ServingError,
     ShuttingDown,
     TooManyWaiting,
 )
@@ -48,7 +48,7 @@ from ..request import GenerateRequest, Limits, needs_token_count, validate, with
 from .base import SHUTDOWN_MESSAGE, AdapterBase
 from .eta import Shape
 from .events import Done, Event, Timings, Waiting
-from .jobs import AUTO_LIMIT_FLOOR_SECONDS, GpuJobs, ModelCrashed, ModelFailed, TimedOut
+from .jobs import AUTO_LIMIT_FLOOR_SECONDS, GpuJobs
 from .line import REPORT_INTERVAL, End, StopSignal, WaitLine
 from .metrics import Metrics
 from .postprocess import adapter_fields, encode_pngs, info_record, scheduler_used
@@ -303,29 +303,32 @@ class LocalAdapter(AdapterBase):
         return with_token_notes(request, self.limits, self.side.count_tokens)
 
     def _outcome(self, request: GenerateRequest, end: End) -> InferenceResult:
-        """This request's images, or its job's error in this request's words."""
-        error = end.error
-        if error is None:
-            assert end.result is not None
-            return end.result
-        if isinstance(error, Cancelled):
-            if self.closing:
-                raise ShuttingDown(SHUTDOWN_MESSAGE + " Your job was stopped.") from None
-            raise error
-        if isinstance(error, TimedOut):
-            raise JobTimedOut(request.request_id, error.limit) from None
-        if isinstance(error, (OutOfMemory, MemoryError)):
-            raise OutOfMemory(request.request_id) from None
-        if isinstance(error, ModelCrashed):
-            if error.device:
-                log.error("request %s: the device failed: %s", request.request_id, error)
-                raise DeviceFailed(request.request_id) from None
-            raise ModelProcessDied(request.request_id) from None
-        if isinstance(error, ServingError):
-            raise error
-        if not isinstance(error, ModelFailed):
-            log.error("request %s failed", request.request_id, exc_info=error)
-        raise GenerationFailed(request.request_id) from None
+        """This request's images, or why it ended in this request's words: the one translation of an
+        ending (``protocol.FinishReason``) into a ``ServingError``; the handler only shows it."""
+        rid = request.request_id
+        match end.reason:
+            case "done":
+                assert end.result is not None
+                return end.result
+            case "cancelled" if self.closing:
+                raise ShuttingDown(SHUTDOWN_MESSAGE + " Your job was stopped.")
+            case "cancelled":
+                raise Cancelled(end.message or "cancelled", steps_done=end.steps_done)
+            case "shutting_down":
+                raise ShuttingDown(SHUTDOWN_MESSAGE)
+            case "timed_out":
+                raise JobTimedOut(rid, end.limit)
+            case "out_of_memory":
+                raise OutOfMemory(rid)
+            case "device_lost":
+                log.error("request %s: the device failed: %s", rid, end.message)
+                raise DeviceFailed(rid)
+            case "crashed":
+                raise ModelProcessDied(rid)
+            case "engine_dead":
+                raise EngineDead(end.message)
+            case _:  # failed: the model side's detail is in the log (jobs.GpuJobs._on_model)
+                raise GenerationFailed(rid)
 
     def _encode(self, request: GenerateRequest, result: InferenceResult, user: str | None) -> list[Path]:
         p = self.profile

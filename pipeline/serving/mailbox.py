@@ -13,16 +13,20 @@ import collections
 import dataclasses
 from dataclasses import dataclass
 
-from ..protocol import InferenceResult
+from ..protocol import FinishReason, InferenceResult
 from .events import Step
 
 
 @dataclass(frozen=True)
 class End:
-    """The last item on a member's stream: its share of the job's images, or the job's error."""
+    """The last item on a request's stream: why it ended (``protocol.FinishReason``) and, when done,
+    its share of the job's images; else the model side's or the scheduler's words, for the log."""
 
+    reason: FinishReason = "done"
     result: InferenceResult | None = None
-    error: BaseException | None = None
+    message: str = ""
+    steps_done: int = 0  # cancelled: the steps it ran
+    limit: float = 0.0  # timed_out: the time limit, in seconds
     batch_size: int = 1  # images in the job this request ran in (step-level: the most its loop held)
     batch_requests: int = 1  # requests in that job (step-level: the most its loop held)
     batching: str = "job"  # job: one call for the whole batch; step: a step-level loop (engine.loop.joining)

@@ -194,10 +194,10 @@ async def test_a_step_reaches_the_caller_through_at_most_two_async_generators(ma
         pass
     generate = make_generate(adapter, demo)
     raw = {**raw_request(num_inference_steps=3), "live_preview": False}
-    Mailbox.get = get  # type: ignore[method-assign]
+    Mailbox.get = get
     try:
         outputs = [out async for out in generate(*(raw[f] for f in FIELDS), progress=CountingProgress())]
     finally:
-        Mailbox.get = original  # type: ignore[method-assign]
+        Mailbox.get = original
     assert outputs[-1][1]["status"] == "done"
     assert depths and max(depths) <= 2, depths
