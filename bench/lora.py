@@ -54,27 +54,27 @@ def switch_costs(model: Path, loras: dict[str, Path], repeats: int) -> dict[str,
     """Milliseconds per switch on the model side (median of ``repeats``), and one model load's seconds."""
     from pipeline.config import Settings
     from pipeline.engine.model.loading import load_model
-    from pipeline.loras import AdapterUse
+    from pipeline.loras import LoraUse
 
     t0 = time.perf_counter()
     loaded = load_model(Settings(model=str(model), loras=tuple(f"{n}={p}" for n, p in loras.items())), warmup=False)
     load_s = time.perf_counter() - t0
-    adapters = loaded.adapters  # type: ignore[union-attr]
-    assert adapters is not None
+    loaded_loras = loaded.loras  # type: ignore[union-attr]
+    assert loaded_loras is not None
 
-    def timed(a: AdapterUse, b: AdapterUse) -> float:
+    def timed(a: LoraUse, b: LoraUse) -> float:
         samples = []
         for _ in range(repeats):
-            adapters.use(a)
-            samples.append(adapters.use(b))
+            loaded_loras.use(a)
+            samples.append(loaded_loras.use(b))
         return statistics.median(samples)
 
     return {
         "model_load_s": load_s,
-        "other_adapter_ms": timed(AdapterUse("ink", 1.0), AdapterUse("glow", 1.0)),
-        "other_scale_ms": timed(AdapterUse("ink", 1.0), AdapterUse("ink", 0.5)),
-        "to_none_ms": timed(AdapterUse("ink", 1.0), AdapterUse()),
-        "layers": len(adapters._denoiser_layers),
+        "other_adapter_ms": timed(LoraUse("ink", 1.0), LoraUse("glow", 1.0)),
+        "other_scale_ms": timed(LoraUse("ink", 1.0), LoraUse("ink", 0.5)),
+        "to_none_ms": timed(LoraUse("ink", 1.0), LoraUse()),
+        "layers": len(loaded_loras._denoiser_layers),
     }
 
 

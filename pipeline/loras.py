@@ -89,14 +89,14 @@ def short_hash(path: Path) -> str:
 
 
 @dataclass(frozen=True)
-class AdapterUse:
+class LoraUse:
     """The adapter a request asks for: ``name`` "" for none (the scale is then irrelevant, and 0)."""
 
     name: str = ""
     scale: float = 0.0
 
     @classmethod
-    def of(cls, name: str, scale: float) -> AdapterUse:
+    def of(cls, name: str, scale: float) -> LoraUse:
         return cls(name, float(scale)) if name and name != NONE else cls()
 
 

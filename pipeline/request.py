@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from .errors import InvalidRequest
-from .loras import NONE, SCALE_MAX, SCALE_MIN, AdapterUse
+from .loras import NONE, SCALE_MAX, SCALE_MIN, LoraUse
 from .protocol import InferenceJob, ModelProfile
 from .text import normalized, text_problem
 from .token_windows import fits_every_window, truncation_notes
@@ -123,9 +123,9 @@ class GenerateRequest:
     lora_scale: float = 1.0
 
     @property
-    def adapter(self) -> AdapterUse:
+    def lora_use(self) -> LoraUse:
         """The adapter and scale this request runs with (batching keys compare it)."""
-        return AdapterUse.of(self.lora, self.lora_scale)
+        return LoraUse.of(self.lora, self.lora_scale)
 
     @property
     def seeds(self) -> tuple[int, ...]:
@@ -144,8 +144,8 @@ class GenerateRequest:
             guidance_scale=self.guidance_scale,
             preview_every=max(1, self.num_inference_steps // 8) if self.live_preview else 0,
             scheduler=self.scheduler,
-            lora=self.adapter.name,
-            lora_scale=self.adapter.scale,
+            lora=self.lora_use.name,
+            lora_scale=self.lora_use.scale,
         )
 
     def parameters(self) -> dict[str, Any]:

@@ -104,23 +104,23 @@ def loras_of(family: str) -> dict[str, Path]:
     return loras
 
 
-def model_of(family: str, *, hotswap: bool = False, adapters: bool = True) -> DiffusersModel:
+def model_of(family: str, *, hotswap: bool = False, loras: bool = True) -> DiffusersModel:
     from pipeline.config import Settings
     from pipeline.engine.model.diffusers_model import DiffusersModel
     from pipeline.engine.model.loading import load_model
 
-    key = ("model", family, hotswap, adapters)
+    key = ("model", family, hotswap, loras)
     if key not in _CACHE:
-        specs = tuple(f"{n}={p}" for n, p in loras_of(family).items() if not (hotswap and n == "b")) if adapters else ()
+        specs = tuple(f"{n}={p}" for n, p in loras_of(family).items() if not (hotswap and n == "b")) if loras else ()
         source = None if family == "default" else str(source_of(family))
         if hotswap:  # --compile's path, without compiling (CPU): the adapters hotswap into one slot
             from pipeline.engine.model.loading import lora_batching
-            from pipeline.engine.model.lora import load_adapters
+            from pipeline.engine.model.lora import load_loras
 
             model = load_model(Settings(model=source, device="cpu"), warmup=False)
-            model.adapters = load_adapters(model.pipe, Settings(loras=specs).lora_specs(), hotswap=True)
-            batching = lora_batching(model.pipe, model.adapters, "auto")
-            model.profile = replace(model.profile, loras=model.adapters.infos, lora_batching=batching)
+            model.loras = load_loras(model.pipe, Settings(loras=specs).lora_specs(), hotswap=True)
+            batching = lora_batching(model.pipe, model.loras, "auto")
+            model.profile = replace(model.profile, loras=model.loras.infos, lora_batching=batching)
         else:
             settings = Settings(model=source, device="cpu", loras=specs, lora_batching="mixed")
             model = load_model(settings, warmup=False)

@@ -185,7 +185,7 @@ def _joiners_skip_the_head() -> None:
     original = Scheduler._joiners
 
     def _joiners(self: Any, batch: Any, fair: Any, *, take: bool) -> Any:
-        fair = [e for e in fair if loop_key(e.request, self.mixed_adapters) == batch.key]
+        fair = [e for e in fair if loop_key(e.request, self.mixed_loras) == batch.key]
         return original(self, batch, fair, take=take)
 
     Scheduler._joiners = _joiners  # type: ignore[method-assign]
@@ -267,24 +267,24 @@ def _full_size_previews() -> None:
 
 def _previous_adapter_leaks() -> None:
     """A job with no adapter keeps whatever the last job set (no ``disable_lora``)."""
-    from pipeline.engine.model.lora import Adapters
+    from pipeline.engine.model.lora import LoadedLoras
 
-    original = Adapters.use
-    Adapters.use = lambda self, use: 0.0 if not use.name else original(self, use)  # type: ignore[method-assign]
+    original = LoadedLoras.use
+    LoadedLoras.use = lambda self, use: 0.0 if not use.name else original(self, use)  # type: ignore[method-assign]
 
 
 def _mixed_batch_one_adapter() -> None:
     """A loop with members on different adapters runs every row through the first member's adapter."""
     import contextlib
 
-    from pipeline.engine.model.lora import Adapters
+    from pipeline.engine.model.lora import LoadedLoras
 
     @contextlib.contextmanager
     def rows(self: Any, per_row: Any) -> Any:
         self.use(next((u for u in per_row if u.name), per_row[0]))
         yield
 
-    Adapters.rows = rows  # type: ignore[method-assign]
+    LoadedLoras.rows = rows  # type: ignore[method-assign]
 
 
 def _thread_off_the_map() -> None:
@@ -388,7 +388,7 @@ MUTANTS: dict[str, list[Patch]] = (
         ),
         # Every job runs without its LoRA adapter (the request's choice never reaches the weights).
         "lora-adapter-ignored": attr(
-            "pipeline.engine.model.lora", "use_of", lambda job: import_module("pipeline.loras").AdapterUse()
+            "pipeline.engine.model.lora", "use_of", lambda job: import_module("pipeline.loras").LoraUse()
         ),
         "lora-previous-adapter-leaks": on("pipeline.engine.model.lora", _previous_adapter_leaks),
         "lora-mixed-batch-one-adapter": on("pipeline.engine.model.lora", _mixed_batch_one_adapter),

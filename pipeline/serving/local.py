@@ -51,7 +51,7 @@ from .events import Done, Event, Timings, Waiting
 from .jobs import AUTO_LIMIT_FLOOR_SECONDS, GpuJobs
 from .line import REPORT_INTERVAL, End, StopSignal, WaitLine
 from .metrics import Metrics
-from .postprocess import adapter_fields, encode_pngs, info_record, scheduler_used
+from .postprocess import encode_pngs, info_record, lora_fields, scheduler_used
 from .scheduler import Batch, Entry, Scheduler
 from .streamer import ModelStreamer
 
@@ -97,7 +97,7 @@ class LocalAdapter(AdapterBase):
         self.scheduler = Scheduler(
             max_batch_size,
             joining=self.step_joining,
-            mixed_adapters=getattr(side.profile, "lora_batching", "") == "mixed",
+            mixed_loras=getattr(side.profile, "lora_batching", "") == "mixed",
             line=self._line,
         )
         self.jobs = GpuJobs(
@@ -332,7 +332,7 @@ class LocalAdapter(AdapterBase):
 
     def _encode(self, request: GenerateRequest, result: InferenceResult, user: str | None) -> list[Path]:
         p = self.profile
-        params, sampler = {**request.parameters(), **adapter_fields(request, p)}, scheduler_used(request, p)
+        params, sampler = {**request.parameters(), **lora_fields(request, p)}, scheduler_used(request, p)
         return self._encode_pngs(result.images, self.output_dir, request.request_id, params, p.name, sampler, user)
 
     def _observe(self, info: dict[str, Any], images: int) -> None:

@@ -46,7 +46,7 @@ def sampler_name(scheduler_class: str) -> str:
     return _SCHEDULER_NAMES.get(scheduler_class, scheduler_class)
 
 
-def adapter_fields(request: GenerateRequest, p: ModelProfile) -> dict[str, Any]:
+def lora_fields(request: GenerateRequest, p: ModelProfile) -> dict[str, Any]:
     """The adapter's A1111 short hash, for the PNG's ``Lora hashes`` and the info record ({} for none)."""
     info = next((i for i in p.loras if i.name == request.lora), None) if request.lora else None
     return {"lora_hash": info.hash} if info is not None else {}
@@ -199,7 +199,7 @@ def info_record(
         "model": p.name,
         **params,
         "scheduler": scheduler_used(request, p),
-        **adapter_fields(request, p),
+        **lora_fields(request, p),
         "lora_switch_ms": round(result.lora_switch_ms, 3),
         "model_loads": result.model_loads,
         "batch_size": end.batch_size,

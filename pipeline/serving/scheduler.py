@@ -72,15 +72,15 @@ def batch_key(request: GenerateRequest) -> tuple[Hashable, ...]:
     all-empty one; one empty among others is encoded as "")."""
     r = request
     return (r.width, r.height, r.num_inference_steps, r.guidance_scale, bool(r.negative_prompt), r.scheduler,
-            r.adapter)  # fmt: skip
+            r.lora_use)  # fmt: skip
 
 
-def loop_key(request: GenerateRequest, mixed_adapters: bool) -> tuple[Hashable, ...]:
+def loop_key(request: GenerateRequest, mixed_loras: bool) -> tuple[Hashable, ...]:
     """Requests with equal keys can share a step-level loop: the same size and sampler (they may
     differ in prompt, seed, image count, steps and guidance), and the same LoRA adapter and scale
     unless the model mixes adapters per row (then ``Batch.admits`` keeps one scale each)."""
     r = request
-    return (r.width, r.height, r.scheduler) if mixed_adapters else (r.width, r.height, r.scheduler, r.adapter)
+    return (r.width, r.height, r.scheduler) if mixed_loras else (r.width, r.height, r.scheduler, r.lora_use)
 
 
 class Batch:
@@ -112,8 +112,10 @@ class Batch:
 
     def admits(self, entry: Entry) -> bool:
         """Whether ``entry``'s LoRA adapter can share this batch's calls: each adapter at one scale."""
-        use = entry.request.adapter
-        return not use.name or all(e.request.adapter.name != use.name or e.request.adapter == use for e in self.entries)
+        use = entry.request.lora_use
+        return not use.name or all(
+            e.request.lora_use.name != use.name or e.request.lora_use == use for e in self.entries
+        )
 
     def add(self, entry: Entry) -> None:
         entry.batch = self
@@ -200,10 +202,10 @@ class Join:
 class Scheduler:
     """The fair line, the running batch and every decision about them (see the module docstring)."""
 
-    def __init__(self, max_images: int, *, joining: bool, mixed_adapters: bool, line: WaitLine[Entry]) -> None:
+    def __init__(self, max_images: int, *, joining: bool, mixed_loras: bool, line: WaitLine[Entry]) -> None:
         self.max_images = max_images
         self.joining = joining  # step-level loops on the model side
-        self.mixed_adapters = mixed_adapters  # the model's loops take entries with different LoRA adapters
+        self.mixed_loras = mixed_loras  # the model's loops take entries with different LoRA adapters
         self.line = line
         self.running: Batch | None = None
         self.memory = MemoryRoom()
@@ -253,7 +255,7 @@ class Scheduler:
     def _compose(self, head: Entry, fair: list[Entry], *, take: bool) -> Batch:
         """The batch ``head`` opens with the entries behind it in ``fair`` that share it now."""
         if self.joining:
-            batch = Batch(loop_key(head.request, self.mixed_adapters), True, self.max_images)
+            batch = Batch(loop_key(head.request, self.mixed_loras), True, self.max_images)
             self._enter(batch, head, take)
             if take:
                 self.line.served([head.user] if head.user is not None else [])
@@ -281,7 +283,7 @@ class Scheduler:
         staying, images = batch.staying, batch.images
         for entry in fair:
             r = entry.request
-            if loop_key(r, self.mixed_adapters) != batch.key or not batch.admits(entry):
+            if loop_key(r, self.mixed_loras) != batch.key or not batch.admits(entry):
                 break
             if not self.fits(staying, entry):
                 break

@@ -216,7 +216,7 @@ def test_lora_switches_under_compile_hotswap_and_never_recompile() -> None:
     specs = (f"a={loras['a']}", f"c={loras['c']}")  # b adapts the text encoder: refused under --compile
     model = load_model(Settings(compile=True, loras=specs))
     eager = load_model(Settings(loras=specs), warmup=False)
-    assert model.adapters is not None and model.adapters.hotswap and model.profile.lora_batching == "separate"
+    assert model.loras is not None and model.loras.hotswap and model.profile.lora_batching == "separate"
     draw(model, replace(JOB, lora="a", lora_scale=1.0))  # the first job with weights in the slot
     graphs = counters["stats"]["unique_graphs"]
     for lora, scale in (("c", 1.0), ("", 0.0), ("a", 0.5), ("c", 1.5), ("a", 1.0)):

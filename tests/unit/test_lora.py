@@ -58,9 +58,9 @@ def test_auto_batching_mixes_adapters_on_a_gpu_and_keeps_a_loop_per_adapter_on_t
     from pipeline.engine.model.loading import lora_batching
 
     model = model_of("default")
-    assert lora_batching(model.pipe, model.adapters, "auto", "cpu") == "separate"  # measured: bench.lora
-    assert lora_batching(model.pipe, model.adapters, "auto", "cuda") == "mixed"
-    assert lora_batching(model.pipe, model.adapters, "separate", "cuda") == "separate"
+    assert lora_batching(model.pipe, model.loras, "auto", "cpu") == "separate"  # measured: bench.lora
+    assert lora_batching(model.pipe, model.loras, "auto", "cuda") == "mixed"
+    assert lora_batching(model.pipe, model.loras, "separate", "cuda") == "separate"
     assert lora_batching(model.pipe, None, "mixed", "cuda") == "separate"  # nothing to mix
 
 
@@ -118,7 +118,7 @@ def test_an_adapter_changes_the_picture_and_equals_plain_diffusers(family: str) 
 
 @pytest.mark.parametrize("family", ["default", "flux-dev"])
 def test_none_equals_no_adapters_and_the_last_adapter_never_leaks(family: str) -> None:
-    with_adapters, without = model_of(family), model_of(family, adapters=False)
+    with_adapters, without = model_of(family), model_of(family, loras=False)
     bare = run(without, job())
     run(with_adapters, job("b", 0.6))
     assert mad(run(with_adapters, job()), bare) == 0.0  # right after b: none is none
@@ -188,7 +188,7 @@ def test_one_scale_per_adapter_in_a_loop_and_the_runner_holds_the_other() -> Non
 def test_separate_batching_puts_the_adapter_in_the_loop_key() -> None:
     mixed = model_of("default")
     assert mixed.loop_key(job("a")) == mixed.loop_key(job("b")) == mixed.loop_key(job())
-    separate = DiffusersModel(mixed.pipe, replace(mixed.profile, lora_batching="separate"), None, mixed.adapters)
+    separate = DiffusersModel(mixed.pipe, replace(mixed.profile, lora_batching="separate"), None, mixed.loras)
     assert separate.loop_key(job("a")) != separate.loop_key(job("b"))
     assert separate.loop_key(job("a")) != separate.loop_key(job("a", 0.5))
     assert separate.loop_key(job("a")) == separate.loop_key(job("a", seeds=(9, 10)))
@@ -199,8 +199,8 @@ def test_separate_batching_puts_the_adapter_in_the_loop_key() -> None:
 
 def test_hotswap_gives_the_same_pixels_as_set_adapters() -> None:
     normal, swapped = model_of("default"), model_of("default", hotswap=True)
-    assert swapped.adapters is not None and swapped.adapters.hotswap
-    assert swapped.adapters.names == ("a", "c")
+    assert swapped.loras is not None and swapped.loras.hotswap
+    assert swapped.loras.names == ("a", "c")
     for j in (job("a"), job("c", 1.5), job(), job("a", 0.5), job("c")):
         assert mad(run(swapped, j), run(normal, j)) <= BOUND, j.lora or "none"
     assert mad(run(swapped, job("a")), run(swapped, job())) > 1.0
@@ -208,11 +208,11 @@ def test_hotswap_gives_the_same_pixels_as_set_adapters() -> None:
 
 def test_under_compile_an_adapter_of_a_text_encoder_is_refused_naming_it() -> None:
     from pipeline.default_model import ensure_default_model
-    from pipeline.engine.model.lora import load_adapters
+    from pipeline.engine.model.lora import load_loras
     from pipeline.engine.model.text_to_image import load_text_to_image
 
     pipe = load_text_to_image(str(ensure_default_model()), torch.float32)
     b = loras_of("default")["b"]
     with pytest.raises(ModelRefused, match="adapts a text encoder too.*hotswapped") as caught:
-        load_adapters(pipe, Settings(loras=(f"b={b}",)).lora_specs(), hotswap=True)
+        load_loras(pipe, Settings(loras=(f"b={b}",)).lora_specs(), hotswap=True)
     assert str(b) in str(caught.value)

@@ -78,11 +78,11 @@ def test_the_short_hash_skips_a_safetensors_header(tmp_path: Any) -> None:
 
 
 def test_a_request_picks_an_adapter_by_name_in_any_case_or_none() -> None:
-    assert validate(raw_request(lora="ink", lora_scale=0.5), LIMITS).adapter.name == "ink"
+    assert validate(raw_request(lora="ink", lora_scale=0.5), LIMITS).lora_use.name == "ink"
     assert validate(raw_request(lora="pixel-art"), LIMITS).lora == "Pixel-Art"
     for none in ("none", "None", "", None):
         r = validate(raw_request(lora=none, lora_scale=1.5), LIMITS)
-        assert r.lora == "" and r.adapter.name == "" and r.to_job().lora == "" and r.to_job().lora_scale == 0.0
+        assert r.lora == "" and r.lora_use.name == "" and r.to_job().lora == "" and r.to_job().lora_scale == 0.0
     r = validate(raw_request(lora="ink", lora_scale=-1.25), LIMITS)
     assert (r.to_job().lora, r.to_job().lora_scale) == ("ink", -1.25)
     assert r.parameters()["lora"] == "ink" and r.parameters()["lora_scale"] == -1.25
@@ -166,12 +166,12 @@ async def test_a_loop_takes_other_adapters_when_it_mixes_them_and_each_adapter_a
         await wait_until(lambda: adapter.gpu_queue_depth + adapter.side._tasks.qsize() == i + 1, f"{rid} is in")
     steps.release(100)
     await asyncio.gather(a, *tasks)
-    adapters = {"a": "ink", "b": "Pixel-Art", "d": "ink", "c": "ink@0.5"}
+    loras = {"a": "ink", "b": "Pixel-Art", "d": "ink", "c": "ink@0.5"}
     if batching == "mixed":
         assert {"a", "b", "d"} <= set(dict(model.loop_steps[1]))  # ink and Pixel-Art in one call
         assert not any("c" in dict(step) and ({"a", "d"} & set(dict(step))) for step in model.loop_steps)
     else:  # a loop per adapter and scale
-        assert all(len({adapters[rid] for rid, _ in step}) == 1 for step in model.loop_steps)
+        assert all(len({loras[rid] for rid, _ in step}) == 1 for step in model.loop_steps)
         assert len(model.loop_steps) >= 9
 
 

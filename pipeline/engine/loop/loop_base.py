@@ -37,7 +37,7 @@ from ..model.previews import denoised, unpack
 
 if TYPE_CHECKING:
     from ...protocol import ModelProfile
-    from ..model.lora import Adapters
+    from ..model.lora import LoadedLoras
     from ..model.previews import Previewer
 
 
@@ -50,7 +50,7 @@ class LoopHost(Protocol):
     base_scheduler: Any
     profile: ModelProfile
     preview_map: Previewer | None
-    adapters: Adapters | None
+    loras: LoadedLoras | None
     loads: int
 
     def use_adapter(self, job: InferenceJob) -> float: ...
@@ -63,7 +63,7 @@ T = TypeVar("T")
 # Loops whose denoiser input is one row per image (and CFG's [uncond, cond] per member), so that peft's
 # mixed-adapter batches can give each row its own LoRA (``engine.model.lora``). Z-Image's transformer takes
 # a list of images and packs their tokens together: its adapters batch a loop per adapter instead.
-MIXED_ADAPTER_LOOPS = frozenset({"sd", "sd3", "flux", "chroma"})
+MIXED_LORA_LOOPS = frozenset({"sd", "sd3", "flux", "chroma"})
 
 
 def loop_kind(pipe: Any) -> str | None:
@@ -173,8 +173,8 @@ class MemberLoop:
 
     def admits(self, job: InferenceJob) -> bool:
         """Whether ``job`` may join now: each LoRA adapter runs at one scale in one denoiser call."""
-        adapters = self.model.adapters
-        return adapters is None or adapters.admits([use_of(m.job) for m in self.members.values()], use_of(job))
+        loras = self.model.loras
+        return loras is None or loras.admits([use_of(m.job) for m in self.members.values()], use_of(job))
 
     def result_fields(self, slot: int) -> dict[str, Any]:
         """What a member's result carries besides its images (``joining.LoopDriver``)."""
@@ -225,11 +225,11 @@ class MemberLoop:
             return {}
         # 1. One denoiser call for all rows, each member at its own timestep, guidance and LoRA adapter.
         members = [m for _, m in active]
-        adapters = self.model.adapters
-        if adapters is None:
+        loras = self.model.loras
+        if loras is None:
             predictions = self._predict(members)
         else:
-            with adapters.rows([use_of(m.job) for m in members for _ in range(m.rows)]):
+            with loras.rows([use_of(m.job) for m in members for _ in range(m.rows)]):
                 predictions = self._predict(members)
         previews: dict[int, dict[int, Image.Image]] = {}
         for (slot, m), prediction in zip(active, predictions):

@@ -22,7 +22,7 @@ from ..loop.loop_base import MemberLoop, loop_kind
 from . import samplers
 from .families import call_arguments, counted_text, encoder_tokenizers, guidance_arguments, traits
 from .family_table import family_for
-from .lora import Adapters, use_of
+from .lora import LoadedLoras, use_of
 from .previews import Previewer
 from .stepping import StepWatch, StoppedAtStep
 
@@ -31,10 +31,10 @@ class DiffusersModel:
     """A loaded diffusers pipeline that runs one ``InferenceJob`` at a time on the model thread."""
 
     def __init__(
-        self, pipe: Any, profile: ModelProfile, preview_map: Previewer | None = None, adapters: Adapters | None = None
+        self, pipe: Any, profile: ModelProfile, preview_map: Previewer | None = None, loras: LoadedLoras | None = None
     ) -> None:
         self.pipe = pipe
-        self.adapters = adapters  # the --lora adapters (engine.model.lora), or None
+        self.loras = loras  # the --lora adapters (engine.model.lora), or None
         self.loads = 0  # how many times this process has loaded a model (engine.model.loading sets it)
         self.profile = profile
         self.preview_map = preview_map
@@ -71,9 +71,9 @@ class DiffusersModel:
 
     def use_adapter(self, job: InferenceJob) -> float:
         """Set ``job``'s LoRA adapter for the next call; the milliseconds the switch took (0: none needed)."""
-        if job.lora and (self.adapters is None or job.lora not in self.adapters.names):
+        if job.lora and (self.loras is None or job.lora not in self.loras.names):
             raise ValueError(f"no LoRA adapter named {job.lora!r} is loaded")
-        return self.adapters.use(use_of(job)) if self.adapters is not None else 0.0
+        return self.loras.use(use_of(job)) if self.loras is not None else 0.0
 
     def _job_guiders(self, job: InferenceJob) -> dict[str, Any]:
         """A "guider" family (HunyuanImage 2.1) reads its scale from its guider components: this job
@@ -160,7 +160,7 @@ class DiffusersModel:
         kind = loop_kind(self.pipe)
         if kind is None or not self.profile.step_joining:
             return None
-        if self.adapters is not None and self.profile.lora_batching != "mixed":  # a loop per adapter and scale
+        if self.loras is not None and self.profile.lora_batching != "mixed":  # a loop per adapter and scale
             return (kind, job.width, job.height, job.scheduler, use_of(job))
         return (kind, job.width, job.height, job.scheduler)
 

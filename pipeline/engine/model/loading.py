@@ -22,10 +22,10 @@ from ...errors import ModelRefused
 from ...protocol import ErrorEvent, InferenceJob, ModelProfile
 from ..hosting.zerogpu import zero_gpu_active
 from ..loop.joining import LoopDriver, in_a_loop
-from ..loop.loop_base import MIXED_ADAPTER_LOOPS, loop_kind
+from ..loop.loop_base import MIXED_LORA_LOOPS, loop_kind
 from .diffusers_model import DiffusersModel
 from .families import pick_dtype_name, pipeline_class_of, traits
-from .lora import Adapters, load_adapters
+from .lora import LoadedLoras, load_loras
 from .previews import Previewer, load_decoder, load_preview_map
 from .simulated import PREFIX as SIM_PREFIX
 from .simulated import SimSpec, SimulatedModel
@@ -55,14 +55,14 @@ def pick_dtype(requested: str, device: str, pipeline_class: str) -> torch.dtype:
 _LOADS = 0  # models this process has loaded (a LoRA switch never adds one)
 
 
-def lora_batching(pipe: Any, adapters: Adapters | None, setting: str, device: str = "cpu") -> str:
+def lora_batching(pipe: Any, loras: LoadedLoras | None, setting: str, device: str = "cpu") -> str:
     """How requests with different adapters batch: "mixed" (a loop's denoiser call with a LoRA per
     row) or "separate" (a loop per adapter and scale).
 
     ``auto``: mixed on a GPU, where a batch's rows cost far less than calls of their own; separate
     on the CPU, where a batch costs its rows and the mixed forward's sub-batches add to it
     (``bench.lora`` on 2 cores: mixed / separate 0.98 in images/s, p99 the same)."""
-    if adapters is None or adapters.hotswap or loop_kind(pipe) not in MIXED_ADAPTER_LOOPS:
+    if loras is None or loras.hotswap or loop_kind(pipe) not in MIXED_LORA_LOOPS:
         return "separate"
     if setting == "auto":
         return "separate" if device == "cpu" else "mixed"
@@ -75,7 +75,7 @@ def build_profile(
     device: str,
     dtype: torch.dtype,
     saved: dict | None = None,
-    adapters: Adapters | None = None,
+    loras: LoadedLoras | None = None,
     batching: str = "separate",
 ) -> ModelProfile:
     """Defaults and limits that follow the loaded model (``saved``: defaults written with a model trained here)."""
@@ -110,7 +110,7 @@ def build_profile(
         negative_prompt_reason=t.negative_reason,
         previews=t.previews,
         cfg_above=t.cfg_above,
-        loras=adapters.infos if adapters is not None else (),
+        loras=loras.infos if loras is not None else (),
         lora_batching=batching,
     )
 
@@ -151,15 +151,15 @@ def load_model(settings: Settings, *, warmup: bool = True) -> DiffusersModel | S
         preview_map, preview_off = load_preview_map(pipe, folder, fit=not zero_gpu_active())
     # LoRA adapters, once, before any compile (hotswap under --compile, so a switch never recompiles).
     hotswap = settings.compile and not zero_gpu_active()
-    adapters = load_adapters(pipe, settings.lora_specs(), hotswap=hotswap)
-    batching = lora_batching(pipe, adapters, settings.lora_batching, device)
-    profile = build_profile(pipe, name, device, dtype, saved, adapters, batching)
+    loras = load_loras(pipe, settings.lora_specs(), hotswap=hotswap)
+    batching = lora_batching(pipe, loras, settings.lora_batching, device)
+    profile = build_profile(pipe, name, device, dtype, saved, loras, batching)
     if not profile.previews:
         preview_map, preview_off = None, "this family's latents cannot be previewed (engine/model/family_table.py)"
     if preview_off:
         log.warning("live previews are off for %s: %s", name, preview_off)
         profile = dataclasses.replace(profile, previews=False, preview_note=preview_off)
-    model = DiffusersModel(pipe, profile, preview_map, adapters)
+    model = DiffusersModel(pipe, profile, preview_map, loras)
     global _LOADS
     _LOADS += 1
     model.loads = _LOADS

@@ -1,9 +1,9 @@
 """LoRA adapters in a loaded pipeline: loaded once at start, switched per job, mixed per row in a loop.
 
-``load_adapters`` loads every ``--lora`` spec through diffusers' ``load_lora_weights(...,
+``load_loras`` loads every ``--lora`` spec through diffusers' ``load_lora_weights(...,
 adapter_name=NAME)`` and refuses, naming the file and why, one that is not a LoRA for this model
 (no weight matches a layer, the shapes do not fit, not a weights file). The model is never loaded
-again: a job's adapter is set with ``set_adapters`` / ``disable_lora`` (``Adapters.use``), and only
+again: a job's adapter is set with ``set_adapters`` / ``disable_lora`` (``LoadedLoras.use``), and only
 when it differs from the last job's, which costs a few milliseconds (README, "LoRA adapters").
 
 Under ``--compile`` the adapters go through diffusers' hotswap instead (``enable_lora_hotswap``
@@ -11,11 +11,11 @@ before the first load): one adapter slot, its weights copied in place from the c
 state dict, its scale written into the scaling tensors in place, "none" as scale 0, so the
 compiled graph never sees a changed module and never recompiles.
 
-A step-level loop may hold members with different adapters (``Adapters.rows``): one denoiser call
+A step-level loop may hold members with different adapters (``LoadedLoras.rows``): one denoiser call
 in which each row goes through its own adapter, through peft's mixed-adapter batches (the
 ``adapter_names`` argument of every LoRA layer, ``"__base__"`` for no adapter), with each adapter's
 scale set on its layers. An adapter has one scale at a time, so a loop holds each adapter at one
-scale (``Adapters.admits``). Everything here runs on the model thread.
+scale (``LoadedLoras.admits``). Everything here runs on the model thread.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from ...errors import ModelRefused
-from ...loras import AdapterUse, LoraSpec, short_hash
+from ...loras import LoraSpec, LoraUse, short_hash
 from ...protocol import InferenceJob, LoraInfo
 
 log = logging.getLogger(__name__)
@@ -37,8 +37,8 @@ BASE = "__base__"  # peft's name for "no adapter" in a mixed batch
 SLOT = "t2i_hotswap"  # the one adapter slot under --compile
 
 
-def use_of(job: InferenceJob) -> AdapterUse:
-    return AdapterUse.of(job.lora, job.lora_scale)
+def use_of(job: InferenceJob) -> LoraUse:
+    return LoraUse.of(job.lora, job.lora_scale)
 
 
 def _lora_layers(module: Any) -> list[Any]:
@@ -91,7 +91,7 @@ def _refused(spec: LoraSpec, why: str) -> ModelRefused:
     return ModelRefused(f"--lora {spec.name}: {spec.source} is not a LoRA for this model: {why}")
 
 
-class Adapters:
+class LoadedLoras:
     """The adapters of one pipeline and which one is set now (model thread only)."""
 
     def __init__(self, pipe: Any, infos: tuple[LoraInfo, ...], *, hotswap: bool = False,
@@ -100,7 +100,7 @@ class Adapters:
         self.infos = infos
         self.hotswap = hotswap
         self._states = states or {}  # hotswap: each adapter's source, loaded into the slot on a switch
-        self._current: object = None  # what is set now: an AdapterUse, or ("rows", scales)
+        self._current: object = None  # what is set now: a LoraUse, or ("rows", scales)
         self._slot_holds = ""  # hotswap: whose weights are in the slot
         self._unit: dict[int, float] = {}  # hotswap: each layer's scaling at scale 1 (by id)
         self.switches = 0
@@ -123,7 +123,7 @@ class Adapters:
 
     # -- one adapter for the whole call ------------------------------------------------------------
 
-    def use(self, use: AdapterUse) -> float:
+    def use(self, use: LoraUse) -> float:
         """Set ``use`` for the next call (nothing if it is set already); returns the milliseconds it took."""
         if self._current == use:
             return 0.0
@@ -141,7 +141,7 @@ class Adapters:
         self.switch_seconds += spent
         return spent * 1000
 
-    def _swap(self, use: AdapterUse) -> None:
+    def _swap(self, use: LoraUse) -> None:
         if use.name and use.name != self._slot_holds:
             source, kwargs = self._states[use.name]  # read again: alphas and key formats as at start
             self.pipe.load_lora_weights(source, adapter_name=SLOT, hotswap=True, **kwargs)
@@ -160,12 +160,12 @@ class Adapters:
 
     # -- a LoRA per row (step-level loops) ---------------------------------------------------------
 
-    def admits(self, uses: Sequence[AdapterUse], joiner: AdapterUse) -> bool:
+    def admits(self, uses: Sequence[LoraUse], joiner: LoraUse) -> bool:
         """Whether ``joiner`` may share a denoiser call with ``uses``: each adapter at one scale."""
         return all(u.name != joiner.name or u.scale == joiner.scale for u in uses if u.name)
 
     @contextlib.contextmanager
-    def rows(self, per_row: Sequence[AdapterUse]) -> Iterator[None]:
+    def rows(self, per_row: Sequence[LoraUse]) -> Iterator[None]:
         """The next denoiser call with a LoRA per row (one adapter for all rows: ``use``)."""
         distinct = set(per_row)
         if len(distinct) == 1 or self.hotswap:
@@ -192,7 +192,7 @@ class Adapters:
             self._rows = None
 
 
-def load_adapters(pipe: Any, specs: Sequence[LoraSpec], *, hotswap: bool = False) -> Adapters | None:
+def load_loras(pipe: Any, specs: Sequence[LoraSpec], *, hotswap: bool = False) -> LoadedLoras | None:
     """Load every spec into ``pipe`` (refusing a file that is not a LoRA for it); ``None`` without specs."""
     if not specs:
         return None
@@ -241,10 +241,10 @@ def load_adapters(pipe: Any, specs: Sequence[LoraSpec], *, hotswap: bool = False
         infos.append(LoraInfo(spec.name, spec.scale, short_hash(weights) if weights else "", components or ("?",)))
         log.info("LoRA %s from %s (%s) loaded in %.2fs", spec.name, spec.source, ", ".join(components),
                  time.perf_counter() - t0)  # fmt: skip
-    adapters = Adapters(pipe, tuple(infos), hotswap=hotswap, states=states)
-    adapters.use(AdapterUse())  # no adapter until a job asks for one
-    adapters.switches, adapters.switch_seconds = 0, 0.0
-    return adapters
+    loras = LoadedLoras(pipe, tuple(infos), hotswap=hotswap, states=states)
+    loras.use(LoraUse())  # no adapter until a job asks for one
+    loras.switches, loras.switch_seconds = 0, 0.0
+    return loras
 
 
 def _adapter_layers(pipe: Any) -> dict[str, set[str]]:
