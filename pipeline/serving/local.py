@@ -197,23 +197,23 @@ class LocalAdapter(AdapterBase):
                 cap = self.max_waiting_per_user
                 if user is not None and cap is not None and (n := self.scheduler.waiting(user)) >= cap:
                     raise TooManyWaiting(n)
-                member = Entry(request, stop, contextvars.copy_context(), user=user)
+                entry = Entry(request, stop, contextvars.copy_context(), user=user)
                 self._start_scheduling()
-                self.scheduler.add(member)
+                self.scheduler.add(entry)
                 end: End | None = None
                 try:
-                    async for waiting in self._wait_turn(member):
+                    async for waiting in self._wait_turn(entry):
                         yield waiting
                     # 3. Infer: this request's steps from its job, straight from its mailbox, then its end.
                     try:
-                        while not isinstance(item := await member.events.get(), End):
+                        while not isinstance(item := await entry.events.get(), End):
                             yield item
                         end = item
                     except BaseException:
                         stop.set()  # this request leaves; its job stops if nobody else is left in it
                         raise
                 finally:
-                    self.scheduler.leave(member)
+                    self.scheduler.leave(entry)
             assert end is not None
             result = self._outcome(request, end)
             t.infer_start, t.infer_end = result.started, result.ended
@@ -227,21 +227,21 @@ class LocalAdapter(AdapterBase):
             self._observe(info, len(paths))
             yield Done(paths, info)
 
-    async def _wait_turn(self, member: Entry) -> AsyncGenerator[Waiting, None]:
-        """Report "k ahead" until the scheduler takes ``member`` into a batch (or it stops, or we close)."""
+    async def _wait_turn(self, entry: Entry) -> AsyncGenerator[Waiting, None]:
+        """Report "k ahead" until the scheduler takes ``entry`` into a batch (or it stops, or we close)."""
         async for waiting in self._line.turn(
-            member.ticket,
+            entry.ticket,
             busy=lambda: int(self._gate.locked()),
-            done=lambda ahead: member.taken or not ahead or self.closing or member.stop.is_set(),
+            done=lambda ahead: entry.taken or not ahead or self.closing or entry.stop.is_set(),
         ):
-            yield Waiting(waiting.ahead, self._eta(member))
-        while not (member.taken or self.closing or member.stop.is_set()):
+            yield Waiting(waiting.ahead, self._eta(entry))
+        while not (entry.taken or self.closing or entry.stop.is_set()):
             await self._line.moved.wait()  # the head with nothing running: the scheduler takes it next
-        if not member.taken:
+        if not entry.taken:
             if self.closing:
                 raise ShuttingDown(SHUTDOWN_MESSAGE)
             raise Cancelled("the caller went away while waiting")
-        yield Waiting(0, self._eta(member))
+        yield Waiting(0, self._eta(entry))
 
     # -- the scheduler's owner: one task on the loop acts on its decisions -------------------------
     def _start_scheduling(self) -> None:
@@ -277,13 +277,13 @@ class LocalAdapter(AdapterBase):
             self._gate.release()
             self.scheduler.ended(batch)  # wakes the line
 
-    def _eta(self, member: Entry) -> float | None:
-        """Seconds until ``member``'s images: the running job's time left, then each batch the
+    def _eta(self, entry: Entry) -> float | None:
+        """Seconds until ``entry``'s images: the running job's time left, then each batch the
         scheduler would form before and with it (``Scheduler.plan_until``), from measured rates (``eta.py``)."""
         book, clock, now = self.jobs.book, self.jobs.clock, time.monotonic()
-        if member.taken:  # taken into the running batch
-            members = member.batch.entries if member.batch is not None and not member.batch.joinable else [member]
-            left = clock.remaining(book, now) if clock is not None else book.job_seconds(_shape(members))
+        if entry.taken:  # taken into the running batch
+            entries = entry.batch.entries if entry.batch is not None and not entry.batch.joinable else [entry]
+            left = clock.remaining(book, now) if clock is not None else book.job_seconds(_shape(entries))
             return None if left is None else round(left, 2)
         total = 0.0
         if self._gate.locked() and clock is not None:
@@ -291,7 +291,7 @@ class LocalAdapter(AdapterBase):
             if left is None:
                 return None
             total += left
-        for batch in self.scheduler.plan_until(member):
+        for batch in self.scheduler.plan_until(entry):
             seconds = book.job_seconds(_shape(batch))
             if seconds is None:
                 return None
@@ -354,7 +354,7 @@ class LocalAdapter(AdapterBase):
         )
 
 
-def _shape(members: list[Entry]) -> Shape:
+def _shape(entries: list[Entry]) -> Shape:
     """The shape of a job of these requests (they share size and steps)."""
-    r = members[0].request
-    return Shape(r.width * r.height, r.num_inference_steps, sum(m.request.num_images for m in members))
+    r = entries[0].request
+    return Shape(r.width * r.height, r.num_inference_steps, sum(e.request.num_images for e in entries))
