@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import Settings
+from pipeline.protocol import Done
 from pipeline.request import limits_for
-from pipeline.serving.events import Done
 from pipeline.serving.local import LocalAdapter
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,7 @@
-"""The model boundary: plain, picklable data in and out, and nothing else. Free of torch.
+"""The boundary vocabulary, in one module: plain, picklable data in and out, and nothing else. Free of torch.
+
+Two boundaries: the model side's (below) and the serving side's to the web layer (at the end:
+``Waiting``, ``Step``, ``Done`` from ``Adapter.run``; a request's ``End``, with its ``FinishReason``).
 
 The serving side calls the model side with one frozen ``InferenceJob`` and reads back a stream of
 ``ModelEvent`` values: ``StepEvent`` (step k of N, with optional small encoded previews), then exactly one
@@ -10,7 +13,7 @@ itself; to the model process, a ``StopJob`` message sent the moment the flag is 
 
 Stops, one type per role: ``StopFlag``, what the model side reads (anything with ``is_set()``);
 ``CountingStop``, a job's flag on the model side, which remembers the step it was set at;
-``serving.line.StopSignal``, a request's flag on the serving side, which also calls back when set
+``serving.scheduler.StopSignal``, a request's flag on the serving side, which also calls back when set
 (a batch stops once all its members have); ``engine.hosting.runner``'s private ``_JobStop``, the caller's flag
 or the stream closed, as the model thread sees a job; and ``engine.model.stepping.StoppedAtStep``, the
 exception that ends a pipeline call at the step boundary where the flag was found set.
@@ -23,8 +26,9 @@ in a Ray replica, and in a model process of our own.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
-from typing import Callable, Generator, Literal, Mapping, Protocol
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Generator, Literal, Mapping, Protocol
 
 from PIL import Image
 
@@ -323,3 +327,80 @@ class ModelSide(Protocol):
         ...
 
     def shutdown(self, timeout: float | None = None) -> None: ...
+
+
+# -- what the serving side yields: to the web layer (``Adapter.run``), and a request's end --------------
+@dataclass(frozen=True)
+class Waiting:
+    """Prepared and in line for the GPU; ``ahead`` jobs (the running one included) come first.
+
+    ``eta_seconds``: the estimated time until this request's images (the running job's time left,
+    each job ahead, then its own), from measured rates (``eta.py``); None until a job has been measured.
+    """
+
+    ahead: int
+    eta_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class Step:
+    """Step ``step`` of ``total`` has run; ``eta_seconds``: the job's estimated time left (None: not known yet)."""
+
+    step: int
+    total: int
+    preview: EncodedPreview | None = None
+    eta_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class Done:
+    paths: list[Path]
+    info: dict[str, Any]
+
+
+Event = Waiting | Step | Done
+
+
+@dataclass
+class Timings:
+    """Wall-clock times (``time.time()``) of one request's stages, written by its orchestrator."""
+
+    received: float = 0.0
+    prepare_start: float = 0.0
+    prepare_end: float = 0.0
+    gpu_wait_start: float = 0.0
+    infer_start: float = 0.0
+    infer_end: float = 0.0
+    finalize_start: float = 0.0
+    finalize_end: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+    def durations_ms(self) -> dict[str, float]:
+        def ms(a: float, b: float) -> float:
+            return round((b - a) * 1000, 3)
+
+        return {
+            "prepare": ms(self.prepare_start, self.prepare_end),
+            "gpu_wait": ms(self.gpu_wait_start, self.infer_start),
+            "inference": ms(self.infer_start, self.infer_end),
+            "finalize": ms(self.finalize_start, self.finalize_end),
+            "total": ms(self.received, self.finalize_end),
+        }
+
+
+@dataclass(frozen=True)
+class End:
+    """The last item on a request's stream: why it ended (``protocol.FinishReason``) and, when done,
+    its share of the job's images; else the model side's or the scheduler's words, for the log."""
+
+    reason: FinishReason = "done"
+    result: InferenceResult | None = None
+    message: str = ""
+    steps_done: int = 0  # cancelled: the steps it ran
+    limit: float = 0.0  # timed_out: the time limit, in seconds
+    batch_size: int = 1  # images in the job this request ran in (step-level: the most its loop held)
+    batch_requests: int = 1  # requests in that job (step-level: the most its loop held)
+    batching: str = "job"  # job: one call for the whole batch; step: a step-level loop (engine.loop.joining)
+    joined_at_step: int | None = None  # step-level: loop steps run before it joined

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import html
 import math
+import re
 import secrets
 import uuid
 from dataclasses import dataclass
@@ -20,8 +21,6 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 from .errors import InvalidRequest
 from .loras import NONE, SCALE_MAX, SCALE_MIN, LoraUse
 from .protocol import InferenceJob, ModelProfile
-from .text import normalized, text_problem
-from .token_windows import fits_every_window, truncation_notes
 
 if TYPE_CHECKING:
     from .config import Settings
@@ -389,3 +388,79 @@ def limits_for(settings: Settings, profile: ModelProfile) -> Limits:
         max_pixels=settings.max_pixels,
         max_pixel_steps=settings.max_pixel_steps,
     )
+
+
+# -- text as text -------------------------------------------------------------------------------------
+# Text as the app takes it, in every text field of every event: valid Unicode, no control characters.
+#
+# A string from JSON may hold what no encoder can write: a lone surrogate (``"\\ud800"``) passes
+# Python's JSON reader and then fails deep inside a tokenizer, as a server fault. So every text is
+# checked where it enters (the front door for every event, ``request.validate`` for ``/generate``):
+#
+# - it must encode as UTF-8 (no unpaired surrogate), else it is refused, naming the field;
+# - a carriage return is a line break: ``\\r\\n`` and ``\\r`` become ``\\n``;
+# - any other control character but newline and tab (C0, DEL, C1) is refused, naming the field and
+#   the character, since it is never part of a prompt a person wrote.
+#
+# Pure functions.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_RETURNS = re.compile(r"\r\n?")
+
+
+def text_problem(value: str) -> str | None:
+    """Why ``value`` is not text the app takes (to follow the field's name), or None."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"must be valid Unicode text (an unpaired surrogate at character {exc.start + 1})"
+    control = _CONTROL.search(_RETURNS.sub("\n", value))
+    if control is not None:
+        char = control.group()
+        return (
+            f"must not contain control characters (U+{ord(char):04X} at character {control.start() + 1}); "
+            "line breaks and tabs are fine"
+        )
+    return None
+
+
+def normalized(value: str) -> str:
+    """``value`` with every carriage return written as a newline (the one change made to a text)."""
+    return _RETURNS.sub("\n", value) if "\r" in value else value
+
+
+# -- the text encoders' windows ----------------------------------------------------------------------
+# Whether a prompt fits its text encoders' windows, and the note for one that does not. Pure.
+#
+# ``fits_every_window`` answers without counting (most prompts are short enough), and
+# ``truncation_notes`` words the note for each encoder that cuts a counted text.
+
+
+def fits_every_window(text: str, encoders: tuple[tuple[str, int], ...]) -> bool:
+    """Whether ``text`` is surely within every text encoder's window, without counting its tokens.
+
+    Every tokenizer of these model families spends at least one character of an ASCII text on each
+    token: CLIP's byte-level BPE, and T5's and Gemma's SentencePiece, whose one exception is the
+    word marker it puts before the first word. So an ASCII text of n characters is at most n + 1
+    tokens (``tests/unit/test_request.py`` checks it on each family's tokenizer). Counting a prompt
+    costs a round trip to the model process; most prompts are short enough to need none.
+    A ByT5 glyph encoder (HunyuanImage) reads the quoted text formatted as ``Text "...". ``: at
+    most five bytes for each character of the prompt (an empty ``""`` becomes ten), so its window
+    counts a fifth.
+    """
+    windows = [limit // 5 if name == "ByT5" else limit for name, limit in encoders]
+    return bool(encoders) and text.isascii() and len(text) + 1 <= min(windows)
+
+
+def truncation_notes(field: str, tokens: Mapping[str, int], encoders: tuple[tuple[str, int], ...]) -> list[str]:
+    """One note per text encoder that cut the text, naming it (CLIP reads 75 tokens, T5 its own length)."""
+    notes = []
+    for encoder, limit in dict(encoders).items():
+        if (n := tokens.get(encoder, 0)) > limit:
+            others = [f"{e} reads up to {lim}" for e, lim in dict(encoders).items() if e != encoder and lim >= n]
+            rest = f" ({'; '.join(others)})" if others else ""
+            what = f"{field}'s quoted text" if encoder == "ByT5" else field  # the glyphs HunyuanImage draws
+            notes.append(
+                f"{what} is {n} tokens; the {encoder} text encoder reads the first {limit}, "
+                f"so it ignored the rest{rest}"
+            )
+    return notes

@@ -7,8 +7,8 @@ A mention is resolved the way a reader would look for it:
 - ``path.py``: a file of the repository. One with a folder is found from the root, from ``pipeline/``
   or from the mentioning file's folder, or as the tail of a repository path (``hosting/runner.py``);
   a bare file name (``line.py``) is a file of that name anywhere in the repository.
-- ``a.b.c``: its longest head that is the tail of a module's dotted name (``pipeline.serving.line``,
-  ``serving.line`` or ``line``; ``engine.runner`` is none) names the module; the rest is a name at the
+- ``a.b.c``: its longest head that is the tail of a module's dotted name (``pipeline.serving.scheduler``,
+  ``serving.scheduler`` or ``scheduler``; ``engine.runner`` is none) names the module; the rest is a name at the
   module's top level (defined or imported there), then members of that class. ``web/handler.x`` reads
   as ``web.handler.x``. ``Class.member``: a class of that name anywhere in the repository (by AST), and
   on it or on a base class the repository defines a method, property, nested class, class-level field

@@ -32,13 +32,12 @@ from ..errors import (
     ServingError,
     ShuttingDown,
 )
-from ..protocol import ModelProfile
+from ..protocol import Done, Event, ModelProfile, Step, Waiting
 from ..request import limits_for, validate
 from ..serving.base import SHUTDOWN_MESSAGE, AdapterBase
-from ..serving.events import Done, Event, Step, Waiting
-from ..serving.line import WaitLine
 from ..serving.metrics import Metrics
 from ..serving.postprocess import output_folder, write_then_rename
+from ..serving.scheduler import WaitLine
 from .cluster import RayCluster, stop
 from .replica import RemoteDone, Started
 

@@ -19,9 +19,8 @@ from pathlib import Path
 from typing import Any, AsyncGenerator
 
 from ..config import Settings
-from ..protocol import ModelProfile
+from ..protocol import Done, ModelProfile, Step
 from ..request import limits_for
-from ..serving.events import Done, Step
 
 log = logging.getLogger(__name__)
 

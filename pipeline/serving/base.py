@@ -21,9 +21,8 @@ import threading
 from typing import Any, AsyncGenerator, Callable, Iterator, Mapping, Protocol
 
 from ..errors import Cancelled, InvalidRequest, RetryLater, ShuttingDown
-from ..protocol import ModelProfile
+from ..protocol import Event, ModelProfile
 from ..request import Limits
-from .events import Event
 from .metrics import Metrics
 
 log = logging.getLogger(__name__)

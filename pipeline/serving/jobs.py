@@ -26,12 +26,10 @@ import logging
 import time
 from typing import Any, Callable
 
-from ..protocol import ErrorEvent, InferenceJob, InferenceResult, ModelEvent, StepEvent
+from ..protocol import End, ErrorEvent, InferenceJob, InferenceResult, ModelEvent, Step, StepEvent
 from .eta import EtaBook, JobClock, Shape
-from .events import Step
-from .line import End, StopSignal
 from .metrics import Metrics
-from .scheduler import Batch, Entry, Join, MemoryRoom, call_job, image_offsets
+from .scheduler import Batch, Entry, Join, MemoryRoom, StopSignal, call_job, image_offsets
 from .streamer import ModelStreamer
 
 log = logging.getLogger(__name__)

@@ -43,16 +43,14 @@ from ..errors import (
     ShuttingDown,
     TooManyWaiting,
 )
-from ..protocol import InferenceResult, ModelProfile, ModelSide
+from ..protocol import Done, End, Event, InferenceResult, ModelProfile, ModelSide, Timings, Waiting
 from ..request import GenerateRequest, Limits, needs_token_count, validate, with_token_notes
 from .base import SHUTDOWN_MESSAGE, AdapterBase
 from .eta import Shape
-from .events import Done, Event, Timings, Waiting
 from .jobs import AUTO_LIMIT_FLOOR_SECONDS, GpuJobs
-from .line import REPORT_INTERVAL, End, StopSignal, WaitLine
 from .metrics import Metrics
 from .postprocess import encode_pngs, info_record, lora_fields, scheduler_used
-from .scheduler import Batch, Entry, Scheduler
+from .scheduler import REPORT_INTERVAL, Batch, Entry, Scheduler, StopSignal, WaitLine
 from .streamer import ModelStreamer
 
 log = logging.getLogger(__name__)
@@ -184,7 +182,7 @@ class LocalAdapter(AdapterBase):
             with self.liveness.watching(alive, caller_gone):
                 # 1. Prepare. A bad field fails here, before any GPU work. Checking the fields takes
                 #    microseconds, so it runs on the loop; counting a prompt's tokens (only one that
-                #    might not fit its text encoders' windows: ``token_windows.fits_every_window``) may ask
+                #    might not fit its text encoders' windows: ``request.fits_every_window``) may ask
                 #    the model process, so it runs off the loop, concurrently.
                 t.prepare_start = self._clock()
                 request = validate(raw, self.limits, request_id=request_id)

@@ -18,14 +18,13 @@ from PIL import Image
 
 from ..errors import StorageFull
 from ..loras import NONE, prompt_tag
-from ..protocol import InferenceResult, ModelProfile
+from ..protocol import InferenceResult, ModelProfile, Timings
 from ..request import DEFAULT_SCHEDULER, GenerateRequest
-from .events import Timings
 from .owners import key_of, owner_folder
 from .png import encode_png
 
 if TYPE_CHECKING:
-    from .line import End
+    from ..protocol import End
 
 _FULL = {errno.ENOSPC, errno.EDQUOT}  # "no space left", "quota exceeded": the disk, not the request
 

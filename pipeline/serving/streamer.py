@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..protocol import TERMINAL, ErrorEvent, InferenceJob, ModelEvent, ModelSide, StepEvent
-from .line import StopSignal
+from .scheduler import StopSignal
 
 log = logging.getLogger(__name__)
 

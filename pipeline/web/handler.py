@@ -15,9 +15,9 @@ from typing import Any, AsyncGenerator, Awaitable, Callable, Iterator, Sequence
 import gradio as gr
 
 from ..errors import Cancelled, InvalidRequest, RetryLater, ServingError, StorageFull
+from ..protocol import Step, Waiting
 from ..request import FIELDS, new_request_id, validate
 from ..serving.base import Adapter
-from ..serving.events import Step, Waiting
 from .gradio_internals import caller_alive, current_session
 from .identity import Caller, TrustedProxies, caller_of
 from .outputs import Postprocess, introspected_once

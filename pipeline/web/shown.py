@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 import gradio as gr
 
-from ..serving.events import Done, Step, Waiting
+from ..protocol import Done, Step, Waiting
 from .site import Site
 
 PROGRESS_INTERVAL = 0.25  # seconds between streamed progress outputs of one request

@@ -18,7 +18,7 @@ from PIL import Image
 
 from pipeline.engine.hosting.process import ProcessSide
 from pipeline.protocol import EncodedPreview, InferenceJob, InferenceResult, StepEvent
-from pipeline.serving.line import StopSignal
+from pipeline.serving.scheduler import StopSignal
 from tests.helpers import ROOT, process_exited, running_app, wait_for
 
 WAIT = 60.0

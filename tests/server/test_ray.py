@@ -18,7 +18,7 @@ import pytest
 
 from pipeline.config import Settings
 from pipeline.errors import Cancelled, GenerationFailed, InvalidRequest, QueueFull, ReplicaDead
-from pipeline.serving.events import Done, Step, Waiting
+from pipeline.protocol import Done, Step, Waiting
 
 ray = pytest.importorskip("ray")
 

@@ -37,20 +37,20 @@ def test_every_external_prefix_still_excuses_a_mention(project: Project, mention
 PLANTED = """
 The old places: ``engine.runner.ModelRunner`` runs jobs, ``engine.joining`` joins them,
 `Sweeper.close` stops the sweeper, `Line.take_joiners_now` picks joiners, `web/handler.request_user`
-says who, each member's `Mailbox` (`line.py`), a `NoSuchClass.run`, and pipeline/engine/runner.py.
+says who, each member's `Mailbox` (`jobs.py`), a `NoSuchClass.run`, and pipeline/engine/runner.py.
 ```
-  serving/   line.py (the line: WaitLine, Mailbox)
+  serving/   jobs.py (the batch: GpuJobs, Mailbox)
 ```
 """
 
 CURRENT = """
-The real places: ``engine.hosting.runner.ModelRunner``, ``loop.joining.LoopDriver``, ``serving.line``,
+The real places: ``engine.hosting.runner.ModelRunner``, ``loop.joining.LoopDriver``, ``serving.scheduler``,
 `Sweeper.stop`, `Scheduler.fits`, `WaitLine.order`, `web/handler.request_caller`, each member's
-`Mailbox` (`mailbox.py`), `LocalAdapter.run` (pipeline/serving/local.py), `engine/hosting/runner.py`,
+`Mailbox` (`scheduler.py`), `LocalAdapter.run` (pipeline/serving/local.py), `engine/hosting/runner.py`,
 ``bench.harness.Server``, ``tests.helpers.run_loop``. Not ours: `torch.cuda.synchronize`, `gr.Blocks`,
 `job.steps`, `loop.run_in_executor`, `DiffusionPipeline.from_pretrained`, `Blocks` (`layout.py`).
 ```
-  serving/   line.py (the line: WaitLine, StopSignal), mailbox.py (End, Mailbox)
+  serving/   scheduler.py (the line: WaitLine, StopSignal, Mailbox), protocol.py (End, Step)
 ```
 """
 
@@ -65,10 +65,10 @@ def test_a_stale_place_fails_with_its_file_and_the_reference(project: Project) -
             "docs/planted.md:3: Sweeper.close (no such module, name or member)",
             "docs/planted.md:3: Line.take_joiners_now (no such module, name or member)",
             "docs/planted.md:3: web.handler.request_user (no such module, name or member)",
-            "docs/planted.md:4: Mailbox in line.py (not defined there)",
+            "docs/planted.md:4: Mailbox in jobs.py (not defined there)",
             "docs/planted.md:4: NoSuchClass.run (no such module, name or member)",
             "docs/planted.md:4: pipeline/engine/runner.py (no such file)",
-            "docs/planted.md:6: Mailbox in line.py (not defined there)",
+            "docs/planted.md:6: Mailbox in jobs.py (not defined there)",
         ]
     ), bad
     assert stale(list(mentions_in(planted, 1, CURRENT)), project) == []

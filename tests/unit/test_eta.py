@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from pipeline.protocol import Done, Step, Waiting
 from pipeline.serving.eta import ALPHA, EtaBook, JobClock, Shape
-from pipeline.serving.events import Done, Step, Waiting
 from tests.fakes import FakeModel
 from tests.helpers import raw_request, wait_until
 

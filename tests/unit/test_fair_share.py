@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from pipeline.errors import TooManyWaiting
-from pipeline.serving.events import Done, Waiting
+from pipeline.protocol import Done, Waiting
 from tests.fakes import FakeModel
 from tests.helpers import collect, raw_request, wait_until
 

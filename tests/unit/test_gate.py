@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.serving.events import Done, Step, Waiting
+from pipeline.protocol import Done, Step, Waiting
 from tests.fakes import FakeModel
 from tests.helpers import assert_progress, collect, raw_request, wait_until
 

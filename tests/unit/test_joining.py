@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from pipeline.errors import JobTimedOut
-from pipeline.serving.events import Done, Step
+from pipeline.protocol import Done, Step
 from tests.fakes import FakeModel
 from tests.helpers import assert_progress, collect, raw_request, wait_until
 

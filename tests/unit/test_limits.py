@@ -9,10 +9,9 @@ from typing import Any
 import pytest
 
 from pipeline.errors import InvalidRequest, JobTimedOut, StorageFull
-from pipeline.protocol import InferenceJob
+from pipeline.protocol import Done, InferenceJob
 from pipeline.request import Limits, validate
 from pipeline.serving.eta import Shape
-from pipeline.serving.events import Done
 from pipeline.serving.jobs import AUTO_LIMIT_FACTOR, AUTO_LIMIT_UNMEASURED_SECONDS
 from pipeline.serving.owners import KEY_FILE
 from pipeline.serving.postprocess import encode_pngs

@@ -14,9 +14,8 @@ import pytest
 from pipeline.config import load_settings
 from pipeline.errors import InvalidRequest
 from pipeline.loras import LoraSpec, parse_all, short_hash, strip_tags
-from pipeline.protocol import LoraInfo
+from pipeline.protocol import Done, LoraInfo
 from pipeline.request import Limits, validate
-from pipeline.serving.events import Done
 from pipeline.serving.postprocess import a1111_parameters
 from pipeline.web.a1111 import fill_from, parse_parameters
 from tests.fakes import FAKE_PROFILE, FakeModel

@@ -13,8 +13,8 @@ from pipeline.config import Settings
 from pipeline.default_model import DEFAULT_MODEL_DIR, model_defaults
 from pipeline.default_model.architecture import build_untrained
 from pipeline.engine.hosting.runner import ModelRunner
+from pipeline.protocol import Done
 from pipeline.request import Limits
-from pipeline.serving.events import Done
 from pipeline.serving.local import LocalAdapter
 from tests.helpers import collect, raw_request
 

@@ -16,7 +16,7 @@ import pytest
 
 from pipeline.engine.hosting.process import DEAD_MESSAGE, ProcessSide
 from pipeline.protocol import EncodedPreview, ErrorEvent, InferenceJob, InferenceResult, StepEvent
-from pipeline.serving.line import StopSignal
+from pipeline.serving.scheduler import StopSignal
 from tests.fakes import FakeLoader
 from tests.helpers import ROOT, process_exited, wait_for
 

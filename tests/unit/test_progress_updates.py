@@ -15,9 +15,8 @@ import gradio as gr
 import pytest
 from PIL import Image
 
-from pipeline.protocol import EncodedPreview
+from pipeline.protocol import Done, EncodedPreview, Event, Step, Waiting
 from pipeline.request import FIELDS
-from pipeline.serving.events import Done, Event, Step, Waiting
 from pipeline.web.handler import make_generate
 from tests.helpers import raw_request
 
@@ -148,7 +147,8 @@ def test_the_handlers_are_introspected_once_and_gradio_still_finds_its_parameter
 async def test_a_consumer_behind_gets_the_latest_step_and_preview_never_a_backlog() -> None:
     """``line.Mailbox``: steps put while the one before is unread replace it (keeping that one's preview
     when the newer has none); a consumer that keeps up reads every step; the end is never coalesced."""
-    from pipeline.serving.mailbox import End, Mailbox
+    from pipeline.protocol import End
+    from pipeline.serving.scheduler import Mailbox
 
     box = Mailbox()
     box.put(Step(1, 5))
@@ -173,7 +173,7 @@ async def test_a_step_reaches_the_caller_through_at_most_two_async_generators(ma
     import inspect
     import sys
 
-    from pipeline.serving.mailbox import Mailbox
+    from pipeline.serving.scheduler import Mailbox
     from tests.fakes import FakeModel
 
     adapter, _model = make_adapter(FakeModel())
