@@ -5,7 +5,7 @@
 A Blocks app with ``/generate``'s eleven inputs and two outputs (a gallery and a JSON record), the
 queue set up as the app sets it (``concurrency_limit`` 64, ``max_size`` 256) and Gradio's analytics
 off as ``app.py`` turns them off. Its handler encodes one 512 px simulated picture with the app's
-own PNG writer (``pipeline.serving.png``) into Gradio's cache on a two-thread pool, and yields it
+own PNG writer (``pipeline.serving.postprocess.encode_png``) into Gradio's cache on a two-thread pool, and yields it
 once, postprocessed as the app's handler postprocesses (``outputs.Postprocess``: the event has
 ``postprocess=False``; ``--postprocess`` leaves it to Gradio). What a request costs here is what
 Gradio and the PNG cost; what the app costs over it is its serving layer and its model side
@@ -30,7 +30,7 @@ import app  # noqa: F401  (its Gradio settings, set before Gradio builds a queue
 from bench.servers import serve_forever
 from pipeline import allocator
 from pipeline.engine.model.simulated import picture
-from pipeline.serving.png import encode_png
+from pipeline.serving.postprocess import encode_png
 from pipeline.web.outputs import Postprocess
 
 KEEP = 512  # files kept: a few seconds of requests, long past each one's answer

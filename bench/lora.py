@@ -54,7 +54,7 @@ def switch_costs(model: Path, loras: dict[str, Path], repeats: int) -> dict[str,
     """Milliseconds per switch on the model side (median of ``repeats``), and one model load's seconds."""
     from pipeline.config import Settings
     from pipeline.engine.model.loading import load_model
-    from pipeline.loras import LoraUse
+    from pipeline.protocol import LoraUse
 
     t0 = time.perf_counter()
     loaded = load_model(Settings(model=str(model), loras=tuple(f"{n}={p}" for n, p in loras.items())), warmup=False)

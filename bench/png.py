@@ -4,7 +4,7 @@
 
 Encodes the simulated device's pictures (smooth colour fields with mild noise, as costly to
 compress as generated images) with Pillow at each zlib level, then with the app's encoder
-(``serving.png``: the AVG row filter in numpy, then ISA-L's level 1 deflate when ``isal`` is
+(``serving.postprocess``: the AVG row filter in numpy, then ISA-L's level 1 deflate when ``isal`` is
 installed, else zlib level 1 with the Z_RLE strategy), and prints milliseconds and kilobytes per
 image (median of the repeats), one thread.
 """
@@ -39,7 +39,7 @@ def measure(size: int, repeat: int, levels: range) -> list[tuple[int, float, flo
 
 
 def measure_app_encoder(size: int, repeat: int) -> list[tuple[str, float, float]]:
-    from pipeline.serving import png
+    from pipeline.serving import postprocess as png
 
     images = [picture(size, seed) for seed in range(4)]
 

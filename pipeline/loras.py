@@ -20,7 +20,8 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-NONE = "none"  # the request's value for no adapter
+from .protocol import NONE
+
 SCALE_MIN, SCALE_MAX = -2.0, 2.0  # lora_scale's range (negative: "slider" LoRAs that take a trait away)
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 # A1111's prompt tag: <lora:NAME:SCALE> (SCALE optional, 1 by default)
@@ -86,18 +87,6 @@ def short_hash(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()[:12]
-
-
-@dataclass(frozen=True)
-class LoraUse:
-    """The adapter a request asks for: ``name`` "" for none (the scale is then irrelevant, and 0)."""
-
-    name: str = ""
-    scale: float = 0.0
-
-    @classmethod
-    def of(cls, name: str, scale: float) -> LoraUse:
-        return cls(name, float(scale)) if name and name != NONE else cls()
 
 
 def prompt_tag(name: str, scale: float) -> str:

@@ -75,6 +75,21 @@ class ModelProfile:
     lora_batching: str = "separate"
 
 
+NONE = "none"  # a request's LoRA value for no adapter
+
+
+@dataclass(frozen=True)
+class LoraUse:
+    """The LoRA a request asks for: ``name`` "" for none (the scale is then irrelevant, and 0)."""
+
+    name: str = ""
+    scale: float = 0.0
+
+    @classmethod
+    def of(cls, name: str, scale: float) -> LoraUse:
+        return cls(name, float(scale)) if name and name != NONE else cls()
+
+
 @dataclass(frozen=True)
 class LoraInfo:
     """A LoRA adapter the model side loaded: its name, recommended scale, A1111 short hash and where it went."""

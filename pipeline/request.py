@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from .errors import InvalidRequest
-from .loras import NONE, SCALE_MAX, SCALE_MIN, LoraUse
-from .protocol import InferenceJob, ModelProfile
+from .loras import SCALE_MAX, SCALE_MIN
+from .protocol import NONE, InferenceJob, LoraUse, ModelProfile
 
 if TYPE_CHECKING:
     from .config import Settings

@@ -388,7 +388,7 @@ MUTANTS: dict[str, list[Patch]] = (
         ),
         # Every job runs without its LoRA adapter (the request's choice never reaches the weights).
         "lora-adapter-ignored": attr(
-            "pipeline.engine.model.lora", "use_of", lambda job: import_module("pipeline.loras").LoraUse()
+            "pipeline.engine.model.lora", "use_of", lambda job: import_module("pipeline.protocol").LoraUse()
         ),
         "lora-previous-adapter-leaks": on("pipeline.engine.model.lora", _previous_adapter_leaks),
         "lora-mixed-batch-one-adapter": on("pipeline.engine.model.lora", _mixed_batch_one_adapter),

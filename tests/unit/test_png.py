@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from pipeline.engine.model.simulated import picture
-from pipeline.serving import png
+from pipeline.serving import postprocess as png
 
 TEXTS = (
     ("parameters", "a red circle, café\nSteps: 4, Sampler: Euler, CFG scale: 7.5, Seed: 1, Size: 64x64"),

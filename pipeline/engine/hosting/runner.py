@@ -17,6 +17,7 @@ each yield. After a fork the model (inherited) gets a fresh thread of its own in
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import queue
@@ -40,7 +41,6 @@ from ...protocol import (
 )
 from ..device_faults import fault_event
 from ..loop.joining import LoopDriver, in_a_loop, waits_for
-from .memory import DeviceMemory
 
 log = logging.getLogger(__name__)
 
@@ -338,3 +338,32 @@ def run_job(job: InferenceJob, stop: StopFlag | None = None) -> Generator[ModelE
         yield ErrorEvent("engine_dead", "no model is loaded in this process")
         return
     yield from _RUNNER.stream(job, stop if stop is not None else NEVER)
+
+
+# -- the device's memory, reported with every result -----------------------------------------------
+# The device's memory as the model side reads it, reported with every result.
+#
+# A joiner that would not fit beside a running step-level loop must wait for the next loop instead of
+# entering and failing everyone in it with an out-of-memory error. The serving side's scheduler
+# decides that (``serving.scheduler.MemoryRoom``) from what the model side measures: the device's
+# total memory, the footprint with no job running (the weights), read before each loop or call opens,
+# and each job's peak. This module only reads and reports; on a device that reports no memory (the
+# CPU) it reports nothing. Owned by the model thread.
+class DeviceMemory:
+    """The device's total and idle bytes, stamped on each result (see the module doc)."""
+
+    def __init__(self, probe: Callable[[], tuple[int, int] | None] | None = None) -> None:
+        self.probe = probe  # () -> (the device's total bytes, bytes allocated now); None: not a GPU
+        self.total: int | None = None
+        self.base: int | None = None  # bytes allocated with no job running (the weights)
+
+    def idle(self) -> None:
+        """Note the footprint with no job running (called before a loop or a call opens)."""
+        reading = self.probe() if self.probe is not None else None
+        if reading is not None:
+            self.total, self.base = reading
+
+    def stamp(self, result: InferenceResult) -> InferenceResult:
+        if self.total is None or self.base is None:
+            return result
+        return dataclasses.replace(result, device_total_bytes=self.total, idle_bytes=self.base)

@@ -181,7 +181,7 @@ class DiffusersModel:
 
     def device_memory(self) -> tuple[int, int] | None:
         """(the device's total bytes, bytes allocated now) on a CUDA device; None elsewhere
-        (``hosting.memory.DeviceMemory`` reports it; ``serving.scheduler.MemoryRoom`` admits joiners by it)."""
+        (``hosting.runner.DeviceMemory`` reports it; ``serving.scheduler.MemoryRoom`` admits joiners by it)."""
         if self._device != "cuda":
             return None
         _free, total = torch.cuda.mem_get_info()

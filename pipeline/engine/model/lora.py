@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from ...errors import ModelRefused
-from ...loras import LoraSpec, LoraUse, short_hash
-from ...protocol import InferenceJob, LoraInfo
+from ...loras import LoraSpec, short_hash
+from ...protocol import InferenceJob, LoraInfo, LoraUse
 
 log = logging.getLogger(__name__)
 
