@@ -190,6 +190,19 @@ def one_round(
     return {"result": result, "server_cpu": tree_cpu_seconds(server.proc.pid) - marks["cpu0"]}
 
 
+def handoff_ms(infos: list[dict[str, Any]]) -> dict[str, float]:
+    """The hand-off between jobs, in ms: from one job's end on the model side (its decode done) to the
+    next job's start there (its entry into the loop, or its call), over consecutive jobs whose
+    second was already waiting when the first ended: the time the device sat idle with work in line.
+    From the info records' timings (``infer_start`` / ``infer_end`` on the model side's clock,
+    ``received`` on the server's: one machine, one clock)."""
+    jobs = sorted((i["timings"] for i in infos if "timings" in i), key=lambda t: t["infer_start"])
+    gaps = [
+        (b["infer_start"] - a["infer_end"]) * 1000 for a, b in zip(jobs, jobs[1:]) if b["received"] <= a["infer_end"]
+    ]
+    return pct(gaps) if gaps else {}
+
+
 def app_rate(
     server: Server,
     spec: str,
@@ -220,6 +233,7 @@ def app_rate(
         server_cpu = sum(m["server_cpu"] for m in measured)
         client_cpu = sum(r.client_cpu_seconds for r in results)
         latency = pct([o.latency_ms for r in results for o in r.outcomes if o.ok]) if done else {}
+        gaps = handoff_ms([info for r in results for info in r.infos])
         rows[kind] = {
             "images_per_second": sum(r.images_per_second * r.seconds for r in results) / seconds,
             "server_cpu_ms_per_request": server_cpu / max(1, done) * 1000,
@@ -230,6 +244,9 @@ def app_rate(
             "cores_busy": (client_cpu + server_cpu) / (seconds * (psutil.cpu_count() or 1)),
             "latency_p50_ms": latency.get("p50"),
             "latency_p99_ms": latency.get("p99"),
+            # the device idle between jobs: one job's end to the next waiting one's start on the model side
+            "handoff_p50_ms": gaps.get("p50"),
+            "handoff_p99_ms": gaps.get("p99"),
             "requests": done,
             "errors": sent - done,
             "rounds": len(results),
@@ -336,8 +353,8 @@ def render(result: dict[str, Any]) -> str:
         "",
         "| profile | model side | clients | client | device's own rate img/s | through the app img/s "
         "| app / raw | server CPU per request ms (process tree) | client CPU per request ms "
-        "| model inference under load / idle | peak RSS of the process tree MiB | errors |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| model inference under load / idle | hand-off p50 / p99 ms | peak RSS of the process tree MiB | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         raw = "unlimited" if r["device_images_per_second"] is None else f"{r['device_images_per_second']:.1f}"
@@ -348,6 +365,7 @@ def render(result: dict[str, Any]) -> str:
             f"| {r['profile']} | {r.get('model_side', 'thread')} | {r['clients']} | "
             f"{r.get('client', 'gradio')} | {raw} | {r['images_per_second']:.1f} | {ratio} | "
             f"{r['server_cpu_ms_per_request']:.0f} | {own} | {'-' if slow is None else f'{slow:.2f}'} | "
+            f"{_ms(r.get('handoff_p50_ms'))} / {_ms(r.get('handoff_p99_ms'))} | "
             f"{r.get('peak_tree_rss_mb', 0):.0f} | {r['errors']} |"
         )
     rejected = [s for s in result.get("servers", []) if "rejected" in s]
@@ -365,6 +383,10 @@ def render(result: dict[str, Any]) -> str:
                 f"{j['load_p50_ms']:.1f} / {j['load_p99_ms']:.1f} | {j['load_p99_minus_idle_p99_ms']:.1f} |"
             )
     return "\n".join(lines)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,6 +20,9 @@ import psutil
 from bench.servers import ONE_ADDRESS
 
 ROOT = Path(__file__).resolve().parent.parent
+# The checkout whose app the servers run: this one, or another (an older commit) named by
+# T2I_BENCH_APP_ROOT, so that one benchmark's client side measures both against the same device.
+APP_ROOT = Path(os.environ.get("T2I_BENCH_APP_ROOT") or ROOT)
 
 
 class Server:
@@ -40,7 +43,7 @@ class Server:
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "bench.servers", "--design", design, "--port", str(self.port), *extra],
-            cwd=ROOT,
+            cwd=APP_ROOT,
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
