@@ -11,12 +11,14 @@ as a value, classified by ``kind``). Stop is a separate one-way signal, any obje
 itself; to the model process, a ``StopJob`` message sent the moment the flag is set
 (``engine.hosting.wire``); on ZeroGPU, the closing of the GPU call's stream at its next yield.
 
-Stops, one type per role: ``StopFlag``, what the model side reads (anything with ``is_set()``);
-``CountingStop``, a job's flag on the model side, which remembers the step it was set at;
-``serving.scheduler.StopSignal``, a request's flag on the serving side, which also calls back when set
-(a batch stops once all its members have); ``engine.hosting.runner``'s private ``_JobStop``, the caller's flag
-or the stream closed, as the model thread sees a job; and ``engine.model.stepping.StoppedAtStep``, the
-exception that ends a pipeline call at the step boundary where the flag was found set.
+Stops, one type per role: ``StopFlag``, what the model side reads at every step (anything with
+``is_set()``); ``StopSignal``, the one concrete flag (a request's on the serving side, set by a
+cancel, a disconnect, a time limit or shutdown; a job's in a model process), which remembers the
+step it was set at and calls back when set; and ``engine.hosting.wire.StopJob``, the stop crossing
+to a model process by the job's serial. Inside the model side, ``engine.hosting.runner``'s private
+``_JobStop`` (the caller's flag or the stream closed) and ``engine.model.stepping.StoppedAtStep``
+(the exception that ends a pipeline call at the step boundary where the flag was found set) are how
+it reads them.
 
 No closures, locks or callbacks cross: the same generator (``engine.hosting.runner.run_job``) runs on the
 in-process model thread, in ZeroGPU's forked process (which pickles its arguments and every yield),
@@ -267,18 +269,21 @@ class StopFlag(Protocol):
     def is_set(self) -> bool: ...
 
 
-class CountingStop(threading.Event):
-    """A stop that remembers how many steps had run when it was first set.
+class StopSignal(threading.Event):
+    """The one concrete stop: a request's on the serving side, a job's in a model process.
 
-    ``note(step)`` is called as steps complete (the runner calls a stop's ``note`` if it has one);
-    ``set`` (from any thread) records the count, so a cancelled job can report how many steps it
-    ran after being told to stop (at most 1 by design).
+    It remembers how many steps had run when it was first set: ``note(step)`` is called as steps
+    complete (the runner calls a stop's ``note`` if it has one, else the thread that relays the
+    job's steps does), and ``set`` (from any thread) records the count, so a cancelled job can
+    report how many steps it ran after being told to stop (at most 1 by design). ``on_set``
+    listeners are called on the setting thread: a model process's side forwards the stop that way.
     """
 
     def __init__(self) -> None:
         super().__init__()
         self.steps = 0
         self.steps_at_set: int | None = None
+        self._listeners: list[Callable[[], None]] = []
 
     def note(self, step: int) -> None:
         self.steps = max(self.steps, step)
@@ -287,6 +292,12 @@ class CountingStop(threading.Event):
         if self.steps_at_set is None:
             self.steps_at_set = self.steps
         super().set()
+        for listener in list(self._listeners):
+            listener()
+
+    def on_set(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` (on the setting thread) whenever this signal is set."""
+        self._listeners.append(listener)
 
 
 # on_step(step, total, previews): called on the model thread after every denoising step, inside the

@@ -85,7 +85,7 @@ def _release_gate_on_cancel() -> None:
 
 def _one_stop_stops_the_call(entries: Any) -> Any:
     """A closed batch's call stopped as soon as any one of its entries stops."""
-    from pipeline.serving.scheduler import StopSignal
+    from pipeline.protocol import StopSignal
 
     stop = StopSignal()
     for entry in entries:

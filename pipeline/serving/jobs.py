@@ -26,10 +26,10 @@ import logging
 import time
 from typing import Any, Callable
 
-from ..protocol import End, ErrorEvent, InferenceJob, InferenceResult, ModelEvent, Step, StepEvent
+from ..protocol import End, ErrorEvent, InferenceJob, InferenceResult, ModelEvent, Step, StepEvent, StopSignal
 from .eta import EtaBook, JobClock, Shape
 from .metrics import Metrics
-from .scheduler import Batch, Entry, Join, MemoryRoom, StopSignal, call_job, image_offsets
+from .scheduler import Batch, Entry, Join, MemoryRoom, call_job, image_offsets
 from .streamer import ModelStreamer
 
 log = logging.getLogger(__name__)

@@ -43,14 +43,14 @@ from ..errors import (
     ShuttingDown,
     TooManyWaiting,
 )
-from ..protocol import Done, End, Event, InferenceResult, ModelProfile, ModelSide, Timings, Waiting
+from ..protocol import Done, End, Event, InferenceResult, ModelProfile, ModelSide, StopSignal, Timings, Waiting
 from ..request import GenerateRequest, Limits, needs_token_count, validate, with_token_notes
 from .base import SHUTDOWN_MESSAGE, AdapterBase
 from .eta import Shape
 from .jobs import AUTO_LIMIT_FLOOR_SECONDS, GpuJobs
 from .metrics import Metrics
 from .postprocess import encode_pngs, info_record, lora_fields, scheduler_used
-from .scheduler import REPORT_INTERVAL, Batch, Entry, Scheduler, StopSignal, WaitLine
+from .scheduler import REPORT_INTERVAL, Batch, Entry, Scheduler, WaitLine
 from .streamer import ModelStreamer
 
 log = logging.getLogger(__name__)

@@ -21,9 +21,8 @@ entry sent a step early, for the place of members on their last step, names them
 step 0 and runs as one whole-pipeline call. ``jobs.GpuJobs`` runs both.
 
 Here too, what the scheduler is built from: the fair line (``WaitLine``: its order, "k ahead", the
-wake-up when it moves; the Ray adapter uses it alone), a request's stop on the serving side
-(``StopSignal``) and a request's ``Mailbox`` (its steps, coalesced when its consumer is behind, then
-its end).
+wake-up when it moves; the Ray adapter uses it alone) and a request's ``Mailbox`` (its steps,
+coalesced when its consumer is behind, then its end).
 
 Owner: the event loop. Nothing here holds a lock; other threads reach it through the loop.
 """
@@ -40,7 +39,7 @@ import math
 from dataclasses import dataclass, field
 from typing import AsyncGenerator, Callable, Generic, Hashable, Iterable, TypeVar
 
-from ..protocol import CountingStop, End, InferenceJob, InferenceResult, Step, Waiting
+from ..protocol import End, InferenceJob, InferenceResult, Step, StopSignal, Waiting
 from ..request import GenerateRequest
 
 T = TypeVar("T")
@@ -334,27 +333,6 @@ class Scheduler:
 
 # -- the fair line and a request's mailbox ----------------------------------------------------------
 REPORT_INTERVAL = 1.0  # seconds: at most one "k ahead" report a second per waiting request (read, not watched)
-
-
-class StopSignal(CountingStop):
-    """A request's or job's stop (``protocol.CountingStop``) that also calls listeners when set.
-
-    ``note(step)`` is called in-process by the model thread itself, else by the thread that relays
-    the job's steps; a model process forwards the stop through an ``on_set`` listener.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._listeners: list[Callable[[], None]] = []
-
-    def set(self) -> None:
-        super().set()
-        for listener in list(self._listeners):
-            listener()
-
-    def on_set(self, listener: Callable[[], None]) -> None:
-        """Call ``listener`` (on the setting thread) whenever this signal is set."""
-        self._listeners.append(listener)
 
 
 class WaitLine(Generic[T]):

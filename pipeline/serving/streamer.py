@@ -28,8 +28,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Callable
 
-from ..protocol import TERMINAL, ErrorEvent, InferenceJob, ModelEvent, ModelSide, StepEvent
-from .scheduler import StopSignal
+from ..protocol import TERMINAL, ErrorEvent, InferenceJob, ModelEvent, ModelSide, StepEvent, StopSignal
 
 log = logging.getLogger(__name__)
 

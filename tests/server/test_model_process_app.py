@@ -17,8 +17,7 @@ import pytest
 from PIL import Image
 
 from pipeline.engine.hosting.process import ProcessSide
-from pipeline.protocol import EncodedPreview, InferenceJob, InferenceResult, StepEvent
-from pipeline.serving.scheduler import StopSignal
+from pipeline.protocol import EncodedPreview, InferenceJob, InferenceResult, StepEvent, StopSignal
 from tests.helpers import ROOT, process_exited, running_app, wait_for
 
 WAIT = 60.0

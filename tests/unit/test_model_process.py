@@ -15,8 +15,7 @@ from typing import Any
 import pytest
 
 from pipeline.engine.hosting.process import DEAD_MESSAGE, ProcessSide
-from pipeline.protocol import EncodedPreview, ErrorEvent, InferenceJob, InferenceResult, StepEvent
-from pipeline.serving.scheduler import StopSignal
+from pipeline.protocol import EncodedPreview, ErrorEvent, InferenceJob, InferenceResult, StepEvent, StopSignal
 from tests.fakes import FakeLoader
 from tests.helpers import ROOT, process_exited, wait_for
 

@@ -23,7 +23,7 @@ from multiprocessing.connection import Connection
 from typing import Mapping
 
 from ...errors import EngineDead
-from ...protocol import TERMINAL, CountingStop, ErrorEvent, ModelEvent
+from ...protocol import TERMINAL, ErrorEvent, ModelEvent, StopSignal
 from .wire import (
     EXIT_POISONED,
     CountTokens,
@@ -80,7 +80,7 @@ def main(fd: int) -> None:
         send(LoadFailed(str(exc)))
         return
     send(Ready(profile))
-    stops: dict[int, CountingStop] = {}
+    stops: dict[int, StopSignal] = {}
 
     def relay_events() -> None:  # "job-relay": every job's events back to the server, in order, as they come
         while (item := out.get()) is not None:
@@ -102,7 +102,7 @@ def main(fd: int) -> None:
         while True:
             message: ToModel = conn.recv()
             if isinstance(message, RunJob):
-                stop = CountingStop()
+                stop = StopSignal()
                 stops[message.serial] = stop
                 runner.submit(message.job, stop, partial(_post, out, message.serial))
             elif isinstance(message, StopJob):

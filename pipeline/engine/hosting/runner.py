@@ -66,7 +66,7 @@ class _JobStop:
         return self.closed.is_set() or self.caller.is_set()
 
     def note(self, step: int) -> None:
-        """In-process, the caller's stop counts steps as they end (``protocol.CountingStop``)."""
+        """In-process, the caller's stop counts steps as they end (``protocol.StopSignal``)."""
         note = getattr(self.caller, "note", None)
         if note is not None:
             note(step)
