@@ -160,10 +160,12 @@ class RayAdapter(AdapterBase):
     ) -> AsyncGenerator[Event, None]:
         """One request through a replica; see ``Adapter.run``."""
         with self.accounted():
-            loop = asyncio.get_running_loop()
+            event_loop = asyncio.get_running_loop()
             # 1. Prepare on the front end: a bad field is answered here, before any replica sees it. The
             #    seed is resolved here too, so the replica draws exactly what the caller will be told.
-            request = await loop.run_in_executor(self._pool, lambda: validate(raw, self.limits, request_id=request_id))
+            request = await event_loop.run_in_executor(
+                self._pool, lambda: validate(raw, self.limits, request_id=request_id)
+            )
             forward = {**dict(raw), "seed": request.seed, "randomize_seed": False}
             ticket = self._line.join(None)
             started: Started | None = None
@@ -226,7 +228,7 @@ class RayAdapter(AdapterBase):
             if done is None:
                 raise GenerationFailed(request.request_id)
             # 4. Finalize on the front end: write the replica's PNGs where the app serves files from.
-            paths = await loop.run_in_executor(self._pool, self._write, done, user)
+            paths = await event_loop.run_in_executor(self._pool, self._write, done, user)
             info = dict(done.info)
             info["backend"] = "ray"
             self.metrics.images.inc(len(paths))

@@ -111,13 +111,13 @@ class ModelReplica:
         event, and the model thread stops at the end of the step in progress.
         """
         yield Started(self.name, self.actor_name, os.getpid())
-        loop = asyncio.get_running_loop()
+        event_loop = asyncio.get_running_loop()
         async with contextlib.aclosing(self.adapter.run(raw, request_id=request_id)) as events:
             async for event in events:
                 if isinstance(event, Step):
                     yield event
                 elif isinstance(event, Done):
-                    pngs = await loop.run_in_executor(self._pool, _take_files, event.paths)
+                    pngs = await event_loop.run_in_executor(self._pool, _take_files, event.paths)
                     info = {**event.info, "replica": self.name}
                     yield RemoteDone(tuple(p.name for p in event.paths), pngs, info)
                 # Waiting: the front end reports the line it can see (see RayAdapter).

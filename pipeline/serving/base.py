@@ -218,8 +218,8 @@ class AdapterBase:
 
     def on_loop(self, fn: Callable[[], None], timeout: float = 5.0) -> None:
         """Run ``fn`` on the event loop that serves requests, and wait for it (from any thread)."""
-        loop = self._loop
-        if loop is None or loop.is_closed() or not loop.is_running() or _on_thread_of(loop):
+        event_loop = self._loop
+        if event_loop is None or event_loop.is_closed() or not event_loop.is_running() or _on_thread_of(event_loop):
             fn()
             return
         done = threading.Event()
@@ -230,7 +230,7 @@ class AdapterBase:
             finally:
                 done.set()
 
-        loop.call_soon_threadsafe(call)
+        event_loop.call_soon_threadsafe(call)
         if not done.wait(timeout):
             log.warning("the event loop did not run %s within %.0f s", getattr(fn, "__name__", fn), timeout)
 
@@ -253,8 +253,8 @@ class AdapterBase:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _on_thread_of(loop: asyncio.AbstractEventLoop) -> bool:
+def _on_thread_of(event_loop: asyncio.AbstractEventLoop) -> bool:
     try:
-        return asyncio.get_running_loop() is loop
+        return asyncio.get_running_loop() is event_loop
     except RuntimeError:
         return False

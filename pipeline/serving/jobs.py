@@ -194,7 +194,7 @@ class GpuJobs:
         """Run ``job`` on the model side under the time limit; ``on_step`` gets each step on the event
         loop. Returns its result or its error only when the model side has left it (or, past the
         limit, has been given up on)."""
-        loop = asyncio.get_running_loop()
+        event_loop = asyncio.get_running_loop()
         clock = JobClock(Shape(job.width * job.height, job.num_inference_steps, job.num_images), time.monotonic())
 
         def deliver(event: ModelEvent) -> None:  # the model side's thread
@@ -202,7 +202,7 @@ class GpuJobs:
                 return
             self.metrics.denoise_steps.inc()
             try:
-                loop.call_soon_threadsafe(on_step, event, clock)
+                event_loop.call_soon_threadsafe(on_step, event, clock)
             except RuntimeError:  # the loop is closed: nobody is listening any more
                 stop.set()
 
@@ -241,13 +241,13 @@ class GpuJobs:
     def _mark_hung(self, terminal: concurrent.futures.Future[ModelEvent]) -> None:
         log.error("the model side is stuck in a job past its time limit")
         self.model_hung = True
-        loop = asyncio.get_running_loop()
+        event_loop = asyncio.get_running_loop()
 
         def recovered() -> None:  # on the loop, the owner of model_hung
             self.model_hung = False
             log.warning("the stuck job has returned; the model side is free again")
 
-        terminal.add_done_callback(lambda _f: loop.call_soon_threadsafe(recovered))
+        terminal.add_done_callback(lambda _f: event_loop.call_soon_threadsafe(recovered))
 
     def _deliver_step(
         self, entries: list[Entry], offsets: list[int], event: StepEvent, clock: JobClock, joinable: bool
@@ -284,11 +284,11 @@ async def wait_for_model(future: concurrent.futures.Future[Any], timeout: float 
     Returns whether it finished (False only when ``timeout`` ran out).
     """
     waiter = asyncio.wrap_future(future)
-    loop = asyncio.get_running_loop()
-    end = None if timeout is None else loop.time() + timeout
+    event_loop = asyncio.get_running_loop()
+    end = None if timeout is None else event_loop.time() + timeout
     while not waiter.done():
         try:
-            remaining = None if end is None else max(0.0, end - loop.time())
+            remaining = None if end is None else max(0.0, end - event_loop.time())
             await asyncio.wait_for(asyncio.shield(waiter), remaining)
         except TimeoutError:
             return False

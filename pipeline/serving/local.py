@@ -171,7 +171,7 @@ class LocalAdapter(AdapterBase):
         One async generator from the mailbox to the caller: a step crosses no other.
         """
         with self.accounted():
-            loop = asyncio.get_running_loop()
+            event_loop = asyncio.get_running_loop()
             t = Timings(received=self._clock())
             stop = StopSignal()  # set: this request leaves; its job stops when nobody is left in it
 
@@ -187,7 +187,7 @@ class LocalAdapter(AdapterBase):
                 t.prepare_start = self._clock()
                 request = validate(raw, self.limits, request_id=request_id)
                 if needs_token_count(request, self.limits):
-                    request = await loop.run_in_executor(self._pool, self._count_tokens, request)
+                    request = await event_loop.run_in_executor(self._pool, self._count_tokens, request)
                 t.prepare_end = t.gpu_wait_start = self._clock()
 
                 # 2. Wait in line for the GPU, in a fair order across users (round-robin, ``WaitLine.order``);
@@ -218,7 +218,7 @@ class LocalAdapter(AdapterBase):
 
             # 4. Finalize: concurrent, off the loop.
             t.finalize_start = self._clock()
-            paths = await loop.run_in_executor(self._pool, self._encode, request, result, user)
+            paths = await event_loop.run_in_executor(self._pool, self._encode, request, result, user)
             t.finalize_end = self._clock()
             p = self.profile
             info = info_record(request, result, t, p, end)

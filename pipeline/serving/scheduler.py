@@ -421,7 +421,7 @@ class WaitLine(Generic[T]):
         line moves again. On a fast device the line moves every few milliseconds, and each report
         costs the caller's handler a full output (a diff and a message on the event loop).
         """
-        loop = asyncio.get_running_loop()
+        event_loop = asyncio.get_running_loop()
         reported, reported_at = -1, -math.inf
         while True:
             moved = self.moved  # taken before the check, so no wake-up is missed
@@ -429,11 +429,11 @@ class WaitLine(Generic[T]):
             if done(ahead):
                 return
             if ahead != reported:
-                if (wait := reported_at + self.report_interval - loop.time()) > 0:
+                if (wait := reported_at + self.report_interval - event_loop.time()) > 0:
                     with contextlib.suppress(TimeoutError):  # the line moved, or the interval is up
                         await asyncio.wait_for(moved.wait(), wait)
                     continue
-                reported, reported_at = ahead, loop.time()
+                reported, reported_at = ahead, event_loop.time()
                 yield Waiting(ahead)
             await moved.wait()
 
