@@ -6,7 +6,8 @@ on the embedded model, on a UNet family (SDXL, job-level) and on a transformer f
 - a job's adapter changes the picture and equals a plain diffusers call with ``set_adapters([NAME],
   [SCALE])``; "none" equals a model with no adapters; the previous job's adapter never leaks;
 - a step-level loop holds members with different adapters in one denoiser call (peft's mixed-adapter
-  batches), each member's pixels as alone; an adapter runs at one scale per call (``admits``);
+  batches), each member's pixels as alone (that an adapter runs at one scale per call, the scheduler's
+  ``Batch.admits``, is tested through the adapter in ``tests/unit/test_lora_serving.py``);
 - under ``--compile`` the adapters hotswap into one slot (no recompiling), with the same pixels.
 """
 
@@ -175,14 +176,6 @@ def test_members_with_different_adapters_share_each_denoiser_call_with_their_own
     for i, j in enumerate(jobs):
         assert mad(pictures[i], run(model, j)) <= BOUND, f"member {i} ({j.lora or 'none'})"
     assert mad(pictures[0], pictures[2]) > 1.0  # and the adapters did apply
-
-
-def test_one_scale_per_adapter_in_a_loop_and_the_runner_holds_the_other() -> None:
-    model = model_of("default")
-    loop = model.open_loop(job())
-    loop.add(replace(job("a", 0.5), joinable=True))
-    assert loop.admits(job("b", 1.0)) and loop.admits(job()) and loop.admits(job("a", 0.5))
-    assert not loop.admits(job("a", 1.0))
 
 
 def test_separate_batching_puts_the_adapter_in_the_loop_key() -> None:

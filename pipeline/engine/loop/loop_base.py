@@ -171,11 +171,6 @@ class MemberLoop:
         self._switch_ms[slot] = switch_ms
         return slot
 
-    def admits(self, job: InferenceJob) -> bool:
-        """Whether ``job`` may join now: each LoRA adapter runs at one scale in one denoiser call."""
-        loras = self.model.loras
-        return loras is None or loras.admits([use_of(m.job) for m in self.members.values()], use_of(job))
-
     def result_fields(self, slot: int) -> dict[str, Any]:
         """What a member's result carries besides its images (``joining.LoopDriver``)."""
         return {"lora_switch_ms": self._switch_ms.pop(slot, 0.0), "model_loads": self.model.loads}

@@ -15,7 +15,8 @@ A step-level loop may hold members with different adapters (``LoadedLoras.rows``
 in which each row goes through its own adapter, through peft's mixed-adapter batches (the
 ``adapter_names`` argument of every LoRA layer, ``"__base__"`` for no adapter), with each adapter's
 scale set on its layers. An adapter has one scale at a time, so a loop holds each adapter at one
-scale (``LoadedLoras.admits``). Everything here runs on the model thread.
+scale: the serving side's scheduler admits joiners so (``serving.scheduler.Batch.admits``).
+Everything here runs on the model thread.
 """
 
 from __future__ import annotations
@@ -159,10 +160,6 @@ class LoadedLoras:
         return [layer for layer in self._all_layers if SLOT in layer.scaling]
 
     # -- a LoRA per row (step-level loops) ---------------------------------------------------------
-
-    def admits(self, uses: Sequence[LoraUse], joiner: LoraUse) -> bool:
-        """Whether ``joiner`` may share a denoiser call with ``uses``: each adapter at one scale."""
-        return all(u.name != joiner.name or u.scale == joiner.scale for u in uses if u.name)
 
     @contextlib.contextmanager
     def rows(self, per_row: Sequence[LoraUse]) -> Iterator[None]:
