@@ -66,7 +66,8 @@ TESTS: dict[str, str] = {
     "leave-drops-another-member": "tests/unit/test_joining.py::test_cancelling_one_member_leaves_the_others_untouched",
     "joiner-waits-for-the-end": "tests/unit/test_joining.py::test_a_joiner_is_sent_a_step_early_and_enters_as_the_leaving_member_goes",
     "early-joiner-not-held": "tests/unit/test_joining.py::test_the_model_side_follows_the_schedulers_tags_and_decides_nothing",
-    "joiners-skip-the-fair-head": "tests/server/test_fair_share_app.py::test_a_request_that_cannot_join_waits_one_loop_behind_a_single_users_long_backlog "
+    "joiners-skip-the-fair-head": "tests/unit/test_scheduler.py::test_a_request_that_cannot_join_holds_back_every_compatible_one_behind_it "
+    "tests/server/test_fair_share_app.py::test_a_request_that_cannot_join_waits_one_loop_behind_a_single_users_long_backlog "
     "tests/unit/test_joining.py::test_joiners_enter_in_fifo_order_and_an_incompatible_head_is_never_overtaken",
     "swap-does-nothing": "tests/browser/test_page.py::test_a_preset_sets_the_size_and_swap_exchanges_width_and_height",
     "history-restores-nothing": (

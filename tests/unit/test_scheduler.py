@@ -1,0 +1,102 @@
+"""The one scheduler on its own (issue 37): its decisions from its state, with no adapter, thread or
+model. ``Scheduler.schedule`` opens a batch only with the gate free, lets the longest run from the
+head of the fair order join a running loop (an entry that cannot join holds back those behind it),
+sends a joiner a step early naming the entries it replaces, keeps each LoRA at one scale and the
+loop within the device's measured memory; ``plan_until`` forms the same batches for the ETA."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from pipeline.protocol import InferenceResult, StopSignal
+from pipeline.request import Limits, validate
+from pipeline.serving.scheduler import Entry, Scheduler, WaitLine
+from tests.fakes import FAKE_PROFILE
+from tests.helpers import raw_request
+
+LIMITS = Limits.for_model(dataclasses.replace(FAKE_PROFILE, loras=()), max_pixel_steps=10**9)
+
+
+def _entry(rid: str, user: str, **raw: Any) -> Entry:
+    return Entry(validate(raw_request(**raw), LIMITS, request_id=rid), StopSignal(), user=user)
+
+
+def _scheduler(max_images: int = 2, joining: bool = True) -> Scheduler:
+    return Scheduler(max_images, joining=joining, mixed_loras=False, line=WaitLine())
+
+
+def _ids(entries: Any) -> list[str]:
+    return [e.request.request_id for e in entries]
+
+
+def test_a_batch_opens_only_with_the_gate_free_and_joiners_follow_the_fair_order() -> None:
+    s = _scheduler(max_images=2)
+    for rid, user in [("a1", "a"), ("a2", "a"), ("a3", "a"), ("b1", "b")]:
+        s.add(_entry(rid, user))
+    opened, joins = s.schedule(closing=False, gate_free=True)
+    assert opened is not None and _ids(opened.entries) == ["a1", "b1"] and not joins  # round-robin: b before a2
+    assert s.schedule(closing=False, gate_free=False) == (None, [])  # full: nobody joins
+    a1 = opened.entries[0]
+    a1.last_step = True  # its place may go to a joiner a step early
+    _, joins = s.schedule(closing=False, gate_free=False)
+    assert [(j.entry.request.request_id, j.after) for j in joins] == [("a2", ("a1",))]
+    opened.leave(a1)
+    assert s.schedule(closing=False, gate_free=False) == (None, [])  # a2 already holds the place
+
+
+def test_a_request_that_cannot_join_holds_back_every_compatible_one_behind_it() -> None:
+    s = _scheduler(max_images=4)
+    s.add(_entry("a1", "a"))
+    opened, _ = s.schedule(closing=False, gate_free=True)
+    assert opened is not None
+    s.add(_entry("b1", "b", width=128, height=128))  # another size: cannot join a's loop
+    for i in range(2, 6):
+        s.add(_entry(f"a{i}", "a"))
+    assert s.schedule(closing=False, gate_free=False) == (None, [])  # nobody overtakes b1
+    s.ended(opened)
+    opened, _ = s.schedule(closing=False, gate_free=True)
+    assert opened is not None and _ids(opened.entries)[0] == "b1"
+
+
+def test_one_scale_per_lora_and_the_memory_room_bound_the_joiners() -> None:
+    limits = Limits.for_model(
+        dataclasses.replace(FAKE_PROFILE, loras=(dataclasses.replace(_info(), name="ink"),)), max_pixel_steps=10**9
+    )
+    s = Scheduler(8, joining=True, mixed_loras=True, line=WaitLine())
+
+    def entry(rid: str, **raw: Any) -> Entry:
+        return Entry(validate(raw_request(**raw), limits, request_id=rid), StopSignal(), user=rid)
+
+    s.add(entry("a", lora="ink", lora_scale=1.0))
+    opened, _ = s.schedule(closing=False, gate_free=True)
+    assert opened is not None
+    s.add(entry("b", lora="ink", lora_scale=0.5))  # ink at another scale: not in this loop
+    s.add(entry("c"))
+    assert s.schedule(closing=False, gate_free=False) == (None, [])
+    # The device: 100 bytes idle, 300 an image at 64 px measured; 1000 in all: a second image fits
+    # (700 <= 900), a third would not.
+    s.memory.learn(64, 64, 1, _result(peak=400, total=1000, idle=100))
+    assert s.memory.fits(64, 64, 1, 1) and not s.memory.fits(64, 64, 2, 1)
+
+
+def test_the_plan_for_the_eta_forms_the_batches_the_scheduler_will() -> None:
+    s = _scheduler(max_images=2, joining=False)
+    entries = [_entry("a1", "a"), _entry("a2", "a"), _entry("b1", "b", num_inference_steps=5), _entry("a3", "a")]
+    for e in entries:
+        s.add(e)
+    plan = s.plan_until(entries[3])
+    assert [_ids(batch) for batch in plan] == [["a1", "a2"], ["b1"], ["a3"]]
+    opened, _ = s.schedule(closing=False, gate_free=True)
+    assert opened is not None and _ids(opened.entries) == ["a1", "a2"]  # the plan's first batch
+    assert s.schedule(closing=True, gate_free=True) == (None, [])  # closing: nothing opens
+
+
+def _info() -> Any:
+    from pipeline.protocol import LoraInfo
+
+    return LoraInfo("ink")
+
+
+def _result(peak: int, total: int, idle: int) -> InferenceResult:
+    return InferenceResult((), 1, 0.0, 0.0, peak, device_total_bytes=total, idle_bytes=idle)
