@@ -189,7 +189,19 @@ async def test_different_samplers_never_share_a_loop(make_adapter: Any) -> None:
     adapter, model = make_adapter(_joining(step_gate=steps), max_batch_size=8, step_joining=True)
     a = await _start(adapter, "a", scheduler="Euler a")
     await _loop_blocked_in(model, 1)
+    passes: list[Any] = []
+    schedule = adapter.scheduler.schedule
+
+    def counted(**kw: Any) -> Any:
+        passes.append(decided := schedule(**kw))
+        return decided
+
+    adapter.scheduler.schedule = counted
     b = await _start(adapter, "b", scheduler="DDIM")
+    await wait_until(lambda: bool(passes), "the scheduler has looked at b while a's loop runs")
+    running = adapter.scheduler.running
+    if running is not None and "b" in [e.request.request_id for e in running.entries]:
+        await _handed_to_model(adapter)  # taken into a's loop: it reaches the model before a ends
     steps.release(20)
     _ra, rb = await asyncio.gather(a, b)
     assert all(len(s) == 1 for s in model.loop_steps)
