@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import Settings
-from pipeline.protocol import Done
 from pipeline.request import limits_for
 from pipeline.serving.local import LocalAdapter
 
@@ -51,7 +50,7 @@ def request(size: int, steps: int, k: int) -> dict[str, Any]:
 async def one(adapter: Any, raw: dict[str, Any]) -> dict[str, Any]:
     async with contextlib.aclosing(adapter.run(raw)) as events:
         async for event in events:
-            if isinstance(event, Done):
+            if event.kind == "done":
                 return event.info
     raise RuntimeError("no result")
 

@@ -1,34 +1,32 @@
 """The boundary vocabulary, in one module: plain, picklable data in and out, and nothing else. Free of torch.
 
-Two boundaries: the model side's (below) and the serving side's to the web layer (at the end:
-``Waiting``, ``Step``, ``Done`` from ``Adapter.run``; a request's ``End``, with its ``FinishReason``).
-
-The serving side calls the model side with one frozen ``InferenceJob`` and reads back a stream of
-``ModelEvent`` values: ``StepEvent`` (step k of N, with optional small encoded previews), then exactly one
-terminal event, an ``InferenceResult`` (images, timings, peak memory) or an ``ErrorEvent`` (an error
-as a value, classified by ``kind``). Stop is a separate one-way signal, any object with
-``is_set()``, which the model side reads at every step boundary: in-thread, the caller's flag
-itself; to the model process, a ``StopJob`` message sent the moment the flag is set
-(``engine.hosting.wire``); on ZeroGPU, the closing of the GPU call's stream at its next yield.
+Requests: ``InferenceJob``, one frozen call of the pipeline (or one member of a step-level loop), and
+``Submission``, a job in a host's hands (the job, its stop, where its events go). Outputs, three
+shapes: ``StepEvent`` (step k of N, with small encoded previews), then exactly one ``InferenceResult``,
+the one ending (done with its images, or another ``FinishReason`` with its words: an error is a value),
+from every host; and ``Output``, what the serving side yields to the web layer (``Adapter.run``)
+about one request: its place in line, its steps, its end. A request's mailbox carries the same
+``Output`` steps and its share of the job's ``InferenceResult``.
 
 Stops, one type per role: ``StopFlag``, what the model side reads at every step (anything with
-``is_set()``); ``StopSignal``, the one concrete flag (a request's on the serving side, set by a
-cancel, a disconnect, a time limit or shutdown; a job's in a model process), which remembers the
-step it was set at and calls back when set; and ``engine.hosting.wire.StopJob``, the stop crossing
-to a model process by the job's serial. Inside the model side, ``engine.hosting.runner``'s private
-``_JobStop`` (the caller's flag or the stream closed) and ``engine.model.stepping.StoppedAtStep``
-(the exception that ends a pipeline call at the step boundary where the flag was found set) are how
-it reads them.
+``is_set()``); ``StopSignal``, the one that is set (a request's on the serving side, by a cancel, a
+disconnect, a time limit or shutdown; a job's in a model process), which remembers the step it was
+set at and calls back when set; and ``engine.hosting.wire.StopJob``, the stop crossing to a model
+process by the job's serial, sent the moment the flag is set. On ZeroGPU the stop is the closing
+of the GPU call's stream at its next yield. Inside the model side, ``engine.hosting.runner``'s
+``_JobStop`` is a ``StopFlag`` too (the caller's flag, or the stream closed), and
+``engine.model.stepping.StoppedAtStep`` is the exception that ends a pipeline call at the step
+boundary where the flag was found set.
 
-No closures, locks or callbacks cross: the same generator (``engine.hosting.runner.run_job``) runs on the
-in-process model thread, in ZeroGPU's forked process (which pickles its arguments and every yield),
-in a Ray replica, and in a model process of our own.
+No closures, locks or callbacks cross a process: the same generator (``engine.hosting.runner.run_job``)
+runs on the in-process model thread, in ZeroGPU's forked process (which pickles its arguments and
+every yield), in a Ray replica, and in a model process of our own.
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Generator, Literal, Mapping, Protocol
 
@@ -206,36 +204,11 @@ class StepEvent:
         return next((image for i, image in self.previews if i == index), None)
 
 
-@dataclass(frozen=True)
-class InferenceResult:
-    """The job's images (in job order), the steps it ran, when it ran and its peak device memory."""
-
-    images: tuple[Image.Image, ...]
-    steps_done: int
-    started: float
-    ended: float
-    peak_memory_bytes: int | None = None
-    # Step-level runs only (``engine.loop.joining``): the most images and jobs its loop held while this job
-    # was in it, and how many loop steps had run when it joined (0: it opened or started with the loop).
-    batch_images: int = 0
-    batch_jobs: int = 0
-    joined_at_step: int | None = None
-    # The time this job's adapter switch took on the model side (0: the adapters were already set),
-    # and how many times that model side has loaded the model (a switch never loads it again).
-    lora_switch_ms: float = 0.0
-    model_loads: int = 0
-    # The device's memory, where it reports it (not the CPU): its total and its idle footprint (the
-    # weights) when the loop or call began; the scheduler learns from them what a joiner needs.
-    device_total_bytes: int | None = None
-    idle_bytes: int | None = None
-
-
-# crashed: the model process died during the job (it is being restarted); device_lost: the device failed in a way
-# that poisons the process (``engine.device_faults``; the model side ends itself); engine_dead: no model side left
-ErrorKind = Literal["cancelled", "out_of_memory", "failed", "crashed", "device_lost", "engine_dead"]
-# Why a request ended: every ending is a value with a reason (the model side's ``ErrorKind``s, the
-# serving side's time limit and shutdown, or done), translated into the user's words once
-# (``serving.local.LocalAdapter._outcome``).
+# Why a job, or a request, ended: every ending is a value with a reason, translated into the user's
+# words once (``serving.local.LocalAdapter._outcome``). The model side's: done, cancelled,
+# out_of_memory, failed, crashed (the model process died during the job; it is being restarted),
+# device_lost (the device failed in a way that poisons the process, ``engine.device_faults``),
+# engine_dead (no model side left); the serving side's: timed_out, shutting_down.
 FinishReason = Literal[
     "done",
     "cancelled",
@@ -250,17 +223,70 @@ FinishReason = Literal[
 
 
 @dataclass(frozen=True)
-class ErrorEvent:
-    """The job ended without images. ``detail`` is for the log (a traceback), never for users."""
+class InferenceResult:
+    """How a job ended, and a request's share of it: the one ending, on every host and to the mailbox.
 
-    kind: ErrorKind
-    message: str
+    ``reason`` "done": its images (in job order), the steps it ran, when it ran and its peak device
+    memory. Any other reason: no images, and ``message`` says why (``detail``, a traceback, is for
+    the log, never for users). An error is a value, never an exception across the boundary.
+    """
+
+    images: tuple[Image.Image, ...] = ()
     steps_done: int = 0
+    started: float = 0.0
+    ended: float = 0.0
+    peak_memory_bytes: int | None = None
+    # The most images and jobs that shared its denoiser calls while it ran (its loop, or its call;
+    # 0: the job's own), and how many loop steps had run when it joined (None: it ran as one call;
+    # 0: it opened or started with the loop).
+    batch_images: int = 0
+    batch_jobs: int = 0
+    joined_at_step: int | None = None
+    # The time this job's adapter switch took on the model side (0: the adapters were already set),
+    # and how many times that model side has loaded the model (a switch never loads it again).
+    lora_switch_ms: float = 0.0
+    model_loads: int = 0
+    # The device's memory, where it reports it (not the CPU): its total and its idle footprint (the
+    # weights) when the loop or call began; the scheduler learns from them what a joiner needs.
+    device_total_bytes: int | None = None
+    idle_bytes: int | None = None
+    reason: FinishReason = "done"
+    message: str = ""
     detail: str = ""
+    limit: float = 0.0  # timed_out: the time limit, in seconds
+    # cancelled in a model process: the model's own step count when the stop reached it (None: unknown)
+    steps_at_stop: int | None = None
+
+    @classmethod
+    def ended_by(
+        cls, reason: FinishReason, message: str, steps_done: int = 0, detail: str = "", **more: Any
+    ) -> InferenceResult:
+        """An ending without images: ``reason`` and the words for the log."""
+        return cls(steps_done=steps_done, reason=reason, message=message, detail=detail, **more)
+
+    @property
+    def ok(self) -> bool:
+        return self.reason == "done"
+
+    @property
+    def batching(self) -> str:
+        """ "step": it ran in a step-level loop (``engine.loop.joining``); "job": as one call."""
+        return "job" if self.joined_at_step is None else "step"
 
 
-ModelEvent = StepEvent | InferenceResult | ErrorEvent
-TERMINAL = (InferenceResult, ErrorEvent)
+ModelEvent = StepEvent | InferenceResult
+
+
+@dataclass(frozen=True)
+class Submission:
+    """A job in a host's hands between threads: the job, its stop, and where its events go (``emit``,
+    called on the host's thread with each event, the last one an ``InferenceResult``). The one carrier
+    on every queue a job waits in: the model-stream thread's (``serving.streamer``), the model
+    thread's (``engine.hosting.runner``) and a step-level loop's seat (``engine.loop.joining``)."""
+
+    job: InferenceJob
+    stop: StopFlag
+    emit: Callable[[ModelEvent], None]
 
 
 class StopFlag(Protocol):
@@ -355,36 +381,38 @@ class ModelSide(Protocol):
     def shutdown(self, timeout: float | None = None) -> None: ...
 
 
-# -- what the serving side yields: to the web layer (``Adapter.run``), and a request's end --------------
+# -- what the serving side yields to the web layer (``Adapter.run``) ----------------------------------
 @dataclass(frozen=True)
-class Waiting:
-    """Prepared and in line for the GPU; ``ahead`` jobs (the running one included) come first.
+class Output:
+    """One request's news, each time something its caller would see changes: the one output message.
 
-    ``eta_seconds``: the estimated time until this request's images (the running job's time left,
-    each job ahead, then its own), from measured rates (``eta.py``); None until a job has been measured.
+    Waiting in line: ``ahead`` requests' jobs (the running one included) come first. Running: step
+    ``step`` of ``total`` has run, with the request's first image's ``preview`` on preview steps.
+    ``eta_seconds``: the estimated time until its images (waiting: the running job's time left,
+    each job ahead, then its own; running: its job's time left), from measured rates (``eta.py``);
+    None until a job has been measured. The last one has ``finish`` "done" with the images'
+    ``paths`` and the ``info`` record; any other ending is raised as a ``ServingError`` in the user's
+    words (``serving.local.LocalAdapter._outcome``), so a caller never reads a failure as a picture.
+    Across a Ray hop a replica sends its PNGs as ``files`` (name, bytes), and its first output (ahead
+    0) names the replica in ``info``.
     """
 
-    ahead: int
-    eta_seconds: float | None = None
-
-
-@dataclass(frozen=True)
-class Step:
-    """Step ``step`` of ``total`` has run; ``eta_seconds``: the job's estimated time left (None: not known yet)."""
-
-    step: int
-    total: int
+    request_id: str = ""
+    ahead: int | None = None
+    step: int = 0
+    total: int = 0
     preview: EncodedPreview | None = None
     eta_seconds: float | None = None
+    finish: FinishReason | None = None
+    paths: tuple[Path, ...] = ()
+    info: dict[str, Any] = field(default_factory=dict)
+    files: tuple[tuple[str, bytes], ...] = ()
 
-
-@dataclass(frozen=True)
-class Done:
-    paths: list[Path]
-    info: dict[str, Any]
-
-
-Event = Waiting | Step | Done
+    @property
+    def kind(self) -> Literal["waiting", "step", "done"]:
+        if self.finish is not None:
+            return "done"
+        return "waiting" if self.ahead is not None else "step"
 
 
 @dataclass
@@ -414,19 +442,3 @@ class Timings:
             "finalize": ms(self.finalize_start, self.finalize_end),
             "total": ms(self.received, self.finalize_end),
         }
-
-
-@dataclass(frozen=True)
-class End:
-    """The last item on a request's stream: why it ended (``protocol.FinishReason``) and, when done,
-    its share of the job's images; else the model side's or the scheduler's words, for the log."""
-
-    reason: FinishReason = "done"
-    result: InferenceResult | None = None
-    message: str = ""
-    steps_done: int = 0  # cancelled: the steps it ran
-    limit: float = 0.0  # timed_out: the time limit, in seconds
-    batch_size: int = 1  # images in the job this request ran in (step-level: the most its loop held)
-    batch_requests: int = 1  # requests in that job (step-level: the most its loop held)
-    batching: str = "job"  # job: one call for the whole batch; step: a step-level loop (engine.loop.joining)
-    joined_at_step: int | None = None  # step-level: loop steps run before it joined

@@ -218,15 +218,12 @@ def run_loop(model: Any, first: Any, joiner: Any = None, join_at: int = 1) -> di
     once the first has run ``join_at`` steps; each job's terminal event by request id."""
     from pipeline.engine.hosting.runner import NEVER
     from pipeline.engine.loop.joining import LoopDriver
+    from pipeline.protocol import Submission
 
     ended: dict[str, Any] = {}
 
-    class Task:
-        def __init__(self, job: Any) -> None:
-            self.job, self.stop = job, NEVER
-
-        def emit(self, event: Any) -> None:
-            ended[self.job.request_id] = event
+    def Task(job: Any) -> Submission:
+        return Submission(job, NEVER, lambda event: ended.__setitem__(job.request_id, event))
 
     pending = [Task(joiner)] if joiner is not None else []
     loop = model.open_loop(first)

@@ -27,7 +27,7 @@ def _no_gate() -> None:
 def _thread_per_job() -> None:
     """No single model thread: every job gets a fresh thread, and the pipeline is called from it."""
     from pipeline.engine.hosting.runner import ModelRunner
-    from pipeline.protocol import ErrorEvent, InferenceResult, StepEvent
+    from pipeline.protocol import InferenceResult, StepEvent
     from pipeline.serving.streamer import ModelStreamer
 
     def stream(self: Any, job: Any, stop: Any = None) -> Any:
@@ -36,19 +36,27 @@ def _thread_per_job() -> None:
             result = self.model.generate(job, stop or threading.Event(), lambda s, t, p: events.append(StepEvent(s, t)))
         except Exception as exc:
             yield from events
-            yield ErrorEvent("failed", repr(exc))
+            yield InferenceResult.ended_by("failed", repr(exc))
             return
         yield from events
-        yield result if isinstance(result, InferenceResult) else ErrorEvent("failed", "no result")
+        yield result if isinstance(result, InferenceResult) else InferenceResult.ended_by("failed", "no result")
 
     def submit(self: Any, job: Any, stop: Any, deliver: Any, context: Any = None) -> Any:
         import concurrent.futures
 
-        from pipeline.serving.streamer import _Task
+        from pipeline.protocol import Submission
 
-        task = _Task(job, stop, context or contextvars.copy_context(), deliver, concurrent.futures.Future())
-        threading.Thread(target=lambda: task.terminal.set_result(task.context.run(self._drive, task))).start()
-        return task.terminal
+        terminal: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def emit(event: Any) -> None:
+            if isinstance(event, InferenceResult):
+                terminal.set_result(event) if not terminal.done() else None
+            else:
+                deliver(event)
+
+        task = Submission(job, stop, emit)
+        threading.Thread(target=lambda: (context or contextvars.copy_context()).run(self._drive, task)).start()
+        return terminal
 
     ModelRunner.stream = stream  # type: ignore[method-assign]
     ModelStreamer.submit = submit  # type: ignore[method-assign]
@@ -150,7 +158,7 @@ def _fills_nothing(pasted: Any, limits: Any, **kwargs: Any) -> Any:
 def _leave_drops_another() -> None:
     """A leave that drops another member: when one member stops, the next one in the loop goes too."""
     from pipeline.engine.loop.joining import LoopDriver
-    from pipeline.protocol import ErrorEvent
+    from pipeline.protocol import InferenceResult
 
     def _leave_stopped(self: Any) -> None:
         for m in [m for m in self.members if m.task.stop.is_set()]:
@@ -161,7 +169,7 @@ def _leave_drops_another() -> None:
                 self.members.remove(o)
                 done = self.loop.steps_done(o.slot)
                 self.loop.remove(o.slot)
-                o.task.emit(ErrorEvent("cancelled", "stopped", done))
+                o.task.emit(InferenceResult.ended_by("cancelled", "stopped", done))
 
     LoopDriver._leave_stopped = _leave_stopped  # type: ignore[method-assign]
 

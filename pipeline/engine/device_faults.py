@@ -22,7 +22,7 @@ import re
 import traceback
 
 from ..errors import OutOfMemory
-from ..protocol import ErrorEvent
+from ..protocol import InferenceResult
 
 ALLOCATION = re.compile(
     r"out of memory|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation"
@@ -52,12 +52,12 @@ def kind_of(exc: BaseException) -> str:
     return "failed"
 
 
-def fault_event(exc: BaseException) -> ErrorEvent:
+def fault_event(exc: BaseException) -> InferenceResult:
     """The error value a job that raised ``exc`` ends with."""
     kind = kind_of(exc)
     if kind == "out_of_memory":
-        return ErrorEvent("out_of_memory", str(exc))
+        return InferenceResult.ended_by("out_of_memory", str(exc))
     message = f"{type(exc).__name__}: {exc}"
     if kind == "device_lost":
-        return ErrorEvent("device_lost", message.splitlines()[0][:300], detail=traceback.format_exc())
-    return ErrorEvent("failed", message, detail=traceback.format_exc())
+        return InferenceResult.ended_by("device_lost", message.splitlines()[0][:300], detail=traceback.format_exc())
+    return InferenceResult.ended_by("failed", message, detail=traceback.format_exc())

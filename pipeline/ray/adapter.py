@@ -32,14 +32,14 @@ from ..errors import (
     ServingError,
     ShuttingDown,
 )
-from ..protocol import Done, Event, ModelProfile, Step, Waiting
+from ..protocol import ModelProfile, Output
 from ..request import limits_for, validate
 from ..serving.base import SHUTDOWN_MESSAGE, AdapterBase
 from ..serving.metrics import Metrics
 from ..serving.postprocess import output_folder, write_then_rename
 from ..serving.scheduler import WaitLine
 from .cluster import RayCluster, stop
-from .replica import RemoteDone, Started
+from .replica import started_by_replica
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,9 @@ class RayAdapter(AdapterBase):
         self.output_dir = settings.output_dir
         self.queue_size = settings.queue_size
         self._calls: set[Any] = set()  # the open remote calls, cancelled on shutdown
-        self.started: dict[str, Started] = {}  # request id -> the replica running it, while it runs
+        self.started: dict[
+            str, dict[str, Any]
+        ] = {}  # request id -> the replica running it (its name, pid), while it runs
         self.replicas_running: int | None = None  # from Serve's status, refreshed in the background
         self._status_stop = threading.Event()
         self._status_thread = threading.Thread(target=self._watch_status, name="ray-status", daemon=True)
@@ -157,7 +159,7 @@ class RayAdapter(AdapterBase):
         request_id: str | None = None,
         alive: Callable[[], bool] | None = None,
         user: str | None = None,  # only for the disk share: Ray Serve's own queue orders the replicas' requests
-    ) -> AsyncGenerator[Event, None]:
+    ) -> AsyncGenerator[Output, None]:
         """One request through a replica; see ``Adapter.run``."""
         with self.accounted():
             event_loop = asyncio.get_running_loop()
@@ -168,8 +170,8 @@ class RayAdapter(AdapterBase):
             )
             forward = {**dict(raw), "seed": request.seed, "randomize_seed": False}
             ticket = self._line.join(None)
-            started: Started | None = None
-            done: RemoteDone | None = None
+            started: dict[str, Any] | None = None
+            done: Output | None = None
             try:
                 for attempt in range(RETRIES_BEFORE_START + 1):
                     call = self.handle.generate.remote(forward, request.request_id)
@@ -184,13 +186,13 @@ class RayAdapter(AdapterBase):
                         with self.liveness.watching(alive, caller_gone):
                             # 2./3. Wait for a replica, then relay its steps.
                             async for item in self._relay(call, ticket):
-                                if isinstance(item, Started):
-                                    started = item
-                                    self.started[request.request_id] = item
+                                if started_by_replica(item):
+                                    started = item.info
+                                    self.started[request.request_id] = item.info
                                     self._line.leave(ticket)
                                     self.running += 1
                                     self._line.notify()
-                                elif isinstance(item, RemoteDone):
+                                elif item.kind == "done":
                                     done = item
                                 else:
                                     yield item
@@ -214,7 +216,7 @@ class RayAdapter(AdapterBase):
                             log.error(
                                 "request %s: the replica %s died during the job",
                                 request.request_id,
-                                started.replica if started else "?",
+                                started["replica"] if started else "?",
                             )
                         raise error from None
                     finally:
@@ -233,10 +235,10 @@ class RayAdapter(AdapterBase):
             info["backend"] = "ray"
             self.metrics.images.inc(len(paths))
             self.metrics.inference.observe(info["durations_ms"]["inference"] / 1000)
-            yield Done(paths, info)
+            yield Output(request.request_id, finish="done", paths=tuple(paths), info=info)
 
-    async def _relay(self, call: Any, ticket: int) -> AsyncGenerator[Any, None]:
-        """The remote stream; until the replica starts the request, ``Waiting`` as the line moves."""
+    async def _relay(self, call: Any, ticket: int) -> AsyncGenerator[Output, None]:
+        """The remote stream; until the replica starts the request, its place as the line moves."""
         first = asyncio.ensure_future(call.__anext__())
         first.add_done_callback(_retrieve)  # its error is re-raised below, or moot once we cancel
         first.add_done_callback(lambda _f: self._line.notify())  # the wait below wakes up for it
@@ -245,7 +247,7 @@ class RayAdapter(AdapterBase):
                 ticket, busy=lambda: int(self.running >= self.cluster.replicas), done=lambda _ahead: first.done()
             ):
                 yield waiting
-            yield Waiting(0)
+            yield Output(ahead=0)
             item = first.result()
         except StopAsyncIteration:
             return
@@ -254,14 +256,13 @@ class RayAdapter(AdapterBase):
                 first.cancel()
         yield item
         async for item in call:
-            if isinstance(item, Step):
+            if item.kind == "step":
                 self.metrics.denoise_steps.inc()
             yield item
 
-    def _write(self, done: RemoteDone, user: str | None) -> list[Path]:
+    def _write(self, done: Output, user: str | None) -> list[Path]:
         folder = output_folder(self.output_dir, user)
-        pngs = zip(done.names, done.pngs)
-        return [write_then_rename(folder / name, partial(_write_bytes, png)) for name, png in pngs]
+        return [write_then_rename(folder / name, partial(_write_bytes, png)) for name, png in done.files]
 
 
 def _write_bytes(data: bytes, path: Path) -> None:

@@ -14,34 +14,19 @@ import contextlib
 import logging
 import os
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncGenerator
+from typing import Any, AsyncGenerator, Sequence
 
 from ..config import Settings
-from ..protocol import Done, ModelProfile, Step
+from ..protocol import ModelProfile, Output
 from ..request import limits_for
 
 log = logging.getLogger(__name__)
 
 
-# -- what crosses the boundary (plain picklable records) -----------------------------------------
-@dataclass(frozen=True)
-class Started:
-    """The replica took the request: who it is."""
-
-    replica: str
-    actor_name: str
-    pid: int
-
-
-@dataclass(frozen=True)
-class RemoteDone:
-    """The request's PNGs (encoded in the replica, with their parameters) and its info record."""
-
-    names: tuple[str, ...]
-    pngs: tuple[bytes, ...]
-    info: dict[str, Any]
+def started_by_replica(output: Output) -> bool:
+    """Whether ``output`` is a replica's first: it took the request (``info`` names the replica)."""
+    return output.kind == "waiting" and "replica" in output.info
 
 
 # -- the replica ---------------------------------------------------------------------------------
@@ -104,22 +89,26 @@ class ModelReplica:
             "inference_in_progress": self.adapter.inference_in_progress,
         }
 
-    async def generate(self, raw: dict[str, Any], request_id: str) -> AsyncGenerator[Started | Step | RemoteDone, None]:
-        """Stream one request: ``Started``, its ``Step``s, then ``RemoteDone`` (or raise a ``ServingError``).
+    async def generate(self, raw: dict[str, Any], request_id: str) -> AsyncGenerator[Output, None]:
+        """Stream one request as ``Output``s: the first names this replica (``started_by_replica``), then
+        its steps, then its end with the PNGs as ``files`` (or raise a ``ServingError``).
 
         When the caller cancels, Ray cancels this task; closing ``adapter.run`` sets the job's stop
         event, and the model thread stops at the end of the step in progress.
         """
-        yield Started(self.name, self.actor_name, os.getpid())
+        who = {"replica": self.name, "actor_name": self.actor_name, "pid": os.getpid()}
+        yield Output(request_id, ahead=0, info=who)
         event_loop = asyncio.get_running_loop()
         async with contextlib.aclosing(self.adapter.run(raw, request_id=request_id)) as events:
             async for event in events:
-                if isinstance(event, Step):
+                if event.kind == "step":
                     yield event
-                elif isinstance(event, Done):
+                elif event.kind == "done":
                     pngs = await event_loop.run_in_executor(self._pool, _take_files, event.paths)
                     info = {**event.info, "replica": self.name}
-                    yield RemoteDone(tuple(p.name for p in event.paths), pngs, info)
+                    yield Output(
+                        request_id, finish="done", info=info, files=tuple(zip((p.name for p in event.paths), pngs))
+                    )
                 # Waiting: the front end reports the line it can see (see RayAdapter).
 
     def shutdown(self) -> None:
@@ -128,7 +117,7 @@ class ModelReplica:
         self.adapter.close()
 
 
-def _take_files(paths: list[Path]) -> tuple[bytes, ...]:
+def _take_files(paths: Sequence[Path]) -> tuple[bytes, ...]:
     blobs = []
     for path in paths:
         blobs.append(path.read_bytes())

@@ -1,7 +1,7 @@
 """The ``Adapter`` protocol, and what every adapter shares: accounting, health, close, liveness.
 
-An adapter is what the web layer drives: ``run(raw)`` streams one request's ``Waiting``/``Step``
-events and one ``Done``, or raises a ``ServingError``. ``LocalAdapter`` runs the model in this
+An adapter is what the web layer drives: ``run(raw)`` streams one request's ``protocol.Output``s
+(waiting, its steps, then done), or raises a ``ServingError``. ``LocalAdapter`` runs the model in this
 process; ``ray.adapter.RayAdapter`` runs it on Ray Serve replicas. ``AdapterBase`` holds the parts they
 share, so each adapter is only its own request path (``_request``).
 
@@ -21,7 +21,7 @@ import threading
 from typing import Any, AsyncGenerator, Callable, Iterator, Mapping, Protocol
 
 from ..errors import Cancelled, InvalidRequest, RetryLater, ShuttingDown
-from ..protocol import Event, ModelProfile
+from ..protocol import ModelProfile, Output
 from ..request import Limits
 from .metrics import Metrics
 
@@ -50,7 +50,7 @@ class Adapter(Protocol):
         request_id: str | None = None,
         alive: Callable[[], bool] | None = None,
         user: str | None = None,
-    ) -> AsyncGenerator[Event, None]: ...
+    ) -> AsyncGenerator[Output, None]: ...
 
     def health(self) -> dict[str, Any]: ...
 
@@ -148,8 +148,8 @@ class AdapterBase:
         request_id: str | None = None,
         alive: Callable[[], bool] | None = None,
         user: str | None = None,
-    ) -> AsyncGenerator[Event, None]:
-        """Yield ``Waiting``/``Step`` progress, then one ``Done``; or raise a ``ServingError``.
+    ) -> AsyncGenerator[Output, None]:
+        """Yield ``Output``s (waiting, steps), then one with ``finish`` "done"; or raise a ``ServingError``.
 
         Each adapter's ``run`` is one async generator whose body runs inside ``accounted``.
 

@@ -26,7 +26,7 @@ import logging
 import time
 from typing import Any, Callable
 
-from ..protocol import End, ErrorEvent, InferenceJob, InferenceResult, ModelEvent, Step, StepEvent, StopSignal
+from ..protocol import InferenceJob, InferenceResult, ModelEvent, Output, StepEvent, StopSignal
 from .eta import EtaBook, JobClock, Shape
 from .metrics import Metrics
 from .scheduler import Batch, Entry, Join, MemoryRoom, call_job, image_offsets
@@ -40,11 +40,6 @@ TIMEOUT_GRACE_SECONDS = 2.0  # after a time limit, how long to wait for the mode
 AUTO_LIMIT_FLOOR_SECONDS = 30.0
 AUTO_LIMIT_FACTOR = 2.0
 AUTO_LIMIT_UNMEASURED_SECONDS = 600.0
-
-
-def failure_of(event: ErrorEvent) -> End:
-    """The model side's error value as a request's end: its kind is the reason, as it is."""
-    return End(reason=event.kind, message=event.message, steps_done=event.steps_done)
 
 
 class GpuJobs:
@@ -128,7 +123,7 @@ class GpuJobs:
                 self.metrics.oom_retries.inc()
                 for entry in entries:
                     if entry.stop.is_set():
-                        entry.deliver(End("cancelled", message="cancelled before the retry"))
+                        entry.deliver(InferenceResult.ended_by("cancelled", "cancelled before the retry"))
                     elif (alone := await self._attempt(batch, [entry], (), joinable=False)) is not None:
                         entry.deliver(alone)
             elif error is not None:
@@ -140,7 +135,7 @@ class GpuJobs:
             self._on_leave()  # room in the batch: the scheduler may take joiners, or end it
 
     @staticmethod
-    def retry_alone(error: End | None, entries: list[Entry]) -> bool:
+    def retry_alone(error: InferenceResult | None, entries: list[Entry]) -> bool:
         """An out-of-memory error in a job that shared the device with others (in its call or its loop)."""
         shared = len(entries) > 1 or any(e.peers > 1 for e in entries)
         out_of_memory = error is not None and error.reason == "out_of_memory"
@@ -148,7 +143,7 @@ class GpuJobs:
 
     async def _attempt(
         self, batch: Batch, entries: list[Entry], after: tuple[str, ...], *, joinable: bool
-    ) -> End | None:
+    ) -> InferenceResult | None:
         """One job on the model side. On success every entry gets its images; else returns its failure."""
         if len(entries) == 1:
             entry = entries[0]
@@ -165,20 +160,16 @@ class GpuJobs:
             lambda event, clock: self._deliver_step(entries, offsets, event, clock, joinable),
             self.time_limit(job, batch.max_images if joinable else 0),
         )
-        if isinstance(outcome, End):
+        if not outcome.ok:
             return outcome
         images = outcome.batch_images or job.num_images
         self.metrics.batch_images.observe(images)
         self.memory.learn(job.width, job.height, images, outcome)
         for i, entry in enumerate(entries):
-            share = dataclasses.replace(outcome, images=outcome.images[offsets[i] : offsets[i + 1]])
+            share = outcome.images[offsets[i] : offsets[i + 1]]
             entry.deliver(
-                End(
-                    result=share,
-                    batch_size=images,
-                    batch_requests=outcome.batch_jobs or len(entries),
-                    batching="step" if outcome.joined_at_step is not None else "job",
-                    joined_at_step=outcome.joined_at_step,
+                dataclasses.replace(
+                    outcome, images=share, batch_images=images, batch_jobs=outcome.batch_jobs or len(entries)
                 )
             )
         return None
@@ -190,7 +181,7 @@ class GpuJobs:
         context: contextvars.Context | None,
         on_step: Callable[[StepEvent, JobClock], None],
         limit: float,
-    ) -> InferenceResult | End:
+    ) -> InferenceResult:
         """Run ``job`` on the model side under the time limit; ``on_step`` gets each step on the event
         loop. Returns its result or its error only when the model side has left it (or, past the
         limit, has been given up on)."""
@@ -222,21 +213,21 @@ class GpuJobs:
                 stop.set()
                 if not await wait_for_model(terminal, timeout=TIMEOUT_GRACE_SECONDS):
                     self._mark_hung(terminal)
-                return End("timed_out", message=f"past {limit:g} s", limit=limit)
+                return InferenceResult.ended_by("timed_out", f"past {limit:g} s", limit=limit)
         finally:
             self.running.pop(key, None)
             if self.clock is clock:
                 self.clock = None
         event = terminal.result()
-        if isinstance(event, InferenceResult):
+        assert isinstance(event, InferenceResult)
+        if event.ok:
             clock.finish(self.book, time.monotonic())
             return event
-        assert isinstance(event, ErrorEvent)
-        if event.kind == "cancelled" and stop.steps_at_set is not None:
+        if event.reason == "cancelled" and stop.steps_at_set is not None:
             self.metrics.steps_after_stop.observe(event.steps_done - stop.steps_at_set)
-        if event.kind == "failed":
+        if event.reason == "failed":
             log.error("job %s failed on the model side: %s\n%s", job.request_id, event.message, event.detail)
-        return failure_of(event)
+        return event
 
     def _mark_hung(self, terminal: concurrent.futures.Future[ModelEvent]) -> None:
         log.error("the model side is stuck in a job past its time limit")
@@ -258,7 +249,8 @@ class GpuJobs:
         clock.on_step(event.step, event.total, now)
         eta = clock.remaining(self.book, now)
         for i, entry in enumerate(entries):
-            entry.deliver(Step(event.step, event.total, event.preview(offsets[i]), eta))
+            rid, preview = entry.request.request_id, event.preview(offsets[i])
+            entry.deliver(Output(rid, step=event.step, total=event.total, preview=preview, eta_seconds=eta))
         if joinable and event.total - event.step <= 1 and not entries[0].last_step:
             entries[0].last_step = True
             self._on_leave()

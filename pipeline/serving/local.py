@@ -26,6 +26,7 @@ only posts to the loop; ``begin_shutdown`` from another thread goes through the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import time
@@ -43,7 +44,7 @@ from ..errors import (
     ShuttingDown,
     TooManyWaiting,
 )
-from ..protocol import Done, End, Event, InferenceResult, ModelProfile, ModelSide, StopSignal, Timings, Waiting
+from ..protocol import InferenceResult, ModelProfile, ModelSide, Output, StopSignal, Timings
 from ..request import GenerateRequest, Limits, needs_token_count, validate, with_token_notes
 from .base import SHUTDOWN_MESSAGE, AdapterBase
 from .eta import Shape
@@ -109,6 +110,7 @@ class LocalAdapter(AdapterBase):
         )
         self._job_tasks: set[asyncio.Task[None]] = set()  # the batch holding the gate (at most one)
         self._scheduling: asyncio.Task[None] | None = None  # the scheduler's owner task, started lazily
+        self._stops: dict[str, StopSignal] = {}  # request id -> its stop, while the request runs (event loop)
 
     @staticmethod
     def make_gate() -> asyncio.Semaphore:
@@ -153,6 +155,19 @@ class LocalAdapter(AdapterBase):
         self.jobs.stop_all()
         self._line.notify()
 
+    def stop(self, request_id: str) -> bool:
+        """Stop one request by its id, waiting or running (its job stops at the next step when nobody
+        else is left in it); False if no such request is in flight. Event loop only."""
+        if (stop := self._stops.get(request_id)) is None:
+            return False
+        stop.set()
+        self._line.notify()
+        return True
+
+    def _forget_stop(self, request_id: str, stop: StopSignal) -> None:
+        if self._stops.get(request_id) is stop:  # not a later request that reused the id
+            del self._stops[request_id]
+
     def shutdown_model(self, timeout: float | None = None) -> None:
         """End the model side (after its current job, whose stop ``begin_shutdown`` has set)."""
         self.streamer.shutdown(timeout=timeout)
@@ -165,12 +180,12 @@ class LocalAdapter(AdapterBase):
         request_id: str | None = None,
         alive: Callable[[], bool] | None = None,
         user: str | None = None,
-    ) -> AsyncGenerator[Event, None]:
+    ) -> AsyncGenerator[Output, None]:
         """One request, in four numbered steps (the module docstring); see ``Adapter.run``.
 
         One async generator from the mailbox to the caller: a step crosses no other.
         """
-        with self.accounted():
+        with self.accounted(), contextlib.ExitStack() as cleanup:
             event_loop = asyncio.get_running_loop()
             t = Timings(received=self._clock())
             stop = StopSignal()  # set: this request leaves; its job stops when nobody is left in it
@@ -186,6 +201,8 @@ class LocalAdapter(AdapterBase):
                 #    the model process, so it runs off the loop, concurrently.
                 t.prepare_start = self._clock()
                 request = validate(raw, self.limits, request_id=request_id)
+                self._stops[request.request_id] = stop  # ``stop(request_id)`` reaches it from now on
+                cleanup.callback(self._forget_stop, request.request_id, stop)
                 if needs_token_count(request, self.limits):
                     request = await event_loop.run_in_executor(self._pool, self._count_tokens, request)
                 t.prepare_end = t.gpu_wait_start = self._clock()
@@ -198,13 +215,13 @@ class LocalAdapter(AdapterBase):
                 entry = Entry(request, stop, contextvars.copy_context(), user=user)
                 self._start_scheduling()
                 self.scheduler.add(entry)
-                end: End | None = None
+                end: InferenceResult | None = None
                 try:
                     async for waiting in self._wait_turn(entry):
                         yield waiting
                     # 3. Infer: this request's steps from its job, straight from its mailbox, then its end.
                     try:
-                        while not isinstance(item := await entry.events.get(), End):
+                        while isinstance(item := await entry.events.get(), Output):
                             yield item
                         end = item
                     except BaseException:
@@ -221,25 +238,25 @@ class LocalAdapter(AdapterBase):
             paths = await event_loop.run_in_executor(self._pool, self._encode, request, result, user)
             t.finalize_end = self._clock()
             p = self.profile
-            info = info_record(request, result, t, p, end)
+            info = info_record(request, result, t, p)
             self._observe(info, len(paths))
-            yield Done(paths, info)
+            yield Output(request.request_id, finish="done", paths=tuple(paths), info=info)
 
-    async def _wait_turn(self, entry: Entry) -> AsyncGenerator[Waiting, None]:
+    async def _wait_turn(self, entry: Entry) -> AsyncGenerator[Output, None]:
         """Report "k ahead" until the scheduler takes ``entry`` into a batch (or it stops, or we close)."""
         async for waiting in self._line.turn(
             entry.ticket,
             busy=lambda: int(self._gate.locked()),
             done=lambda ahead: entry.taken or not ahead or self.closing or entry.stop.is_set(),
         ):
-            yield Waiting(waiting.ahead, self._eta(entry))
+            yield Output(entry.request.request_id, ahead=waiting.ahead, eta_seconds=self._eta(entry))
         while not (entry.taken or self.closing or entry.stop.is_set()):
             await self._line.moved.wait()  # the head with nothing running: the scheduler takes it next
         if not entry.taken:
             if self.closing:
                 raise ShuttingDown(SHUTDOWN_MESSAGE)
             raise Cancelled("the caller went away while waiting")
-        yield Waiting(0, self._eta(entry))
+        yield Output(entry.request.request_id, ahead=0, eta_seconds=self._eta(entry))
 
     # -- the scheduler's owner: one task on the loop acts on its decisions -------------------------
     def _start_scheduling(self) -> None:
@@ -300,14 +317,13 @@ class LocalAdapter(AdapterBase):
     def _count_tokens(self, request: GenerateRequest) -> GenerateRequest:
         return with_token_notes(request, self.limits, self.side.count_tokens)
 
-    def _outcome(self, request: GenerateRequest, end: End) -> InferenceResult:
+    def _outcome(self, request: GenerateRequest, end: InferenceResult) -> InferenceResult:
         """This request's images, or why it ended in this request's words: the one translation of an
         ending (``protocol.FinishReason``) into a ``ServingError``; the handler only shows it."""
         rid = request.request_id
         match end.reason:
             case "done":
-                assert end.result is not None
-                return end.result
+                return end
             case "cancelled" if self.closing:
                 raise ShuttingDown(SHUTDOWN_MESSAGE + " Your job was stopped.")
             case "cancelled":

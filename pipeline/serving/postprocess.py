@@ -36,7 +36,7 @@ import zlib
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 from PIL import Image, PngImagePlugin
@@ -51,9 +51,6 @@ try:
     from isal import isal_zlib
 except ImportError:  # pragma: no cover - isal is in requirements.txt
     isal_zlib = None  # type: ignore[assignment]
-
-if TYPE_CHECKING:
-    from ..protocol import End
 
 _FULL = {errno.ENOSPC, errno.EDQUOT}  # "no space left", "quota exceeded": the disk, not the request
 
@@ -214,11 +211,10 @@ def info_record(
     result: InferenceResult,
     t: Timings,
     p: ModelProfile,
-    end: End,
 ) -> dict[str, Any]:
     """The info record a request's caller gets with its images (the API's second output).
 
-    ``end`` says how it was batched: ``batching`` is "step" for a step-level loop (with
+    ``result`` says how it was batched: ``batching`` is "step" for a step-level loop (with
     ``joined_at_step``, the loop steps run before it joined) or "job".
     """
     params = request.parameters()
@@ -230,10 +226,10 @@ def info_record(
         **lora_fields(request, p),
         "lora_switch_ms": round(result.lora_switch_ms, 3),
         "model_loads": result.model_loads,
-        "batch_size": end.batch_size,
-        "batch_requests": end.batch_requests,
-        "batching": end.batching,
-        "joined_at_step": end.joined_at_step,
+        "batch_size": result.batch_images or len(result.images),
+        "batch_requests": result.batch_jobs or 1,
+        "batching": result.batching,
+        "joined_at_step": result.joined_at_step,
         "device": p.device,
         "dtype": p.dtype,
         "steps_done": result.steps_done,

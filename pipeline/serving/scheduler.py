@@ -39,7 +39,7 @@ import math
 from dataclasses import dataclass, field
 from typing import AsyncGenerator, Callable, Generic, Hashable, Iterable, TypeVar
 
-from ..protocol import End, InferenceJob, InferenceResult, Step, StopSignal, Waiting
+from ..protocol import InferenceJob, InferenceResult, Output, StopSignal
 from ..request import GenerateRequest
 
 T = TypeVar("T")
@@ -61,7 +61,7 @@ class Entry:
     last_step: bool = False  # in a joinable batch: one step left (its place may go to a joiner a step early)
     user: Hashable | None = None  # who asked (None: a user of its own); the line is fair across users
 
-    def deliver(self, item: Step | End) -> None:
+    def deliver(self, item: Output | InferenceResult) -> None:
         """Put a step or the end on this request's stream (on the event loop's thread)."""
         self.events.put(item)
 
@@ -413,8 +413,8 @@ class WaitLine(Generic[T]):
 
     async def turn(
         self, ticket: int, busy: Callable[[], int], done: Callable[[int], bool]
-    ) -> AsyncGenerator[Waiting, None]:
-        """``Waiting(k)`` when k (tickets ahead plus ``busy()``) changes, until ``done(k)``.
+    ) -> AsyncGenerator[Output, None]:
+        """``Output(ahead=k)`` when k (tickets ahead plus ``busy()``) changes, until ``done(k)``.
 
         The first at once, then at most one per ``report_interval``, with the count of when it is
         sent: a change inside the interval is reported when the interval is up, whether or not the
@@ -434,7 +434,7 @@ class WaitLine(Generic[T]):
                         await asyncio.wait_for(moved.wait(), wait)
                     continue
                 reported, reported_at = ahead, event_loop.time()
-                yield Waiting(ahead)
+                yield Output(ahead=ahead)
             await moved.wait()
 
 
@@ -448,12 +448,12 @@ class Mailbox:
     """
 
     def __init__(self) -> None:
-        self._items: collections.deque[Step | End] = collections.deque()
+        self._items: collections.deque[Output | InferenceResult] = collections.deque()
         self._ready = asyncio.Event()
         self.coalesced = 0  # steps replaced before they were read
 
-    def put(self, item: Step | End) -> None:
-        if isinstance(item, Step) and self._items and isinstance(self._items[-1], Step):
+    def put(self, item: Output | InferenceResult) -> None:
+        if isinstance(item, Output) and self._items and isinstance(self._items[-1], Output):
             unread = self._items[-1]
             if item.preview is None and unread.preview is not None:
                 item = dataclasses.replace(item, preview=unread.preview)
@@ -463,7 +463,7 @@ class Mailbox:
             self._items.append(item)
         self._ready.set()
 
-    async def get(self) -> Step | End:
+    async def get(self) -> Output | InferenceResult:
         while not self._items:
             self._ready.clear()
             await self._ready.wait()

@@ -10,8 +10,9 @@ process's ``ProcessSide``) is handed each job here and calls back as events happ
 can be in flight (step-level joining, ``engine.loop.joining``) and no thread iterates a stream. A side
 with only ``stream`` (ZeroGPU's ``@spaces.GPU`` call) runs one job at a time on this thread.
 
-Every event is passed to the job's ``deliver`` callback (the adapter posts it to the event loop)
-and the job's future resolves with its terminal event, after its last step has been delivered.
+Every step is passed to the job's ``deliver`` callback (the adapter posts it to the event loop)
+and the job's future resolves with its terminal event, after its last step has been delivered; a
+job waits on this thread's queue as a ``protocol.Submission`` whose ``emit`` does both.
 Exactly one terminal per job, whatever happens: if this thread dies, every job fails with an
 ``engine_dead`` error value instead of hanging.
 """
@@ -25,26 +26,18 @@ import logging
 import queue
 import threading
 import traceback
-from dataclasses import dataclass
 from typing import Callable
 
-from ..protocol import TERMINAL, ErrorEvent, InferenceJob, ModelEvent, ModelSide, StepEvent, StopSignal
+from ..protocol import InferenceJob, InferenceResult, ModelEvent, ModelSide, StopSignal, Submission
 
 log = logging.getLogger(__name__)
 
-DEAD = ErrorEvent("engine_dead", "the model side has stopped; the server must be restarted")
-
-
-@dataclass(frozen=True)
-class _Task:
-    job: InferenceJob
-    stop: StopSignal
-    context: contextvars.Context
-    deliver: Callable[[ModelEvent], None]
-    terminal: concurrent.futures.Future[ModelEvent]
+DEAD = InferenceResult.ended_by("engine_dead", "the model side has stopped; the server must be restarted")
 
 
 _SHUTDOWN = object()
+# On the thread's queue: the job, the context it runs in, and the future of its terminal event.
+_Queued = tuple[Submission, contextvars.Context, concurrent.futures.Future[ModelEvent]]
 
 
 class ModelStreamer:
@@ -52,7 +45,7 @@ class ModelStreamer:
 
     def __init__(self, side: ModelSide, *, name: str = "model-stream") -> None:
         self.side = side
-        self._tasks: queue.SimpleQueue[_Task | object] = queue.SimpleQueue()
+        self._tasks: queue.SimpleQueue[_Queued | object] = queue.SimpleQueue()
         self._lock = threading.Lock()  # guards _dead against a submit racing the thread's death
         self._dead = False
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
@@ -75,12 +68,21 @@ class ModelStreamer:
         context: contextvars.Context | None = None,
     ) -> concurrent.futures.Future[ModelEvent]:
         terminal: concurrent.futures.Future[ModelEvent] = concurrent.futures.Future()
-        task = _Task(job, stop, context if context is not None else contextvars.copy_context(), deliver, terminal)
+
+        def emit(event: ModelEvent) -> None:  # the side's thread, or this one: steps out, the end to the future
+            if isinstance(event, InferenceResult):
+                if not terminal.done():
+                    terminal.set_result(event)
+                return
+            stop.note(event.step)
+            deliver(event)
+
+        queued = (Submission(job, stop, emit), context if context is not None else contextvars.copy_context(), terminal)
         with self._lock:
             if self._dead or not self._thread.is_alive():
                 terminal.set_result(DEAD)
             else:
-                self._tasks.put(task)
+                self._tasks.put(queued)
         return terminal
 
     def shutdown(self, timeout: float | None = None) -> None:
@@ -92,56 +94,45 @@ class ModelStreamer:
 
     # -- the thread --------------------------------------------------------------------------
     def _main(self) -> None:
-        task: _Task | object = None
+        queued: _Queued | object = None
         try:
-            while (task := self._tasks.get()) is not _SHUTDOWN:
-                assert isinstance(task, _Task)
-                if self.many_in_flight:
-                    task.context.run(self._hand_over, task)
-                else:
-                    task.terminal.set_result(task.context.run(self._drive, task))
+            while (queued := self._tasks.get()) is not _SHUTDOWN:
+                assert isinstance(queued, tuple)
+                task, context, _terminal = queued
+                context.run(self._hand_over if self.many_in_flight else self._drive, task)
         except BaseException as exc:  # dying: nobody may be left waiting, the running job included
             log.critical("the model-stream thread died: %r", exc, exc_info=True)
-            if isinstance(task, _Task) and not task.terminal.done():
-                task.terminal.set_result(DEAD)
+            if isinstance(queued, tuple) and not queued[2].done():
+                queued[2].set_result(DEAD)
             raise
         finally:
             with self._lock:
                 self._dead = True
             self._fail_pending()
 
-    def _hand_over(self, task: _Task) -> None:
+    def _hand_over(self, task: Submission) -> None:
         """Give the job to a side with callbacks; its events arrive on the side's own thread."""
-
-        def emit(event: ModelEvent) -> None:
-            if isinstance(event, TERMINAL):
-                if not task.terminal.done():
-                    task.terminal.set_result(event)
-                return
-            if isinstance(event, StepEvent):
-                task.stop.note(event.step)
-            task.deliver(event)
-
         try:
-            self.side.submit(task.job, task.stop, emit)
+            self.side.submit(task.job, task.stop, task.emit)
         except Exception as exc:
             log.error("handing job %s to the model side failed", task.job.request_id, exc_info=True)
-            emit(ErrorEvent("failed", f"{type(exc).__name__}: {exc}", 0, traceback.format_exc()))
+            task.emit(InferenceResult.ended_by("failed", f"{type(exc).__name__}: {exc}", 0, traceback.format_exc()))
 
-    def _drive(self, task: _Task) -> ModelEvent:
-        """Iterate the job's stream, delivering each step; return its terminal event."""
+    def _drive(self, task: Submission) -> None:
+        """Iterate the job's stream here, emitting each event; exactly one terminal, whatever happens."""
+        steps = 0
         try:
             with contextlib.closing(self.side.stream(task.job, task.stop)) as events:
                 for event in events:
-                    if isinstance(event, TERMINAL):
-                        return event
-                    if isinstance(event, StepEvent):
-                        task.stop.note(event.step)
-                    task.deliver(event)
+                    task.emit(event)
+                    if isinstance(event, InferenceResult):
+                        return
+                    steps = event.step
         except Exception as exc:  # a broken model side answers this job, and the thread carries on
             log.error("the model stream of job %s failed", task.job.request_id, exc_info=True)
-            return ErrorEvent("failed", f"{type(exc).__name__}: {exc}", task.stop.steps, traceback.format_exc())
-        return ErrorEvent("failed", "the model stream ended without a result", task.stop.steps)
+            task.emit(InferenceResult.ended_by("failed", f"{type(exc).__name__}: {exc}", steps, traceback.format_exc()))
+            return
+        task.emit(InferenceResult.ended_by("failed", "the model stream ended without a result", steps))
 
     def _fail_pending(self) -> None:
         while True:
@@ -149,5 +140,5 @@ class ModelStreamer:
                 task = self._tasks.get_nowait()
             except queue.Empty:
                 return
-            if isinstance(task, _Task) and not task.terminal.done():
-                task.terminal.set_result(DEAD)
+            if isinstance(task, tuple) and not task[2].done():
+                task[2].set_result(DEAD)

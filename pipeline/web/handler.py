@@ -15,7 +15,6 @@ from typing import Any, AsyncGenerator, Awaitable, Callable, Iterator, Sequence
 import gradio as gr
 
 from ..errors import Cancelled, InvalidRequest, RetryLater, ServingError, StorageFull
-from ..protocol import Step, Waiting
 from ..request import FIELDS, new_request_id, validate
 from ..serving.base import Adapter
 from .gradio_internals import caller_alive, current_session
@@ -196,9 +195,9 @@ def make_generate(
                 events = adapter.run(raw, request_id=request_id, alive=alive, user=user)
                 async with contextlib.aclosing(events):
                     async for event in events:
-                        if isinstance(event, Waiting):
+                        if event.kind == "waiting":
                             out = waiting_output(event, view, request_id, None if ui else progress)
-                        elif isinstance(event, Step):
+                        elif event.kind == "step":
                             out = step_output(
                                 event, view, request_id, None if ui else progress, postprocess is not None
                             )

@@ -16,7 +16,7 @@ import uuid
 import zipfile
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from ..serving.postprocess import output_folder, write_then_rename
 
@@ -147,7 +147,7 @@ class SessionResults:
         self._last: dict[str, dict[str, Any]] = {}  # session -> its last finished request's record
         self._zips: dict[str, tuple[tuple[str, ...], Path]] = {}  # session -> (the history it holds, its zip)
 
-    def add(self, session: str | None, paths: list[Any], info: dict[str, Any]) -> None:
+    def add(self, session: str | None, paths: Sequence[Any], info: dict[str, Any]) -> None:
         """File a finished request's images (``paths``, in order) and its record under ``session``."""
         if not session:
             return

@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 import gradio as gr
 
-from ..protocol import Done, Step, Waiting
+from ..protocol import Output
 from .site import Site
 
 PROGRESS_INTERVAL = 0.25  # seconds between streamed progress outputs of one request
@@ -50,7 +50,7 @@ class ProgressView:
         self.last_sent = 0.0
 
     def waiting(self, ahead: int, eta_seconds: float | None = None) -> str | None:
-        """The text to send for ``Waiting(ahead)``, or None if the screen would not change."""
+        """The text to send for ``ahead`` requests in line, or None if the screen would not change."""
         text = f"waiting for the GPU: {ahead} ahead" if ahead else "starting"
         if ahead and eta_seconds is not None:
             text += f", about {duration_text(eta_seconds)}"
@@ -59,7 +59,7 @@ class ProgressView:
         self.text = text
         return text
 
-    def step(self, event: Step, now: float) -> bool:
+    def step(self, event: Output, now: float) -> bool:
         """Whether to send ``event`` (its "step k/N", and its preview if it has one)."""
         if event.total <= 1:
             return False
@@ -84,7 +84,7 @@ def duration_text(seconds: float) -> str:
     return f"{whole // 60} min {whole % 60} s" if whole % 60 else f"{whole // 60} min"
 
 
-def step_text(event: Step) -> str:
+def step_text(event: Output) -> str:
     """ "step k/N", and the time left once it is known: "step 3/20 · 12 s left"."""
     text = f"step {event.step}/{event.total}"
     if event.eta_seconds is not None and event.step < event.total:
@@ -105,9 +105,10 @@ def gallery_items(paths: Sequence[Path], info: dict[str, Any]) -> list[tuple[str
 
 
 def waiting_output(
-    event: Waiting, view: ProgressView, request_id: str, progress: gr.Progress | None
+    event: Output, view: ProgressView, request_id: str, progress: gr.Progress | None
 ) -> tuple[Any, ...] | None:
     """A place in line as the outputs show it (None: nothing a person would see changed)."""
+    assert event.ahead is not None
     if (text := view.waiting(event.ahead, event.eta_seconds)) is None:
         return None
     if progress is not None:  # API callers: a progress message
@@ -117,7 +118,7 @@ def waiting_output(
 
 
 def step_output(
-    event: Step, view: ProgressView, request_id: str, progress: gr.Progress | None, as_file: bool
+    event: Output, view: ProgressView, request_id: str, progress: gr.Progress | None, as_file: bool
 ) -> tuple[Any, ...] | None:
     """A step as the outputs show it, with its preview (None: too soon after the last, or a 1-step job).
 
@@ -140,7 +141,7 @@ def step_output(
     return (preview, record, status_html(text, event.step, event.total))
 
 
-def done_output(event: Done, site: Site | None, session: str | None) -> tuple[Any, ...]:
+def done_output(event: Output, site: Site | None, session: str | None) -> tuple[Any, ...]:
     """The images, the info record and the time taken; on the page, filed in the tab's history."""
     for warning in event.info["warnings"]:
         gr.Warning(warning)

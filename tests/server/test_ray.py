@@ -18,7 +18,7 @@ import pytest
 
 from pipeline.config import Settings
 from pipeline.errors import Cancelled, GenerationFailed, InvalidRequest, QueueFull, ReplicaDead
-from pipeline.protocol import Done, Step, Waiting
+from pipeline.protocol import Output
 
 ray = pytest.importorskip("ray")
 
@@ -71,12 +71,12 @@ def req(k: int, *, size: int = 64, steps: int = 20, **over: Any) -> dict[str, An
     return {**raw, **over}
 
 
-async def collect(adapter: RayAdapter, raw: dict[str, Any]) -> tuple[list[Any], Done]:
+async def collect(adapter: RayAdapter, raw: dict[str, Any]) -> tuple[list[Any], Output]:
     events: list[Any] = []
     async with contextlib.aclosing(adapter.run(raw)) as stream:
         async for event in stream:
             events.append(event)
-            if isinstance(event, Done):
+            if event.kind == "done":
                 return events, event
     raise AssertionError(f"no result: {events}")
 
@@ -128,9 +128,9 @@ async def test_every_replica_loads_the_same_adapters_and_honours_the_jobs_choice
 @pytest.mark.anyio
 async def test_progress_and_images_cross_the_boundary(side: RayAdapter) -> None:
     events, done = await collect(side, req(7, steps=8, num_images=2, scheduler="UniPC"))
-    steps = [e.step for e in events if isinstance(e, Step)]
+    steps = [e.step for e in events if e.kind == "step"]
     assert steps == list(range(1, 9))
-    assert any(isinstance(e, Waiting) for e in events)
+    assert any(e.kind == "waiting" for e in events)
     assert len(done.paths) == 2 and all(Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in done.paths)
     assert done.info["seeds"] == [7, 8] and done.info["replica"]
     from PIL import Image
@@ -138,7 +138,7 @@ async def test_progress_and_images_cross_the_boundary(side: RayAdapter) -> None:
     with Image.open(done.paths[0]) as image:
         assert "Seed: 7" in image.text["parameters"] and "Sampler: UniPC," in image.text["parameters"]
     assert done.info["scheduler"] == "UniPC"  # the request's sampler reached the replica's model
-    assert [e.eta_seconds is not None for e in events if isinstance(e, Step)][-1]  # the replica's estimate
+    assert [e.eta_seconds is not None for e in events if e.kind == "step"][-1]  # the replica's estimate
 
 
 @pytest.mark.anyio
@@ -158,9 +158,9 @@ async def test_cancel_stops_the_remote_job_at_the_next_step(side: RayAdapter) ->
     seen = 0
     replica = ""
     async for event in stream:
-        if isinstance(event, Step):
+        if event.kind == "step":
             seen = event.step
-            replica = next(iter(side.started.values())).replica
+            replica = next(iter(side.started.values()))["replica"]
             if seen >= 3:
                 break
     await stream.aclose()  # what Gradio does when its client cancels
@@ -233,10 +233,10 @@ async def test_a_replica_killed_mid_job_fails_that_job_and_the_next_jobs_succeed
         try:
             async with contextlib.aclosing(side.run(req(2, size=128, steps=100))) as stream:
                 async for event in stream:
-                    if isinstance(event, Step) and event.step >= 2 and not killed:
+                    if event.kind == "step" and event.step >= 2 and not killed:
                         started = next(iter(side.started.values()))
-                        killed = started.replica
-                        os.kill(started.pid, signal.SIGKILL)
+                        killed = started["replica"]
+                        os.kill(started["pid"], signal.SIGKILL)
         except Exception as exc:
             return exc, killed
         return None, killed
@@ -301,7 +301,7 @@ class _ThreadKiller:
 
 
 def test_check_health_fails_once_the_replicas_model_thread_has_died(tmp_path: Path) -> None:
-    from pipeline.protocol import ErrorEvent, InferenceJob
+    from pipeline.protocol import InferenceJob, InferenceResult
     from pipeline.ray.replica import ModelReplica
 
     settings = Settings(model="sim:cpu_ms=0,dev_ms=1,decode_ms=0,size=64,steps=2", output_dir=tmp_path)
@@ -310,7 +310,7 @@ def test_check_health_fails_once_the_replicas_model_thread_has_died(tmp_path: Pa
         replica.check_health()  # alive: Serve keeps it
         job = InferenceJob("doomed", ("p",), ("",), (0,), 64, 64, 2, 0.0)
         events = list(replica.runner.stream(job, _ThreadKiller()))
-        assert isinstance(events[-1], ErrorEvent) and events[-1].kind == "engine_dead"
+        assert isinstance(events[-1], InferenceResult) and events[-1].reason == "engine_dead"
         deadline = time.monotonic() + 10
         while replica.runner.alive:  # the thread unwinds right after the job's error
             assert time.monotonic() < deadline, "the model thread outlived its BaseException"

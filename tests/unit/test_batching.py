@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from pipeline.errors import OutOfMemory
-from pipeline.protocol import Done, Step
 from tests.fakes import FakeModel
 from tests.helpers import assert_progress, collect, raw_request, wait_until
 
@@ -71,13 +70,13 @@ async def test_compatible_waiting_requests_share_one_job_and_keep_their_own_imag
     by_id = {rid: r[-1] for (rid, _), r in zip(requests, results[1:])}
     for rid, seeds in (("a", [11]), ("b", [22, 23]), ("c", [33])):
         done = by_id[rid]
-        assert isinstance(done, Done)
+        assert done.kind == "done"
         assert done.info["request_id"] == rid and done.info["seeds"] == seeds
         assert [_pixel_seed(p) for p in done.paths] == seeds  # its own images, in order
         assert done.info["batch_size"] == 4 and done.info["batch_requests"] == 3
     # Each request streamed its own progress, every step of the shared job.
     for result in results[1:]:
-        assert_progress([e for e in result if isinstance(e, Step)], 4)
+        assert_progress([e for e in result if e.kind == "step"], 4)
     assert results[0][-1].info["batch_size"] == 1
 
 
@@ -96,7 +95,7 @@ async def test_incompatible_requests_are_not_merged(make_adapter: Any, different
     requests = [("a", raw_request(seed=1)), ("b", raw_request(seed=2, **different)), ("c", raw_request(seed=3))]
 
     results = await _run_lined_up(adapter, model, requests)
-    assert all(isinstance(r[-1], Done) for r in results)
+    assert all(r[-1].kind == "done" for r in results)
     # a and c share a job; b differs in one compatibility field and runs on its own, next.
     assert _jobs(model) == [["blocker"], ["a", "c"], ["b"]]
 
@@ -178,7 +177,7 @@ async def test_cancelling_one_member_does_not_fail_the_others(make_adapter: Any,
         steps.release()
     model.release.release()
     survivor = await tasks[1 + "ab".index("b" if victim == "a" else "a")]
-    assert isinstance(survivor[-1], Done) and len(survivor[-1].paths) == 1
+    assert survivor[-1].kind == "done" and len(survivor[-1].paths) == 1
     assert survivor[-1].info["steps_done"] == 6
     await tasks[0]
     # A new request waits for the batch: never two jobs at once.
@@ -224,7 +223,7 @@ async def test_out_of_memory_in_a_batch_is_retried_one_request_at_a_time(make_ad
         model.release.release()
     a, b, c = await asyncio.gather(*tasks[1:], return_exceptions=True)
     assert _jobs(model) == [["blocker"], ["a", "b", "c"], ["a"], ["b"], ["c"]]
-    assert isinstance(a[-1], Done) and isinstance(b[-1], Done)
+    assert a[-1].kind == "done" and b[-1].kind == "done"
     assert a[-1].info["batch_size"] == 1
     assert isinstance(c, OutOfMemory) and "c" in str(c)  # alone it still does not fit: its own error
     assert "oom_batch_retries_total 1.0" in adapter.metrics.render().decode()

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from pipeline.errors import ShuttingDown
-from pipeline.protocol import Done, Step, Waiting
 from tests.fakes import FakeModel
 from tests.helpers import collect, raw_request, wait_until
 
@@ -32,11 +31,11 @@ async def test_cancel_while_waiting_never_reaches_the_model(make_adapter: Any) -
         await waiting
     assert adapter.gpu_queue_depth == 0
     model.release.release()
-    assert isinstance((await first)[-1], Done)
+    assert (await first)[-1].kind == "done"
     third = asyncio.create_task(collect(adapter, raw_request(), request_id="third"))  # the line still moves
     await wait_until(lambda: model.active == 1, "the third request is inferring")
     model.release.release()
-    assert isinstance((await third)[-1], Done)
+    assert (await third)[-1].kind == "done"
     assert [job.request_id for job in model.calls] == ["first", "third"]
     assert _jobs(adapter, "cancelled") == 1 and _jobs(adapter, "completed") == 2
 
@@ -48,7 +47,7 @@ async def test_cancel_mid_inference_stops_within_one_step_and_holds_the_gate(mak
 
     async def consume() -> None:
         async for event in adapter.run(raw_request(num_inference_steps=20), request_id="victim"):
-            if isinstance(event, Step):
+            if event.kind == "step":
                 seen.append(event.step)
 
     victim = asyncio.create_task(consume())
@@ -66,11 +65,39 @@ async def test_cancel_mid_inference_stops_within_one_step_and_holds_the_gate(mak
     for _ in range(10):
         steps.release()  # enough permits for the victim's next step and all of the next job's
     result = await asyncio.wait_for(nxt, timeout=20)
-    assert isinstance(result[-1], Done)
+    assert result[-1].kind == "done"
     assert model.steps_run["victim"] <= 4, "more than one step ran after the cancel"
     assert model.max_active == 1
     assert model.decodes == 1  # the next job's; the victim never decoded
     assert model.log.index(("return", "victim")) < model.log.index(("enter", "next"))
+
+
+async def test_a_request_is_stopped_by_its_id_waiting_or_running_and_no_other_with_it(make_adapter: Any) -> None:
+    """``LocalAdapter.stop(request_id)``: the running request stops within a step, a waiting one
+    never reaches the model, the request beside them runs on, and an unknown id stops nothing."""
+    from pipeline.errors import Cancelled
+
+    steps = threading.Semaphore(0)
+    adapter, model = make_adapter(FakeModel(step_gate=steps))
+    running = asyncio.create_task(collect(adapter, raw_request(num_inference_steps=20), request_id="running"))
+    steps.release()
+    await wait_until(lambda: model.steps_run.get("running", 0) >= 1, "the first request runs")
+    waiting = asyncio.create_task(collect(adapter, raw_request(num_inference_steps=2), request_id="waiting"))
+    other = asyncio.create_task(collect(adapter, raw_request(num_inference_steps=2), request_id="other"))
+    await wait_until(lambda: adapter.gpu_queue_depth == 2, "two requests wait")
+    assert not adapter.stop("nobody")
+    assert adapter.stop("waiting")
+    with pytest.raises(Cancelled):
+        await asyncio.wait_for(waiting, 5)
+    assert adapter.stop("running")
+    for _ in range(10):
+        steps.release()
+    with pytest.raises(Cancelled):
+        await asyncio.wait_for(running, 5)
+    assert (await asyncio.wait_for(other, 20))[-1].kind == "done"
+    assert model.steps_run["running"] <= 2, "more than one step ran after the stop"
+    assert [job.request_id for job in model.calls] == ["running", "other"]
+    assert not adapter.stop("other")  # ended: its stop is forgotten
 
 
 async def test_close_at_a_yield_stops_the_model_thread(make_adapter: Any) -> None:
@@ -80,7 +107,7 @@ async def test_close_at_a_yield_stops_the_model_thread(make_adapter: Any) -> Non
     gen = adapter.run(raw_request(num_inference_steps=20), request_id="closed")
     steps.release()
     async for event in gen:
-        if isinstance(event, Step):
+        if event.kind == "step":
             break
     await gen.aclose()  # the request leaves at once, while the model thread is mid-step...
     assert adapter.inference_in_progress  # ...which still holds the gate
@@ -97,7 +124,7 @@ async def test_waiting_reports_how_many_are_ahead_as_the_line_moves(make_adapter
         await wait_until(lambda: len(model.calls) == i + 1, f"call {i} entered")
         model.release.release()
     results = await asyncio.gather(*tasks)
-    ahead = {r[-1].info["request_id"]: [e.ahead for e in r if isinstance(e, Waiting)] for r in results}
+    ahead = {r[-1].info["request_id"]: [e.ahead for e in r if e.kind == "waiting"] for r in results}
     assert ahead["r0"] == [0]
     assert ahead["r1"] == [1, 0]
     assert ahead["r2"] == [2, 1, 0]
@@ -114,7 +141,7 @@ async def test_reports_inside_the_interval_are_folded_into_one_sent_when_it_is_u
     async def watch(rid: str) -> None:
         seen[rid] = []
         async for event in adapter.run(raw_request(), request_id=rid):
-            if isinstance(event, Waiting):
+            if event.kind == "waiting":
                 seen[rid].append((loop.time(), event.ahead))
 
     running = asyncio.create_task(watch("running"))

@@ -50,17 +50,17 @@ def sticky(job: Any) -> None:
 def test_a_poisoned_model_thread_ends_and_fails_what_waits_instead_of_running_a_dead_device() -> None:
     runner = ModelRunner(lambda: FakeModel(outcome=sticky))
     runner.start(timeout=10)
-    from pipeline.protocol import ErrorEvent
+    from pipeline.protocol import InferenceResult
     from pipeline.request import Limits, validate
 
     job = validate(raw_request(), Limits.for_model(runner.profile)).to_job()
     events = list(runner.stream(job))
-    assert isinstance(events[-1], ErrorEvent) and events[-1].kind == "device_lost", events
+    assert isinstance(events[-1], InferenceResult) and events[-1].reason == "device_lost", events
     assert "illegal memory access" in events[-1].message and "\n" not in events[-1].message
     # the thread ends right after it has sent that job's terminal event: not before the caller reads it
     wait_for(lambda: not runner.alive, "the poisoned model thread ends", timeout=10)
     again = list(runner.stream(job))
-    assert isinstance(again[-1], ErrorEvent) and again[-1].kind == "engine_dead"
+    assert isinstance(again[-1], InferenceResult) and again[-1].reason == "engine_dead"
 
 
 @pytest.mark.anyio
@@ -129,7 +129,7 @@ def test_out_of_memory_in_a_loop_frees_memory_only_once_the_failed_members_are_d
 
     from pipeline.engine.hosting.runner import NEVER
     from pipeline.engine.loop.joining import LoopDriver
-    from pipeline.protocol import ErrorEvent
+    from pipeline.protocol import InferenceResult, Submission
 
     _failing_unet(monkeypatch, torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), at_call=2)
     loop = real.open_loop(_jobs(real, 1)[0])
@@ -137,18 +137,16 @@ def test_out_of_memory_in_a_loop_frees_memory_only_once_the_failed_members_are_d
     monkeypatch.setattr(real, "free_memory", lambda: held_at_free.append(len(loop.members)))
     events: dict[str, list[Any]] = {}
 
-    class Task:
-        def __init__(self, job: Any) -> None:
-            self.job, self.stop = job, NEVER
-
-        def emit(self, event: Any) -> None:
-            events.setdefault(self.job.request_id, []).append(event)
+    def Task(job: Any) -> Submission:
+        return Submission(job, NEVER, events.setdefault(job.request_id, []).append)
 
     first, second = (Task(j) for j in _jobs(real, 2))
     pending = [second]
     LoopDriver(loop, lambda: pending.pop() if pending else None).run(first)
     ends = [evs[-1] for evs in events.values()]
-    assert len(ends) == 2 and all(isinstance(e, ErrorEvent) and e.kind == "out_of_memory" for e in ends), ends
+    assert len(ends) == 2 and all(
+        (isinstance(e, InferenceResult) and not e.ok) and e.reason == "out_of_memory" for e in ends
+    ), ends
     assert held_at_free == [0], held_at_free  # freed once, with no member left holding tensors
 
 
@@ -156,7 +154,7 @@ def test_out_of_memory_in_a_loop_frees_memory_only_once_the_failed_members_are_d
 def test_an_allocation_failure_of_cublas_counts_as_out_of_memory(
     real: Any, monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
-    from pipeline.protocol import ErrorEvent
+    from pipeline.protocol import InferenceResult
 
     error = RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`")
     _failing_unet(monkeypatch, error, at_call=1)
@@ -169,5 +167,5 @@ def test_an_allocation_failure_of_cublas_counts_as_out_of_memory(
         events = list(runner.stream(_jobs(real, 1)[0]))
     finally:
         runner.shutdown(timeout=30)
-    assert isinstance(events[-1], ErrorEvent) and events[-1].kind == "out_of_memory", events[-1]
+    assert isinstance(events[-1], InferenceResult) and events[-1].reason == "out_of_memory", events[-1]
     assert freed and runner.alive is False  # memory given back; the runner was shut down, not poisoned

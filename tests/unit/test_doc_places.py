@@ -50,7 +50,7 @@ The real places: ``engine.hosting.runner.ModelRunner``, ``loop.joining.LoopDrive
 ``bench.harness.Server``, ``tests.helpers.run_loop``. Not ours: `torch.cuda.synchronize`, `gr.Blocks`,
 `job.steps`, `loop.run_in_executor`, `DiffusionPipeline.from_pretrained`, `Blocks` (`layout.py`).
 ```
-  serving/   scheduler.py (the line: WaitLine, Mailbox), protocol.py (End, Step, StopSignal)
+  serving/   scheduler.py (the line: WaitLine, Mailbox), protocol.py (Output, InferenceResult, StopSignal)
 ```
 """
 

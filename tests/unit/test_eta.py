@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.protocol import Done, Step, Waiting
+from pipeline.protocol import Output
 from pipeline.serving.eta import ALPHA, EtaBook, JobClock, Shape
 from tests.fakes import FakeModel
 from tests.helpers import raw_request, wait_until
@@ -88,8 +88,8 @@ async def test_once_warm_the_wait_estimate_is_within_a_factor_of_two_of_the_real
     cold: list[tuple[float, Any]] = []
     await run("cold", cold)
     # Nothing measured yet: no estimate while waiting or at step 1; from step 2 the job's own step time.
-    assert all(e.eta_seconds is None for _, e in cold if isinstance(e, Waiting) or getattr(e, "step", 0) == 1)
-    assert all(e.eta_seconds is not None for _, e in cold if isinstance(e, Step) and e.step >= 2)
+    assert all(e.eta_seconds is None for _, e in cold if e.kind == "waiting" or getattr(e, "step", 0) == 1)
+    assert all(e.eta_seconds is not None for _, e in cold if e.kind == "step" and e.step >= 2)
     await run("warm", [])  # a second measurement of the shape
 
     # One job runs; four wait behind it, in order. The last one waits for all five.
@@ -103,13 +103,13 @@ async def test_once_warm_the_wait_estimate_is_within_a_factor_of_two_of_the_real
 
     ratios = {}
     for rid in "bcde":
-        at, first = next((t, e) for t, e in seen[rid] if isinstance(e, Waiting))
-        done_at = next(t for t, e in seen[rid] if isinstance(e, Done))
+        at, first = next((t, e) for t, e in seen[rid] if e.kind == "waiting")
+        done_at = next(t for t, e in seen[rid] if e.kind == "done")
         assert first.ahead == 1 + "bcde".index(rid) and first.eta_seconds is not None
         ratios[rid] = first.eta_seconds / (done_at - at)
     # While running: the time left at the middle step, against the time the job really took from there.
-    at, middle = next((t, e) for t, e in seen["e"] if isinstance(e, Step) and e.step == steps // 2)
-    done_at = next(t for t, e in seen["e"] if isinstance(e, Done))
+    at, middle = next((t, e) for t, e in seen["e"] if e.kind == "step" and e.step == steps // 2)
+    done_at = next(t for t, e in seen["e"] if e.kind == "done")
     assert middle.eta_seconds is not None
     ratios["e running"] = middle.eta_seconds / (done_at - at)
     assert all(BOUNDS[0] <= r <= BOUNDS[1] for r in ratios.values()), ratios
@@ -122,7 +122,7 @@ def test_the_page_says_about_n_s_while_waiting_and_n_s_left_while_running() -> N
     assert view.waiting(2, None) == "waiting for the GPU: 2 ahead"  # nothing measured yet
     assert view.waiting(1, 12.4) == "waiting for the GPU: 1 ahead, about 12 s"
     assert view.waiting(0, 3.0) == "starting"
-    assert step_text(Step(3, 20, None, 11.6)) == "step 3/20 · 12 s left"
-    assert step_text(Step(20, 20, None, 0.3)) == "step 20/20"  # the decode: no countdown at the end
-    assert step_text(Step(3, 20)) == "step 3/20"
+    assert step_text(Output(step=3, total=20, eta_seconds=11.6)) == "step 3/20 · 12 s left"
+    assert step_text(Output(step=20, total=20, eta_seconds=0.3)) == "step 20/20"  # the decode: no countdown at the end
+    assert step_text(Output(step=3, total=20)) == "step 3/20"
     assert [duration_text(s) for s in (0.4, 59.6, 125)] == ["under 1 s", "1 min", "2 min 5 s"]

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 
 from pipeline.errors import TooManyWaiting
-from pipeline.protocol import Done, Waiting
 from tests.fakes import FakeModel
 from tests.helpers import collect, raw_request, wait_until
 
@@ -43,12 +42,12 @@ async def test_a_light_users_first_request_waits_at_most_one_job_per_other_user(
     for _ in range(len(tasks)):
         model.release.release()
     results = await asyncio.gather(*tasks)
-    assert all(isinstance(r[-1], Done) for r in results)
+    assert all(r[-1].kind == "done" for r in results)
     # Round-robin from the user served longest ago (never: first, by arrival); each user's own in order.
     assert _jobs(model) == [["h0"], ["l1"], ["m1"], ["h1"], ["l2"], ["h2"]] + [[rid] for rid in heavy[2:]]
     # "k ahead" follows the same order: l1 was next, behind only the running job.
     light_first = results[21]
-    assert next(e.ahead for e in light_first if isinstance(e, Waiting)) == 1
+    assert next(e.ahead for e in light_first if e.kind == "waiting") == 1
 
 
 async def test_a_job_takes_compatible_requests_in_the_fair_order(make_adapter: Any) -> None:

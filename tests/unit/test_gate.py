@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from pipeline.protocol import Done, Step, Waiting
 from tests.fakes import FakeModel
 from tests.helpers import assert_progress, collect, raw_request, wait_until
 
@@ -37,7 +36,7 @@ async def test_eight_concurrent_requests_never_overlap_in_inference(make_adapter
     results = await asyncio.gather(*tasks)
     assert model.max_active == 1
     assert len(model.calls) == n
-    assert all(isinstance(r[-1], Done) for r in results)
+    assert all(r[-1].kind == "done" for r in results)
     assert sorted(r[-1].info["seed"] for r in results) == list(range(n))
 
 
@@ -48,14 +47,14 @@ async def test_preparation_overlaps_another_inference(make_adapter: Any) -> None
     # The second request's preparation must finish while the first one is still in the model.
     second = adapter.run(raw_request(seed=2))
     event = await asyncio.wait_for(second.__anext__(), timeout=10)
-    assert isinstance(event, Waiting)
+    assert event.kind == "waiting"
     assert event.ahead == 1
     assert model.active == 1 and len(model.calls) == 1
     model.release.release()
     model.release.release()
     rest = [e async for e in second]
-    assert isinstance(rest[-1], Done)
-    assert isinstance((await first)[-1], Done)
+    assert rest[-1].kind == "done"
+    assert (await first)[-1].kind == "done"
 
 
 async def test_finalize_overlaps_the_next_inference(make_adapter: Any) -> None:
@@ -84,7 +83,7 @@ async def test_finalize_overlaps_the_next_inference(make_adapter: Any) -> None:
     assert model.active == 1, "the first finished while the second was still in the model"
     model.release.release()
     second_events = await second
-    assert isinstance(first_events[-1], Done) and isinstance(second_events[-1], Done)
+    assert first_events[-1].kind == "done" and second_events[-1].kind == "done"
     t1, t2 = first_events[-1].info["timings"], second_events[-1].info["timings"]
     assert t1["finalize_start"] < t2["infer_end"] and t2["infer_start"] < t1["finalize_end"]
     assert encode_saw_next == [True]
@@ -93,11 +92,11 @@ async def test_finalize_overlaps_the_next_inference(make_adapter: Any) -> None:
 async def test_progress_events_in_order_and_timings_in_order(make_adapter: Any) -> None:
     adapter, _ = make_adapter()
     events = await collect(adapter, raw_request(num_inference_steps=5, num_images=2))
-    assert isinstance(events[0], Waiting) and events[0].ahead == 0
-    steps = [e for e in events if isinstance(e, Step)]
+    assert events[0].kind == "waiting" and events[0].ahead == 0
+    steps = [e for e in events if e.kind == "step"]
     assert_progress(steps, 5)
     done = events[-1]
-    assert isinstance(done, Done) and len(done.paths) == 2
+    assert done.kind == "done" and len(done.paths) == 2
     t = done.info["timings"]
     order = [
         "received",
@@ -125,7 +124,7 @@ async def test_only_a_prompt_that_might_not_fit_is_counted_and_off_the_loop(make
 
     adapter, _model = make_adapter(FakeModel(prepare_hook=slow_count))
     short = await collect(adapter, raw_request(prompt="a red circle"))
-    assert counted == [] and isinstance(short[-1], Done) and short[-1].info["warnings"] == []
+    assert counted == [] and short[-1].kind == "done" and short[-1].info["warnings"] == []
     long_prompt = "word " * 80
     job = asyncio.create_task(collect(adapter, raw_request(prompt=long_prompt)))
     await wait_until(lambda: len(counted) == 1, "the long prompt is being counted")
@@ -137,4 +136,4 @@ async def test_only_a_prompt_that_might_not_fit_is_counted_and_off_the_loop(make
     release.set()
     events = await job
     assert counted[0][0] == long_prompt and counted[0][1] != threading.main_thread().name
-    assert isinstance(events[-1], Done) and "80 tokens" in events[-1].info["warnings"][0]
+    assert events[-1].kind == "done" and "80 tokens" in events[-1].info["warnings"][0]

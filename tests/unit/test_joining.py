@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 
 from pipeline.errors import JobTimedOut
-from pipeline.protocol import Done, Step
 from tests.fakes import FakeModel
 from tests.helpers import assert_progress, collect, raw_request, wait_until
 
@@ -62,10 +61,10 @@ async def test_a_late_request_joins_the_running_loop_at_the_next_step_boundary(m
     assert _members(model, 3) == ["a"] and _members(model, 4) == ["a", "b"]
     assert model.loop_steps[3] == (("a", 4), ("b", 1))
     # Each keeps its own progress (k of its own N) and its own images and parameters.
-    assert_progress([e for e in rb if isinstance(e, Step)], 4)
-    assert_progress([e for e in ra if isinstance(e, Step)], 6)
+    assert_progress([e for e in rb if e.kind == "step"], 4)
+    assert_progress([e for e in ra if e.kind == "step"], 6)
     da, db = ra[-1], rb[-1]
-    assert isinstance(da, Done) and isinstance(db, Done)
+    assert da.kind == "done" and db.kind == "done"
     assert db.info["batching"] == "step" and db.info["joined_at_step"] == 3
     assert da.info["batching"] == "step" and da.info["joined_at_step"] == 0
     assert db.info["batch_size"] == 2 and db.info["batch_requests"] == 2
@@ -84,11 +83,11 @@ async def test_a_member_leaves_when_its_own_steps_are_done_and_is_decoded_then(m
     await _handed_to_model(adapter)
     steps.release(3)  # loop steps 1-3: b (joined at step 2) runs steps 2 and 3, then leaves
     rb = await b
-    assert isinstance(rb[-1], Done)
+    assert rb[-1].kind == "done"
     assert model.decodes_by_id == {"b": 1} and not a.done()  # b decoded while a keeps running
     steps.release(10)
     ra = await a
-    assert isinstance(ra[-1], Done) and ra[-1].info["steps_done"] == 8
+    assert ra[-1].kind == "done" and ra[-1].info["steps_done"] == 8
     assert [len(s) for s in model.loop_steps] == [1, 2, 2, 1, 1, 1, 1, 1]
     assert model.returned == ["b", "a"]
 
@@ -107,10 +106,10 @@ async def test_cancelling_one_member_leaves_the_others_untouched(make_adapter: A
         await asyncio.wait_for(b, 5.0)  # it leaves at once
     steps.release(10)
     ra = await a
-    assert isinstance(ra[-1], Done) and ra[-1].info["steps_done"] == 6
+    assert ra[-1].kind == "done" and ra[-1].info["steps_done"] == 6
     assert model.steps_run["b"] <= 3  # at most one more step after its stop
     assert "b" not in model.decodes_by_id and model.decodes_by_id == {"a": 1}
-    assert_progress([e for e in ra if isinstance(e, Step)], 6)
+    assert_progress([e for e in ra if e.kind == "step"], 6)
 
 
 async def test_joiners_enter_in_fifo_order_and_an_incompatible_head_is_never_overtaken(make_adapter: Any) -> None:
@@ -127,7 +126,7 @@ async def test_joiners_enter_in_fifo_order_and_an_incompatible_head_is_never_ove
     await wait_until(lambda: adapter.gpu_queue_depth == 3, "x and y wait")
     steps.release(30)
     results = await asyncio.gather(a, b, c, x, y)
-    assert all(isinstance(r[-1], Done) for r in results)
+    assert all(r[-1].kind == "done" for r in results)
     order = [job.request_id for job in model.calls]
     assert order == ["a", "b", "c", "x", "y"]
     # c joined a's loop when a left; y did not jump x (the loop drained, then x's own loop ran).
@@ -152,7 +151,7 @@ async def test_max_batch_size_bounds_the_images_in_the_loop(make_adapter: Any) -
     await wait_until(lambda: adapter.gpu_queue_depth == 3, "b (too big for now) and those behind it wait")
     steps.release(40)
     results = await asyncio.gather(*tasks)
-    assert all(isinstance(r[-1], Done) for r in results)
+    assert all(r[-1].kind == "done" for r in results)
     jobs = {job.request_id: job.num_images for job in model.calls}
     held = [sum(jobs[rid] for rid, _ in s) for s in model.loop_steps]
     assert max(held) == 3 and all(n <= 3 for n in held)
@@ -175,12 +174,12 @@ async def test_members_may_differ_in_steps_guidance_prompt_and_image_count(make_
 
     for (_rid, raw), result in zip(spec.items(), results):
         done = result[-1]
-        assert isinstance(done, Done), result
+        assert done.kind == "done", result
         assert done.info["steps_done"] == raw["num_inference_steps"]
         assert done.info["guidance_scale"] == raw["guidance_scale"] and done.info["prompt"] == raw["prompt"]
         seeds = [Image.open(p).getpixel((0, 0))[0] for p in done.paths]
         assert seeds == [(raw["seed"] + i) % 256 for i in range(raw.get("num_images", 1))]
-        assert_progress([e for e in result if isinstance(e, Step)], raw["num_inference_steps"])
+        assert_progress([e for e in result if e.kind == "step"], raw["num_inference_steps"])
     assert max(len(s) for s in model.loop_steps) == 3  # all three shared steps
 
 
@@ -215,7 +214,7 @@ async def test_each_member_has_its_own_time_limit(make_adapter: Any) -> None:
     await wait_until(lambda: model.steps_run.get("a", 0) >= 2, "a runs")
     b = await _start(adapter, "b", num_inference_steps=3)
     rb = await b
-    assert isinstance(rb[-1], Done) and rb[-1].info["joined_at_step"] >= 2
+    assert rb[-1].kind == "done" and rb[-1].info["joined_at_step"] >= 2
     with pytest.raises(JobTimedOut):
         await a
     assert model.steps_run["a"] < 50 and "a" not in model.decodes_by_id
@@ -253,7 +252,7 @@ async def test_a_cancel_before_the_first_step_never_reaches_the_loop(make_adapte
     with pytest.raises(asyncio.CancelledError):
         await b
     steps.release(10)
-    assert isinstance((await a)[-1], Done)
+    assert (await a)[-1].kind == "done"
     assert [job.request_id for job in model.calls] == ["a"]
 
 
@@ -273,21 +272,21 @@ async def test_a_joiner_is_sent_a_step_early_and_enters_as_the_leaving_member_go
     ra, rb = await asyncio.gather(a, b)
     assert [_members(model, k) for k in range(1, 8)] == [["a"]] * 4 + [["b"]] * 3  # never 2 at once
     assert rb[-1].info["joined_at_step"] == 4  # the same loop, the boundary right after a's last step
-    assert isinstance(ra[-1], Done) and ra[-1].info["batch_size"] == 1
+    assert ra[-1].kind == "done" and ra[-1].info["batch_size"] == 1
 
 
 def _submit_all(runner: Any, jobs: list[Any]) -> Any:
     """Queue ``jobs`` on the model thread at once; a queue of (request id, terminal event)."""
     import queue
 
-    from pipeline.protocol import TERMINAL
+    from pipeline.protocol import InferenceResult
 
     ends: queue.SimpleQueue[Any] = queue.SimpleQueue()
     for job in jobs:
         runner.submit(
             job,
             threading.Event(),
-            lambda e, r=job.request_id: ends.put((r, e)) if isinstance(e, TERMINAL) else None,
+            lambda e, r=job.request_id: ends.put((r, e)) if isinstance(e, InferenceResult) else None,
         )
     return ends
 
@@ -337,7 +336,7 @@ async def test_a_joiner_that_would_not_fit_in_device_memory_waits_for_the_next_l
     adapter, _ = make_adapter(model, max_batch_size=4, step_joining=True)
     steps.release(2)
     first = (await collect(adapter, raw_request(num_inference_steps=2), request_id="m"))[-1]
-    assert isinstance(first, Done) and first.info["peak_memory_bytes"] == 400  # 300 an image at 64 x 64
+    assert first.kind == "done" and first.info["peak_memory_bytes"] == 400  # 300 an image at 64 x 64
     a = await _start(adapter, "a", num_inference_steps=3, num_images=2, seed=2)
     await _loop_blocked_in(model, 3)  # a new loop (loop steps count on), a's first step
     b = await _start(adapter, "b", num_inference_steps=2, seed=4)
@@ -347,7 +346,7 @@ async def test_a_joiner_that_would_not_fit_in_device_memory_waits_for_the_next_l
         await wait_until(lambda: adapter.gpu_queue_depth == 1, "b waits in line: no room in memory")
     steps.release(40)
     ra, rb = await asyncio.gather(a, b)
-    assert isinstance(ra[-1], Done) and isinstance(rb[-1], Done)
+    assert ra[-1].kind == "done" and rb[-1].kind == "done"
     # Joined: beside a's two images (3 in the loop). Not: after a has left (never beside it).
     assert rb[-1].info["batch_size"] == (3 if joins else 1), rb[-1].info
     beside = max(sum({"a": 2, "b": 1}.get(rid, 0) for rid, _ in s) for s in model.loop_steps if s)

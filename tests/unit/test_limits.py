@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from pipeline.errors import InvalidRequest, JobTimedOut, StorageFull
-from pipeline.protocol import Done, InferenceJob
+from pipeline.protocol import InferenceJob
 from pipeline.request import Limits, validate
 from pipeline.serving.eta import Shape
 from pipeline.serving.jobs import AUTO_LIMIT_FACTOR, AUTO_LIMIT_UNMEASURED_SECONDS
@@ -42,7 +42,7 @@ def _job(steps: int, images: int = 1) -> InferenceJob:
 async def test_without_job_timeout_each_job_is_limited_by_the_measured_rate(make_adapter: Any) -> None:
     adapter, model = make_adapter(FakeModel(step_seconds=0.02), auto_limit_floor=0.3)
     assert adapter.jobs.time_limit(_job(4)) == AUTO_LIMIT_UNMEASURED_SECONDS  # nothing measured yet
-    assert isinstance((await collect(adapter, raw_request(num_inference_steps=4)))[-1], Done)
+    assert (await collect(adapter, raw_request(num_inference_steps=4)))[-1].kind == "done"
     expected = adapter.jobs.book.job_seconds(Shape(64 * 64, 50, 1))
     assert expected is not None
     assert adapter.jobs.time_limit(_job(50)) == round(0.3 + AUTO_LIMIT_FACTOR * expected, 1)
@@ -76,4 +76,4 @@ async def test_a_full_disk_says_retry_later_and_leaves_no_partial_file(make_adap
     left = [p for p in (tmp_path / "outputs").rglob("*") if p.is_file() and p.name != KEY_FILE]
     assert not left, "a partial file was left"
     full["on"] = False
-    assert isinstance((await collect(adapter, raw_request(seed=3)))[-1], Done)  # the next request is fine
+    assert (await collect(adapter, raw_request(seed=3)))[-1].kind == "done"  # the next request is fine

@@ -14,7 +14,7 @@ import pytest
 from pipeline.config import load_settings
 from pipeline.errors import InvalidRequest
 from pipeline.loras import LoraSpec, parse_all, short_hash, strip_tags
-from pipeline.protocol import Done, LoraInfo
+from pipeline.protocol import LoraInfo
 from pipeline.request import Limits, validate
 from pipeline.serving.postprocess import a1111_parameters
 from pipeline.web.a1111 import fill_from, parse_parameters
@@ -136,7 +136,7 @@ async def test_a_job_holds_one_adapter_at_one_scale(make_adapter: Any) -> None:
     for _ in range(6):
         model.release.release()
     results = await asyncio.gather(first, *tasks)
-    assert all(isinstance(r[-1], Done) for r in results)
+    assert all(r[-1].kind == "done" for r in results)
     assert [job.request_id.split(",") for job in model.calls] == [["blocker"], ["a", "c"], ["b"], ["d"], ["e"]]
     jobs = {job.request_id: job for job in model.calls}
     assert (jobs["a,c"].lora, jobs["a,c"].lora_scale) == ("ink", 0.8)

@@ -13,7 +13,6 @@ from pipeline.config import Settings
 from pipeline.default_model import DEFAULT_MODEL_DIR, model_defaults
 from pipeline.default_model.architecture import build_untrained
 from pipeline.engine.hosting.runner import ModelRunner
-from pipeline.protocol import Done
 from pipeline.request import Limits
 from pipeline.serving.local import LocalAdapter
 from tests.helpers import collect, raw_request
@@ -100,7 +99,7 @@ async def test_the_same_load_through_the_adapter_never_races(model: Any, tmp_pat
         adapter.shutdown_model(timeout=30)
         adapter.close()
     assert len(runs) == 2 * (RACE_ATTEMPTS // 3)
-    assert all(isinstance(r[-1], Done) and r[-1].info["steps_done"] == 20 for r in runs)
+    assert all(r[-1].kind == "done" and r[-1].info["steps_done"] == 20 for r in runs)
 
 
 def test_cancel_stops_at_the_next_step_without_decoding(model: Any) -> None:

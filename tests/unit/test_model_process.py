@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from pipeline.engine.hosting.process import DEAD_MESSAGE, ProcessSide
-from pipeline.protocol import EncodedPreview, ErrorEvent, InferenceJob, InferenceResult, StepEvent, StopSignal
+from pipeline.protocol import EncodedPreview, InferenceJob, InferenceResult, StepEvent, StopSignal
 from tests.fakes import FakeLoader
 from tests.helpers import ROOT, process_exited, wait_for
 
@@ -57,7 +57,7 @@ def test_stop_reaches_the_model_process_at_its_next_step(stop_kind: str) -> None
             if isinstance(event, StepEvent) and event.step == 2:
                 stop.set()
         last = events[-1]
-        assert isinstance(last, ErrorEvent) and last.kind == "cancelled", last
+        assert isinstance(last, InferenceResult) and last.reason == "cancelled", last
         assert 2 <= last.steps_done < LONG.num_inference_steps
         if stop_kind == "StopSignal":  # the model process's own count when the stop reached it
             assert stop.steps_at_set is not None and 0 <= last.steps_done - stop.steps_at_set <= 1, (
@@ -78,8 +78,8 @@ def test_a_killed_model_process_fails_its_job_at_once_and_the_next_job_waits_for
         assert isinstance(next(stream), StepEvent)  # the job is running in the model process
         os.kill(first, signal.SIGKILL)  # what the OOM killer does
         rest = list(stream)
-        assert len(rest) <= LONG.num_inference_steps and isinstance(rest[-1], ErrorEvent)
-        assert rest[-1].kind == "crashed" and "SIGKILL" in rest[-1].message, rest[-1]
+        assert len(rest) <= LONG.num_inference_steps and (isinstance(rest[-1], InferenceResult) and not rest[-1].ok)
+        assert rest[-1].reason == "crashed" and "SIGKILL" in rest[-1].message, rest[-1]
         assert side.state == "recovering" and side.alive  # set before the job heard of the crash
         # A job that arrives meanwhile waits for the new process, then runs there.
         events = list(side.stream(JOB, StopSignal()))
@@ -97,7 +97,7 @@ def test_after_repeated_failed_restarts_the_side_is_dead_and_jobs_get_an_error(t
         os.kill(side.pid, signal.SIGKILL)
         wait_for(lambda: side.state != "ready", "the side noticed the death", timeout=WAIT)
         events = list(side.stream(JOB, StopSignal()))  # waits through the three failed restarts
-        assert events == [ErrorEvent("engine_dead", DEAD_MESSAGE)]
+        assert events == [InferenceResult.ended_by("engine_dead", DEAD_MESSAGE)]
         assert side.state == "dead" and not side.alive and side.restarts == 0
         assert side.count_tokens("a b") == {}
     finally:

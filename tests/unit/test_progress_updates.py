@@ -15,7 +15,7 @@ import gradio as gr
 import pytest
 from PIL import Image
 
-from pipeline.protocol import Done, EncodedPreview, Event, Step, Waiting
+from pipeline.protocol import EncodedPreview, Output
 from pipeline.request import FIELDS
 from pipeline.web.handler import make_generate
 from tests.helpers import raw_request
@@ -27,12 +27,12 @@ PREVIEW = EncodedPreview.of(Image.new("RGB", (8, 8)))  # as the model side sends
 class ScriptedAdapter:
     """Streams a fixed list of events for every request, as ``Adapter.run`` does."""
 
-    def __init__(self, events: Sequence[Event]) -> None:
+    def __init__(self, events: Sequence[Output]) -> None:
         self.events = events
 
     async def run(
         self, raw: Any, *, request_id: str | None = None, alive: Any = None, user: Any = None
-    ) -> AsyncGenerator[Event, None]:
+    ) -> AsyncGenerator[Output, None]:
         for event in self.events:
             yield event
 
@@ -45,16 +45,21 @@ class CountingProgress:
         self.calls.append(desc)
 
 
-def done() -> Done:
-    return Done([Path("x.png")], {"warnings": [], "durations_ms": {"total": 12.0}, "seeds": [1]})
+def done() -> Output:
+    return Output(
+        finish="done", paths=(Path("x.png"),), info={"warnings": [], "durations_ms": {"total": 12.0}, "seeds": [1]}
+    )
 
 
-def steps(total: int, preview_every: int = 0) -> list[Step]:
-    return [Step(k, total, PREVIEW if preview_every and k % preview_every == 0 else None) for k in range(1, total + 1)]
+def steps(total: int, preview_every: int = 0) -> list[Output]:
+    return [
+        Output(step=k, total=total, preview=PREVIEW if preview_every and k % preview_every == 0 else None)
+        for k in range(1, total + 1)
+    ]
 
 
 async def shown(
-    events: Sequence[Event], num_inference_steps: int, interval: float = NEVER, ui: bool = False
+    events: Sequence[Output], num_inference_steps: int, interval: float = NEVER, ui: bool = False
 ) -> tuple[list[str], int]:
     """(the status of each output the handler yields, its progress tracker calls); the API's by default."""
     with gr.Blocks() as demo:
@@ -75,7 +80,7 @@ async def shown(
 async def test_the_page_gets_the_same_outputs_and_no_progress_messages() -> None:
     """The page's status line shows the step; a progress message would put Gradio's tracker back over the
     gallery (its pending overlay) until the next output, hiding the preview."""
-    events = [Waiting(1), Waiting(0), *steps(8, preview_every=4), done()]
+    events = [Output(ahead=1), Output(ahead=0), *steps(8, preview_every=4), done()]
     api, page = await shown(events, 8), await shown(events, 8, ui=True)
     assert page[0] == api[0] == ["waiting 1", "waiting 0", "running 4", "running 8", "done"]
     assert api[1] == 10 and page[1] == 0
@@ -83,14 +88,25 @@ async def test_the_page_gets_the_same_outputs_and_no_progress_messages() -> None
 
 @pytest.mark.anyio
 async def test_a_one_step_job_sends_only_its_images() -> None:
-    assert await shown([Waiting(0), Step(1, 1), done()], 1) == (["done"], 0)
+    assert await shown([Output(ahead=0), Output(step=1, total=1), done()], 1) == (["done"], 0)
     # Its one preview would be replaced by the images at once; no per-step interval changes that.
-    assert await shown([Waiting(0), Step(1, 1, PREVIEW), done()], 1, interval=0) == (["done"], 0)
+    assert await shown([Output(ahead=0), Output(step=1, total=1, preview=PREVIEW), done()], 1, interval=0) == (
+        ["done"],
+        0,
+    )
 
 
 @pytest.mark.anyio
 async def test_a_one_step_job_in_line_sees_each_change_of_its_place_once() -> None:
-    events = [Waiting(2), Waiting(2), Waiting(1), Waiting(1), Waiting(0), Step(1, 1), done()]
+    events = [
+        Output(ahead=2),
+        Output(ahead=2),
+        Output(ahead=1),
+        Output(ahead=1),
+        Output(ahead=0),
+        Output(step=1, total=1),
+        done(),
+    ]
     # "starting" replaces the "1 ahead" on screen; the repeats are not sent.
     assert await shown(events, 1) == (["waiting 2", "waiting 1", "waiting 0", "done"], 3)
 
@@ -99,11 +115,11 @@ async def test_a_one_step_job_in_line_sees_each_change_of_its_place_once() -> No
 async def test_a_multi_step_job_sends_starting_the_last_step_and_the_latest_preview_per_interval() -> None:
     every_step = 1 + 8  # "starting" and each step, recorded in the tracker (sent by Gradio's timer)
     # Steps faster than the interval: "starting", N/N (the full bar during the decode), the images.
-    assert await shown([Waiting(0), *steps(8), done()], 8) == (["waiting 0", "running 8", "done"], every_step)
+    assert await shown([Output(ahead=0), *steps(8), done()], 8) == (["waiting 0", "running 8", "done"], every_step)
     # The first preview is sent at once; later ones at most once per interval (the latest wins: a fast
     # device makes more than a person sees), and after the first only previews, not even N/N (a
     # progress output has no picture: it would blank the preview on screen until the images come).
-    events = [Waiting(0), *steps(8, preview_every=3), done()]
+    events = [Output(ahead=0), *steps(8, preview_every=3), done()]
     assert await shown(events, 8) == (["waiting 0", "running 3", "done"], every_step)
     assert (await shown(events, 8, interval=0))[0] == [
         "waiting 0",
@@ -113,10 +129,10 @@ async def test_a_multi_step_job_sends_starting_the_last_step_and_the_latest_prev
         "running 6",
         "done",
     ]
-    events = [Waiting(0), *steps(8, preview_every=4), done()]
+    events = [Output(ahead=0), *steps(8, preview_every=4), done()]
     assert await shown(events, 8) == (["waiting 0", "running 4", "running 8", "done"], every_step)
     # Steps slower than the interval: every step, as before.
-    statuses, calls = await shown([Waiting(0), *steps(4), done()], 4, interval=0)
+    statuses, calls = await shown([Output(ahead=0), *steps(4), done()], 4, interval=0)
     assert statuses == ["waiting 0", "running 1", "running 2", "running 3", "running 4", "done"] and calls == 5
 
 
@@ -145,23 +161,23 @@ def test_the_handlers_are_introspected_once_and_gradio_still_finds_its_parameter
 
 @pytest.mark.anyio
 async def test_a_consumer_behind_gets_the_latest_step_and_preview_never_a_backlog() -> None:
-    """``line.Mailbox``: steps put while the one before is unread replace it (keeping that one's preview
+    """``scheduler.Mailbox``: steps put while the one before is unread replace it (keeping that one's preview
     when the newer has none); a consumer that keeps up reads every step; the end is never coalesced."""
-    from pipeline.protocol import End
+    from pipeline.protocol import InferenceResult
     from pipeline.serving.scheduler import Mailbox
 
     box = Mailbox()
-    box.put(Step(1, 5))
-    box.put(Step(2, 5, PREVIEW))
-    box.put(Step(3, 5))
+    box.put(Output(step=1, total=5))
+    box.put(Output(step=2, total=5, preview=PREVIEW))
+    box.put(Output(step=3, total=5))
     latest = await box.get()
     assert (latest.step, latest.preview) == (3, PREVIEW) and box.coalesced == 2
-    box.put(Step(4, 5))
+    box.put(Output(step=4, total=5))
     assert (await box.get()).step == 4
-    end = End()
-    box.put(Step(5, 5))
+    end = InferenceResult()
+    box.put(Output(step=5, total=5))
     box.put(end)
-    assert [(await box.get()), (await box.get())] == [Step(5, 5), end]
+    assert [(await box.get()), (await box.get())] == [Output(step=5, total=5), end]
 
 
 @pytest.mark.anyio
@@ -186,7 +202,7 @@ async def test_a_step_reaches_the_caller_through_at_most_two_async_generators(ma
         while frame is not None:
             depth += bool(frame.f_code.co_flags & inspect.CO_ASYNC_GENERATOR)
             frame = frame.f_back
-        if isinstance(item, Step):
+        if isinstance(item, Output):
             depths.append(depth)
         return item
 

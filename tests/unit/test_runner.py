@@ -11,7 +11,7 @@ import pytest
 from pipeline.engine.hosting import runner as runner_module
 from pipeline.engine.hosting.runner import ModelRunner, install, run_job
 from pipeline.errors import EngineDead
-from pipeline.protocol import EncodedPreview, ErrorEvent, InferenceJob, InferenceResult, StepEvent
+from pipeline.protocol import EncodedPreview, InferenceJob, InferenceResult, StepEvent
 from tests.fakes import FAKE_PROFILE, WAIT, FakeModel
 
 JOB = InferenceJob("j", ("p",), ("",), (1,), 64, 64, 2, 7.5)
@@ -62,7 +62,7 @@ def test_every_event_and_the_job_cross_a_process_boundary_as_plain_data() -> Non
     other = ModelRunner(lambda: failing)
     other.start(timeout=WAIT)
     error = pickle.loads(pickle.dumps(list(other.stream(JOB))[-1]))
-    assert isinstance(error, ErrorEvent) and error.kind == "failed" and "boom" in error.message
+    assert isinstance(error, InferenceResult) and error.reason == "failed" and "boom" in error.message
     runner.shutdown(timeout=WAIT)
     other.shutdown(timeout=WAIT)
 
@@ -77,7 +77,7 @@ def test_a_failing_job_does_not_stop_the_thread() -> None:
 
     model.outcome = boom
     end = list(runner.stream(JOB))[-1]
-    assert isinstance(end, ErrorEvent) and end.kind == "failed" and "RuntimeError: boom" in end.message
+    assert isinstance(end, InferenceResult) and end.reason == "failed" and "RuntimeError: boom" in end.message
     assert "Traceback" in end.detail
     model.outcome = None
     assert isinstance(list(runner.stream(JOB))[-1], InferenceResult)
@@ -120,10 +120,10 @@ def test_a_dying_thread_fails_the_running_and_every_waiting_job() -> None:
     model.release.release()
     for thread, events in [running, *waiting]:
         thread.join(WAIT)
-        assert isinstance(events[-1], ErrorEvent) and events[-1].kind == "engine_dead", events
+        assert isinstance(events[-1], InferenceResult) and events[-1].reason == "engine_dead", events
     assert not runner.alive
     end = list(runner.stream(JOB))[-1]
-    assert isinstance(end, ErrorEvent) and end.kind == "engine_dead"
+    assert isinstance(end, InferenceResult) and end.reason == "engine_dead"
 
 
 def test_a_failed_load_is_reported_by_start() -> None:
@@ -136,7 +136,7 @@ def test_a_failed_load_is_reported_by_start() -> None:
 
 def test_run_job_is_the_installed_runner_behind_a_module_level_generator(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(runner_module, "_RUNNER", None)
-    assert [e.kind for e in run_job(JOB) if isinstance(e, ErrorEvent)] == ["engine_dead"]
+    assert [e.reason for e in run_job(JOB) if (isinstance(e, InferenceResult) and not e.ok)] == ["engine_dead"]
     runner = ModelRunner(FakeModel)
     runner.start(timeout=WAIT)
     install(runner)
@@ -145,5 +145,5 @@ def test_run_job_is_the_installed_runner_behind_a_module_level_generator(monkeyp
     stop = threading.Event()
     stop.set()
     end = list(run_job(JOB, stop))[-1]
-    assert isinstance(end, ErrorEvent) and end.kind == "cancelled"
+    assert isinstance(end, InferenceResult) and end.reason == "cancelled"
     runner.shutdown(timeout=WAIT)

@@ -12,7 +12,7 @@ from pipeline.config import Settings
 from pipeline.engine.model.loading import load_model
 from pipeline.engine.model.simulated import SimSpec, SimulatedModel
 from pipeline.errors import Cancelled
-from pipeline.protocol import InferenceJob
+from pipeline.protocol import InferenceJob, Submission
 
 
 def job(steps: int = 4, images: int = 1, size: int = 64) -> InferenceJob:
@@ -73,12 +73,8 @@ def test_its_loop_charges_each_step_for_the_images_in_the_loop_then() -> None:
     assert model.profile.step_joining and model.loop_key(a) == model.loop_key(b)
     events: dict[str, list[Any]] = {"a": [], "b": []}
 
-    class Task:
-        def __init__(self, name: str, job: InferenceJob) -> None:
-            self.name, self.job, self.stop = name, job, threading.Event()
-
-        def emit(self, event: Any) -> None:
-            events[self.name].append(event)
+    def Task(name: str, job: InferenceJob) -> Submission:
+        return Submission(job, threading.Event(), events[name].append)
 
     waiting = [Task("b", b)]
     LoopDriver(model.open_loop(a), lambda: waiting.pop() if waiting and calls else None).run(Task("a", a))

@@ -19,7 +19,7 @@ import pytest
 
 from pipeline.engine.hosting.runner import ModelRunner
 from pipeline.engine.hosting.zerogpu import MAX_SECONDS, MIN_SECONDS, ZeroGpuSide, gpu_seconds, model_side
-from pipeline.protocol import ErrorEvent, InferenceJob, InferenceResult, StepEvent
+from pipeline.protocol import InferenceJob, InferenceResult, StepEvent
 from tests.fakes import WAIT, FakeModel
 from tests.helpers import SPACES_STUBS, spaces_calls
 
@@ -97,7 +97,7 @@ def test_stop_takes_effect_at_the_next_yield_and_waits_for_the_gpu_process(space
         seen.append(event)
         if isinstance(event, StepEvent) and event.step == 3:
             stop.set()
-    assert isinstance(seen[-1], ErrorEvent) and seen[-1].kind == "cancelled", seen[-1]
+    assert isinstance(seen[-1], InferenceResult) and seen[-1].reason == "cancelled", seen[-1]
     assert seen[-1].steps_done <= 4, "the GPU process ran on after the stop"
     last = spaces_calls(spaces_stub)[-1]
     assert last["stopped"] and last["yields"] < 50

@@ -12,6 +12,7 @@ jobs may be in flight: joinable ones share a step-level loop, ``engine.loop.join
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import pickle
@@ -23,7 +24,7 @@ from multiprocessing.connection import Connection
 from typing import Mapping
 
 from ...errors import EngineDead
-from ...protocol import TERMINAL, ErrorEvent, ModelEvent, StopSignal
+from ...protocol import InferenceResult, ModelEvent, StopSignal
 from .wire import (
     EXIT_POISONED,
     CountTokens,
@@ -33,7 +34,6 @@ from .wire import (
     RunJob,
     Shutdown,
     StopJob,
-    StoppedAt,
     TokenCounts,
     ToModel,
     ToServer,
@@ -87,14 +87,19 @@ def main(fd: int) -> None:
             serial, event = item
             try:
                 stop = stops.get(serial)
-                cancelled = isinstance(event, ErrorEvent) and event.kind == "cancelled"
-                if cancelled and stop is not None and stop.steps_at_set is not None:
+                cancelled = isinstance(event, InferenceResult) and event.reason == "cancelled"
+                if (
+                    isinstance(event, InferenceResult)
+                    and cancelled
+                    and stop is not None
+                    and stop.steps_at_set is not None
+                ):
                     # the model's own count when the stop reached it (the server's lags by the steps in flight)
-                    send(StoppedAt(serial, stop.steps_at_set))
+                    event = dataclasses.replace(event, steps_at_stop=stop.steps_at_set)
                 send(JobEvent(serial, event))
             except OSError:
                 return  # the server has gone
-            if isinstance(event, TERMINAL):
+            if isinstance(event, InferenceResult):
                 stops.pop(serial, None)
 
     relay.start()

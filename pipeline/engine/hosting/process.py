@@ -5,7 +5,7 @@ the GIL; in its own process the model has a GIL of its own, and the server never
 The server's gate and its ``model-stream`` thread call ``ProcessSide.submit``/``stream`` as they
 call the in-process ``ModelRunner``; only the pickled message dataclasses of ``engine.hosting.wire`` cross,
 on one socket pair (``RunJob``, ``StopJob``, ``CountTokens``, ``Shutdown`` to the model process;
-``Ready`` or ``LoadFailed``, then ``JobEvent``, ``StoppedAt`` and ``TokenCounts`` back).
+``Ready`` or ``LoadFailed``, then ``JobEvent`` and ``TokenCounts`` back).
 
 Inside the model process one named thread owns the model and the device: the same ``ModelRunner``
 (``gpu-worker``) as under ``--model-side thread``. Several jobs may be in flight (joinable ones share
@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Generator, Mapping
 
 from ...errors import EngineDead
-from ...protocol import TERMINAL, ErrorEvent, InferenceJob, Model, ModelEvent, ModelProfile, StopFlag
+from ...protocol import InferenceJob, InferenceResult, Model, ModelEvent, ModelProfile, StopFlag
 from . import wire
 
 if TYPE_CHECKING:
@@ -98,7 +98,6 @@ class _Child:
         self.lock = threading.Lock()  # guards sending, ``pending``, ``counts`` and ``exited``
         self.pending: dict[int, Callable[[ModelEvent], None]] = {}  # job serial -> where its events go
         self.counts: dict[int, queue.SimpleQueue[Mapping[str, int] | None]] = {}
-        self.stopped_at: dict[int, int] = {}  # job serial -> steps the model had run when its stop arrived
         self.exited = False
         self.profile: ModelProfile | None = None
         self._ready = threading.Event()
@@ -156,9 +155,6 @@ class _Child:
                         sink = self.pending.get(message.serial)
                     if sink is not None:
                         sink(message.event)
-                elif isinstance(message, wire.StoppedAt):
-                    with self.lock:
-                        self.stopped_at[message.serial] = message.steps
                 elif isinstance(message, wire.TokenCounts):
                     with self.lock:
                         answer = self.counts.pop(message.key, None)
@@ -193,7 +189,11 @@ class _Child:
         self.conn.close()
         self._on_exit(self)  # first, so whoever hears of the crash finds the side recovering
         for sink in pending.values():
-            sink(ErrorEvent("crashed", f"the model process stopped during the job ({reason}); it is restarting"))
+            sink(
+                InferenceResult.ended_by(
+                    "crashed", f"the model process stopped during the job ({reason}); it is restarting"
+                )
+            )
         for answer in counts.values():
             answer.put(None)
 
@@ -282,24 +282,23 @@ class ProcessSide:
             child = self._wait_ready(stop)
             if child is None:
                 emit(
-                    ErrorEvent("cancelled", "stopped while the model process restarted")
+                    InferenceResult.ended_by("cancelled", "stopped while the model process restarted")
                     if stop.is_set()
-                    else ErrorEvent("engine_dead", DEAD_MESSAGE)
+                    else InferenceResult.ended_by("engine_dead", DEAD_MESSAGE)
                 )
                 return lambda: None
             serial = next(self._serials)
 
             def sink(event: ModelEvent, child: _Child = child, serial: int = serial) -> None:  # model-pipe thread
-                if isinstance(event, TERMINAL):
+                if isinstance(event, InferenceResult):
                     forwarded.set()  # a late stop must not be sent for a job that has ended
                     ended.set()
-                    if isinstance(event, ErrorEvent) and event.kind == "device_lost":
+                    if event.reason == "device_lost":
                         self._draining(child)
                     with child.lock:
-                        at = child.stopped_at.pop(serial, None)
                         child.pending.pop(serial, None)
-                    if at is not None and hasattr(stop, "steps_at_set"):
-                        stop.steps_at_set = at  # the model's own count when the stop reached it
+                    if event.steps_at_stop is not None and hasattr(stop, "steps_at_set"):
+                        stop.steps_at_set = event.steps_at_stop  # the model's own count when the stop reached it
                 emit(event)
 
             with child.lock:
@@ -332,12 +331,12 @@ class ProcessSide:
         try:
             while not ended:
                 event = events.get()
-                ended = isinstance(event, TERMINAL)
+                ended = isinstance(event, InferenceResult)
                 yield event
         finally:
             if not ended:  # closed early: stop the job and wait until the model process has left it
                 forward_stop()
-                while not isinstance(events.get(), TERMINAL):
+                while not isinstance(events.get(), InferenceResult):
                     pass
 
     def shutdown(self, timeout: float | None = None) -> None:

@@ -23,13 +23,10 @@ import os
 import queue
 import threading
 from collections import deque
-from dataclasses import dataclass
 from typing import Callable, Generator, Mapping
 
 from ...errors import Cancelled, EngineDead
 from ...protocol import (
-    TERMINAL,
-    ErrorEvent,
     InferenceJob,
     InferenceResult,
     Model,
@@ -37,6 +34,7 @@ from ...protocol import (
     ModelProfile,
     StepEvent,
     StopFlag,
+    Submission,
     encoded,
 )
 from ..device_faults import fault_event
@@ -47,12 +45,7 @@ log = logging.getLogger(__name__)
 DEAD_MESSAGE = "the model thread has stopped; the server must be restarted"
 
 
-class _Never:
-    def is_set(self) -> bool:
-        return False
-
-
-NEVER: StopFlag = _Never()
+NEVER: StopFlag = threading.Event()  # a stop nobody sets
 
 
 class _JobStop:
@@ -70,13 +63,6 @@ class _JobStop:
         note = getattr(self.caller, "note", None)
         if note is not None:
             note(step)
-
-
-@dataclass(frozen=True)
-class _Task:
-    job: InferenceJob
-    stop: _JobStop
-    emit: Callable[[ModelEvent], None]  # called on the model thread with each of the job's events
 
 
 _SHUTDOWN = object()
@@ -107,8 +93,8 @@ class ModelRunner:
 
     def _start_thread(self, *, load_first: bool) -> None:
         self._pid = os.getpid()
-        self._tasks: queue.SimpleQueue[_Task | object] = queue.SimpleQueue()
-        self._later: deque[_Task | object] = deque()  # taken off the queue during a loop, not for it
+        self._tasks: queue.SimpleQueue[Submission | object] = queue.SimpleQueue()
+        self._later: deque[Submission | object] = deque()  # taken off the queue during a loop, not for it
         self._lock = threading.Lock()  # guards _dead against a submit racing the thread's death
         self._thread = threading.Thread(target=self._main, args=(load_first,), name=self._name, daemon=True)
 
@@ -151,33 +137,34 @@ class ModelRunner:
     def submit(self, job: InferenceJob, stop: StopFlag, emit: Callable[[ModelEvent], None]) -> None:
         """Queue ``job``; ``emit`` gets its events on the model thread, the last one terminal. Never blocks."""
         self._after_fork()
-        task = _Task(job, _JobStop(stop), self._watched(emit, job))
+        task = Submission(job, _JobStop(stop), self._watched(emit, job))
         with self._lock:
             if self._dead is None and self._thread.is_alive():
                 self._tasks.put(task)
                 return
-        emit(ErrorEvent("engine_dead", DEAD_MESSAGE))
+        emit(InferenceResult.ended_by("engine_dead", DEAD_MESSAGE))
 
     def stream(self, job: InferenceJob, stop: StopFlag = NEVER) -> Generator[ModelEvent, None, None]:
         """Run ``job`` on the model thread; yield its steps, then one result or error value."""
         self._after_fork()
         events: queue.SimpleQueue[ModelEvent] = queue.SimpleQueue()
-        task = _Task(job, _JobStop(stop), self._watched(events.put, job))
+        mine = _JobStop(stop)
+        task = Submission(job, mine, self._watched(events.put, job))
         with self._lock:
             if self._dead is not None or not self._thread.is_alive():
-                yield ErrorEvent("engine_dead", DEAD_MESSAGE)
+                yield InferenceResult.ended_by("engine_dead", DEAD_MESSAGE)
                 return
             self._tasks.put(task)
         ended = False
         try:
             while not ended:
                 event = events.get()
-                ended = isinstance(event, TERMINAL)
+                ended = isinstance(event, InferenceResult)
                 yield event
         finally:
             if not ended:  # closed early: stop at the next step, and wait until the thread has left
-                task.stop.closed.set()
-                while not isinstance(events.get(), TERMINAL):
+                mine.closed.set()
+                while not isinstance(events.get(), InferenceResult):
                     pass
 
     def _watched(self, emit: Callable[[ModelEvent], None], job: InferenceJob) -> Callable[[ModelEvent], None]:
@@ -185,7 +172,7 @@ class ModelRunner:
         stamping a result with the device's memory (``memory.DeviceMemory``: the scheduler learns from it)."""
 
         def watched(event: ModelEvent) -> None:
-            if isinstance(event, ErrorEvent) and event.kind == "device_lost":
+            if isinstance(event, InferenceResult) and event.reason == "device_lost":
                 self._poisoned = self._poisoned or event.message
             elif isinstance(event, InferenceResult):
                 event = self.memory.stamp(event)
@@ -215,7 +202,7 @@ class ModelRunner:
         self.memory.probe = getattr(self._model, "device_memory", None)
         try:
             while (task := self._next()) is not _SHUTDOWN:
-                assert isinstance(task, _Task)
+                assert isinstance(task, Submission)
                 if in_a_loop(self.model, task.job):
                     self._run_loop(task)
                 else:
@@ -238,20 +225,20 @@ class ModelRunner:
         if self._on_poisoned is not None:
             self._on_poisoned(reason)
 
-    def _next(self) -> _Task | object:
+    def _next(self) -> Submission | object:
         return self._later.popleft() if self._later else self._tasks.get()
 
-    def _run_loop(self, first: _Task) -> None:
+    def _run_loop(self, first: Submission) -> None:
         """A step-level loop (``engine.loop.joining``): ``first``, and every job the serving side's
         scheduler tagged for the same loop, each entering at the next step boundary once the members
         it names in ``enters_after`` have left. The model thread decides nothing about who shares
         the loop: what arrives for another loop (or as one call) waits until this one is over."""
         loop_id = first.job.loop_id
-        ours = [t for t in self._later if isinstance(t, _Task) and t.job.joinable and t.job.loop_id == loop_id]
-        held: deque[_Task] = deque(ours)  # tagged for this loop, in arrival order, not yet in it
+        ours = [t for t in self._later if isinstance(t, Submission) and t.job.joinable and t.job.loop_id == loop_id]
+        held: deque[Submission] = deque(ours)  # tagged for this loop, in arrival order, not yet in it
         self._later = deque(t for t in self._later if t not in ours)
 
-        def pull() -> _Task | None:  # at a step boundary: the next joiner whose place is free, or None
+        def pull() -> Submission | None:  # at a step boundary: the next joiner whose place is free, or None
             while True:
                 if held:
                     in_loop = [m.task.job.request_id for m in driver.members]
@@ -260,7 +247,7 @@ class ModelRunner:
                     task = self._tasks.get_nowait()
                 except queue.Empty:
                     return None
-                if isinstance(task, _Task) and task.job.joinable and task.job.loop_id == loop_id:
+                if isinstance(task, Submission) and task.job.joinable and task.job.loop_id == loop_id:
                     held.append(task)
                 else:
                     self._later.append(task)
@@ -275,28 +262,31 @@ class ModelRunner:
         driver.run(first)
         self._later.extendleft(reversed(held))  # the loop emptied first: they open the next one
 
-    def _run(self, task: _Task) -> None:
+    def _run(self, task: Submission) -> None:
         """One job; exactly one terminal event, whatever happens."""
         job, emit = task.job, task.emit
 
+        note = getattr(task.stop, "note", None)  # the job's stop counts its steps (``_JobStop.note``)
+
         def on_step(step: int, total: int, previews: object) -> None:
-            task.stop.note(step)
+            if note is not None:
+                note(step)
             emit(StepEvent(step, total, encoded(previews)))  # encoded here, on the model thread
 
         try:
             result = self.model.generate(job, task.stop, on_step)
         except Cancelled as exc:
-            emit(ErrorEvent("cancelled", str(exc), exc.steps_done))
+            emit(InferenceResult.ended_by("cancelled", str(exc), exc.steps_done))
         except Exception as exc:  # one job's fault (the thread carries on), memory, or a poisoned device
             emit(fault_event(exc))
         except BaseException:
-            emit(ErrorEvent("engine_dead", DEAD_MESSAGE))
+            emit(InferenceResult.ended_by("engine_dead", DEAD_MESSAGE))
             raise
         else:
             emit(
                 result
                 if isinstance(result, InferenceResult)
-                else ErrorEvent("failed", f"the model returned {type(result).__name__}, not a result")
+                else InferenceResult.ended_by("failed", f"the model returned {type(result).__name__}, not a result")
             )
 
     def _fail_pending(self) -> None:
@@ -305,15 +295,15 @@ class ModelRunner:
                 self._dead = RuntimeError("shut down")
         while self._later:
             task = self._later.popleft()
-            if isinstance(task, _Task):
-                task.emit(ErrorEvent("engine_dead", DEAD_MESSAGE))
+            if isinstance(task, Submission):
+                task.emit(InferenceResult.ended_by("engine_dead", DEAD_MESSAGE))
         while True:
             try:
                 task = self._tasks.get_nowait()
             except queue.Empty:
                 return
-            if isinstance(task, _Task):
-                task.emit(ErrorEvent("engine_dead", DEAD_MESSAGE))
+            if isinstance(task, Submission):
+                task.emit(InferenceResult.ended_by("engine_dead", DEAD_MESSAGE))
 
 
 # -- the boundary as a module-level generator (picklable arguments only) ----------------------------
@@ -335,7 +325,7 @@ def run_job(job: InferenceJob, stop: StopFlag | None = None) -> Generator[ModelE
     next step, and the close returns once the model thread has left it.
     """
     if _RUNNER is None:
-        yield ErrorEvent("engine_dead", "no model is loaded in this process")
+        yield InferenceResult.ended_by("engine_dead", "no model is loaded in this process")
         return
     yield from _RUNNER.stream(job, stop if stop is not None else NEVER)
 

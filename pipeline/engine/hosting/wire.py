@@ -4,8 +4,8 @@ Server -> model process: ``RunJob`` (a job under its serial), ``StopJob`` (that 
 moment the server's stop is set), ``CountTokens`` (a prompt to measure), ``Shutdown``.
 
 Model process -> server: ``Ready`` (the loaded model's profile) or ``LoadFailed`` (why not), then
-``JobEvent`` for every event of every job in flight, ``StoppedAt`` (the model's own step count when
-a job's stop reached it, sent before that job's cancelled event), ``TokenCounts`` (a count's answer).
+``JobEvent`` for every event of every job in flight (a cancelled job's end carries the model's own
+step count when its stop reached it, ``InferenceResult.steps_at_stop``), ``TokenCounts`` (a count's answer).
 
 ``engine.hosting.process`` sends and reads the server's side, ``engine.hosting.child`` the model process's.
 """
@@ -59,16 +59,10 @@ class JobEvent:
 
 
 @dataclass(frozen=True)
-class StoppedAt:
-    serial: int
-    steps: int
-
-
-@dataclass(frozen=True)
 class TokenCounts:
     key: int
     counts: Mapping[str, int] | None  # None: counting failed (logged in the model process)
 
 
 ToModel = RunJob | StopJob | CountTokens | Shutdown
-ToServer = Ready | LoadFailed | JobEvent | StoppedAt | TokenCounts
+ToServer = Ready | LoadFailed | JobEvent | TokenCounts

@@ -21,7 +21,7 @@ import logging
 import math
 from typing import Any, Callable, Generator, Mapping
 
-from ...protocol import TERMINAL, ErrorEvent, InferenceJob, ModelEvent, ModelProfile, ModelSide, StepEvent, StopFlag
+from ...protocol import InferenceJob, InferenceResult, ModelEvent, ModelProfile, ModelSide, StepEvent, StopFlag
 from .runner import ModelRunner, install, run_job
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ class ZeroGpuSide:
             with contextlib.closing(self._gpu_stream(job)) as events:
                 for event in events:
                     yield event
-                    if isinstance(event, TERMINAL):
+                    if isinstance(event, InferenceResult):
                         return
                     if isinstance(event, StepEvent):
                         step = event.step
@@ -92,12 +92,12 @@ class ZeroGpuSide:
                         break  # closing returns once the GPU process has stopped the job
         except Exception as exc:  # the wrapper's own errors (pickling, "ZeroGPU worker error", quota)
             log.exception("the ZeroGPU call for job %s failed", job.request_id)
-            yield ErrorEvent("failed", f"{type(exc).__name__}: {exc}", step)
+            yield InferenceResult.ended_by("failed", f"{type(exc).__name__}: {exc}", step)
             return
         if stop.is_set():
-            yield ErrorEvent("cancelled", "stopped", step)
+            yield InferenceResult.ended_by("cancelled", "stopped", step)
         else:
-            yield ErrorEvent("failed", "the ZeroGPU call ended without a result", step)
+            yield InferenceResult.ended_by("failed", "the ZeroGPU call ended without a result", step)
 
 
 def model_side(runner: ModelRunner) -> ModelSide:

@@ -35,7 +35,7 @@ from typing import Callable, Hashable, Mapping, Protocol, Sequence
 
 from PIL import Image
 
-from ...protocol import ErrorEvent, InferenceJob, InferenceResult, ModelEvent, StepEvent, StopFlag, encoded
+from ...protocol import InferenceJob, InferenceResult, StepEvent, Submission, encoded
 from ..device_faults import fault_event
 
 log = logging.getLogger(__name__)
@@ -103,21 +103,9 @@ def waits_for(job: InferenceJob, in_loop: Sequence[str]) -> bool:
     return any(rid in job.enters_after for rid in in_loop)
 
 
-class Task(Protocol):
-    """A job as the model thread holds it: the job, its stop, and where its events go."""
-
-    @property
-    def job(self) -> InferenceJob: ...
-
-    @property
-    def stop(self) -> StopFlag: ...
-
-    def emit(self, event: ModelEvent) -> None: ...
-
-
 @dataclass
 class _Seat:
-    task: Task
+    task: Submission
     slot: int
     joined_at: int  # loop steps run before it joined
     started: float
@@ -130,13 +118,13 @@ class LoopDriver:
     """Runs one loop until its last member has left. ``pull()`` hands over the next waiting task
     with this loop's key, or ``None`` (the runner keeps the others for after the loop)."""
 
-    def __init__(self, loop: Loop, pull: Callable[[], Task | None]) -> None:
+    def __init__(self, loop: Loop, pull: Callable[[], Submission | None]) -> None:
         self.loop = loop
         self._pull = pull
         self.members: list[_Seat] = []
         self.steps = 0  # loop steps run so far
 
-    def run(self, first: Task) -> None:
+    def run(self, first: Submission) -> None:
         self._admit(first)
         while True:
             # 1. Join: every waiting compatible task enters now, before this step.
@@ -172,9 +160,9 @@ class LoopDriver:
             if finished:
                 self._finish(finished)
 
-    def _admit(self, task: Task) -> None:
+    def _admit(self, task: Submission) -> None:
         if task.stop.is_set():
-            task.emit(ErrorEvent("cancelled", "stopped before its first step", 0))
+            task.emit(InferenceResult.ended_by("cancelled", "stopped before its first step", 0))
             return
         try:
             slot = self.loop.add(task.job)
@@ -190,7 +178,7 @@ class LoopDriver:
             self.members.remove(m)
             done = self.loop.steps_done(m.slot)
             self.loop.remove(m.slot)
-            m.task.emit(ErrorEvent("cancelled", "stopped", done))
+            m.task.emit(InferenceResult.ended_by("cancelled", "stopped", done))
 
     def _finish(self, finished: list[_Seat]) -> None:
         for m in finished:
@@ -226,8 +214,8 @@ class LoopDriver:
 
     def _fail_all(self, exc: BaseException) -> None:
         members, self.members = self.members, []
-        event = _error_of(exc) if isinstance(exc, Exception) else ErrorEvent("engine_dead", repr(exc))
-        if event.kind == "failed":
+        event = _error_of(exc) if isinstance(exc, Exception) else InferenceResult.ended_by("engine_dead", repr(exc))
+        if event.reason == "failed":
             log.error("a step of a loop of %d jobs failed", len(members), exc_info=exc)
         for m in members:
             with contextlib.suppress(Exception):
@@ -235,5 +223,5 @@ class LoopDriver:
             m.task.emit(event)
 
 
-def _error_of(exc: Exception) -> ErrorEvent:
+def _error_of(exc: Exception) -> InferenceResult:
     return fault_event(exc)  # a poisoned device ends the model side after the loop (``ModelRunner``)

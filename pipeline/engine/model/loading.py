@@ -11,7 +11,6 @@ import logging
 import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -19,7 +18,7 @@ import torch
 from ...config import Settings
 from ...default_model import ensure_default_model, model_defaults
 from ...errors import ModelRefused
-from ...protocol import ErrorEvent, InferenceJob, ModelProfile
+from ...protocol import InferenceJob, InferenceResult, ModelProfile, Submission
 from ..hosting.zerogpu import zero_gpu_active
 from ..loop.joining import LoopDriver, in_a_loop
 from ..loop.loop_base import MIXED_LORA_LOOPS, loop_kind
@@ -202,9 +201,9 @@ def _draw_once(model: DiffusersModel, job: InferenceJob, *, through_loop: bool) 
         model.generate(job, threading.Event(), lambda *_: None)
         return
     ended: list[Any] = []
-    warm = SimpleNamespace(job=joinable, stop=threading.Event(), emit=ended.append)
+    warm = Submission(joinable, threading.Event(), ended.append)
     LoopDriver(model.open_loop(joinable), lambda: None).run(warm)
-    if isinstance(ended[-1], ErrorEvent):
+    if isinstance(ended[-1], InferenceResult) and not ended[-1].ok:
         raise RuntimeError(f"the warm-up through the step-level loop failed: {ended[-1].message}")
 
 
