@@ -58,6 +58,7 @@ EXTERNAL: dict[str, str] = {
     "Queue": "gradio.queueing.Queue",
     "Job": "gradio_client.Job",
     "DiffusionPipeline": "diffusers.DiffusionPipeline",
+    "Image": "PIL.Image (Pillow), not a name of this repository",
     "StableDiffusionPipeline": "diffusers.StableDiffusionPipeline",
     "DDIMScheduler": "diffusers.DDIMScheduler",
     "DeploymentHandle": "ray.serve.handle.DeploymentHandle",

@@ -94,6 +94,7 @@ TESTS: dict[str, str] = {
     "mcp-outside-the-login": "tests/server/test_mcp.py::test_under_auth_mcp_needs_the_login_and_works_with_basic_or_bearer",
     "mcp-disconnect-ignored": "tests/server/test_mcp.py::test_an_mcp_caller_that_disconnects_stops_its_job",
     "no-cost-budget": "tests/server/test_hostile.py::test_an_over_budget_request_is_refused_before_the_queue",
+    "upload-pixel-cap-removed": "tests/unit/test_uploads.py::test_the_bombs_are_refused_before_any_pixel_is_decoded",
     "no-connection-limits": (
         "tests/server/test_hostile.py::test_slow_headers_a_huge_body_and_too_many_connections_are_cut_off"
     ),
