@@ -210,7 +210,8 @@ class LocalAdapter(AdapterBase):
                 # 2. Wait in line for the GPU, in a fair order across users (round-robin, ``WaitLine.order``);
                 #    a user already at the cap is answered at once. The scheduler takes it into a batch.
                 cap = self.max_waiting_per_user
-                if user is not None and cap is not None and (n := self.scheduler.waiting(user)) >= cap:
+                free = not self._gate.locked()
+                if user is not None and cap is not None and (n := self.scheduler.waiting(user, gate_free=free)) >= cap:
                     raise TooManyWaiting(n)
                 entry = Entry(request, stop, contextvars.copy_context(), user=user)
                 self._start_scheduling()

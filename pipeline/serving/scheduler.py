@@ -226,8 +226,14 @@ class Scheduler:
     def leave(self, entry: Entry) -> None:
         self.line.leave(entry.ticket)
 
-    def waiting(self, user: Hashable) -> int:
-        return self.line.waiting(user)
+    def waiting(self, user: Hashable, *, gate_free: bool = False) -> int:
+        """Entries ``user`` has in line that will wait. With the gate free, those in the batch the
+        scheduler opens next are on their way in, not waiting: two requests sent together while
+        nothing runs are one running and one waiting, whichever of them the scheduler has seen."""
+        n = self.line.waiting(user)
+        if gate_free and n and (fair := self._fair()):
+            n -= sum(1 for e in self._compose(fair[0], fair, take=False).entries if e.user == user)
+        return n
 
     def _fair(self) -> list[Entry]:
         return [e for e in map(self.line.tickets.__getitem__, self.line.order()) if not e.stop.is_set()]

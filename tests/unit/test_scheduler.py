@@ -100,3 +100,20 @@ def _info() -> Any:
 
 def _result(peak: int, total: int, idle: int) -> InferenceResult:
     return InferenceResult((), 1, 0.0, 0.0, peak, device_total_bytes=total, idle_bytes=idle)
+
+
+def test_with_the_gate_free_the_entries_the_next_batch_takes_are_not_counted_as_waiting() -> None:
+    """The per-user waiting cap counts ``Scheduler.waiting``: two requests a user sends together
+    while nothing runs are one on its way in and one waiting, whether or not the scheduler has
+    run between them (it had not, when a cap of 1 refused the second: tests/server/test_load.py)."""
+    s = _scheduler(max_images=1)
+    s.add(_entry("b1", "b", width=128, height=128))
+    s.add(_entry("a1", "a"))
+    s.add(_entry("a2", "a"))
+    assert s.waiting("a") == 2 and s.waiting("a", gate_free=False) == 2  # something runs: both wait
+    assert s.waiting("b", gate_free=True) == 0  # b1 opens the next batch
+    assert s.waiting("a", gate_free=True) == 2  # b1's batch takes neither of a's
+    opened, _ = s.schedule(closing=False, gate_free=True)
+    assert opened is not None and _ids(opened.entries) == ["b1"]
+    s.ended(opened)
+    assert s.waiting("a", gate_free=True) == 1  # a1 is on its way in; a2 waits
