@@ -73,6 +73,9 @@ class ModelProfile:
     # how jobs with different adapters batch: "mixed" (one denoiser call, a LoRA per row: step-level
     # loops), "separate" (a job or loop per adapter and scale)
     lora_batching: str = "separate"
+    # The modes this model serves (``engine.model.modes``), and why each other one is not served.
+    modes: tuple[str, ...] = ("text",)
+    mode_notes: tuple[tuple[str, str], ...] = ()
 
 
 NONE = "none"  # a request's LoRA value for no adapter
@@ -130,10 +133,34 @@ class InferenceJob:
     # The LoRA adapter the job runs with (a name from ModelProfile.loras; "": none) and its scale.
     lora: str = ""
     lora_scale: float = 0.0
+    # The mode (``engine.model.modes``): "text"; "image" (image-to-image: ``images``, one per image of
+    # the job at width x height, denoised from ``strength``); "inpaint" (also ``masks``, white where
+    # it repaints). Pictures cross as PIL images: plain RGB (masks L), already sized by the serving side.
+    mode: str = "text"
+    images: tuple[Image.Image, ...] = ()
+    masks: tuple[Image.Image, ...] = ()
+    strength: float = 1.0
+    # Hires fix (0: off): after the text pass, each picture is upscaled to hires_width x hires_height
+    # (Lanczos) and redrawn image-to-image from hires_strength with hires_steps steps.
+    hires_width: int = 0
+    hires_height: int = 0
+    hires_steps: int = 0
+    hires_strength: float = 0.0
 
     @property
     def num_images(self) -> int:
         return len(self.prompts)
+
+    @property
+    def steps_run(self) -> int:
+        """The denoising steps the job runs at its size: an image mode's ``int(steps × strength)``
+        (diffusers' count), plus a hires fix's second pass in steps of the first pass's size."""
+        steps = self.num_inference_steps
+        run = steps if self.mode == "text" else min(int(steps * self.strength), steps)
+        if self.hires_width:
+            second = min(int(self.hires_steps * self.hires_strength), self.hires_steps)
+            run += round(second * self.hires_width * self.hires_height / (self.width * self.height))
+        return run
 
 
 PREVIEW_MAX_SIDE = 256  # a live preview's longest side, in pixels: sized for display, not for the picture

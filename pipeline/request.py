@@ -5,6 +5,24 @@ Gradio components do not validate API input (sliders pass NaN, inf and off-step 
 GPU work. Each error names the field and the allowed range. Nothing is silently fixed but line
 breaks (``text``: a carriage return is a newline); the one adjustment, a prompt longer than the
 text encoder's window, is reported in ``warnings``.
+
+The picture fields (``image_fields``): text mode takes none of them (a picture sent with it is
+refused, so a client never believes it was used); the image modes take an uploaded image, read by
+``uploads.read_image`` (bytes only, capped before decoding) and resized to the request's width x
+height (AUTOMATIC1111's "just resize"):
+
+- **image** (image-to-image): the picture, denoised from ``strength`` (0 < s <= 1);
+- **inpaint**: also a mask, white (or, on a layer with alpha, painted) where the picture is redrawn;
+- **outpaint**: the canvas grows by ``outpaint_left/top/right/bottom`` pixels; the new border is
+  filled from the picture's edge and redrawn (``uploads.outpaint_canvas``);
+- **hires fix** (``hires_fix``, text mode only): the picture is upscaled by ``hires_scale`` (1.5 or
+  2, Lanczos) and redrawn at that size from ``hires_strength`` with ``hires_steps`` steps (0: the
+  request's own), as one request in two passes.
+
+A mode runs ``int(steps * strength)`` steps (diffusers' own count), so a strength that would run
+none is refused by name; the cost budget counts the steps run, both passes of hires fix and the
+uploads' pixels. Decoding an upload takes milliseconds, so the adapter calls ``validate`` off the
+event loop for a request that carries one (``has_pictures``).
 """
 
 from __future__ import annotations
@@ -15,17 +33,33 @@ import math
 import re
 import secrets
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+import numpy as np
+from PIL import Image
 
 from .errors import InvalidRequest
 from .loras import SCALE_MAX, SCALE_MIN
 from .protocol import NONE, InferenceJob, LoraUse, ModelProfile
+from .uploads import MAX_UPLOAD_BYTES, MAX_UPLOAD_PIXELS, outpaint_canvas, read_image, read_mask
 
 if TYPE_CHECKING:
     from .config import Settings
 
 MAX_SEED = 2**32 - 1
+MODES = ("text", "image", "inpaint", "outpaint")
+MODE_WORDS = {"image": "image-to-image", "inpaint": "inpainting", "outpaint": "outpainting"}
+PIPELINE_MODE = {"text": "text", "image": "image", "inpaint": "inpaint", "outpaint": "inpaint"}
+SIDES = ("outpaint_left", "outpaint_top", "outpaint_right", "outpaint_bottom")
+HIRES_SCALES = (1.5, 2.0)
+DEFAULT_STRENGTH = 0.75  # AUTOMATIC1111's default denoising strength
+DEFAULT_HIRES_STRENGTH = 0.5
+DEFAULT_MASK_BLUR = 4
+MAX_MASK_BLUR = 64
+HIRES_UPSCALER = "Lanczos"
+IMAGE_FIELDS = ("mode", "image", "mask", "strength", *SIDES, "mask_blur", "hires_fix", "hires_scale",
+                "hires_strength", "hires_steps")  # fmt: skip
 FIELDS = (
     "prompt",
     "negative_prompt",
@@ -41,6 +75,9 @@ FIELDS = (
     "lora",
     "lora_scale",
 )
+# What ``validate`` takes: the API's fields and the picture fields (the image modes and hires fix),
+# which ``LocalAdapter.run`` serves; the web API gains them with its upload route.
+KNOWN_FIELDS = (*FIELDS, *IMAGE_FIELDS)
 DEFAULT_SCHEDULER = "default"  # the model's own scheduler
 BUDGET_DEFAULT_JOBS = 8  # the default cost budget: this many of the model's default job (one image)
 
@@ -66,6 +103,8 @@ class Limits:
     size_choices: tuple[tuple[int, int], ...] = ()  # only these sizes run (Kandinsky 5, HiDream); empty: any
     cfg_above: float = 1.0  # a negative prompt is read only above this guidance
     loras: tuple[str, ...] = ()  # the LoRA adapters' names (``--lora``); a request may pick one or "none"
+    modes: tuple[str, ...] = ("text",)  # the pipeline modes the model serves (``engine.model.modes``)
+    mode_notes: tuple[tuple[str, str], ...] = ()  # why each other mode is not served
 
     @classmethod
     def for_model(
@@ -101,7 +140,177 @@ class Limits:
             size_choices=profile.size_choices,
             cfg_above=profile.cfg_above,
             loras=tuple(info.name for info in profile.loras),
+            modes=profile.modes,
+            mode_notes=profile.mode_notes,
         )
+
+
+# -- the picture fields: the image modes and hires fix (see the module docstring) -------------------
+@dataclass(frozen=True)
+class Hires:
+    """Hires fix: the second pass's scale, strength and steps (the width and height it redraws at)."""
+
+    scale: float
+    strength: float
+    steps: int
+    width: int
+    height: int
+
+
+@dataclass(frozen=True, eq=False)
+class Pictures:
+    """An image mode's pictures, ready for the job: at the job's size, the mask (L, white: redraw)."""
+
+    mode: str  # image, inpaint or outpaint
+    image: Image.Image = field(repr=False)
+    mask: Image.Image | None = field(default=None, repr=False)
+    upload_pixels: int = 0  # the decoded uploads' pixels (the cost budget counts them)
+    outpaint: tuple[int, int, int, int] = (0, 0, 0, 0)  # left, top, right, bottom
+
+
+@dataclass(frozen=True)
+class ImageFields:
+    """The picture fields of one request, checked (``mode`` "text": no pictures, maybe hires fix)."""
+
+    mode: str = "text"
+    strength: float = 1.0
+    mask_blur: int = 0
+    pictures: Pictures | None = field(default=None, compare=False)
+    hires: Hires | None = None
+    width: int = 0  # the job's size: the request's, or the outpainted canvas
+    height: int = 0
+
+    @property
+    def pipeline_mode(self) -> str:
+        return PIPELINE_MODE[self.mode]
+
+    def steps_run(self, steps: int) -> int:
+        """The denoising steps the first pass runs (diffusers: ``int(steps * strength)``, at most ``steps``)."""
+        return steps if self.mode == "text" else min(int(steps * self.strength), steps)
+
+    def parameters(self) -> dict[str, Any]:
+        """The picture fields actually used, under the API's names (the pictures themselves are not kept)."""
+        out: dict[str, Any] = {"mode": self.mode}
+        if self.mode != "text":
+            out["strength"] = self.strength
+        if self.mode in ("inpaint", "outpaint"):
+            out["mask_blur"] = self.mask_blur
+        if self.mode == "outpaint" and self.pictures is not None:
+            out.update(zip(SIDES, self.pictures.outpaint))
+        if self.hires is not None:
+            out.update(hires_fix=True, hires_scale=self.hires.scale, hires_strength=self.hires.strength,
+                       hires_steps=self.hires.steps)  # fmt: skip
+        return out
+
+    def hires_steps_run(self) -> int:
+        return 0 if self.hires is None else min(int(self.hires.steps * self.hires.strength), self.hires.steps)
+
+
+def has_pictures(raw: Mapping[str, Any]) -> bool:
+    """Whether ``raw`` carries an upload (its decode takes milliseconds: the caller runs ``validate`` off the loop)."""
+    return any(raw.get(name) is not None for name in ("image", "mask"))
+
+
+def image_fields(
+    raw: Mapping[str, Any],
+    limits: Limits,
+    *,
+    width: int,
+    height: int,
+    steps: int,
+    modes: tuple[str, ...],
+    mode_notes: Mapping[str, str],
+) -> ImageFields:
+    """Check the picture fields of ``raw`` (``modes``: the pipeline modes the model serves)."""
+    mode = raw.get("mode", "text")
+    if mode is None or mode == "":
+        mode = "text"
+    if not isinstance(mode, str) or mode not in MODES:
+        raise InvalidRequest("mode", f"mode must be one of: {', '.join(MODES)}; got {show(mode)}")
+    needed = PIPELINE_MODE[mode]
+    hires_on = flag("hires_fix", raw.get("hires_fix", False))
+    if needed not in modes or (hires_on and "image" not in modes):
+        missing = needed if needed not in modes else "image"
+        why = mode_notes.get(missing, "the model has no such pipeline")
+        field_name = "mode" if needed not in modes else "hires_fix"
+        words = MODE_WORDS.get(mode, "hires fix") if field_name == "mode" else "hires fix (an image-to-image pass)"
+        raise InvalidRequest(field_name, f"{field_name}: this model does not serve {words}: {why}")
+    if mode == "text":
+        for name in ("image", "mask", *SIDES):
+            if raw.get(name) not in (None, 0, b""):
+                raise InvalidRequest(name, f"{name}: only the image, inpaint and outpaint modes take it; mode is text")
+        hires = _hires(raw, limits, width, height, steps) if hires_on else None
+        return ImageFields(hires=hires, width=width, height=height)
+    if hires_on:
+        raise InvalidRequest(
+            "hires_fix", f"hires_fix: only text mode takes it (it redraws a new picture); mode is {mode}"
+        )
+    strength = real_number("strength", raw.get("strength", DEFAULT_STRENGTH), 0.0, 1.0, above=True)
+    if int(steps * strength) < 1:
+        raise InvalidRequest(
+            "strength",
+            f"strength must be at least {1 / steps:.3g} with num_inference_steps {steps} (so that at least one "
+            f"step runs: steps × strength ≥ 1); got {strength:g}",
+        )
+    blur = whole_number("mask_blur", raw.get("mask_blur", DEFAULT_MASK_BLUR), 0, MAX_MASK_BLUR)
+    if raw.get("image") is None:
+        raise InvalidRequest("image", f"image: {MODE_WORDS[mode]} needs an image (PNG, JPEG or WebP)")
+    image = read_image(raw["image"], "image", max_bytes=MAX_UPLOAD_BYTES, max_pixels=MAX_UPLOAD_PIXELS)
+    uploaded = image.width * image.height
+    picture = image.resize((width, height), Image.Resampling.LANCZOS) if image.size != (width, height) else image
+    if mode == "image":
+        return ImageFields(mode, strength, 0, Pictures(mode, picture, None, uploaded), None, width, height)
+    if mode == "inpaint":
+        if raw.get("mask") is None:
+            raise InvalidRequest("mask", "mask: inpainting needs a mask (white, or painted, where it redraws)")
+        mask = read_mask(raw["mask"], (width, height), blur)
+        uploaded += mask.width * mask.height
+        if not np.asarray(mask).any():
+            raise InvalidRequest("mask", "mask: it marks nothing to redraw (paint or whiten where the picture changes)")
+        return ImageFields(mode, strength, blur, Pictures(mode, picture, mask, uploaded), None, width, height)
+    pads = tuple(whole_number(name, raw.get(name, 0), 0, limits.max_size) for name in SIDES)
+    m = limits.size_multiple
+    for name, pad in zip(SIDES, pads):
+        if pad % m:
+            raise InvalidRequest(name, f"{name} must be a multiple of {m} between 0 and {limits.max_size}; got {pad}")
+    left, top, right, bottom = pads
+    if not any(pads):
+        raise InvalidRequest("outpaint_left", "outpaint_left/top/right/bottom: outpainting needs at least one side")
+    canvas_w, canvas_h = width + left + right, height + top + bottom
+    if max(canvas_w, canvas_h) > limits.max_size or canvas_w * canvas_h > limits.max_pixels:
+        raise InvalidRequest(
+            "outpaint_right" if canvas_w > limits.max_size else "outpaint_bottom",
+            f"the outpainted canvas must be at most {limits.max_size} a side and {limits.max_pixels} pixels; "
+            f"got ({width}+{left}+{right})×({height}+{top}+{bottom}) = {canvas_w}×{canvas_h}",
+        )
+    canvas, mask = outpaint_canvas(picture, (left, top, right, bottom), blur)
+    pictures = Pictures(mode, canvas, mask, uploaded, (left, top, right, bottom))
+    return ImageFields(mode, strength, blur, pictures, None, canvas_w, canvas_h)
+
+
+def _hires(raw: Mapping[str, Any], limits: Limits, width: int, height: int, steps: int) -> Hires:
+    scale = real_number("hires_scale", raw.get("hires_scale", 2.0), 1.0, 4.0)
+    if scale not in HIRES_SCALES:
+        choices = " or ".join(f"{s:g}" for s in HIRES_SCALES)
+        raise InvalidRequest("hires_scale", f"hires_scale must be {choices}; got {scale:g}")
+    strength = real_number("hires_strength", raw.get("hires_strength", DEFAULT_HIRES_STRENGTH), 0.0, 1.0, above=True)
+    hires_steps = whole_number("hires_steps", raw.get("hires_steps", 0), 0, limits.max_steps)
+    second = hires_steps or steps
+    if int(second * strength) < 1:
+        raise InvalidRequest(
+            "hires_strength",
+            f"hires_strength must be at least {1 / second:.3g} with {second} hires steps (so that at least one "
+            f"step runs); got {strength:g}",
+        )
+    m = limits.size_multiple
+    big_w, big_h = (math.floor(side * scale / m) * m for side in (width, height))
+    if max(big_w, big_h) > limits.max_size or big_w * big_h > limits.max_pixels:
+        raise InvalidRequest(
+            "hires_scale",
+            f"hires_scale {scale:g} makes {big_w}×{big_h}; the largest is {limits.max_size} a side and "
+            f"{limits.max_pixels} pixels: lower the scale, the width or the height",
+        )
+    return Hires(scale, strength, second, big_w, big_h)
 
 
 @dataclass(frozen=True)
@@ -120,6 +329,16 @@ class GenerateRequest:
     scheduler: str = DEFAULT_SCHEDULER
     lora: str = ""  # a loaded adapter's name; "": none
     lora_scale: float = 1.0
+    pictures: ImageFields = dataclasses.field(default_factory=ImageFields)  # the mode, its pictures, hires fix
+
+    @property
+    def mode(self) -> str:
+        return self.pictures.mode
+
+    @property
+    def job_size(self) -> tuple[int, int]:
+        """The size the job draws at: the request's, or the outpainted canvas."""
+        return (self.pictures.width or self.width, self.pictures.height or self.height)
 
     @property
     def lora_use(self) -> LoraUse:
@@ -132,19 +351,29 @@ class GenerateRequest:
         return tuple((self.seed + i) % (MAX_SEED + 1) for i in range(self.num_images))
 
     def to_job(self) -> InferenceJob:
+        p, n = self.pictures, self.num_images
+        hires = p.hires
         return InferenceJob(
             request_id=self.request_id,
-            prompts=(self.prompt,) * self.num_images,
-            negative_prompts=(self.negative_prompt,) * self.num_images,
+            prompts=(self.prompt,) * n,
+            negative_prompts=(self.negative_prompt,) * n,
             seeds=self.seeds,
-            width=self.width,
-            height=self.height,
+            width=self.job_size[0],
+            height=self.job_size[1],
             num_inference_steps=self.num_inference_steps,
             guidance_scale=self.guidance_scale,
             preview_every=max(1, self.num_inference_steps // 8) if self.live_preview else 0,
             scheduler=self.scheduler,
             lora=self.lora_use.name,
             lora_scale=self.lora_use.scale,
+            mode=p.pipeline_mode,
+            images=(p.pictures.image,) * n if p.pictures is not None else (),
+            masks=(p.pictures.mask,) * n if p.pictures is not None and p.pictures.mask is not None else (),
+            strength=p.strength,
+            hires_width=hires.width if hires else 0,
+            hires_height=hires.height if hires else 0,
+            hires_steps=hires.steps if hires else 0,
+            hires_strength=hires.strength if hires else 0.0,
         )
 
     def parameters(self) -> dict[str, Any]:
@@ -162,6 +391,7 @@ class GenerateRequest:
             "scheduler": self.scheduler,
             "lora": self.lora or NONE,
             "lora_scale": self.lora_scale,
+            **self.pictures.parameters(),
         }
 
 
@@ -169,42 +399,11 @@ def new_request_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
-def _show(value: Any) -> str:
-    """A short, HTML-escaped rendering of a bad value (Gradio renders error text as HTML)."""
-    text = repr(value)
-    if len(text) > 40:
-        text = text[:37] + "..."
-    return html.escape(text)
-
-
-def _whole_number(field: str, value: Any, lo: int, hi: int, what: str | None = None) -> int:
-    """An int in [lo, hi]. Integral floats (7.0, as JSON sliders send) are accepted; 7.5 is not."""
-    desc = what or f"a whole number between {lo} and {hi}"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidRequest(field, f"{field} must be {desc}; got {_show(value)}")
-    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
-        raise InvalidRequest(field, f"{field} must be {desc}; got {_show(value)}")
-    number = int(value)
-    if not lo <= number <= hi:
-        raise InvalidRequest(field, f"{field} must be {desc}; got {_show(value)}")
-    return number
-
-
-def _real_number(field: str, value: Any, lo: float, hi: float) -> float:
-    desc = f"a number between {lo:g} and {hi:g}"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidRequest(field, f"{field} must be {desc}; got {_show(value)}")
-    number = float(value)
-    if not (math.isfinite(number) and lo <= number <= hi):
-        raise InvalidRequest(field, f"{field} must be {desc}; got {_show(value)}")
-    return number
-
-
 def _text(field: str, value: Any, max_chars: int) -> str:
     if value is None:
         return ""
     if not isinstance(value, str):
-        raise InvalidRequest(field, f"{field} must be text of at most {max_chars} characters; got {_show(value)}")
+        raise InvalidRequest(field, f"{field} must be text of at most {max_chars} characters; got {show(value)}")
     if len(value) > max_chars:
         raise InvalidRequest(
             field, f"{field} must be text of at most {max_chars} characters; got {len(value)} characters"
@@ -217,9 +416,9 @@ def _text(field: str, value: Any, max_chars: int) -> str:
 
 def _size(field: str, value: Any, limits: Limits) -> int:
     m, lo, hi = limits.size_multiple, limits.min_size, limits.max_size
-    number = _whole_number(field, value, lo, hi, f"a multiple of {m} between {lo} and {hi}")
+    number = whole_number(field, value, lo, hi, f"a multiple of {m} between {lo} and {hi}")
     if number % m:
-        raise InvalidRequest(field, f"{field} must be a multiple of {m} between {lo} and {hi}; got {_show(value)}")
+        raise InvalidRequest(field, f"{field} must be a multiple of {m} between {lo} and {hi}; got {show(value)}")
     return number
 
 
@@ -229,7 +428,7 @@ def _scheduler(value: Any, limits: Limits) -> str:
         return DEFAULT_SCHEDULER
     if not isinstance(value, str) or value not in limits.schedulers:
         choices = html.escape(", ".join(limits.schedulers))
-        raise InvalidRequest("scheduler", f"scheduler must be one of: {choices}; got {_show(value)}")
+        raise InvalidRequest("scheduler", f"scheduler must be one of: {choices}; got {show(value)}")
     return value
 
 
@@ -242,22 +441,33 @@ def _lora(value: Any, limits: Limits) -> str:
         return by_lower[value.strip().lower()]
     choices = html.escape(", ".join((NONE, *limits.loras)))
     loaded = "" if limits.loras else " (this server loaded no LoRA adapters: start it with --lora NAME=PATH)"
-    raise InvalidRequest("lora", f"lora must be one of: {choices}{loaded}; got {_show(value)}")
+    raise InvalidRequest("lora", f"lora must be one of: {choices}{loaded}; got {show(value)}")
 
 
-def _within_budget(width: int, height: int, steps: int, images: int, limits: Limits) -> None:
-    """The cost budget: width × height × steps × images, in pixel-steps (0: no budget)."""
-    cost = width * height * steps * images
+def _within_budget(width: int, height: int, steps: int, images: int, limits: Limits, extra: ImageFields) -> None:
+    """The cost budget: width × height × steps × images, in pixel-steps (0: no budget). An image
+    mode counts the steps it runs (``steps × strength``) and the uploads' pixels; hires fix its
+    second pass too."""
+    p = extra
+    run = p.steps_run(steps)
+    cost = p.width * p.height * run * images if p.width else width * height * run * images
+    sums = f"{p.width or width}×{p.height or height}×{run}×{images}"
+    if p.hires is not None:
+        cost += p.hires.width * p.hires.height * p.hires_steps_run() * images
+        sums += f" + {p.hires.width}×{p.hires.height}×{p.hires_steps_run()}×{images} (hires fix)"
+    if p.pictures is not None:
+        cost += p.pictures.upload_pixels
+        sums += f" + {p.pictures.upload_pixels} (the uploads' pixels)"
     if limits.max_pixel_steps and cost > limits.max_pixel_steps:
         raise InvalidRequest(
             "num_inference_steps",
             f"width × height × num_inference_steps × num_images must be at most {limits.max_pixel_steps} "
-            f"pixel-steps (the cost budget, --max-pixel-steps); got {width}×{height}×{steps}×{images} = {cost}",
+            f"pixel-steps (the cost budget, --max-pixel-steps); got {sums} = {cost}",
         )
 
 
 def _steps(raw: Mapping[str, Any], limits: Limits) -> int:
-    steps = _whole_number("num_inference_steps", raw.get("num_inference_steps"), limits.min_steps, limits.max_steps)
+    steps = whole_number("num_inference_steps", raw.get("num_inference_steps"), limits.min_steps, limits.max_steps)
     if limits.step_choices and steps not in limits.step_choices:
         choices = ", ".join(map(str, limits.step_choices))
         raise InvalidRequest(
@@ -278,10 +488,10 @@ def validate(
     ``count_tokens`` measures prompts in text-encoder tokens; a prompt over the encoder's window is
     accepted and the note that it was truncated goes into ``warnings``.
     """
-    unknown = set(raw) - set(FIELDS)
+    unknown = set(raw) - set(KNOWN_FIELDS)
     if unknown:
         name = sorted(unknown)[0]
-        raise InvalidRequest(name, f"unknown field {_show(name)}; the fields are {', '.join(FIELDS)}")
+        raise InvalidRequest(name, f"unknown field {show(name)}; the fields are {', '.join(KNOWN_FIELDS)}")
     prompt = _text("prompt", raw.get("prompt"), limits.max_prompt_chars)
     if not prompt.strip():
         raise InvalidRequest("prompt", "prompt must not be empty")
@@ -294,14 +504,14 @@ def validate(
         )
     randomize = raw.get("randomize_seed", False)
     if not isinstance(randomize, bool):
-        raise InvalidRequest("randomize_seed", f"randomize_seed must be true or false; got {_show(randomize)}")
+        raise InvalidRequest("randomize_seed", f"randomize_seed must be true or false; got {show(randomize)}")
     seed_value = raw.get("seed", 0)
     if randomize:
         seed = secrets.randbelow(MAX_SEED + 1)
         if seed_value is not None:  # still reject nonsense, so a client bug does not hide
-            _whole_number("seed", seed_value, 0, MAX_SEED)
+            whole_number("seed", seed_value, 0, MAX_SEED)
     else:
-        seed = _whole_number("seed", seed_value, 0, MAX_SEED)
+        seed = whole_number("seed", seed_value, 0, MAX_SEED)
     width = _size("width", raw.get("width"), limits)
     height = _size("height", raw.get("height"), limits)
     if width * height > limits.max_pixels:
@@ -316,7 +526,7 @@ def validate(
             f"width × height must be one of {choices} for this model (it redraws any other size); got {width}×{height}",
         )
     steps = _steps(raw, limits)
-    guidance = _real_number("guidance_scale", raw.get("guidance_scale"), limits.min_guidance, limits.max_guidance)
+    guidance = real_number("guidance_scale", raw.get("guidance_scale"), limits.min_guidance, limits.max_guidance)
     if negative_prompt and guidance <= limits.cfg_above:
         raise InvalidRequest(
             "negative_prompt",
@@ -326,15 +536,18 @@ def validate(
             f"(up to {limits.max_guidance:g}) "
             "or leave negative_prompt empty",
         )
-    num_images = _whole_number("num_images", raw.get("num_images", 1), 1, limits.max_images)
+    num_images = whole_number("num_images", raw.get("num_images", 1), 1, limits.max_images)
     live_preview = raw.get("live_preview", False)
     if not isinstance(live_preview, bool):
-        raise InvalidRequest("live_preview", f"live_preview must be true or false; got {_show(live_preview)}")
+        raise InvalidRequest("live_preview", f"live_preview must be true or false; got {show(live_preview)}")
     scheduler = _scheduler(raw.get("scheduler"), limits)
     lora = _lora(raw.get("lora"), limits)
     scale_value = raw.get("lora_scale")
-    lora_scale = 1.0 if scale_value is None else _real_number("lora_scale", scale_value, SCALE_MIN, SCALE_MAX)
-    _within_budget(width, height, steps, num_images, limits)
+    lora_scale = 1.0 if scale_value is None else real_number("lora_scale", scale_value, SCALE_MIN, SCALE_MAX)
+    pictures = image_fields(
+        raw, limits, width=width, height=height, steps=steps, modes=limits.modes, mode_notes=dict(limits.mode_notes)
+    )
+    _within_budget(width, height, steps, num_images, limits, pictures)
 
     request = GenerateRequest(
         request_id=request_id or new_request_id(),
@@ -350,6 +563,7 @@ def validate(
         scheduler=scheduler,
         lora=lora,
         lora_scale=lora_scale,
+        pictures=pictures,
     )
     return with_token_notes(request, limits, count_tokens) if count_tokens is not None else request
 
@@ -388,6 +602,47 @@ def limits_for(settings: Settings, profile: ModelProfile) -> Limits:
         max_pixels=settings.max_pixels,
         max_pixel_steps=settings.max_pixel_steps,
     )
+
+
+def show(value: Any) -> str:
+    """A short, HTML-escaped rendering of a bad value."""
+    text = repr(value)
+    if len(text) > 40:
+        text = text[:37] + "..."
+    return html.escape(text)
+
+
+def whole_number(field: str, value: Any, lo: int, hi: int, what: str | None = None) -> int:
+    """An int in [lo, hi]. Integral floats (7.0, as JSON sliders send) are accepted; 7.5 is not."""
+    desc = what or f"a whole number between {lo} and {hi}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidRequest(field, f"{field} must be {desc}; got {show(value)}")
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        raise InvalidRequest(field, f"{field} must be {desc}; got {show(value)}")
+    number = int(value)
+    if not lo <= number <= hi:
+        raise InvalidRequest(field, f"{field} must be {desc}; got {show(value)}")
+    return number
+
+
+def real_number(field: str, value: Any, lo: float, hi: float, *, above: bool = False) -> float:
+    """A finite float in [lo, hi] (``above``: in (lo, hi])."""
+    desc = f"a number above {lo:g} and at most {hi:g}" if above else f"a number between {lo:g} and {hi:g}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidRequest(field, f"{field} must be {desc}; got {show(value)}")
+    number = float(value)
+    if not (math.isfinite(number) and (lo < number <= hi if above else lo <= number <= hi)):
+        raise InvalidRequest(field, f"{field} must be {desc}; got {show(value)}")
+    return number
+
+
+def flag(field: str, value: Any, default: bool = False) -> bool:
+    """True or false (None: ``default``)."""
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise InvalidRequest(field, f"{field} must be true or false; got {show(value)}")
+    return value
 
 
 # -- text as text -------------------------------------------------------------------------------------

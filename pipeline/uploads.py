@@ -19,6 +19,11 @@ names the field and the limit:
    image without metadata (EXIF, ICC, text) is what the rest of the app sees. A truncated or
    corrupt file fails its decode here, as a clear error.
 
+Then the pictures an image mode makes from its uploads: ``read_mask`` (white, or painted on a clear
+layer, where the picture is redrawn; feathered by the request's ``mask_blur``) and
+``outpaint_canvas`` (the canvas grown on chosen sides, the border filled from the picture's edge,
+and the mask that redraws it and the seam).
+
 Free of torch and gradio: the serving side (``request``) calls it, off the event loop.
 """
 
@@ -26,9 +31,10 @@ from __future__ import annotations
 
 import io
 import warnings
+from typing import Any
 
 import numpy as np
-from PIL import Image, ImageFile, ImageOps, PngImagePlugin
+from PIL import Image, ImageFile, ImageFilter, ImageOps, PngImagePlugin
 
 from .errors import InvalidRequest
 
@@ -57,6 +63,17 @@ def read_image(
     data: bytes, field: str, *, max_bytes: int = MAX_UPLOAD_BYTES, max_pixels: int = MAX_UPLOAD_PIXELS
 ) -> Image.Image:
     """``data`` as a plain 8-bit RGB picture without metadata, or an ``InvalidRequest`` naming ``field``."""
+    return _read(data, field, max_bytes, max_pixels, keep_alpha=False)
+
+
+def read_layer(
+    data: bytes, field: str, *, max_bytes: int = MAX_UPLOAD_BYTES, max_pixels: int = MAX_UPLOAD_PIXELS
+) -> Image.Image:
+    """Like ``read_image``, but a picture with transparency stays RGBA (a painted mask layer)."""
+    return _read(data, field, max_bytes, max_pixels, keep_alpha=True)
+
+
+def _read(data: bytes, field: str, max_bytes: int, max_pixels: int, *, keep_alpha: bool) -> Image.Image:
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise InvalidRequest(field, f"{field}: send the image's bytes (an upload), not a {type(data).__name__}")
     data = bytes(data)
@@ -78,7 +95,7 @@ def read_image(
                     raise InvalidRequest(field, f"{field}: {problem}")
                 picture.seek(0)  # an animation: its first frame only
                 picture.load()
-                return _plain(picture)
+                return _plain(picture, keep_alpha)
     except InvalidRequest:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
@@ -104,8 +121,9 @@ def pixel_problem(width: int, height: int, max_pixels: int) -> str | None:
     )
 
 
-def _plain(picture: Image.Image) -> Image.Image:
-    """Upright, 8-bit RGB, alpha over white, and a new image: no EXIF, ICC profile or text survives."""
+def _plain(picture: Image.Image, keep_alpha: bool = False) -> Image.Image:
+    """Upright, 8-bit RGB, alpha over white (``keep_alpha``: RGBA kept), and a new image: no EXIF,
+    ICC profile or text survives."""
     upright = ImageOps.exif_transpose(picture) or picture
     mode = upright.mode
     if mode in ("I;16", "I;16B", "I;16L", "I", "F"):  # 16-bit (and deeper) greyscale: the top 8 bits
@@ -115,6 +133,10 @@ def _plain(picture: Image.Image) -> Image.Image:
         upright = Image.fromarray(grey)  # uint8, 2-D: mode L
     elif mode in ("P", "LA", "La", "PA", "RGBa"):  # a palette (maybe transparent), alpha of any kind
         upright = upright.convert("RGBA")
+    if upright.mode == "RGBA" and keep_alpha:
+        clear = Image.new("RGBA", upright.size)
+        clear.paste(upright)
+        return clear
     if upright.mode == "RGBA":
         white = Image.new("RGBA", upright.size, (255, 255, 255, 255))
         upright = Image.alpha_composite(white, upright)
@@ -122,3 +144,46 @@ def _plain(picture: Image.Image) -> Image.Image:
     clean = Image.new("RGB", rgb.size)
     clean.paste(rgb)
     return clean
+
+
+# -- the pictures made from uploads: a mask, an outpainting canvas ------------------------------------
+def read_mask(data: Any, size: tuple[int, int], blur: int) -> Image.Image:
+    """An uploaded or painted mask as L at ``size``, 255 where the picture is redrawn, feathered by ``blur``.
+
+    A picture with transparency (a painted layer: strokes on a clear background) redraws where it
+    is painted; an opaque one where it is light (white redraws, black keeps)."""
+    layer = read_layer(data, "mask")
+    alpha = np.asarray(layer)[..., 3] if layer.mode == "RGBA" else None
+    painted = alpha is not None and alpha.min() < 255  # strokes on a clear layer
+    marked = alpha > 0 if painted and alpha is not None else np.asarray(layer.convert("L")) >= 128
+    mask = Image.fromarray((marked * 255).astype(np.uint8))
+    if mask.size != size:
+        mask = mask.resize(size, Image.Resampling.NEAREST)
+    return feathered(mask, blur)
+
+
+def feathered(mask: Image.Image, blur: int) -> Image.Image:
+    """``mask`` softened by a Gaussian of ``blur`` pixels (AUTOMATIC1111's "Mask blur")."""
+    return mask.filter(ImageFilter.GaussianBlur(blur)) if blur else mask
+
+
+def outpaint_canvas(
+    picture: Image.Image, pads: tuple[int, int, int, int], blur: int
+) -> tuple[Image.Image, Image.Image]:
+    """The grown canvas (the border filled by repeating the picture's edge, then smoothed) and its
+    mask: the border, reaching ``blur`` pixels (at least 8) into the picture, so the seam is redrawn."""
+    left, top, right, bottom = pads
+    pixels = np.asarray(picture)
+    grown = np.pad(pixels, ((top, bottom), (left, right), (0, 0)), mode="edge")
+    canvas = Image.fromarray(grown)
+    smooth = canvas.filter(ImageFilter.GaussianBlur(max(8, max(pads) // 4)))
+    inner = np.zeros(grown.shape[:2], dtype=bool)
+    inner[top : top + pixels.shape[0], left : left + pixels.shape[1]] = True
+    filled = np.where(inner[..., None], grown, np.asarray(smooth))
+    reach = max(8, blur)
+    keep = np.zeros_like(inner)
+    h, w = pixels.shape[:2]
+    keep[top + (reach if top else 0) : top + h - (reach if bottom else 0),
+         left + (reach if left else 0) : left + w - (reach if right else 0)] = True  # fmt: skip
+    mask = Image.fromarray(np.where(keep, 0, 255).astype(np.uint8))
+    return Image.fromarray(filled.astype(np.uint8)), feathered(mask, blur)

@@ -31,6 +31,7 @@ FAKE_PROFILE = ModelProfile(
     max_size=512,
     text_encoders=(("CLIP", 75),),
     schedulers=("default", "Euler", "Euler a", "DPM++ 2M Karras", "DDIM", "UniPC"),  # a UNet family's
+    modes=("text", "image", "inpaint"),  # an image mode runs its steps_run (steps × strength), like diffusers
 )
 
 # What validation says of a width of 7 px within FAKE_PROFILE's limits.
@@ -122,15 +123,16 @@ class FakeModel:
         self._enter(job, stop)
         started = time.time()
         steps = 0
+        total = job.steps_run  # an image mode: int(steps × strength); hires fix: both passes
         try:
-            for i in range(job.num_inference_steps):
+            for i in range(total):
                 if self.step_gate is not None:
                     assert self.step_gate.acquire(timeout=self.permit_wait), "step permit never came"
                 if self.step_seconds:
                     time.sleep(self.step_seconds)
                 steps = i + 1
                 self.steps_run[job.request_id] = steps
-                on_step(steps, job.num_inference_steps, self._previews(job, steps))
+                on_step(steps, total, self._previews(job, steps))
                 if stop.is_set():
                     raise Cancelled(steps_done=steps)
             return InferenceResult(self._decode(job), steps, started, time.time())

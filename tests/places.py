@@ -58,6 +58,8 @@ EXTERNAL: dict[str, str] = {
     "Queue": "gradio.queueing.Queue",
     "Job": "gradio_client.Job",
     "DiffusionPipeline": "diffusers.DiffusionPipeline",
+    "AutoPipelineForImage2Image": "diffusers.AutoPipelineForImage2Image",
+    "AutoPipelineForInpainting": "diffusers.AutoPipelineForInpainting",
     "Image": "PIL.Image (Pillow), not a name of this repository",
     "StableDiffusionPipeline": "diffusers.StableDiffusionPipeline",
     "DDIMScheduler": "diffusers.DDIMScheduler",

@@ -322,6 +322,8 @@ MUTANTS: dict[str, list[Patch]] = (
         "batch-ignores-compatibility": attr("pipeline.serving.scheduler", "batch_key", lambda request: 0),
         "no-batching": attr("pipeline.serving.scheduler", "Scheduler.fits", lambda self, images, entry: False),
         "batch-ignores-max-size": attr("pipeline.serving.scheduler", "Scheduler.fits", lambda self, *a: True),
+        "img2img-never-shares-calls": attr("pipeline.serving.scheduler", "batch_key", lambda request: (id(request),)),
+        "image-modes-join-text-loops": attr("pipeline.serving.scheduler", "joins_loops", lambda request: True),
         "one-cancel-stops-the-batch": attr("pipeline.serving.jobs", "_all_stopped", _one_stop_stops_the_call),
         "oom-no-retry": attr("pipeline.serving.jobs", "GpuJobs.retry_alone", staticmethod(lambda *a: False)),
         "skip-in-progress": attr("pipeline.web.shown", "progress_gallery", lambda: __import__("gradio").skip()),

@@ -78,7 +78,7 @@ class GpuJobs:
         if self.job_timeout is not None:
             return self.job_timeout
         images = max(job.num_images, images)
-        expected = self.book.job_seconds(Shape(job.width * job.height, job.num_inference_steps, images))
+        expected = self.book.job_seconds(Shape(job.width * job.height, job.steps_run, images))
         if expected is None:
             return AUTO_LIMIT_UNMEASURED_SECONDS
         return round(self.auto_floor + AUTO_LIMIT_FACTOR * expected, 1)
@@ -186,7 +186,7 @@ class GpuJobs:
         loop. Returns its result or its error only when the model side has left it (or, past the
         limit, has been given up on)."""
         event_loop = asyncio.get_running_loop()
-        clock = JobClock(Shape(job.width * job.height, job.num_inference_steps, job.num_images), time.monotonic())
+        clock = JobClock(Shape(job.width * job.height, job.steps_run, job.num_images), time.monotonic())
 
         def deliver(event: ModelEvent) -> None:  # the model side's thread
             if not isinstance(event, StepEvent):

@@ -30,6 +30,7 @@ import contextlib
 import contextvars
 import logging
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any, AsyncGenerator, Callable, Mapping
 
@@ -45,7 +46,7 @@ from ..errors import (
     TooManyWaiting,
 )
 from ..protocol import InferenceResult, ModelProfile, ModelSide, Output, StopSignal, Timings
-from ..request import GenerateRequest, Limits, needs_token_count, validate, with_token_notes
+from ..request import GenerateRequest, Limits, has_pictures, needs_token_count, validate, with_token_notes
 from .base import SHUTDOWN_MESSAGE, AdapterBase
 from .eta import Shape
 from .jobs import AUTO_LIMIT_FLOOR_SECONDS, GpuJobs
@@ -196,11 +197,17 @@ class LocalAdapter(AdapterBase):
 
             with self.liveness.watching(alive, caller_gone):
                 # 1. Prepare. A bad field fails here, before any GPU work. Checking the fields takes
-                #    microseconds, so it runs on the loop; counting a prompt's tokens (only one that
-                #    might not fit its text encoders' windows: ``request.fits_every_window``) may ask
-                #    the model process, so it runs off the loop, concurrently.
+                #    microseconds, so it runs on the loop, except for an upload (decoding a picture,
+                #    ``uploads.read_image``, takes milliseconds: off the loop, concurrently); counting
+                #    a prompt's tokens (only one that might not fit its text encoders' windows:
+                #    ``request.fits_every_window``) may ask the model process, so it runs off the loop too.
                 t.prepare_start = self._clock()
-                request = validate(raw, self.limits, request_id=request_id)
+                if has_pictures(raw):
+                    request = await event_loop.run_in_executor(
+                        self._pool, partial(validate, raw, self.limits, request_id=request_id)
+                    )
+                else:
+                    request = validate(raw, self.limits, request_id=request_id)
                 self._stops[request.request_id] = stop  # ``stop(request_id)`` reaches it from now on
                 cleanup.callback(self._forget_stop, request.request_id, stop)
                 if needs_token_count(request, self.limits):
@@ -370,6 +377,6 @@ class LocalAdapter(AdapterBase):
 
 
 def _shape(entries: list[Entry]) -> Shape:
-    """The shape of a job of these requests (they share size and steps)."""
-    r = entries[0].request
-    return Shape(r.width * r.height, r.num_inference_steps, sum(e.request.num_images for e in entries))
+    """The shape of a job of these requests (they share size, steps, mode and strength)."""
+    job = entries[0].request.to_job()
+    return Shape(job.width * job.height, job.steps_run, sum(e.request.num_images for e in entries))

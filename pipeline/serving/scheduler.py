@@ -77,10 +77,17 @@ class Entry:
 def batch_key(request: GenerateRequest) -> tuple[Hashable, ...]:
     """Requests with equal keys can share one whole-pipeline call: the same size, steps, guidance,
     scheduler and LoRA adapter (at one scale), and a negative prompt on all or none (SDXL zeroes an
-    all-empty one; one empty among others is encoded as "")."""
-    r = request
-    return (r.width, r.height, r.num_inference_steps, r.guidance_scale, bool(r.negative_prompt), r.scheduler,
-            r.lora_use)  # fmt: skip
+    all-empty one; one empty among others is encoded as ""); the same mode and strength (each
+    picture its own), and the same hires fix."""
+    r, p = request, request.pictures
+    return (*r.job_size, r.num_inference_steps, r.guidance_scale, bool(r.negative_prompt), r.scheduler,
+            r.lora_use, p.pipeline_mode, p.strength, p.hires)  # fmt: skip
+
+
+def joins_loops(request: GenerateRequest) -> bool:
+    """Whether ``request`` may run in a step-level loop: text-to-image without hires fix (an image
+    mode, and hires fix's second pass, run as whole-pipeline calls)."""
+    return request.mode == "text" and request.pictures.hires is None
 
 
 def loop_key(request: GenerateRequest, mixed_loras: bool) -> tuple[Hashable, ...]:
@@ -161,6 +168,14 @@ def call_job(entries: list[Entry]) -> InferenceJob:
         scheduler=first.scheduler,
         lora=first.lora,  # the batch key holds one adapter and scale
         lora_scale=first.lora_scale,
+        mode=first.mode,  # the batch key holds one mode, strength and hires fix
+        images=tuple(image for j in jobs for image in j.images),
+        masks=tuple(mask for j in jobs for mask in j.masks),
+        strength=first.strength,
+        hires_width=first.hires_width,
+        hires_height=first.hires_height,
+        hires_steps=first.hires_steps,
+        hires_strength=first.hires_strength,
     )
 
 
@@ -268,7 +283,7 @@ class Scheduler:
 
     def _compose(self, head: Entry, fair: list[Entry], *, take: bool) -> Batch:
         """The batch ``head`` opens with the entries behind it in ``fair`` that share it now."""
-        if self.joining:
+        if self.joining and joins_loops(head.request):
             batch = Batch(loop_key(head.request, self.mixed_loras), True, self.max_images)
             self._enter(batch, head, take)
             if take:
@@ -297,7 +312,7 @@ class Scheduler:
         staying, images = batch.staying, batch.images
         for entry in fair:
             r = entry.request
-            if loop_key(r, self.mixed_loras) != batch.key or not batch.admits(entry):
+            if not joins_loops(r) or loop_key(r, self.mixed_loras) != batch.key or not batch.admits(entry):
                 break
             if not self.fits(staying, entry):
                 break

@@ -69,7 +69,7 @@ def test_scheduler_is_one_of_the_models_names_and_defaults_to_its_own() -> None:
 
 def test_unknown_fields_are_rejected() -> None:
     with pytest.raises(InvalidRequest, match="unknown field"):
-        validate({**raw_request(), "strength": 1}, LIMITS)
+        validate({**raw_request(), "denoising_strength": 1}, LIMITS)  # AUTOMATIC1111's name, not ours
 
 
 def test_pixel_budget() -> None:

@@ -14,6 +14,7 @@ import time
 from typing import Any, Hashable
 
 import torch
+from PIL import Image
 
 from ...errors import Cancelled, OutOfMemory
 from ...protocol import InferenceJob, InferenceResult, ModelProfile, StepCallback, StopFlag
@@ -23,6 +24,7 @@ from . import samplers
 from .families import call_arguments, counted_text, encoder_tokenizers, guidance_arguments, traits
 from .family_table import family_for
 from .lora import LoadedLoras, use_of
+from .modes import takes_size
 from .previews import Previewer
 from .stepping import StepWatch, StoppedAtStep
 
@@ -31,9 +33,15 @@ class DiffusersModel:
     """A loaded diffusers pipeline that runs one ``InferenceJob`` at a time on the model thread."""
 
     def __init__(
-        self, pipe: Any, profile: ModelProfile, preview_map: Previewer | None = None, loras: LoadedLoras | None = None
+        self,
+        pipe: Any,
+        profile: ModelProfile,
+        preview_map: Previewer | None = None,
+        loras: LoadedLoras | None = None,
+        modes: dict[str, Any] | None = None,
     ) -> None:
         self.pipe = pipe
+        self.modes = modes or {}  # mode -> its pipeline, sharing pipe's components (``engine.model.modes``)
         self.loras = loras  # the --lora adapters (engine.model.lora), or None
         self.loads = 0  # how many times this process has loaded a model (engine.model.loading sets it)
         self.profile = profile
@@ -56,18 +64,73 @@ class DiffusersModel:
         return counts
 
     def generate(self, job: InferenceJob, stop: StopFlag, on_step: StepCallback) -> InferenceResult:
-        # 0. The job's own scheduler (schedulers are stateful: step index, multistep history), built
-        #    from the model's config on this thread and put in the pipeline for this call only.
-        self.pipe.scheduler = samplers.build(self.base_scheduler, job.scheduler)
         guiders = self._job_guiders(job)
         try:
             switch_ms = self.use_adapter(job)  # set_adapters / disable_lora, only if it differs from the last job's
-            result = self._generate(job, stop, on_step)
+            result = self._hires(job, stop, on_step) if job.hires_width else self._pass(job, stop, on_step)
             return dataclasses.replace(result, lora_switch_ms=switch_ms, model_loads=self.loads)
         finally:
-            self.pipe.scheduler = self.base_scheduler
             for name, guider in guiders.items():
                 setattr(self.pipe, name, guider)
+
+    def _pass(self, job: InferenceJob, stop: StopFlag, on_step: StepCallback) -> InferenceResult:
+        """One pipeline call in ``job``'s mode. The job's own scheduler (schedulers are stateful: step
+        index, multistep history), built from the model's config on this thread, is put in the
+        pipeline for this call only."""
+        pipe = self._pipe_for(job)
+        pipe.scheduler = samplers.build(self.base_scheduler, job.scheduler)
+        try:
+            return self._generate(job, stop, on_step, pipe)
+        finally:
+            pipe.scheduler = self.base_scheduler
+
+    def _hires(self, job: InferenceJob, stop: StopFlag, on_step: StepCallback) -> InferenceResult:
+        """Hires fix, one job in two passes with one progress over both: the text pass, each picture
+        upscaled (Lanczos) to the hires size, then an image-to-image pass there with the same seeds."""
+        first = dataclasses.replace(job, hires_width=0, hires_height=0, hires_steps=0, hires_strength=0.0)
+        second_steps = min(int(job.hires_steps * job.hires_strength), job.hires_steps)
+        first_total = [job.num_inference_steps]
+
+        def first_step(step: int, total: int, previews: Any) -> None:
+            first_total[0] = total
+            on_step(step, total + second_steps, previews)
+
+        drawn = self._pass(first, stop, first_step)
+        size = (job.hires_width, job.hires_height)
+        second = dataclasses.replace(
+            first,
+            mode="image",
+            images=tuple(image.resize(size, Image.Resampling.LANCZOS) for image in drawn.images),
+            masks=(),
+            strength=job.hires_strength,
+            num_inference_steps=job.hires_steps,
+            width=size[0],
+            height=size[1],
+        )
+        done = first_total[0]
+        try:
+            final = self._pass(second, stop, lambda step, total, previews: on_step(done + step, done + total, previews))
+        except Cancelled as exc:
+            raise Cancelled(str(exc), steps_done=drawn.steps_done + exc.steps_done) from None
+        peaks = [p for p in (drawn.peak_memory_bytes, final.peak_memory_bytes) if p is not None]
+        return dataclasses.replace(
+            final,
+            steps_done=drawn.steps_done + final.steps_done,
+            started=drawn.started,
+            peak_memory_bytes=max(peaks, default=None),
+        )
+
+    def _pipe_for(self, job: InferenceJob) -> Any:
+        """The pipeline that runs ``job``'s mode: the loaded one, or its mode pipeline with the loaded
+        one's current components (a compiled denoiser included: ``from_pipe`` ran before the compile)."""
+        if job.mode == "text":
+            return self.pipe
+        if (pipe := self.modes.get(job.mode)) is None:
+            raise ValueError(f"{self.profile.name} does not serve mode {job.mode!r}")
+        for name, component in self.pipe.components.items():
+            if name != "scheduler" and name in pipe.components and getattr(pipe, name) is not component:
+                setattr(pipe, name, component)
+        return pipe
 
     def use_adapter(self, job: InferenceJob) -> float:
         """Set ``job``'s LoRA adapter for the next call; the milliseconds the switch took (0: none needed)."""
@@ -88,8 +151,7 @@ class DiffusersModel:
                 setattr(self.pipe, name, guider.new(guidance_scale=job.guidance_scale))
         return originals
 
-    def _generate(self, job: InferenceJob, stop: StopFlag, on_step: StepCallback) -> InferenceResult:
-        pipe = self.pipe
+    def _generate(self, job: InferenceJob, stop: StopFlag, on_step: StepCallback, pipe: Any) -> InferenceResult:
         watch = StepWatch(pipe, job, stop, on_step, self.preview_map)
         # 1. Per-image CPU generators: the same seed gives the same noise on any device and batch.
         generators = [torch.Generator("cpu").manual_seed(s) for s in job.seeds]
@@ -101,6 +163,12 @@ class DiffusersModel:
             generator=generators,
         )
         kwargs.update(self.call_arguments(job))
+        if job.mode != "text":  # the pictures, already at width x height (the serving side sized them)
+            kwargs.update(image=list(job.images), strength=job.strength)
+            if job.mode == "inpaint":
+                kwargs["mask_image"] = list(job.masks)
+            if not takes_size(pipe):
+                del kwargs["width"], kwargs["height"]
         if stop.is_set():
             raise Cancelled(steps_done=0)
         cuda = self._device == "cuda"
@@ -158,7 +226,7 @@ class DiffusersModel:
         and its scale are part of the key).
         """
         kind = loop_kind(self.pipe)
-        if kind is None or not self.profile.step_joining:
+        if kind is None or not self.profile.step_joining or job.mode != "text" or job.hires_width:  # one call each
             return None
         if self.loras is not None and self.profile.lora_batching != "mixed":  # a loop per adapter and scale
             return (kind, job.width, job.height, job.scheduler, use_of(job))

@@ -25,6 +25,7 @@ from ..loop.loop_base import MIXED_LORA_LOOPS, loop_kind
 from .diffusers_model import DiffusersModel
 from .families import pick_dtype_name, pipeline_class_of, traits
 from .lora import LoadedLoras, load_loras
+from .modes import mode_pipelines
 from .previews import Previewer, load_decoder, load_preview_map
 from .simulated import PREFIX as SIM_PREFIX
 from .simulated import SimSpec, SimulatedModel
@@ -153,12 +154,14 @@ def load_model(settings: Settings, *, warmup: bool = True) -> DiffusersModel | S
     loras = load_loras(pipe, settings.lora_specs(), hotswap=hotswap)
     batching = lora_batching(pipe, loras, settings.lora_batching, device)
     profile = build_profile(pipe, name, device, dtype, saved, loras, batching)
+    modes, unserved = mode_pipelines(pipe)  # the same components: no second load
+    profile = dataclasses.replace(profile, modes=("text", *modes), mode_notes=tuple(unserved.items()))
     if not profile.previews:
         preview_map, preview_off = None, "this family's latents cannot be previewed (engine/model/family_table.py)"
     if preview_off:
         log.warning("live previews are off for %s: %s", name, preview_off)
         profile = dataclasses.replace(profile, previews=False, preview_note=preview_off)
-    model = DiffusersModel(pipe, profile, preview_map, loras)
+    model = DiffusersModel(pipe, profile, preview_map, loras, modes)
     global _LOADS
     _LOADS += 1
     model.loads = _LOADS
