@@ -74,10 +74,8 @@ FIELDS = (
     "scheduler",  # after the others, so the earlier parameters keep their positions in the API
     "lora",
     "lora_scale",
+    *IMAGE_FIELDS,  # the image modes and hires fix
 )
-# What ``validate`` takes: the API's fields and the picture fields (the image modes and hires fix),
-# which ``LocalAdapter.run`` serves; the web API gains them with its upload route.
-KNOWN_FIELDS = (*FIELDS, *IMAGE_FIELDS)
 DEFAULT_SCHEDULER = "default"  # the model's own scheduler
 BUDGET_DEFAULT_JOBS = 8  # the default cost budget: this many of the model's default job (one image)
 
@@ -220,8 +218,11 @@ def image_fields(
     steps: int,
     modes: tuple[str, ...],
     mode_notes: Mapping[str, str],
+    pictures_later: bool = False,
 ) -> ImageFields:
-    """Check the picture fields of ``raw`` (``modes``: the pipeline modes the model serves)."""
+    """Check the picture fields of ``raw`` (``modes``: the pipeline modes the model serves).
+    ``pictures_later``: check every field but the pictures themselves (the join-time validator:
+    they are decoded with the request, off the loop)."""
     mode = raw.get("mode", "text")
     if mode is None or mode == "":
         mode = "text"
@@ -255,19 +256,29 @@ def image_fields(
     blur = whole_number("mask_blur", raw.get("mask_blur", DEFAULT_MASK_BLUR), 0, MAX_MASK_BLUR)
     if raw.get("image") is None:
         raise InvalidRequest("image", f"image: {MODE_WORDS[mode]} needs an image (PNG, JPEG or WebP)")
+    if mode == "inpaint" and raw.get("mask") is None:
+        raise InvalidRequest("mask", "mask: inpainting needs a mask (white, or painted, where it redraws)")
+    pads = _pads(raw, limits, width, height) if mode == "outpaint" else (0, 0, 0, 0)
+    size = (width + pads[0] + pads[2], height + pads[1] + pads[3])
+    if pictures_later:
+        return ImageFields(mode, strength, blur if mode != "image" else 0, None, None, *size)
     image = read_image(raw["image"], "image", max_bytes=MAX_UPLOAD_BYTES, max_pixels=MAX_UPLOAD_PIXELS)
     uploaded = image.width * image.height
     picture = image.resize((width, height), Image.Resampling.LANCZOS) if image.size != (width, height) else image
     if mode == "image":
         return ImageFields(mode, strength, 0, Pictures(mode, picture, None, uploaded), None, width, height)
     if mode == "inpaint":
-        if raw.get("mask") is None:
-            raise InvalidRequest("mask", "mask: inpainting needs a mask (white, or painted, where it redraws)")
         mask = read_mask(raw["mask"], (width, height), blur)
         uploaded += mask.width * mask.height
         if not np.asarray(mask).any():
             raise InvalidRequest("mask", "mask: it marks nothing to redraw (paint or whiten where the picture changes)")
         return ImageFields(mode, strength, blur, Pictures(mode, picture, mask, uploaded), None, width, height)
+    canvas, mask = outpaint_canvas(picture, pads, blur)
+    return ImageFields(mode, strength, blur, Pictures(mode, canvas, mask, uploaded, pads), None, *size)
+
+
+def _pads(raw: Mapping[str, Any], limits: Limits, width: int, height: int) -> tuple[int, int, int, int]:
+    """Outpainting's left, top, right and bottom, checked (multiples of the size step; the canvas within the limits)."""
     pads = tuple(whole_number(name, raw.get(name, 0), 0, limits.max_size) for name in SIDES)
     m = limits.size_multiple
     for name, pad in zip(SIDES, pads):
@@ -283,9 +294,7 @@ def image_fields(
             f"the outpainted canvas must be at most {limits.max_size} a side and {limits.max_pixels} pixels; "
             f"got ({width}+{left}+{right})×({height}+{top}+{bottom}) = {canvas_w}×{canvas_h}",
         )
-    canvas, mask = outpaint_canvas(picture, (left, top, right, bottom), blur)
-    pictures = Pictures(mode, canvas, mask, uploaded, (left, top, right, bottom))
-    return ImageFields(mode, strength, blur, pictures, None, canvas_w, canvas_h)
+    return left, top, right, bottom
 
 
 def _hires(raw: Mapping[str, Any], limits: Limits, width: int, height: int, steps: int) -> Hires:
@@ -482,16 +491,18 @@ def validate(
     count_tokens: Callable[[str], Mapping[str, int]] | None = None,
     *,
     request_id: str | None = None,
+    pictures_later: bool = False,
 ) -> GenerateRequest:
     """Check every field of ``raw`` (the API's parameter names); raise ``InvalidRequest`` on the first bad one.
+    ``pictures_later``: all but the pictures (``image_fields``), for the join-time validator.
 
     ``count_tokens`` measures prompts in text-encoder tokens; a prompt over the encoder's window is
     accepted and the note that it was truncated goes into ``warnings``.
     """
-    unknown = set(raw) - set(KNOWN_FIELDS)
+    unknown = set(raw) - set(FIELDS)
     if unknown:
         name = sorted(unknown)[0]
-        raise InvalidRequest(name, f"unknown field {show(name)}; the fields are {', '.join(KNOWN_FIELDS)}")
+        raise InvalidRequest(name, f"unknown field {show(name)}; the fields are {', '.join(FIELDS)}")
     prompt = _text("prompt", raw.get("prompt"), limits.max_prompt_chars)
     if not prompt.strip():
         raise InvalidRequest("prompt", "prompt must not be empty")
@@ -545,7 +556,14 @@ def validate(
     scale_value = raw.get("lora_scale")
     lora_scale = 1.0 if scale_value is None else real_number("lora_scale", scale_value, SCALE_MIN, SCALE_MAX)
     pictures = image_fields(
-        raw, limits, width=width, height=height, steps=steps, modes=limits.modes, mode_notes=dict(limits.mode_notes)
+        raw,
+        limits,
+        width=width,
+        height=height,
+        steps=steps,
+        modes=limits.modes,
+        mode_notes=dict(limits.mode_notes),
+        pictures_later=pictures_later,
     )
     _within_budget(width, height, steps, num_images, limits, pictures)
 

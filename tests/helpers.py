@@ -28,6 +28,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# The picture fields of a text-to-image request, as the page and gradio_client send their defaults.
+TEXT_MODE: dict[str, Any] = {
+    "mode": "text",
+    "image": None,
+    "mask": None,
+    "strength": 0.75,
+    "outpaint_left": 0,
+    "outpaint_top": 0,
+    "outpaint_right": 0,
+    "outpaint_bottom": 0,
+    "mask_blur": 4,
+    "hires_fix": False,
+    "hires_scale": 2.0,
+    "hires_strength": 0.5,
+    "hires_steps": 0,
+}
+
+
 def raw_request(**overrides: Any) -> dict[str, Any]:
     raw: dict[str, Any] = {
         "prompt": "a red circle",
@@ -42,6 +60,7 @@ def raw_request(**overrides: Any) -> dict[str, Any]:
         "scheduler": "default",
         "lora": "none",
         "lora_scale": 1.0,
+        **TEXT_MODE,
     }
     raw.update(overrides)
     return raw

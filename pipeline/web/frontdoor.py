@@ -23,7 +23,9 @@ In order, for each HTTP request (``FrontDoor.__call__``):
 8. an event belongs to the identity that created it (``admission.EventBook``): a read of its
    results by id (``/call/<api>/<event_id>``) or a cancel naming it answers only that identity;
 9. a GET of a live preview the server has just written is answered from memory
-   (``outputs.RECENT_PREVIEWS``, to the login's caller under ``--auth``); any other file is Gradio's.
+   (``outputs.RECENT_PREVIEWS``, to the login's caller under ``--auth``); any other file is Gradio's;
+10. an image input of an event names only a file its caller uploaded (``upload_route.UploadBook``,
+   checked by ``inputs.InputPolicy``): a URL, a server path or another identity's upload is 422.
 
 An exception below the door is answered 500 and logged as one line, without the stack: no client
 input writes a traceback into the log.
@@ -55,6 +57,7 @@ from .inputs import InputPolicy, Refused
 from .login import Login, presents_credential
 from .outputs import RECENT_PREVIEWS
 from .site import LiveCalls
+from .upload_route import UploadBook
 
 log = logging.getLogger(__name__)
 
@@ -245,9 +248,13 @@ class FrontDoor:
 
     def _checked(self, kind: str, parsed: Any, scope: Scope, caller: Caller, internal: bool) -> bytes | None:
         """Refuse a bad body (``Refused``); the body to hand on if it had to change, else None."""
-        policy = self.d.policy
+        policy, uploads = self.d.policy, self.d.uploads
+
+        def owns(path: str) -> bool:  # 10. an image input names only the caller's own upload
+            return uploads is not None and uploads.owned(path, caller.key)
+
         if kind == "join":
-            _event, cleaned = policy.check_join(parsed)
+            _event, cleaned = policy.check_join(parsed, owns)
             # NaN and Infinity stay as sent (Python's JSON): the validator names the field they are in.
             return json.dumps(cleaned).encode() if cleaned != parsed else None
         if kind == "call":
@@ -261,7 +268,7 @@ class FrontDoor:
                     raise Refused(
                         400, f"unknown parameters; the parameters are {', '.join(f.name for f in event.fields)}"
                     )
-            policy.check_data(event, data)
+            policy.check_data(event, data, owns)
             return None
         if not isinstance(parsed, dict) or not isinstance(parsed.get("session_hash"), str):
             raise Refused(400, "A cancel names session_hash, fn_index and event_id.")
@@ -319,6 +326,7 @@ class DoorConfig:
     internal_secret: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     calls: LiveCalls = field(default_factory=LiveCalls)
     connections: ConnectionLimits | None = None  # the connection limits below the door (their counts)
+    uploads: UploadBook | None = None  # whose upload is whose (``upload_route``); None: no uploads
 
     buckets: TokenBucket = field(init=False)
     sessions: SessionBook = field(init=False)

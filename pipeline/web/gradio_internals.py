@@ -10,6 +10,7 @@ that renames one fails loudly there instead of silently in production.
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import gradio as gr
@@ -161,3 +162,11 @@ def forget_temp_files(demo: gr.Blocks, paths: set[str]) -> int:
 
 def temp_file_count(demo: gr.Blocks) -> int:
     return sum(len(s) for s in list(demo.temp_file_sets))
+
+
+def upload_folder() -> Path:
+    """Gradio's upload folder (``GRADIO_TEMP_DIR``): an event's file input is taken only from there
+    (``processing_utils.get_upload_folder``; Gradio copies it into its cache before the handler runs)."""
+    from gradio.processing_utils import get_upload_folder
+
+    return Path(get_upload_folder())

@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import errno
 import logging
+from pathlib import Path
 from typing import Any, AsyncGenerator, Awaitable, Callable, Iterator, Sequence
 
 import gradio as gr
@@ -17,8 +18,10 @@ import gradio as gr
 from ..errors import Cancelled, InvalidRequest, RetryLater, ServingError, StorageFull
 from ..request import FIELDS, new_request_id, validate
 from ..serving.base import Adapter
-from .gradio_internals import caller_alive, current_session
+from ..uploads import MAX_UPLOAD_BYTES
+from .gradio_internals import caller_alive, current_session, upload_folder
 from .identity import Caller, TrustedProxies, caller_of
+from .mode_panel import page_values
 from .outputs import Postprocess, introspected_once
 from .shown import PROGRESS_INTERVAL, ProgressView, done_output, step_output, waiting_output
 from .site import Site
@@ -144,6 +147,19 @@ def make_generate(
         scheduler: str,
         lora: str = "none",
         lora_scale: float = 1.0,
+        mode: str = "text",
+        image: Any = None,
+        mask: Any = None,
+        strength: float = 0.75,
+        outpaint_left: float = 0,
+        outpaint_top: float = 0,
+        outpaint_right: float = 0,
+        outpaint_bottom: float = 0,
+        mask_blur: float = 4,
+        hires_fix: bool = False,
+        hires_scale: float = 2.0,
+        hires_strength: float = 0.5,
+        hires_steps: float = 0,
         progress: gr.Progress = gr.Progress(),
         request: gr.Request | None = None,  # injected by Gradio, not an API parameter
         profile: gr.OAuthProfile | None = None,  # injected by Gradio: the logged-in HF user, if any
@@ -167,6 +183,21 @@ def make_generate(
                 (Euler, Euler a, DPM++ 2M Karras, DDIM, UniPC where its family supports them).
             lora: A LoRA adapter the server loaded (--lora), by name, or "none".
             lora_scale: How strongly the adapter applies, from -2 to 2 (1: as trained).
+            mode: "text" (text-to-image), or, where the model has them, "image" (image-to-image),
+                "inpaint" or "outpaint".
+            image: The picture an image mode starts from: an image you uploaded (PNG, JPEG or WebP;
+                gradio_client: handle_file("photo.png")); resized to width x height.
+            mask: Inpainting's mask, an uploaded image: white (or painted) where the picture is redrawn.
+            strength: How far an image mode redraws its picture, above 0 and at most 1.
+            outpaint_left: Outpainting: pixels added on the left (a multiple of the size step).
+            outpaint_top: Outpainting: pixels added on top.
+            outpaint_right: Outpainting: pixels added on the right.
+            outpaint_bottom: Outpainting: pixels added at the bottom.
+            mask_blur: Pixels the mask's edge is softened by (inpainting and outpainting), 0 to 64.
+            hires_fix: Text mode: upscale the picture and redraw it at the larger size.
+            hires_scale: Hires fix's upscale, 1.5 or 2.
+            hires_strength: How far hires fix redraws the upscaled picture, above 0 and at most 1.
+            hires_steps: Hires fix's steps (0: the request's own).
         """
         raw = {
             "prompt": prompt,
@@ -182,6 +213,19 @@ def make_generate(
             "scheduler": scheduler,
             "lora": lora,
             "lora_scale": lora_scale,
+            "mode": mode,
+            "image": image,
+            "mask": mask,
+            "strength": strength,
+            "outpaint_left": outpaint_left,
+            "outpaint_top": outpaint_top,
+            "outpaint_right": outpaint_right,
+            "outpaint_bottom": outpaint_bottom,
+            "mask_blur": mask_blur,
+            "hires_fix": hires_fix,
+            "hires_scale": hires_scale,
+            "hires_strength": hires_strength,
+            "hires_steps": hires_steps,
         }
         request_id = new_request_id()
         view = ProgressView(num_inference_steps, progress_interval)
@@ -192,6 +236,10 @@ def make_generate(
                 caller = request_caller(request, trusted, profile)
                 alive = _alive(caller_alive(demo), caller, site)
                 user = caller.key if caller is not None else None
+                if ui:
+                    raw = page_values(raw)  # only what the page's mode reads
+                if raw["image"] is not None or raw["mask"] is not None:  # the uploads' bytes, read off the loop
+                    raw = await asyncio.to_thread(with_upload_bytes, raw)
                 events = adapter.run(raw, request_id=request_id, alive=alive, user=user)
                 async with contextlib.aclosing(events):
                     async for event in events:
@@ -230,6 +278,30 @@ def _alive(
     return alive
 
 
+def with_upload_bytes(raw: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` with its image inputs' files as bytes. Gradio has copied each upload into its cache
+    (the front door let in only the caller's own: ``upload_route``); a value naming any file outside
+    Gradio's upload folder is refused, whatever let it in. The page's image editor sends its mask
+    as a painted layer (strokes on a clear layer) and its picture as the background."""
+    out = dict(raw)
+    for name in ("image", "mask"):
+        value = raw.get(name)
+        if isinstance(value, dict) and "layers" in value:  # gr.ImageEditor's value
+            layers = [layer for layer in value.get("layers") or [] if isinstance(layer, dict)]
+            value = (layers[0] if layers else None) if name == "mask" else value.get("background")
+        if value is None or isinstance(value, bytes):
+            out[name] = value
+            continue
+        path = value.get("path") if isinstance(value, dict) else None
+        folder = upload_folder().resolve()
+        where = Path(path).resolve() if isinstance(path, str) else None
+        if where is None or not where.is_relative_to(folder) or not where.is_file():
+            raise InvalidRequest(name, f"{name} must be an image you uploaded (PNG, JPEG or WebP), not a URL or a path")
+        with where.open("rb") as file:
+            out[name] = file.read(MAX_UPLOAD_BYTES + 1)  # past the cap: read_image says so
+    return out
+
+
 def make_validator(adapter: Adapter) -> Callable[..., Awaitable[list[dict[str, Any]]]]:
     """Gradio's ``validator=`` for the generate events: the handler's own checks, at join time.
 
@@ -243,7 +315,8 @@ def make_validator(adapter: Adapter) -> Callable[..., Awaitable[list[dict[str, A
 
     async def check(*values: Any) -> list[dict[str, Any]]:
         try:
-            validate(dict(zip(FIELDS, values)), adapter.limits)
+            # The pictures are decoded in the handler, off the loop: here only the other fields.
+            validate(dict(zip(FIELDS, values)), adapter.limits, pictures_later=True)
         except InvalidRequest as exc:
             adapter.metrics.jobs.labels("rejected").inc()  # answered here, it never reaches the adapter
             bad = FIELDS.index(exc.field) if exc.field in FIELDS else 0

@@ -33,6 +33,7 @@ class ConnectionLimits:
     body_timeout: float = 30.0
     max_header_bytes: int = 64 * 1024
     max_body_bytes: int = 2**20
+    body_caps: dict[str, int] = field(default_factory=dict)  # a path's own body cap (the upload route's)
     connections_per_address: int = 32
     open_per_address: dict[str, int] = field(default_factory=dict)
     refused: dict[int, int] = field(default_factory=dict)  # status -> connections answered so (for tests, logs)
@@ -48,6 +49,7 @@ def limited_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
             self._counted: str | None = None
             self._header_bytes = 0
             self._body_bytes = 0
+            self._cap = limits.max_body_bytes  # this request's: its path's own, else the default
             self._refused = False  # answered and closing: the parser's later callbacks do nothing
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -105,8 +107,10 @@ def limited_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
             if self._refused:
                 return
             self._disarm()
+            path = bytes(getattr(self, "url", b"")).split(b"?", 1)[0].decode("latin-1")
+            self._cap = limits.body_caps.get(path, limits.max_body_bytes)
             length = dict(self.headers).get(b"content-length", b"0")
-            if length.isdigit() and int(length) > limits.max_body_bytes:
+            if length.isdigit() and int(length) > self._cap:
                 return self._refuse(413, b"Request body too large.")
             super().on_headers_complete()
             if (length.isdigit() and int(length) > 0) or b"chunked" in dict(self.headers).get(
@@ -118,7 +122,7 @@ def limited_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
             if self._refused:
                 return
             self._body_bytes += len(body)
-            if self._body_bytes > limits.max_body_bytes:
+            if self._body_bytes > self._cap:
                 return self._refuse(413, b"Request body too large.")
             super().on_body(body)
 

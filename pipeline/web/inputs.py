@@ -27,7 +27,7 @@ from __future__ import annotations
 import inspect
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import gradio as gr
 
@@ -35,6 +35,7 @@ from ..request import text_problem
 
 SMALL_TEXT = 256  # characters of any text that is not a Textbox's (a radio's choice, a slider's number)
 SMALL_NODES = 64  # values inside one non-text input (a list of seeds, a small dict)
+Owns = Callable[[str], bool]  # whether a path is a live upload of the caller's
 SESSION_HASH = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _BODY_KEYS = {"data", "fn_index", "session_hash", "event_data", "trigger_id", "event_id", "batched", "simple_format"}
 
@@ -53,6 +54,7 @@ class Field:
     name: str  # the handler's parameter name (what gradio_client and the page report)
     label: str  # what a person reads: the component's label, else the parameter's name
     max_chars: int
+    upload: bool = False  # an image input: it takes a file its caller uploaded (``upload_route``), or nothing
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,7 @@ class InputPolicy:
             if fn.api_name:
                 self.by_api_name[fn.api_name] = event
 
-    def check_join(self, body: Any) -> tuple[EventInputs, dict[str, Any]]:
+    def check_join(self, body: Any, owns: Owns = lambda path: False) -> tuple[EventInputs, dict[str, Any]]:
         """The event a ``/queue/join`` body is for and the body to hand on (event data cut down)."""
         if not isinstance(body, dict) or not set(body) <= _BODY_KEYS | {"oauth_token"}:
             raise Refused(400, "A join is a JSON object with data, fn_index and session_hash.")
@@ -98,19 +100,20 @@ class InputPolicy:
         for key in ("trigger_id",):
             if body.get(key) is not None and not isinstance(body[key], int):
                 raise Refused(400, f"{key} must be a whole number.")
-        self.check_data(event, body.get("data"))
+        self.check_data(event, body.get("data"), owns)
         cleaned = dict(body)
         if "event_data" in body:
             cleaned["event_data"] = select_data(body["event_data"])
         cleaned.pop("oauth_token", None)  # no event here takes a gr.OAuthToken
         return event, cleaned
 
-    def check_data(self, event: EventInputs, data: Any) -> None:
-        """Refuse ``data`` unless it has one value per input, none file-shaped, each within its cap."""
+    def check_data(self, event: EventInputs, data: Any, owns: Owns = lambda path: False) -> None:
+        """Refuse ``data`` unless it has one value per input, none file-shaped but an upload input's
+        own upload (``owns``: whether a path is one the caller uploaded), each within its cap."""
         if not isinstance(data, list) or len(data) != len(event.fields):
             raise Refused(400, f"data must be a list of {len(event.fields)} values, one per input.")
         for i, (field, value) in enumerate(zip(event.fields, data)):
-            problem = _problem(field, value)
+            problem = _upload_problem(field, value, owns) if field.upload else _problem(field, value)
             if problem is not None:
                 raise Refused(422, validation_detail(event, i, problem))
 
@@ -151,6 +154,29 @@ def file_shaped(value: Any) -> bool:
         elif isinstance(item, list):
             stack.extend(item)
     return False
+
+
+def _upload_problem(field: Field, value: Any, owns: Owns) -> str | None:
+    """An image input's value: nothing, or Gradio's file value naming a file the caller uploaded
+    (the page's image editor: its background and layers, each such a file)."""
+    if value is None:
+        return None
+    if isinstance(value, dict) and "layers" in value:  # gr.ImageEditor's value
+        files = [value.get("background"), value.get("composite"), *(value.get("layers") or [])]
+        extra = set(value) - {"background", "layers", "composite", "id"}
+        if extra or len(files) > 8:
+            return f"{field.label} must be an image editor's value (background, layers, composite)"
+        return next(filter(None, (_upload_problem(field, f, owns) for f in files)), None)
+    path = value.get("path") if isinstance(value, dict) else None
+    url = value.get("url") if isinstance(value, dict) else None
+    keys_ok = isinstance(value, dict) and set(value) <= _FILE_KEYS
+    url_ok = url is None or (isinstance(url, str) and isinstance(path, str) and url.endswith("file=" + path))
+    if not (keys_ok and url_ok and isinstance(path, str) and owns(path)):
+        return f"{field.label} must be an image you uploaded (PNG, JPEG or WebP), not a URL or a server path"
+    return None
+
+
+_FILE_KEYS = {"path", "url", "size", "orig_name", "mime_type", "is_stream", "meta"}
 
 
 def _problem(field: Field, value: Any) -> str | None:
@@ -195,6 +221,8 @@ def _small_int(value: Any) -> bool:
 
 def _field(block: Any, name: str, by_name: bool) -> Field:
     label = name if by_name else str(getattr(block, "label", None) or name)
+    if isinstance(block, (gr.Image, gr.ImageEditor)):
+        return Field(name, label, SMALL_TEXT, upload=True)
     if isinstance(block, gr.Textbox):
         return Field(name, label, int(block.max_length or SMALL_TEXT))
     return Field(name, label, SMALL_TEXT)

@@ -11,12 +11,13 @@ from ..config import Settings
 from ..default_model import EXAMPLE_PROMPTS, GENERIC_PROMPTS
 from ..loras import NONE, SCALE_MAX, SCALE_MIN
 from ..protocol import ModelProfile
-from ..request import MAX_SEED, Limits
+from ..request import FIELDS, IMAGE_FIELDS, MAX_SEED, Limits
 from ..serving.base import Adapter
 from ..serving.postprocess import sampler_name
 from .handler import PageJobs, make_generate, make_validator, selected_index
 from .identity import TrustedProxies
 from .mcp_tool import serve_images
+from .mode_panel import mode_controls, visible_for
 from .page_tools import UI_CONCURRENCY, Controls, reuse_seed, wire_history, wire_keys, wire_paste, wire_sizes
 from .presets import preset_value, size_presets
 from .results import HISTORY_SIZE
@@ -84,6 +85,7 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
                         scale=4,
                     )
                     swap_button = gr.Button("⇄ Swap", size="sm", elem_id="swap", scale=0, min_width=80)
+                picture = mode_controls(p, lim)
                 with gr.Accordion("Advanced settings", open=False, elem_id="advanced"):
                     adv = _advanced_settings(p, lim)
                 with gr.Accordion("Paste parameters", open=False, elem_id="paste"):
@@ -116,17 +118,28 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
             live_preview,
             sampler,  # the API's `scheduler`
             lora,
-            lora_scale,  # the API's last parameter
+            lora_scale,
+            *(picture[name] for name in IMAGE_FIELDS),  # the page's mask: its editor
         ]
+        api_mask = gr.Image(label="mask", type="filepath", visible=False, elem_id="api-mask")
+        api_inputs = [api_mask if i == FIELDS.index("mask") else block for i, block in enumerate(inputs)]
         generate_event = _wire_generate(
             adapter,
             demo,
             settings,
             site,
             [generate_button.click, prompt.submit],
-            inputs,
+            (inputs, api_inputs),
             (gallery, info, status),
             stop_button,
+        )
+        groups = picture["_groups"]
+        picture["mode"].change(
+            fn=lambda mode: visible_for(mode, "image" in p.modes),
+            inputs=[picture["mode"]],
+            outputs=list(groups.values()),
+            api_visibility="private",
+            queue=False,
         )
         ui: dict[str, Any] = dict(api_visibility="private", concurrency_id="ui", concurrency_limit=UI_CONCURRENCY)
         gallery.select(fn=selected_index, inputs=None, outputs=[selected], **ui)
@@ -289,12 +302,14 @@ def _wire_generate(
     settings: Settings,
     site: Site,
     triggers: list[Any],
-    inputs: list[Any],
+    inputs: tuple[list[Any], list[Any]],
     outputs: tuple[gr.Gallery, gr.JSON, gr.HTML],
     stop_button: gr.Button,
 ) -> Any:
-    """The page's and the API's generate events, and Stop; returns the page's event (for the history)."""
+    """The page's and the API's generate events, and Stop; returns the page's event (for the history).
+    ``inputs``: the page's (its mask painted in an editor) and the API's (its mask an uploaded image)."""
     gallery, info, status = outputs
+    page_inputs, api_inputs = inputs
     # Two events, one handler, one shared concurrency limit: the page's (with a progress bar
     # as a third output) and the API's `/generate` (images + info, as documented). Their
     # `concurrency_limit` counts requests in flight in the handler (preparing, waiting for the
@@ -316,7 +331,7 @@ def _wire_generate(
     generate_event = gr.on(
         triggers=triggers,
         fn=make_generate(adapter, demo, ui=True, page_jobs=page_jobs, outputs=[gallery, info, status], site=site),
-        inputs=inputs,
+        inputs=page_inputs,
         outputs=[gallery, info, status],
         api_name="generate_ui",
         api_visibility="private",
@@ -325,7 +340,7 @@ def _wire_generate(
     api_button = gr.Button(visible=False)  # the API-only trigger: never shown, never clicked
     api_button.click(
         fn=make_generate(adapter, demo, outputs=[gallery, info], site=site),
-        inputs=inputs,
+        inputs=api_inputs,
         outputs=[gallery, info],
         api_name="generate",
         **shared,

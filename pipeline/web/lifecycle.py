@@ -13,7 +13,7 @@ from ..config import Settings
 from ..serving.base import Adapter
 from ..serving.owners import KEY_FILE
 from .frontdoor import DoorConfig, DoorLimits, FrontDoor
-from .gradio_internals import queued, skip_matplotlib_probe, tune_queue, uvicorn_options
+from .gradio_internals import queued, skip_matplotlib_probe, tune_queue, upload_folder, uvicorn_options
 from .httplimits import ConnectionLimits, limited_protocol
 from .inputs import InputPolicy
 from .login import Login
@@ -21,6 +21,7 @@ from .mcp_tool import call_back_as_internal
 from .routes import service_routes
 from .shown import PROGRESS_INTERVAL
 from .site import site_of
+from .upload_route import UPLOAD_BODY_BYTES, UPLOAD_PATH, UploadBook
 
 
 def own_gradio_cache(settings: Settings, environ: MutableMapping[str, str]) -> Path:
@@ -44,7 +45,8 @@ def front_door(demo: gr.Blocks, settings: Settings) -> DoorConfig:
         requests_per_identity=settings.max_connections_per_address,
     )
     login = Login(settings.auth_pair(), settings.metrics_token)
-    return DoorConfig(InputPolicy(demo), site.trusted, limits, login=login, calls=site.calls)
+    uploads = UploadBook(upload_folder())  # Gradio's upload folder: it takes files only from there
+    return DoorConfig(InputPolicy(demo), site.trusted, limits, login=login, calls=site.calls, uploads=uploads)
 
 
 def launch(demo: gr.Blocks, adapter: Adapter, settings: Settings) -> DoorConfig:
@@ -64,10 +66,11 @@ def launch(demo: gr.Blocks, adapter: Adapter, settings: Settings) -> DoorConfig:
         header_timeout=settings.request_timeout,
         body_timeout=3 * settings.request_timeout,
         max_body_bytes=door.max_body_bytes,
+        body_caps={UPLOAD_PATH: UPLOAD_BODY_BYTES},
         connections_per_address=settings.max_connections_per_address,
     )
     app_kwargs = {
-        "routes": service_routes(demo, adapter, door.login),
+        "routes": service_routes(demo, adapter, door.login, door.uploads),
         "middleware": [Middleware(FrontDoor, door=door)],
     }
     with uvicorn_options(http=limited_protocol(connections), proxy_headers=False):
@@ -77,7 +80,7 @@ def launch(demo: gr.Blocks, adapter: Adapter, settings: Settings) -> DoorConfig:
             share=settings.share,
             ssr_mode=False,
             show_error=False,
-            max_file_size="1mb",
+            max_file_size=UPLOAD_BODY_BYTES,  # gradio_client checks it before it uploads
             prevent_thread_lock=True,
             app_kwargs=app_kwargs,
             auth=settings.auth_pair(),

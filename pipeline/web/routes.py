@@ -1,4 +1,4 @@
-"""The app's own routes on Gradio's server: ``/health``, ``/metrics``, and no uploads.
+"""The app's own routes on Gradio's server: ``/health``, ``/metrics``, and the upload route.
 
 Under ``--auth`` ``/health`` stays open (load balancers and Spaces probe it; it shows no user data)
 and ``/metrics`` needs the same user and password (HTTP Basic, as Prometheus' ``basic_auth``) or
@@ -16,9 +16,12 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from ..serving.base import Adapter
 from .gradio_internals import queued
 from .login import Login
+from .upload_route import UPLOAD_PATH, UploadBook, upload_route
 
 
-def service_routes(demo: gr.Blocks, adapter: Adapter, login: Login | None = None) -> list[APIRoute]:
+def service_routes(
+    demo: gr.Blocks, adapter: Adapter, login: Login | None = None, uploads: UploadBook | None = None
+) -> list[APIRoute]:
     """``/health`` (JSON) and ``/metrics`` (Prometheus text), served by the app's own server.
 
     The front door has already checked (and metered) the login of ``/metrics``; the route checks
@@ -36,13 +39,15 @@ def service_routes(demo: gr.Blocks, adapter: Adapter, login: Login | None = None
             return Response("login required", status_code=401, headers={"WWW-Authenticate": 'Basic realm="metrics"'})
         return Response(adapter.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    async def no_uploads() -> JSONResponse:
-        # A text-only app takes no files; Gradio's upload route would store anyone's file and
-        # echo its absolute server path. Listed before Gradio's own routes, so it wins.
+    async def no_uploads() -> JSONResponse:  # no book: nothing may be uploaded
         return JSONResponse({"detail": "This app accepts no uploads."}, status_code=403)
+
+    # Gradio's own upload route would store anyone's file and echo its absolute server path; this
+    # app's (``upload_route``) takes one image, kept as its sender's. Listed before Gradio's routes.
+    upload = upload_route(uploads) if uploads is not None else no_uploads
 
     return [
         APIRoute("/health", health, methods=["GET"], include_in_schema=False),
         APIRoute("/metrics", metrics, methods=["GET"], include_in_schema=False),
-        APIRoute("/gradio_api/upload", no_uploads, methods=["POST"], include_in_schema=False),
+        APIRoute(UPLOAD_PATH, upload, methods=["POST"], include_in_schema=False),
     ]

@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from pipeline.request import IMAGE_FIELDS
+
 INFO_KEYS = {
     "request_id",
     "model",
@@ -130,8 +132,16 @@ def test_only_generate_is_in_the_api_and_the_rest_shortcut_is_closed(client: Any
         "scheduler",
         "lora",
         "lora_scale",
+        *IMAGE_FIELDS,  # every one with a default: a text-to-image call names none of them
     ]
-    live, scheduler, lora, lora_scale = api["named_endpoints"]["/generate"]["parameters"][-4:]
+    params = api["named_endpoints"]["/generate"]["parameters"]
+    assert all(p["parameter_has_default"] for p in params[13:]), params[13:]
+    assert [(p["parameter_name"], p["parameter_default"]) for p in params[13:16]] == [
+        ("mode", "text"),
+        ("image", None),
+        ("mask", None),
+    ]
+    live, scheduler, lora, lora_scale = params[9:13]
     assert lora["parameter_has_default"] and lora["parameter_default"] == "none"
     assert lora_scale["parameter_has_default"] and lora_scale["parameter_default"] == 1.0
     assert live["parameter_has_default"] and live["parameter_default"] is False  # off for API callers
@@ -198,11 +208,11 @@ def test_progress_records_carry_eta_seconds(client: Any) -> None:
     assert all(isinstance(r["eta_seconds"], float) and r["eta_seconds"] >= 0 for r in running), running
 
 
-def test_public_link_settings_no_uploads_no_ssr_no_tracebacks(url: str) -> None:
+def test_public_link_settings_only_image_uploads_no_ssr_no_tracebacks(url: str) -> None:
     upload = httpx.post(url + "gradio_api/upload", files={"files": ("x.bin", b"x" * 5 * 2**20)}, timeout=30)
-    assert upload.status_code == 413 and "/tmp" not in upload.text  # over the body cap: not even read
+    assert upload.status_code == 415 and "/tmp" not in upload.text  # not an image: nothing written
     small = httpx.post(url + "gradio_api/upload", files={"files": ("x.txt", b"hi")}, timeout=30)
-    assert small.status_code == 403
+    assert small.status_code == 415
     config = httpx.get(url + "config", timeout=10).json()
     assert config.get("show_error") is False
     assert not config.get("is_ssr", False)

@@ -1,0 +1,139 @@
+"""The image modes through the launched app and the real ``gradio_client`` (``handle_file``): an upload
+through the app's own route, the same pixels as a plain diffusers call, and the upload surface
+closed to anyone else's file, a URL, a server path and a file that is not an image."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from tests.helpers import raw_request
+from tests.hostile import peer
+
+SIZE = 64
+
+
+@pytest.fixture(scope="module")
+def app(launch: Any) -> Iterator[tuple[str, Any]]:
+    url, _demo, adapter = launch()  # the embedded default model
+    yield url, adapter
+
+
+@pytest.fixture(scope="module")
+def url(app: tuple[str, Any]) -> str:
+    return app[0]
+
+
+def picture_file(tmp: Path, name: str = "photo.jpg") -> Path:
+    rng = np.random.default_rng(5)
+    path = tmp / name
+    Image.fromarray(rng.integers(0, 256, (80, 96, 3), dtype=np.uint8)).save(path, quality=95)
+    return path
+
+
+def test_image_to_image_through_gradio_client_equals_the_plain_pipeline(
+    client: Any, app: tuple[str, Any], tmp_path: Path
+) -> None:
+    from diffusers import AutoPipelineForImage2Image
+    from gradio_client import handle_file
+
+    source = picture_file(tmp_path)
+    raw = raw_request(prompt="a red circle", seed=11, width=SIZE, height=SIZE, num_inference_steps=10,
+                      guidance_scale=5.0, mode="image", image=handle_file(str(source)), strength=0.6)  # fmt: skip
+    raw.pop("mask")
+    gallery, info = client.predict(**raw, api_name="/generate")
+    assert info["status"] == "done" and info["mode"] == "image" and info["strength"] == 0.6
+    assert info["steps_done"] == 6  # int(10 × 0.6)
+    with Image.open(gallery[0]["image"]) as written:
+        ours = np.asarray(written.convert("RGB")).astype(int)
+    from pipeline.config import Settings
+    from pipeline.engine.model.loading import load_model
+
+    model = load_model(Settings(), warmup=False)  # the same embedded model, here: the app's is in its own process
+    pipe = AutoPipelineForImage2Image.from_pipe(model.pipe)
+    pipe.set_progress_bar_config(disable=True)
+    with Image.open(source) as sent:
+        resized = sent.convert("RGB").resize((SIZE, SIZE), Image.Resampling.LANCZOS)
+    with torch.inference_mode():
+        plain = pipe(prompt=["a red circle"], negative_prompt=[""], image=[resized], strength=0.6,
+                     num_inference_steps=10, guidance_scale=5.0,
+                     generator=[torch.Generator("cpu").manual_seed(11)]).images  # fmt: skip
+    assert np.abs(ours - np.asarray(plain[0]).astype(int)).max() <= 1
+
+
+def test_inpainting_with_an_uploaded_mask_and_outpainting_grow_the_right_pictures(client: Any, tmp_path: Path) -> None:
+    from gradio_client import handle_file
+
+    source = picture_file(tmp_path)
+    mask = tmp_path / "mask.png"
+    pixels = np.zeros((SIZE, SIZE), dtype=np.uint8)
+    pixels[16:48, 16:48] = 255
+    Image.fromarray(pixels).save(mask)
+    raw = raw_request(mode="inpaint", image=handle_file(str(source)), mask=handle_file(str(mask)), strength=1.0)
+    _gallery, info = client.predict(**raw, api_name="/generate")
+    assert info["mode"] == "inpaint" and info["mask_blur"] == 4
+    raw = raw_request(mode="outpaint", image=handle_file(str(source)), outpaint_right=32, outpaint_top=16)
+    raw.pop("mask")
+    gallery, info = client.predict(**raw, api_name="/generate")
+    assert info["mode"] == "outpaint" and (info["outpaint_right"], info["outpaint_top"]) == (32, 16)
+    with Image.open(gallery[0]["image"]) as written:
+        assert written.size == (SIZE + 32, SIZE + 16)
+
+
+def test_the_upload_route_takes_one_image_and_refuses_anything_else(url: str, tmp_path: Path) -> None:
+    from tests import malformed
+
+    png = malformed.png_bytes(malformed.noisy())
+    with httpx.Client(timeout=30) as http:
+        ok = http.post(url + "gradio_api/upload", files={"files": ("a.png", png, "image/png")})
+        assert ok.status_code == 200 and Path(ok.json()[0]).is_file()
+        for name, body in [("x.svg", malformed.svg_polyglot()), ("x.gif", malformed.many_frame_gif(50)),
+                           ("x.png", b"\x00" + png)]:  # fmt: skip
+            refused = http.post(url + "gradio_api/upload", files={"files": (name, body, "image/png")})
+            assert refused.status_code == 415 and "PNG, JPEG or WebP" in refused.json()["detail"], refused.text
+    # a 100 MB body is answered 413 from its headers, before a byte of it is read (issue 39's bound)
+    host, port = url.split("//", 1)[1].rstrip("/").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as raw:
+        raw.sendall(b"POST /gradio_api/upload HTTP/1.1\r\nHost: x\r\nContent-Length: 104857600\r\n\r\n")
+        assert raw.recv(65536).startswith(b"HTTP/1.1 413")
+
+
+def test_an_event_may_name_only_its_callers_own_upload(url: str, tmp_path: Path) -> None:
+    """Another address's upload, a server path and a URL are refused at the join by name (422)."""
+    from tests import malformed
+    from tests.helpers import api_fn_index
+
+    png = malformed.png_bytes(malformed.noisy())
+    with peer("127.0.0.2") as owner, peer("127.0.0.3") as other:
+        path = owner.post(url + "gradio_api/upload", files={"files": ("a.png", png, "image/png")}).json()[0]
+        index = api_fn_index(url)
+        for value in (
+            {"path": path, "meta": {"_type": "gradio.FileData"}},  # the owner's, named by someone else
+            {"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}},
+            {"path": "https://example.com/a.png", "meta": {"_type": "gradio.FileData"}},
+            {"path": path, "url": "https://example.com/a.png", "meta": {"_type": "gradio.FileData"}},
+        ):
+            data = _data(mode="image", image=value)
+            joined = other.post(
+                url + "gradio_api/queue/join", json={"data": data, "fn_index": index, "session_hash": "s1"}
+            )
+            assert joined.status_code == 422, (value, joined.text)
+            assert "image must be an image you uploaded" in joined.text
+        data = _data(mode="image", image={"path": path, "meta": {"_type": "gradio.FileData"}})
+        mine = owner.post(url + "gradio_api/queue/join", json={"data": data, "fn_index": index, "session_hash": "s2"})
+        assert mine.status_code == 200, mine.text
+
+
+def _data(**fields: Any) -> list[Any]:
+    """A join's data in the API's order (live previews off)."""
+    from pipeline.request import FIELDS
+
+    raw = raw_request(**fields)
+    return [raw.get(f, False) for f in FIELDS]
