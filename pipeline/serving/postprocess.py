@@ -44,7 +44,7 @@ from PIL import Image, PngImagePlugin
 from ..errors import StorageFull
 from ..loras import NONE, prompt_tag
 from ..protocol import InferenceResult, ModelProfile, Timings
-from ..request import DEFAULT_SCHEDULER, GenerateRequest
+from ..request import DEFAULT_SCHEDULER, HIRES_UPSCALER, GenerateRequest
 from .owners import key_of, owner_folder
 
 try:
@@ -104,6 +104,16 @@ def a1111_parameters(params: dict[str, Any], seed: int, model: str, scheduler_cl
         "Size": f"{params['width']}x{params['height']}",
         "Model": model,
     }
+    mode = params.get("mode", "text")
+    if mode != "text":  # image-to-image, inpainting, outpainting: A1111's img2img fields
+        settings["Denoising strength"] = f"{params['strength']:g}"
+        if mode in ("inpaint", "outpaint"):
+            settings["Mask blur"] = params["mask_blur"]
+    if params.get("hires_fix"):  # A1111's hires fix fields (its Size is the first pass's)
+        settings["Denoising strength"] = f"{params['hires_strength']:g}"
+        settings["Hires upscale"] = f"{params['hires_scale']:g}"
+        settings["Hires steps"] = params["hires_steps"]
+        settings["Hires upscaler"] = HIRES_UPSCALER
     if lora and lora != NONE and params.get("lora_hash"):
         settings["Lora hashes"] = f"{lora}: {params['lora_hash']}"
     settings["RNG"] = "CPU"  # the noise comes from a CPU generator on every device (A1111's "RNG: CPU")

@@ -26,13 +26,14 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ..loras import NONE, SCALE_MAX, SCALE_MIN, strip_tags
-from ..request import MAX_SEED, Limits
+from ..request import HIRES_SCALES, HIRES_UPSCALER, MAX_MASK_BLUR, MAX_SEED, Limits
 
 _KEY = re.compile(r"\w[\w \-/+.]*")  # a settings key: checked with fullmatch on a short slice (linear)
 _SIZE = re.compile(r"^\s*(\d+)\s*[x×]\s*(\d+)\s*$")
 _NEGATIVE = "Negative prompt:"
 # Keys this app reads; every other key of the settings line is listed as "not used".
-_READ = {"Steps", "Sampler", "Schedule type", "CFG scale", "Seed", "Size", "Model", "Lora hashes", "RNG"}
+_READ = {"Steps", "Sampler", "Schedule type", "CFG scale", "Seed", "Size", "Model", "Lora hashes", "RNG",
+         "Denoising strength", "Mask blur", "Hires upscale", "Hires steps", "Hires upscaler"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -190,6 +191,7 @@ def fill_from(
         _size(s["Size"], limits, values, notes)
     if "Sampler" in s:
         _sampler(s["Sampler"], s.get("Schedule type", ""), samplers, values, notes)
+    _mode(s, limits, values, notes)
     if model and s.get("Model") and s["Model"] != model:
         notes.append(f"Model: the text names {s['Model']!r}; this app runs {model!r}, so the image will differ.")
     if s.get("RNG", "CPU").upper() != "CPU":
@@ -202,6 +204,49 @@ def fill_from(
     return Fill(values, notes)
 
 
+def _mode(s: dict[str, str], limits: Limits, values: dict[str, Any], notes: list[str]) -> None:
+    """The mode the text was made in, as A1111 writes it: "Hires upscale" is text-to-image with hires
+    fix (its "Denoising strength" is the second pass's); else "Denoising strength" is image-to-image
+    ("Mask blur" too: inpainting); else text-to-image. Only a mode this model serves is applied."""
+    strength = _number(s["Denoising strength"]) if "Denoising strength" in s else None
+    if strength is not None and not 0 < strength <= 1:
+        notes.append(f"Denoising strength: {s['Denoising strength']!r} not applied: it is above 0 and at most 1.")
+        strength = None
+    if "Hires upscale" in s:
+        if "image" not in limits.modes:
+            notes.append("Hires upscale: not applied: this model has no image-to-image pipeline for hires fix.")
+            return
+        values["mode"], values["hires_fix"] = "text", True
+        scale = _number(s["Hires upscale"])
+        if scale in HIRES_SCALES:
+            values["hires_scale"] = scale
+        else:
+            notes.append(f"Hires upscale: {s['Hires upscale']!r} not applied: this app upscales by 1.5 or 2.")
+        steps = _number(s.get("Hires steps", "0"), integer=True)
+        if steps is not None and 0 <= steps <= limits.max_steps:
+            values["hires_steps"] = int(steps)
+        if strength is not None:
+            values["hires_strength"] = strength
+        if s.get("Hires upscaler", HIRES_UPSCALER) != HIRES_UPSCALER:
+            notes.append(
+                f"Hires upscaler: {s['Hires upscaler']!r} not applied: this app upscales with {HIRES_UPSCALER}, "
+                "so the image will differ."
+            )
+        return
+    mode = ("inpaint" if "Mask blur" in s else "image") if strength is not None else "text"
+    if mode not in limits.modes:
+        notes.append(f"Denoising strength: not applied: this model serves no {mode} mode.")
+        return
+    values["mode"] = mode
+    if mode != "text":
+        values["strength"] = strength
+        blur = _number(s.get("Mask blur", ""), integer=True)
+        if blur is not None and 0 <= blur <= MAX_MASK_BLUR:
+            values["mask_blur"] = int(blur)
+    if "hires_fix" not in values:
+        values["hires_fix"] = False
+
+
 _FIELD_NAMES = {
     "prompt": "prompt",
     "negative_prompt": "negative prompt",
@@ -211,6 +256,9 @@ _FIELD_NAMES = {
     "width": "size",
     "scheduler": "sampler",
     "lora": "LoRA",
+    "mode": "mode",
+    "strength": "denoising strength",
+    "hires_fix": "hires fix",
 }
 
 

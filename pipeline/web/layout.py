@@ -30,6 +30,7 @@ STOP_WAIT_SECONDS = 60.0  # how long Stop waits for the session's job to end bef
 
 
 # The advanced controls in the API's order after the prompt (``_advanced_settings`` returns them by name).
+PASTED_MODE_CONTROLS = ("mode", "strength", "mask_blur", "hires_fix", "hires_scale", "hires_strength", "hires_steps")
 INPUT_CONTROLS = (
     "negative_prompt", "seed", "randomize_seed", "width", "height", "num_inference_steps", "guidance_scale",
     "scheduler", "lora", "lora_scale", "num_images", "live_preview",
@@ -157,6 +158,7 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
             sampler,
             lora,
             lora_scale,
+            *(picture[name] for name in PASTED_MODE_CONTROLS),
         )
         suggested = {info.name: info.scale for info in p.loras}
         lora.input(fn=lambda name: suggested.get(name, gr.skip()), inputs=[lora], outputs=[lora_scale], **ui)

@@ -56,6 +56,13 @@ class Controls:
     scheduler: gr.Dropdown | None = None
     lora: gr.Dropdown | None = None
     lora_scale: gr.Slider | None = None
+    mode: gr.Radio | None = None
+    strength: gr.Slider | None = None
+    mask_blur: gr.Slider | None = None
+    hires_fix: gr.Checkbox | None = None
+    hires_scale: gr.Radio | None = None
+    hires_strength: gr.Slider | None = None
+    hires_steps: gr.Slider | None = None
 
     def names(self) -> list[str]:
         return [f.name for f in fields(self) if getattr(self, f.name) is not None]

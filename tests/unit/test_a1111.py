@@ -52,18 +52,22 @@ def test_what_fits_is_filled_and_each_field_that_does_not_gets_a_note() -> None:
         "seed": 3456789012,
         "randomize_seed": False,
         "scheduler": "DPM++ 2M Karras",  # "DPM++ 2M" + "Schedule type: Karras"
+        # "Hires upscale": text-to-image with hires fix; its "Denoising strength" is the second pass's
+        "mode": "text",
+        "hires_fix": True,
+        "hires_scale": 2.0,
+        "hires_steps": 0,
+        "hires_strength": 0.5,
     }
     notes = "\n".join(fill.notes)
     assert "Size: 512x768 not applied: this model takes multiples of 8 from 64 to 512" in notes
     assert "Model: the text names 'dreamshaper_8'; this app runs 'fake-model'" in notes
-    assert (
-        "Not used by this app: Model hash, Denoising strength, Clip skip, Hires upscale, Hires upscaler, "
-        "Lora hashes, Version."
-    ) in notes
+    assert "Not used by this app: Model hash, Clip skip, Lora hashes, Version." in notes
+    assert "Hires upscaler: 'Latent' not applied: this app upscales with Lanczos" in notes
     shown = notes_html(fill)
     assert shown.startswith(
         '<div class="t2i-notes"><p><strong>Filled:</strong> prompt, negative prompt, steps, '
-        "guidance, seed, sampler.</p><ul>"
+        "guidance, seed, sampler, mode, hires fix.</p><ul>"
     )
     assert "<li>Size: 512x768 not applied" in shown
 
@@ -96,6 +100,8 @@ def test_this_apps_own_text_round_trips() -> None:
             "seed": 4242,
             "randomize_seed": False,
             "scheduler": "Euler" if sampler == "EulerDiscreteScheduler" else sampler,
+            "mode": "text",
+            "hires_fix": False,
         }
     text = a1111_parameters({**params, "negative_prompt": ""}, 1, "m", "DDIM")
     no_negative = fill_from(parse_parameters(text), LIMITS)
@@ -238,3 +244,25 @@ def test_the_noise_source_is_written_as_a1111_writes_it_and_another_source_gets_
     assert not [n for n in fill_from(parse_parameters(text), limits).notes if "RNG" in n]
     gpu = fill_from(parse_parameters(text.replace("RNG: CPU", "RNG: GPU")), limits)
     assert any("RNG: the text's noise came from 'GPU'" in n for n in gpu.notes), gpu.notes
+
+
+def test_each_modes_text_pastes_back_into_its_mode() -> None:
+    """The PNG's AUTOMATIC1111 fields of an image mode and of hires fix bring the page back to them."""
+    base = {"prompt": "a red circle", "negative_prompt": "", "num_inference_steps": 12, "guidance_scale": 7.5,
+            "width": 64, "height": 64}  # fmt: skip
+    cases = [
+        ({"mode": "image", "strength": 0.6}, {"mode": "image", "strength": 0.6, "hires_fix": False}),
+        ({"mode": "inpaint", "strength": 0.8, "mask_blur": 6},
+         {"mode": "inpaint", "strength": 0.8, "mask_blur": 6, "hires_fix": False}),
+        ({"mode": "text", "hires_fix": True, "hires_scale": 1.5, "hires_strength": 0.4, "hires_steps": 9},
+         {"mode": "text", "hires_fix": True, "hires_scale": 1.5, "hires_strength": 0.4, "hires_steps": 9}),
+    ]  # fmt: skip
+    for extra, expected in cases:
+        text = a1111_parameters({**base, **extra}, 1, "fake-model", "Euler")
+        fill = fill_from(parse_parameters(text), LIMITS, samplers=SAMPLERS, model="fake-model")
+        assert fill.notes == [], (text, fill.notes)
+        assert {k: fill.values[k] for k in expected} == expected, text
+    no_modes = Limits.for_model(dataclasses.replace(FAKE_PROFILE, modes=("text",)))
+    text = a1111_parameters({**base, "mode": "image", "strength": 0.6}, 1, "fake-model", "Euler")
+    fill = fill_from(parse_parameters(text), no_modes, samplers=SAMPLERS)
+    assert "mode" not in fill.values and any("serves no image mode" in n for n in fill.notes)
