@@ -124,8 +124,9 @@ def test_pasted_parameters_fill_the_controls_and_say_what_was_not_applied(page: 
     if page.locator("#sampler").is_visible():  # the sampler choice (issue 18 §6), where the model offers one
         wait_value(page.locator("#sampler input"), "Euler a")
     notes = page.locator("#paste-notes")
-    notes.get_by_text("Not used by this app: Model hash, Clip skip, Hires upscale.").wait_for(timeout=10_000)
+    notes.get_by_text("Not used by this app: Model hash, Clip skip.").wait_for(timeout=10_000)
     assert "this app runs" in notes.inner_text()  # the model named differs
+    assert "mode, hires fix" in notes.inner_text()  # "Hires upscale": text-to-image with hires fix
     shot(page, "page-4-pasted")
     # A value out of this model's range is left alone, with a note that names the field and the range.
     page.locator("#paste-text textarea").fill("a blue square\nSteps: 500, CFG scale: 99, Seed: 5, Size: 102x64")
