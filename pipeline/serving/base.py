@@ -208,6 +208,7 @@ class AdapterBase:
             "status": status,
             "model": None if dead else self.profile.name,
             "loras": [] if dead else [i.name for i in getattr(self.profile, "loras", ())],  # the --lora names
+            "modes": [] if dead else list(getattr(self.profile, "modes", ("text",))),  # engine.model.modes
             **own,
             "gpu_queue_depth": self.gpu_queue_depth,
             "inference_in_progress": self.inference_in_progress,

@@ -91,6 +91,7 @@ def test_the_upload_route_takes_one_image_and_refuses_anything_else(url: str, tm
     from tests import malformed
 
     png = malformed.png_bytes(malformed.noisy())
+    assert httpx.get(url + "health", timeout=10).json()["modes"] == ["text", "image", "inpaint"]
     with httpx.Client(timeout=30) as http:
         ok = http.post(url + "gradio_api/upload", files={"files": ("a.png", png, "image/png")})
         assert ok.status_code == 200 and Path(ok.json()[0]).is_file()
