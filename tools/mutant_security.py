@@ -74,6 +74,8 @@ SECURITY: dict[str, list[Patch]] = {
     "mcp-disconnect-ignored": attr("pipeline.web.site", "LiveCalls.alive", lambda self, call: True),
     "no-cost-budget": attr("pipeline.request", "_within_budget", lambda *args: None),
     "upload-pixel-cap-removed": attr("pipeline.uploads", "pixel_problem", lambda width, height, cap: None),
+    "upload-left-unswept": attr("pipeline.web.upload_route", "UploadBook._forget_old", lambda self, now: None),
+    "url-value-fetched": attr("pipeline.web.inputs", "_upload_problem", lambda field, value, owns: None),
     "temp-files-kept": attr("pipeline.web.gradio_internals", "forget_temp_files", lambda demo, paths: 0),
     "shares-ignored": attr("pipeline.serving.sweeper", "_owner_of", lambda directory, top: ""),
     "prompt-lines-kept": attr("pipeline.serving.postprocess", "one_line", lambda text: text),

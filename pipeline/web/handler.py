@@ -19,12 +19,13 @@ from ..errors import Cancelled, InvalidRequest, RetryLater, ServingError, Storag
 from ..request import FIELDS, new_request_id, validate
 from ..serving.base import Adapter
 from ..uploads import MAX_UPLOAD_BYTES
-from .gradio_internals import caller_alive, current_session, upload_folder
+from .gradio_internals import caller_alive, current_session, forget_temp_files, upload_folder
 from .identity import Caller, TrustedProxies, caller_of
 from .mode_panel import page_values
 from .outputs import Postprocess, introspected_once
 from .shown import PROGRESS_INTERVAL, ProgressView, done_output, step_output, waiting_output
 from .site import Site
+from .upload_route import UPLOAD_FOLDER
 
 log = logging.getLogger(__name__)
 
@@ -239,7 +240,8 @@ def make_generate(
                 if ui:
                     raw = page_values(raw)  # only what the page's mode reads
                 if raw["image"] is not None or raw["mask"] is not None:  # the uploads' bytes, read off the loop
-                    raw = await asyncio.to_thread(with_upload_bytes, raw)
+                    raw, copies = await asyncio.to_thread(with_upload_bytes, raw)
+                    forget_temp_files(demo, copies)  # Gradio's copies, read and deleted: nothing is left behind
                 events = adapter.run(raw, request_id=request_id, alive=alive, user=user)
                 async with contextlib.aclosing(events):
                     async for event in events:
@@ -278,12 +280,14 @@ def _alive(
     return alive
 
 
-def with_upload_bytes(raw: dict[str, Any]) -> dict[str, Any]:
-    """``raw`` with its image inputs' files as bytes. Gradio has copied each upload into its cache
-    (the front door let in only the caller's own: ``upload_route``); a value naming any file outside
-    Gradio's upload folder is refused, whatever let it in. The page's image editor sends its mask
-    as a painted layer (strokes on a clear layer) and its picture as the background."""
-    out = dict(raw)
+def with_upload_bytes(raw: dict[str, Any]) -> tuple[dict[str, Any], set[str]]:
+    """``raw`` with its image inputs' files as bytes, and the copies read (deleted once read).
+
+    Gradio has copied each upload into its cache (the front door let in only the caller's own:
+    ``upload_route``, which keeps the original for the caller's next request); a value naming any
+    file outside Gradio's upload folder is refused, whatever let it in. The page's image editor
+    sends its mask as a painted layer (strokes on a clear layer) and its picture as the background."""
+    out, copies = dict(raw), set()
     for name in ("image", "mask"):
         value = raw.get(name)
         if isinstance(value, dict) and "layers" in value:  # gr.ImageEditor's value
@@ -299,7 +303,10 @@ def with_upload_bytes(raw: dict[str, Any]) -> dict[str, Any]:
             raise InvalidRequest(name, f"{name} must be an image you uploaded (PNG, JPEG or WebP), not a URL or a path")
         with where.open("rb") as file:
             out[name] = file.read(MAX_UPLOAD_BYTES + 1)  # past the cap: read_image says so
-    return out
+        if where.parent.name != UPLOAD_FOLDER:  # Gradio's copy, not the caller's kept upload
+            where.unlink(missing_ok=True)
+            copies.add(str(path))
+    return out, copies
 
 
 def make_validator(adapter: Adapter) -> Callable[..., Awaitable[list[dict[str, Any]]]]:
