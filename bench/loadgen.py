@@ -52,7 +52,10 @@ CLIENTS = ("async", "gradio")
 
 def generate_data(k: int, size: int, steps: int, lora: str = "none", lora_scale: float = 1.0) -> list[Any]:
     """The ``/generate`` inputs, in the API's order, for the k-th request."""
-    return [f"a red circle {k}", "", k, False, size, size, steps, 7.5, 1, False, "default", lora, lora_scale]
+    from pipeline.request import PICTURE_DEFAULTS
+
+    text = [f"a red circle {k}", "", k, False, size, size, steps, 7.5, 1, False, "default", lora, lora_scale]
+    return [*text, *PICTURE_DEFAULTS.values()]
 
 
 @dataclasses.dataclass

@@ -60,6 +60,11 @@ MAX_MASK_BLUR = 64
 HIRES_UPSCALER = "Lanczos"
 IMAGE_FIELDS = ("mode", "image", "mask", "strength", *SIDES, "mask_blur", "hires_fix", "hires_scale",
                 "hires_strength", "hires_steps")  # fmt: skip
+# The picture fields' defaults, as the API declares them: a text-to-image request's values.
+PICTURE_DEFAULTS: dict[str, Any] = {"mode": "text", "image": None, "mask": None, "strength": DEFAULT_STRENGTH,
+                                    **dict.fromkeys(SIDES, 0), "mask_blur": DEFAULT_MASK_BLUR, "hires_fix": False,
+                                    "hires_scale": 2.0, "hires_strength": DEFAULT_HIRES_STRENGTH,
+                                    "hires_steps": 0}  # fmt: skip
 FIELDS = (
     "prompt",
     "negative_prompt",

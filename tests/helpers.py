@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from pipeline.request import PICTURE_DEFAULTS
 from pipeline.serving.local import LocalAdapter
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,21 +30,7 @@ def free_port() -> int:
 
 
 # The picture fields of a text-to-image request, as the page and gradio_client send their defaults.
-TEXT_MODE: dict[str, Any] = {
-    "mode": "text",
-    "image": None,
-    "mask": None,
-    "strength": 0.75,
-    "outpaint_left": 0,
-    "outpaint_top": 0,
-    "outpaint_right": 0,
-    "outpaint_bottom": 0,
-    "mask_blur": 4,
-    "hires_fix": False,
-    "hires_scale": 2.0,
-    "hires_strength": 0.5,
-    "hires_steps": 0,
-}
+TEXT_MODE: dict[str, Any] = dict(PICTURE_DEFAULTS)
 
 
 def raw_request(**overrides: Any) -> dict[str, Any]:

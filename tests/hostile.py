@@ -11,7 +11,7 @@ import httpx
 from PIL import Image
 
 from tests.fakes import FakeModel
-from tests.helpers import raw_request
+from tests.helpers import TEXT_MODE, raw_request
 
 
 def peer(address: str, **kwargs: Any) -> httpx.Client:
@@ -53,6 +53,7 @@ def generate_data(**overrides: Any) -> list[Any]:
             ("scheduler", "default"),
             ("lora", "none"),
             ("lora_scale", 1.0),
+            *TEXT_MODE.items(),  # the picture fields: a text-to-image request's
         ]
     ]
 
