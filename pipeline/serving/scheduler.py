@@ -153,29 +153,18 @@ def call_job(entries: list[Entry]) -> InferenceJob:
     """One whole-pipeline call for the entries of a closed batch (they share ``batch_key``)."""
     jobs = [e.request.to_job() for e in entries]
     offsets = image_offsets(entries)
-    first = jobs[0]
-    return InferenceJob(
+    # The batch key makes every other field (size, steps, guidance, sampler, LoRA, mode, strength,
+    # hires fix) the same for all: the first job's. Per image: prompts, seeds, pictures.
+    return dataclasses.replace(
+        jobs[0],
         request_id=",".join(j.request_id for j in jobs),
         prompts=tuple(p for j in jobs for p in j.prompts),
         negative_prompts=tuple(p for j in jobs for p in j.negative_prompts),
         seeds=tuple(seed for j in jobs for seed in j.seeds),
-        width=first.width,
-        height=first.height,
-        num_inference_steps=first.num_inference_steps,
-        guidance_scale=first.guidance_scale,
         preview_every=max(j.preview_every for j in jobs),
         preview_images=tuple(offsets[i] for i, j in enumerate(jobs) if j.preview_every),
-        scheduler=first.scheduler,
-        lora=first.lora,  # the batch key holds one adapter and scale
-        lora_scale=first.lora_scale,
-        mode=first.mode,  # the batch key holds one mode, strength and hires fix
         images=tuple(image for j in jobs for image in j.images),
         masks=tuple(mask for j in jobs for mask in j.masks),
-        strength=first.strength,
-        hires_width=first.hires_width,
-        hires_height=first.hires_height,
-        hires_steps=first.hires_steps,
-        hires_strength=first.hires_strength,
     )
 
 
