@@ -18,6 +18,8 @@
 #            time (the warm-up compiles), seconds per image at 512 px (20 steps; 1 step, the turbo
 #            case), then a batch of 2 (a new shape: a recompile), and the images' difference from
 #            eager; compile.json
+#   modes    image-to-image, inpainting and hires fix at 512 px in half precision through load_model,
+#            each against a plain diffusers call of the mode pipeline; modes.json
 #   bench    python -m bench --device cuda --quick on the SD 1.5 build (every section; bench-gpu.json
 #            and bench-gpu.md), if at least 150 s of the budget are left
 #   page     python -m bench.page on the SD 1.5 build at 512 and 1024 px: page users (live previews,
@@ -41,7 +43,7 @@ out="${1:-${OUT:-out}}"
 mkdir -p "$out"
 budget="${GPU_SH_BUDGET_S:-570}"  # every step ends by then: 10 minutes less a margin for the summary
 end=$((SECONDS + budget))
-steps="${STEPS:-cuda build compile bench page lora fast}"
+steps="${STEPS:-cuda build compile modes bench page lora fast}"
 model="${TMPDIR:-/tmp}/sd15-random"
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 summary=()
@@ -187,6 +189,74 @@ for flags in ([], ["--compile"]):
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
 print(json.dumps(result, indent=1))
+PY
+fi
+
+if wanted modes; then
+  # The image modes (issue 38) on the real device in half precision: image-to-image, inpainting and
+  # hires fix through the app's load_model, each against a plain diffusers call of the family's mode
+  # pipeline (the same components, CPU generators: the same noise), seconds per image, finite pixels.
+  gpu_step modes 80 20 python - "$model" "$out/modes.json" <<'PY'
+import json, sys, threading, time
+
+import numpy as np
+import torch
+from PIL import Image
+
+from pipeline.config import load_settings
+from pipeline.engine.model.loading import load_model
+from pipeline.protocol import InferenceJob
+
+model_path, out_path = sys.argv[1], sys.argv[2]
+model = load_model(load_settings(["--model", model_path, "--device", "cuda"]))
+rng = np.random.default_rng(3)
+source = Image.fromarray(rng.integers(0, 256, (512, 512, 3), dtype=np.uint8))
+hole = np.zeros((512, 512), dtype=np.uint8)
+hole[128:384, 128:384] = 255
+hole = Image.fromarray(hole)
+base = dict(prompts=("a red circle on a blue background",), negative_prompts=("",), seeds=(7,), width=512,
+            height=512, num_inference_steps=20, guidance_scale=7.5)
+jobs = {
+    "text": InferenceJob("text", **base),
+    "image_0.6": InferenceJob("image", **base, mode="image", images=(source,), strength=0.6),
+    "inpaint_1.0": InferenceJob("inpaint", **base, mode="inpaint", images=(source,), masks=(hole,), strength=1.0),
+    "hires_1.5x": InferenceJob("hires", **base, hires_width=768, hires_height=768, hires_steps=20, hires_strength=0.5),
+}
+result = {"model": "SD 1.5 architecture, random weights", "dtype": str(model.pipe.unet.dtype),
+          "modes": list(model.profile.modes), "rows": {}}
+
+
+def plain(name, j):
+    from diffusers import AutoPipelineForImage2Image, AutoPipelineForInpainting
+    auto = AutoPipelineForInpainting if j.mode == "inpaint" else AutoPipelineForImage2Image
+    pipe = auto.from_pipe(model.pipe)
+    pipe.set_progress_bar_config(disable=True)
+    extra = {"mask_image": list(j.masks), "width": 512, "height": 512} if j.mode == "inpaint" else {}
+    with torch.inference_mode():
+        return pipe(prompt=list(j.prompts), negative_prompt=list(j.negative_prompts), image=list(j.images),
+                    strength=j.strength, num_inference_steps=j.num_inference_steps, guidance_scale=j.guidance_scale,
+                    generator=[torch.Generator("cpu").manual_seed(s) for s in j.seeds], **extra).images[0]
+
+
+for name, j in jobs.items():
+    times, steps = [], []
+    for _ in range(3):
+        steps.clear()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        done = model.generate(j, threading.Event(), lambda step, total, _p: steps.append((step, total)))
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    assert done.ok, done
+    ours = np.asarray(done.images[0]).astype(int)
+    row = {"first_s": round(times[0], 3), "median_s": round(sorted(times)[1], 4), "steps_reported": len(steps),
+           "steps_run": j.steps_run, "size": list(done.images[0].size), "pixel_std": round(float(ours.std()), 2)}
+    if j.mode != "text":
+        row["vs_plain_max_levels"] = int(np.abs(ours - np.asarray(plain(name, j)).astype(int)).max())
+    result["rows"][name] = row
+    print(name, row, flush=True)
+    with open(out_path, "w") as f:
+        json.dump(result, f, indent=1)
 PY
 fi
 

@@ -23,6 +23,7 @@ SCRIPT = ROOT / "bench" / "gpu.sh"
 STEP_IMPORTS = {
     "build": ("bench.sd15", "diffusers", "transformers"),
     "compile": ("numpy", "pipeline.config", "pipeline.engine.model.loading", "pipeline.engine.model.speedups"),
+    "modes": ("numpy", "PIL", "pipeline.protocol", "pipeline.engine.model.modes"),
     "bench": ("bench.__main__", "gradio", "gradio_client"),
     "page": ("bench.page",),
     "lora": ("bench.lora", "peft"),
