@@ -35,7 +35,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py="${PYTHON:-$(command -v python3 || command -v python)}"  # the device's python3 is the one with torch
-shim="$(mktemp -d)" && ln -s "$py" "$shim/python" && export PATH="$shim:$PATH"  # every step's `python` is it
+# Every step's `python` is it: a wrapper, not a link, since a venv's python linked from elsewhere
+# finds no pyvenv.cfg beside the link and starts as the bare base interpreter (the device's torch is in a venv).
+shim="$(mktemp -d)" && printf '#!/bin/sh\nexec "%s" "$@"\n' "$py" >"$shim/python" && chmod +x "$shim/python"
+export PATH="$shim:$PATH"
 if [[ "${1:-}" == "--check" ]]; then
   exec "$py" -m bench.gpu_check
 fi

@@ -20,6 +20,10 @@ import psutil
 from bench.servers import ONE_ADDRESS
 
 ROOT = Path(__file__).resolve().parent.parent
+# Requests to the servers on this machine go straight there: a machine whose environment names an
+# HTTP proxy (the lent GPU machine may) would otherwise send them, and Gradio's own startup check, to it.
+LOCAL_DIRECT = {"NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
+os.environ.update(LOCAL_DIRECT)
 # The checkout whose app the servers run: this one, or another (an older commit) named by
 # T2I_BENCH_APP_ROOT, so that one benchmark's client side measures both against the same device.
 APP_ROOT = Path(os.environ.get("T2I_BENCH_APP_ROOT") or ROOT)
@@ -36,17 +40,20 @@ class Server:
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}/"
         env = {**os.environ, **ONE_ADDRESS, "HF_HUB_OFFLINE": "1", "T2I_OUTPUT_DIR": str(tmp / f"out-{design}")}
+        env.update(LOCAL_DIRECT)
         if design != "gated":  # the app itself keeps Gradio's cache in its output folder, as users run it
             env["GRADIO_TEMP_DIR"] = str(tmp / f"gradio-{design}")
         else:
             env.pop("GRADIO_TEMP_DIR", None)
         self.started = time.monotonic()
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.log = tmp / f"server-{design}-{self.port}.log"  # its stderr: why it died, if it dies
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "bench.servers", "--design", design, "--port", str(self.port), *extra],
             cwd=APP_ROOT,
             env=env,
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            stderr=self.log.open("w"),
             text=True,
         )
         self.ps = psutil.Process(self.proc.pid)
@@ -59,6 +66,10 @@ class Server:
         for line in self.proc.stdout:
             if line.startswith("READY"):
                 break
+        else:  # its output ended without READY: it died starting; say why rather than fail at the first request
+            self.proc.wait(timeout=15)
+            tail = self.log.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"the {self.url} server exited ({self.proc.returncode}) before READY:\n{tail}")
         self.ready_after = time.monotonic() - self.started
         self._peak = 0
         self._sampling = threading.Event()
