@@ -32,7 +32,10 @@ from packaging.version import Version
 ROOT = Path(__file__).resolve().parent.parent
 CARRY = ROOT / ".whl"
 LIMIT_MIB = 64  # what travels with one call: the working tree and the carried paths together
-NEEDED = ("diffusers", "gradio", "gradio_client", "isal", "httptools")  # pinned in requirements*.txt
+# Pinned in requirements*.txt, or imported without being declared: Gradio imports pytz at import
+# (gradio/components/datetime.py) and lists no pytz (it came with pandas < 3); the device's pandas is 3,
+# without it: the 2026-12-04 device run's servers died at ``import gradio`` for want of it.
+NEEDED = ("diffusers", "gradio", "gradio_client", "isal", "httptools", "pytz")
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 _DEVICE_IMAGE = """
 absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs certifi charset-normalizer

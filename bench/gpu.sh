@@ -14,10 +14,6 @@
 #   cuda     the device is there (torch.cuda and nvidia-smi)
 #   build    a full-size SD 1.5 architecture with random weights (bench.sd15; no download; skipped
 #            when the same build is already in $TMPDIR)
-#   compile  --compile against eager, in-process, through the app's own load_model: load + warm-up
-#            time (the warm-up compiles), seconds per image at 512 px (20 steps; 1 step, the turbo
-#            case), then a batch of 2 (a new shape: a recompile), and the images' difference from
-#            eager; compile.json
 #   modes    image-to-image, inpainting and hires fix at 512 px in half precision through load_model,
 #            each against a plain diffusers call of the mode pipeline; modes.json
 #   bench    python -m bench --device cuda --quick on the SD 1.5 build (every section; bench-gpu.json
@@ -26,12 +22,18 @@
 #            each fetched) against API users, server-process CPU per job and per step; page.json
 #   lora     python -m bench.lora --quick on the SD 1.5 build at 512 px: mixed-adapter traffic (four tiny
 #            LoRAs, eight callers) against single-adapter, mixed batches against separate loops; lora.json
+#   compile  --compile against eager, in-process, through the app's own load_model: load + warm-up
+#            time (the warm-up compiles), seconds per image at 512 px (20 steps; 1 step, the turbo
+#            case), then a batch of 2 (a new shape: a recompile), and the images' difference from
+#            eager; compile.json
+#            (measured on an H200 2026-12-04: 191 s, so it comes after the serving benchmarks)
 #   fast     the fast-device profiles of bench.fast --quick (a simulated device: the serving layer on
 #            this machine's CPUs), 8 and 32 callers; the model side in a process and in a thread for
 #            the SD-Turbo-like and launch-bound profiles; fast-<profile>.json. They need no GPU, so
 #            they come last and get what the GPU steps left (a profile needs 30 s to start)
 # At the end: summary.json (every step's status, exit code, seconds), also printed; the
-# script exits 1 if any step failed or was skipped.
+# script exits 1 if any step failed or was skipped. The device tool brings back 8 files at most:
+# docs/performance.md's call writes OUT_DIR elsewhere and packs it into one archive.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py="${PYTHON:-$(command -v python3 || command -v python)}"  # the device's python3 is the one with torch
@@ -46,7 +48,7 @@ out="${1:-${OUT:-out}}"
 mkdir -p "$out"
 budget="${GPU_SH_BUDGET_S:-570}"  # every step ends by then: 10 minutes less a margin for the summary
 end=$((SECONDS + budget))
-steps="${STEPS:-cuda build compile modes bench page lora fast}"
+steps="${STEPS:-cuda build modes bench page lora compile fast}"
 model="${TMPDIR:-/tmp}/sd15-random"
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 summary=()
@@ -101,6 +103,92 @@ gpu_step() {
 }
 
 wanted build && gpu_step build 150 30 python -m bench.sd15 --out "$model" --dtype float16
+
+if wanted modes; then
+  # The image modes (issue 38) on the real device in half precision: image-to-image, inpainting and
+  # hires fix through the app's load_model, each against a plain diffusers call of the family's mode
+  # pipeline (the same components, CPU generators: the same noise), seconds per image, finite pixels.
+  gpu_step modes 80 20 python - "$model" "$out/modes.json" <<'PY'
+import json, sys, threading, time
+
+import numpy as np
+import torch
+from PIL import Image
+
+from pipeline.config import load_settings
+from pipeline.engine.model.loading import load_model
+from pipeline.protocol import InferenceJob
+
+model_path, out_path = sys.argv[1], sys.argv[2]
+model = load_model(load_settings(["--model", model_path, "--device", "cuda"]))
+rng = np.random.default_rng(3)
+source = Image.fromarray(rng.integers(0, 256, (512, 512, 3), dtype=np.uint8))
+hole = np.zeros((512, 512), dtype=np.uint8)
+hole[128:384, 128:384] = 255
+hole = Image.fromarray(hole)
+base = dict(prompts=("a red circle on a blue background",), negative_prompts=("",), seeds=(7,), width=512,
+            height=512, num_inference_steps=20, guidance_scale=7.5)
+jobs = {
+    "text": InferenceJob("text", **base),
+    "image_0.6": InferenceJob("image", **base, mode="image", images=(source,), strength=0.6),
+    "inpaint_1.0": InferenceJob("inpaint", **base, mode="inpaint", images=(source,), masks=(hole,), strength=1.0),
+    "hires_1.5x": InferenceJob("hires", **base, hires_width=768, hires_height=768, hires_steps=20, hires_strength=0.5),
+}
+result = {"model": "SD 1.5 architecture, random weights", "dtype": str(model.pipe.unet.dtype),
+          "modes": list(model.profile.modes), "rows": {}}
+
+
+def plain(name, j):
+    from diffusers import AutoPipelineForImage2Image, AutoPipelineForInpainting
+    auto = AutoPipelineForInpainting if j.mode == "inpaint" else AutoPipelineForImage2Image
+    pipe = auto.from_pipe(model.pipe)
+    pipe.set_progress_bar_config(disable=True)
+    extra = {"mask_image": list(j.masks), "width": 512, "height": 512} if j.mode == "inpaint" else {}
+    with torch.inference_mode():
+        return pipe(prompt=list(j.prompts), negative_prompt=list(j.negative_prompts), image=list(j.images),
+                    strength=j.strength, num_inference_steps=j.num_inference_steps, guidance_scale=j.guidance_scale,
+                    generator=[torch.Generator("cpu").manual_seed(s) for s in j.seeds], **extra).images[0]
+
+
+for name, j in jobs.items():
+    times, steps = [], []
+    for _ in range(3):
+        steps.clear()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        done = model.generate(j, threading.Event(), lambda step, total, _p: steps.append((step, total)))
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    assert done.ok, done
+    ours = np.asarray(done.images[0]).astype(int)
+    row = {"first_s": round(times[0], 3), "median_s": round(sorted(times)[1], 4), "steps_reported": len(steps),
+           "steps_run": j.steps_run, "size": list(done.images[0].size), "pixel_std": round(float(ours.std()), 2)}
+    if j.mode != "text":
+        row["vs_plain_max_levels"] = int(np.abs(ours - np.asarray(plain(name, j)).astype(int)).max())
+    result["rows"][name] = row
+    print(name, row, flush=True)
+    with open(out_path, "w") as f:
+        json.dump(result, f, indent=1)
+PY
+fi
+
+if wanted bench; then
+  gpu_step bench 300 150 bash -c "set -o pipefail; python -m bench --device cuda --model '$model' --quick \
+    --json '$out/bench-gpu.json' | tee '$out/bench-gpu.md'"
+fi
+
+if wanted page; then
+  # Page users against API users on the real pipeline (issue 28): live previews on, every preview
+  # fetched as a browser does, against previews off; server-process CPU per job and per step.
+  gpu_step page 150 60 python -m bench.page --model "$model" --sections model-512,model-1024 --rounds 2 \
+    --json "$out/page.json"
+fi
+
+if wanted lora; then
+  # Per-request LoRA adapters (issue 29): four tiny random LoRAs on the SD 1.5 build, mixed-adapter
+  # traffic against single-adapter traffic, mixed batches against a loop per adapter, the switch's cost.
+  gpu_step lora 150 60 python -m bench.lora --quick --model "$model" --size 512 --steps 20 --json "$out/lora.json"
+fi
 
 if wanted compile; then
   gpu_step compile 200 60 python - "$model" "$out/compile.json" <<'PY'
@@ -193,92 +281,6 @@ for flags in ([], ["--compile"]):
     torch.cuda.reset_peak_memory_stats()
 print(json.dumps(result, indent=1))
 PY
-fi
-
-if wanted modes; then
-  # The image modes (issue 38) on the real device in half precision: image-to-image, inpainting and
-  # hires fix through the app's load_model, each against a plain diffusers call of the family's mode
-  # pipeline (the same components, CPU generators: the same noise), seconds per image, finite pixels.
-  gpu_step modes 80 20 python - "$model" "$out/modes.json" <<'PY'
-import json, sys, threading, time
-
-import numpy as np
-import torch
-from PIL import Image
-
-from pipeline.config import load_settings
-from pipeline.engine.model.loading import load_model
-from pipeline.protocol import InferenceJob
-
-model_path, out_path = sys.argv[1], sys.argv[2]
-model = load_model(load_settings(["--model", model_path, "--device", "cuda"]))
-rng = np.random.default_rng(3)
-source = Image.fromarray(rng.integers(0, 256, (512, 512, 3), dtype=np.uint8))
-hole = np.zeros((512, 512), dtype=np.uint8)
-hole[128:384, 128:384] = 255
-hole = Image.fromarray(hole)
-base = dict(prompts=("a red circle on a blue background",), negative_prompts=("",), seeds=(7,), width=512,
-            height=512, num_inference_steps=20, guidance_scale=7.5)
-jobs = {
-    "text": InferenceJob("text", **base),
-    "image_0.6": InferenceJob("image", **base, mode="image", images=(source,), strength=0.6),
-    "inpaint_1.0": InferenceJob("inpaint", **base, mode="inpaint", images=(source,), masks=(hole,), strength=1.0),
-    "hires_1.5x": InferenceJob("hires", **base, hires_width=768, hires_height=768, hires_steps=20, hires_strength=0.5),
-}
-result = {"model": "SD 1.5 architecture, random weights", "dtype": str(model.pipe.unet.dtype),
-          "modes": list(model.profile.modes), "rows": {}}
-
-
-def plain(name, j):
-    from diffusers import AutoPipelineForImage2Image, AutoPipelineForInpainting
-    auto = AutoPipelineForInpainting if j.mode == "inpaint" else AutoPipelineForImage2Image
-    pipe = auto.from_pipe(model.pipe)
-    pipe.set_progress_bar_config(disable=True)
-    extra = {"mask_image": list(j.masks), "width": 512, "height": 512} if j.mode == "inpaint" else {}
-    with torch.inference_mode():
-        return pipe(prompt=list(j.prompts), negative_prompt=list(j.negative_prompts), image=list(j.images),
-                    strength=j.strength, num_inference_steps=j.num_inference_steps, guidance_scale=j.guidance_scale,
-                    generator=[torch.Generator("cpu").manual_seed(s) for s in j.seeds], **extra).images[0]
-
-
-for name, j in jobs.items():
-    times, steps = [], []
-    for _ in range(3):
-        steps.clear()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        done = model.generate(j, threading.Event(), lambda step, total, _p: steps.append((step, total)))
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    assert done.ok, done
-    ours = np.asarray(done.images[0]).astype(int)
-    row = {"first_s": round(times[0], 3), "median_s": round(sorted(times)[1], 4), "steps_reported": len(steps),
-           "steps_run": j.steps_run, "size": list(done.images[0].size), "pixel_std": round(float(ours.std()), 2)}
-    if j.mode != "text":
-        row["vs_plain_max_levels"] = int(np.abs(ours - np.asarray(plain(name, j)).astype(int)).max())
-    result["rows"][name] = row
-    print(name, row, flush=True)
-    with open(out_path, "w") as f:
-        json.dump(result, f, indent=1)
-PY
-fi
-
-if wanted bench; then
-  gpu_step bench 300 150 bash -c "set -o pipefail; python -m bench --device cuda --model '$model' --quick \
-    --json '$out/bench-gpu.json' | tee '$out/bench-gpu.md'"
-fi
-
-if wanted page; then
-  # Page users against API users on the real pipeline (issue 28): live previews on, every preview
-  # fetched as a browser does, against previews off; server-process CPU per job and per step.
-  gpu_step page 110 60 python -m bench.page --model "$model" --sections model-512,model-1024 --rounds 2 \
-    --json "$out/page.json"
-fi
-
-if wanted lora; then
-  # Per-request LoRA adapters (issue 29): four tiny random LoRAs on the SD 1.5 build, mixed-adapter
-  # traffic against single-adapter traffic, mixed batches against a loop per adapter, the switch's cost.
-  gpu_step lora 120 60 python -m bench.lora --quick --model "$model" --size 512 --steps 20 --json "$out/lora.json"
 fi
 
 if wanted fast; then

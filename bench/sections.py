@@ -68,6 +68,8 @@ def overhead(server: Server, raw: Raw, plan: dict[int, tuple[int, int]], steps: 
             loaded += infos
             errors += errs
             idle += predict_many(server.url, 1, 1, size=size, steps=steps)[0]
+        if not loaded:  # say why, rather than divide by an empty record below
+            raise RuntimeError(f"no app request succeeded at {size} px ({len(errors)} failed): {errors[:3]}")
         raw_ips = rounds * per_round / raw_s
         app_ips = len(loaded) / app_s
         rows[size] = {

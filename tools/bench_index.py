@@ -70,6 +70,14 @@ def _ray(d: dict[str, Any]) -> str:
     return f"ray2 / ray1 {_f(d.get('ray2_over_ray1'))}, ray1 / local {_f(d.get('ray1_over_local'))}"
 
 
+def _gpu(d: dict[str, Any]) -> str:
+    if "compiled" in d:
+        row = d["compiled"].get("512px_20steps", {})
+        return f"--compile / eager at 20 steps {_f(row.get('speedup'))}x; loop join/leave recompiles {d['compiled'].get('loop_join_leave', {}).get('recompiles', '-')}"
+    rows = d.get("rows", {})
+    return "modes, median s: " + ", ".join(f"{name} {_f(r.get('median_s'))}" for name, r in rows.items())
+
+
 def _what(d: dict[str, Any]) -> str:
     return str(d.get("what", ""))[:110]
 
@@ -77,7 +85,7 @@ def _what(d: dict[str, Any]) -> str:
 HEADLINES: dict[str, Callable[[dict[str, Any]], str]] = {
     "bench-full": _full, "bench-quick": _full, "bench-openloop": _openloop, "bench-cpu": _cpu,
     "bench-fast": _fast, "bench-page": _page, "bench-lora": _lora, "bench-fairness": _fairness,
-    "bench-ray": _ray, "bench-loadgen": _what, "ab-fast": _what,
+    "bench-ray": _ray, "bench-loadgen": _what, "ab-fast": _what, "gpu-h200": _gpu,
 }  # fmt: skip
 
 
@@ -89,6 +97,8 @@ def machine_of(d: dict[str, Any]) -> str:
     versions = d.get("versions") or {}
     machine: dict[str, Any] = d["machine"] if isinstance(d.get("machine"), dict) else {}
     cores = d.get("cores") or machine.get("cores") or versions.get("cores")
+    if isinstance(d.get("device"), str):
+        return f"{d.get('device', 'NVIDIA H200')}, CUDA"  # the device runs (bench/gpu.sh)
     device = "CUDA" if "cuda" in json.dumps(versions).lower() and "+cpu" not in json.dumps(versions) else "CPU"
     return f"{cores or 2} cores, {device}"
 
