@@ -98,7 +98,7 @@ def machine_of(d: dict[str, Any]) -> str:
     machine: dict[str, Any] = d["machine"] if isinstance(d.get("machine"), dict) else {}
     cores = d.get("cores") or machine.get("cores") or versions.get("cores")
     if isinstance(d.get("device"), str):
-        return f"{d.get('device', 'NVIDIA H200')}, CUDA"  # the device runs (bench/gpu.sh)
+        return f"{cores or 16} cores, CUDA {d['device']}"  # the lent device's runs (bench/gpu.sh)
     device = "CUDA" if "cuda" in json.dumps(versions).lower() and "+cpu" not in json.dumps(versions) else "CPU"
     return f"{cores or 2} cores, {device}"
 
