@@ -76,6 +76,10 @@ class ModelProfile:
     # The modes this model serves (``engine.model.modes``), and why each other one is not served.
     modes: tuple[str, ...] = ("text",)
     mode_notes: tuple[tuple[str, str], ...] = ()
+    # The modes whose jobs enter step-level loops (with ``step_joining``): text, and image-to-image
+    # where the family's loop starts a member from a picture (``engine.loop.loop_sd``); the others
+    # run as whole-pipeline calls.
+    loop_modes: tuple[str, ...] = ("text",)
 
 
 NONE = "none"  # a request's LoRA value for no adapter

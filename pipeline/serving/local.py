@@ -99,6 +99,7 @@ class LocalAdapter(AdapterBase):
             joining=self.step_joining,
             mixed_loras=getattr(side.profile, "lora_batching", "") == "mixed",
             line=self._line,
+            loop_modes=getattr(side.profile, "loop_modes", ("text",)),
         )
         self.jobs = GpuJobs(
             self.streamer,

@@ -37,7 +37,7 @@ import dataclasses
 import itertools
 import math
 from dataclasses import dataclass, field
-from typing import AsyncGenerator, Callable, Generic, Hashable, Iterable, TypeVar
+from typing import AsyncGenerator, Callable, Collection, Generic, Hashable, Iterable, TypeVar
 
 from ..protocol import InferenceJob, InferenceResult, Output, StopSignal
 from ..request import GenerateRequest
@@ -84,10 +84,12 @@ def batch_key(request: GenerateRequest) -> tuple[Hashable, ...]:
             r.lora_use, p.pipeline_mode, p.strength, p.hires)  # fmt: skip
 
 
-def joins_loops(request: GenerateRequest) -> bool:
-    """Whether ``request`` may run in a step-level loop: text-to-image without hires fix (an image
-    mode, and hires fix's second pass, run as whole-pipeline calls)."""
-    return request.mode == "text" and request.pictures.hires is None
+def joins_loops(request: GenerateRequest, loop_modes: Collection[str] = ("text",)) -> bool:
+    """Whether ``request`` may run in a step-level loop: its mode is one the model's loops take
+    (``ModelProfile.loop_modes``: text, and image-to-image where the family's loop starts from a
+    picture), without hires fix (its second pass runs as a whole-pipeline call); inpainting and
+    outpainting run as whole-pipeline calls."""
+    return request.pictures.pipeline_mode in loop_modes and request.pictures.hires is None
 
 
 def loop_key(request: GenerateRequest, mixed_loras: bool) -> tuple[Hashable, ...]:
@@ -214,9 +216,18 @@ class Join:
 class Scheduler:
     """The fair line, the running batch and every decision about them (see the module docstring)."""
 
-    def __init__(self, max_images: int, *, joining: bool, mixed_loras: bool, line: WaitLine[Entry]) -> None:
+    def __init__(
+        self,
+        max_images: int,
+        *,
+        joining: bool,
+        mixed_loras: bool,
+        line: WaitLine[Entry],
+        loop_modes: Collection[str] = ("text",),
+    ) -> None:
         self.max_images = max_images
         self.joining = joining  # step-level loops on the model side
+        self.loop_modes = frozenset(loop_modes)  # the modes whose requests enter them (ModelProfile.loop_modes)
         self.mixed_loras = mixed_loras  # the model's loops take entries with different LoRA adapters
         self.line = line
         self.running: Batch | None = None
@@ -272,7 +283,7 @@ class Scheduler:
 
     def _compose(self, head: Entry, fair: list[Entry], *, take: bool) -> Batch:
         """The batch ``head`` opens with the entries behind it in ``fair`` that share it now."""
-        if self.joining and joins_loops(head.request):
+        if self.joining and joins_loops(head.request, self.loop_modes):
             batch = Batch(loop_key(head.request, self.mixed_loras), True, self.max_images)
             self._enter(batch, head, take)
             if take:
@@ -301,7 +312,9 @@ class Scheduler:
         staying, images = batch.staying, batch.images
         for entry in fair:
             r = entry.request
-            if not joins_loops(r) or loop_key(r, self.mixed_loras) != batch.key or not batch.admits(entry):
+            if not joins_loops(r, self.loop_modes) or loop_key(r, self.mixed_loras) != batch.key:
+                break
+            if not batch.admits(entry):
                 break
             if not self.fits(staying, entry):
                 break

@@ -189,6 +189,48 @@ def test_the_same_images_alone_and_after_joining_mid_run(name: str, scheduler: s
     assert mad(run.images["A"][:1], run.images["B"]) > 5.0 and mad(run.images["C"], run.images["B"]) > 5.0
 
 
+def picture(seed: int) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8))
+
+
+# Image-to-image members in the SD loop, beside text members: the embedded model's own Euler (v-prediction,
+# zero SNR) and a multistep sampler (whose begin index matters), PNDM (SD 1.x: its first step repeats), DDIM.
+IMAGE_CASES = [("default", "default"), ("default", "DPM++ 2M Karras"), ("sd1", "default"), ("sd2-v", "default")]
+
+
+@pytest.mark.parametrize(("name", "scheduler"), IMAGE_CASES, ids=[f"{n}-{s}" for n, s in IMAGE_CASES])
+def test_image_to_image_members_join_a_text_loop_at_their_own_first_timestep(name: str, scheduler: str) -> None:
+    """A (text, 4 steps) starts; I (image-to-image, 8 steps at strength 0.5: its last 4) joins after 1 step;
+    J (two pictures, no guidance, 4 steps at strength 0.75: its last 3) joins after 2. Each gives the
+    pictures of the family's own image-to-image pipeline run alone (``DiffusersModel.generate``)."""
+    model = model_of(name)
+    assert model.profile.loop_modes == ("text", "image"), model.profile
+    a = job_a(scheduler, guidance=3.5)
+    i = job_b(scheduler, request_id="I", mode="image", images=(picture(1),), strength=0.5, num_inference_steps=8,
+              guidance_scale=4.0)  # fmt: skip
+    j = job_b(scheduler, request_id="J", mode="image", images=(picture(2), picture(3)), prompts=("a", "b"),
+              negative_prompts=("", ""), seeds=(4, 5), strength=0.75, num_inference_steps=4)  # fmt: skip
+    assert model.loop_key(a) == model.loop_key(i) == model.loop_key(j) is not None
+    run = drive(model, [(0, a), (1, i), (2, j)])
+    extra = 1 if (name, scheduler) == ("sd1", "default") else 0  # PNDM: one scheduler step more
+    assert run.progress["I"][-1] == (4 + extra, 4 + extra) and run.progress["J"][-1] == (3 + extra, 3 + extra)
+    for job in (a, i, j):
+        expected = model.generate(job, threading.Event(), lambda *_: None).images
+        assert_same(f"{name}/{scheduler} {job.request_id}", run.images[job.request_id], expected)
+    # Not trivially equal: the member started from its own picture, not from noise nor from another's.
+    assert mad(run.images["J"][:1], run.images["J"][1:]) > 5.0
+
+
+def test_inpainting_and_hires_fix_stay_whole_pipeline_calls() -> None:
+    model = model_of("default")
+    mask = Image.new("L", (64, 64), 255)
+    assert model.loop_key(job_b(mode="inpaint", images=(picture(1),), masks=(mask,), strength=0.5)) is None
+    assert model.loop_key(job_b(hires_width=96, hires_height=96, hires_steps=2, hires_strength=0.5)) is None
+    flux = model_of("flux-dev")  # its loop starts from noise only: image-to-image runs as whole calls there
+    assert flux.profile.loop_modes == ("text",) and flux.loop_key(job_b(mode="image", images=(picture(1),))) is None
+
+
 @pytest.mark.parametrize("name", ["default", "sd1", "flux-dev", "sd3", "chroma", "z-image"])
 def test_a_member_leaves_when_its_own_steps_are_done(name: str) -> None:
     """Both start together; B (2 steps) is decoded after loop step 2 while A (4 steps) keeps running."""

@@ -64,6 +64,10 @@ T = TypeVar("T")
 # mixed-adapter batches can give each row its own LoRA (``engine.model.lora``). Z-Image's transformer takes
 # a list of images and packs their tokens together: its adapters batch a loop per adapter instead.
 MIXED_LORA_LOOPS = frozenset({"sd", "sd3", "flux", "chroma"})
+# Loops that start a member from a picture (image-to-image at its own first timestep, as the family's
+# image-to-image pipeline does), beside text members: the SD 1.x/2.x loop. Elsewhere image-to-image
+# runs as whole-pipeline calls (which share among themselves: ``serving.scheduler.batch_key``).
+IMAGE_LOOPS = frozenset({"sd"})
 
 
 def loop_kind(pipe: Any) -> str | None:
@@ -166,6 +170,8 @@ class MemberLoop:
         switch_ms = self.model.use_adapter(job)  # its text encoders read its prompts through its own adapter
         self._offload_all()  # mid-loop, the denoiser is on the device: its encoders must not join it there
         member = self._guarded(job.request_id, self._enter, job)
+        if job.mode != "text":
+            self._offload_all()  # its picture went through the VAE: the VAE leaves before the next denoiser call
         slot, self._next_slot = self._next_slot, self._next_slot + 1
         self.members[slot] = member
         self._switch_ms[slot] = switch_ms

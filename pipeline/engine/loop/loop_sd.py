@@ -21,6 +21,13 @@ the pipeline's: ``latents / scaling_factor``, the VAE, the safety checker when t
 
 Members need not share the negative prompt or whether they use guidance: the loop key is the size
 and the sampler name.
+
+An image-to-image member (``job.mode == "image"``) is what ``StableDiffusionImg2ImgPipeline.__call__``
+keeps: the last ``int(steps × strength)`` of its scheduler's timesteps (``get_timesteps``, with the
+scheduler's begin index), and its pictures' VAE latents noised to the first of them
+(``prepare_latents``: each picture encoded with its own generator, then the noise from the same
+generators). It then steps beside text members, each at its own timestep: it enters a running
+loop at its own first timestep as a text member enters at its step 0.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from typing import Any
 
 import torch
 from diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion import retrieve_timesteps
+from diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion_img2img import retrieve_latents
 from diffusers.utils.torch_utils import randn_tensor
 from PIL import Image
 
@@ -60,10 +68,13 @@ class SDLoop(MemberLoop):
         timesteps, _ = retrieve_timesteps(scheduler, job.num_inference_steps, device)
         # 4. Starting latents from the member's own generators (prepare_latents, with its scheduler).
         generators = generators_of(job)
-        scale = pipe.vae_scale_factor
-        shape = (job.num_images, unet_config.in_channels, int(job.height) // scale, int(job.width) // scale)
-        latents = randn_tensor(shape, generator=generators, device=device, dtype=embeds.dtype)
-        latents = latents * scheduler.init_noise_sigma
+        if job.mode == "image":  # image-to-image: its picture, noised to its own first timestep
+            timesteps, latents = self._from_pictures(job, scheduler, generators, embeds.dtype)
+        else:
+            scale = pipe.vae_scale_factor
+            shape = (job.num_images, unet_config.in_channels, int(job.height) // scale, int(job.width) // scale)
+            latents = randn_tensor(shape, generator=generators, device=device, dtype=embeds.dtype)
+            latents = latents * scheduler.init_noise_sigma
         # 5. Guidance embedding of guidance-distilled UNets (rows [cond] only: no CFG there).
         if unet_config.time_cond_proj_dim is not None:
             scales = torch.tensor(job.guidance_scale - 1).repeat(job.num_images)
@@ -79,6 +90,26 @@ class SDLoop(MemberLoop):
             rows_of=rows_of,
             step_kwargs=step_kwargs(scheduler, generators),
         )
+
+    def _from_pictures(
+        self, job: InferenceJob, scheduler: Any, generators: list[torch.Generator], dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``StableDiffusionImg2ImgPipeline``'s ``get_timesteps`` and ``prepare_latents``: the last
+        ``int(steps × strength)`` timesteps, and each picture's VAE latents (sampled with its own
+        generator) noised to the first of them with noise from the same generators."""
+        pipe, device = self.pipe, self.device
+        steps = job.num_inference_steps
+        start = max(steps - min(int(steps * job.strength), steps), 0) * scheduler.order
+        timesteps = scheduler.timesteps[start:]
+        if hasattr(scheduler, "set_begin_index"):
+            scheduler.set_begin_index(start)
+        pixels = pipe.image_processor.preprocess(list(job.images)).to(device=device, dtype=dtype)
+        encoded = torch.cat(
+            [retrieve_latents(pipe.vae.encode(pixels[i : i + 1]), generator=gen) for i, gen in enumerate(generators)]
+        )
+        encoded = pipe.vae.config.scaling_factor * encoded
+        noise = randn_tensor(encoded.shape, generator=generators, device=device, dtype=dtype)
+        return timesteps, scheduler.add_noise(encoded, noise, timesteps[:1].repeat(encoded.shape[0]))
 
     def _predict(self, members: list[LoopMember]) -> list[torch.Tensor]:
         inputs, times = [], []

@@ -226,7 +226,7 @@ class DiffusersModel:
         and its scale are part of the key).
         """
         kind = loop_kind(self.pipe)
-        if kind is None or not self.profile.step_joining or job.mode != "text" or job.hires_width:  # one call each
+        if kind is None or not self.profile.step_joining or job.mode not in self.profile.loop_modes or job.hires_width:
             return None
         if self.loras is not None and self.profile.lora_batching != "mixed":  # a loop per adapter and scale
             return (kind, job.width, job.height, job.scheduler, use_of(job))

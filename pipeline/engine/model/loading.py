@@ -21,7 +21,7 @@ from ...errors import ModelRefused
 from ...protocol import InferenceJob, InferenceResult, ModelProfile, Submission
 from ..hosting.zerogpu import zero_gpu_active
 from ..loop.joining import LoopDriver, in_a_loop
-from ..loop.loop_base import MIXED_LORA_LOOPS, loop_kind
+from ..loop.loop_base import IMAGE_LOOPS, MIXED_LORA_LOOPS, loop_kind
 from .diffusers_model import DiffusersModel
 from .families import pick_dtype_name, pipeline_class_of, traits
 from .lora import LoadedLoras, load_loras
@@ -156,6 +156,8 @@ def load_model(settings: Settings, *, warmup: bool = True) -> DiffusersModel | S
     profile = build_profile(pipe, name, device, dtype, saved, loras, batching)
     modes, unserved = mode_pipelines(pipe)  # the same components: no second load
     profile = dataclasses.replace(profile, modes=("text", *modes), mode_notes=tuple(unserved.items()))
+    if profile.step_joining and "image" in modes and loop_kind(pipe) in IMAGE_LOOPS:
+        profile = dataclasses.replace(profile, loop_modes=("text", "image"))
     if not profile.previews:
         preview_map, preview_off = None, "this family's latents cannot be previewed (engine/model/family_table.py)"
     if preview_off:
