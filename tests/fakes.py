@@ -75,7 +75,10 @@ class FakeModel:
         return self.memory
 
     def loop_key(self, job: InferenceJob) -> Hashable | None:
-        return (job.width, job.height, job.scheduler) if self.joining else None
+        """As ``DiffusersModel.loop_key``: the modes the profile's loops take, no hires fix."""
+        if not self.joining or job.mode not in self.profile.loop_modes or job.hires_width:
+            return None
+        return (job.width, job.height, job.scheduler)
 
     def open_loop(self, job: InferenceJob) -> FakeLoop:
         return FakeLoop(self)
@@ -208,7 +211,7 @@ class FakeLoop:
         return int(self.members[slot][1])
 
     def total_steps(self, slot: int) -> int:
-        return int(self.members[slot][0].num_inference_steps)
+        return int(self.members[slot][0].steps_run)  # an image-to-image member runs steps × strength
 
     def decode(self, slots: Sequence[int]) -> dict[int, tuple[Image.Image, ...]]:
         out = {}

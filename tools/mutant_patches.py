@@ -103,6 +103,20 @@ def _one_stop_stops_the_call(entries: Any) -> Any:
     return stop
 
 
+def _pictures_from_step_0() -> None:
+    """An image-to-image loop member that ignores its strength: it enters at the schedule's first step."""
+    import dataclasses
+
+    from pipeline.engine.loop import loop_sd
+
+    original = loop_sd.SDLoop._from_pictures
+
+    def from_step_0(self: Any, job: Any, *args: Any) -> Any:
+        return original(self, dataclasses.replace(job, strength=1.0), *args)
+
+    loop_sd.SDLoop._from_pictures = from_step_0  # type: ignore[method-assign]
+
+
 async def _stopped_at_once(self: Any, session: str, timeout: float) -> bool:
     return True
 
@@ -322,8 +336,11 @@ MUTANTS: dict[str, list[Patch]] = (
         "batch-ignores-compatibility": attr("pipeline.serving.scheduler", "batch_key", lambda request: 0),
         "no-batching": attr("pipeline.serving.scheduler", "Scheduler.fits", lambda self, images, entry: False),
         "batch-ignores-max-size": attr("pipeline.serving.scheduler", "Scheduler.fits", lambda self, *a: True),
+        "img2img-loop-member-ignores-strength": on("pipeline.engine.loop.loop_sd", _pictures_from_step_0),
         "img2img-never-shares-calls": attr("pipeline.serving.scheduler", "batch_key", lambda request: (id(request),)),
-        "image-modes-join-text-loops": attr("pipeline.serving.scheduler", "joins_loops", lambda request: True),
+        "image-modes-join-text-loops": attr(
+            "pipeline.serving.scheduler", "joins_loops", lambda request, loop_modes=("text",): True
+        ),
         "one-cancel-stops-the-batch": attr("pipeline.serving.jobs", "_all_stopped", _one_stop_stops_the_call),
         "oom-no-retry": attr("pipeline.serving.jobs", "GpuJobs.retry_alone", staticmethod(lambda *a: False)),
         "skip-in-progress": attr("pipeline.web.shown", "progress_gallery", lambda: __import__("gradio").skip()),

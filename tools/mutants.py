@@ -36,8 +36,9 @@ TESTS: dict[str, str] = {
         "tests/unit/test_batching.py::test_compatible_waiting_requests_share_one_job_and_keep_their_own_images"
     ),
     "batch-ignores-max-size": "tests/unit/test_batching.py::test_max_batch_size_bounds_the_images_in_a_job",
-    "img2img-never-shares-calls": "tests/unit/test_image_requests.py::test_image_modes_run_their_steps_through_the_same_line_and_never_join_a_text_loop",
-    "image-modes-join-text-loops": "tests/unit/test_image_requests.py::test_image_modes_run_their_steps_through_the_same_line_and_never_join_a_text_loop",
+    "img2img-loop-member-ignores-strength": "tests/unit/test_joining_families.py::test_image_to_image_members_join_a_text_loop_at_their_own_first_timestep",
+    "img2img-never-shares-calls": "tests/unit/test_image_requests.py::test_image_modes_run_their_steps_through_the_same_line_and_join_text_loops_only_where_the_model_can",
+    "image-modes-join-text-loops": "tests/unit/test_image_requests.py::test_image_modes_run_their_steps_through_the_same_line_and_join_text_loops_only_where_the_model_can",
     "one-cancel-stops-the-batch": "tests/unit/test_batching.py::test_cancelling_one_member_does_not_fail_the_others",
     "oom-no-retry": "tests/unit/test_batching.py::test_out_of_memory_in_a_batch_is_retried_one_request_at_a_time",
     "skip-in-progress": "tests/server/test_lifecycle.py::test_progress_outputs_never_rebuild_a_component",

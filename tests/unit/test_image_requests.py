@@ -127,9 +127,10 @@ def test_the_cost_budget_counts_the_steps_that_run_both_passes_and_the_uploads()
 
 
 @pytest.mark.anyio
-async def test_image_modes_run_their_steps_through_the_same_line_and_never_join_a_text_loop(
+async def test_image_modes_run_their_steps_through_the_same_line_and_join_text_loops_only_where_the_model_can(
     make_adapter: Any,
 ) -> None:
+    # A model whose loops take text only (FLUX's, SD3's...): image requests share whole calls among themselves.
     adapter, model = make_adapter(FakeModel(joining=True, step_seconds=0.02), step_joining=True, max_batch_size=4)
     results = await asyncio.gather(
         collect(adapter, raw_request(num_inference_steps=8), request_id="text"),
@@ -145,3 +146,23 @@ async def test_image_modes_run_their_steps_through_the_same_line_and_never_join_
     calls = [job.request_id for job in model.calls]
     assert "image-a,image-b" in calls or "image-b,image-a" in calls, calls
     assert "text" in calls and done["text"]["batching"] == "step" and done["image-a"]["batching"] == "job"
+
+    # A model whose loops start members from pictures (the SD loop): image-to-image requests at other
+    # strengths enter the running text loop, each for its own steps; inpainting still runs as a call.
+    profile = dataclasses.replace(FAKE_PROFILE, loop_modes=("text", "image"))
+    adapter, model = make_adapter(FakeModel(profile, joining=True, step_seconds=0.02), step_joining=True,
+                                  max_batch_size=4)  # fmt: skip
+    results = await asyncio.gather(
+        collect(adapter, raw_request(num_inference_steps=8), request_id="text"),
+        collect(adapter, image_raw(num_inference_steps=8, strength=0.5), request_id="image-a"),
+        collect(adapter, image_raw(num_inference_steps=6, strength=1.0, seed=9), request_id="image-b"),
+        collect(adapter, image_raw(mode="inpaint", num_inference_steps=8, strength=0.5), request_id="inpaint"),
+    )
+    done = {r[-1].info["request_id"]: r[-1].info for r in results}
+    assert all(r[-1].kind == "done" for r in results), [r[-1] for r in results]
+    assert {rid: done[rid]["batching"] for rid in done} == {
+        "text": "step", "image-a": "step", "image-b": "step", "inpaint": "job"}  # fmt: skip
+    assert done["image-a"]["steps_done"] == 4 and done["image-b"]["steps_done"] == 6
+    together = [dict(step) for step in model.loop_steps if {"text", "image-a", "image-b"} <= dict(step).keys()]
+    assert together, model.loop_steps  # one denoiser call held all three
+    assert "inpaint" in [job.request_id for job in model.calls]  # a call of its own

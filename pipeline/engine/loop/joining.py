@@ -196,7 +196,7 @@ class LoopDriver:
             m.task.emit(
                 InferenceResult(
                     tuple(images[m.slot]),
-                    m.task.job.num_inference_steps,
+                    m.task.job.steps_run,  # its own count (image-to-image: steps × strength)
                     m.started,
                     ended,
                     peak,
