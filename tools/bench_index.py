@@ -70,6 +70,11 @@ def _ray(d: dict[str, Any]) -> str:
     return f"ray2 / ray1 {_f(d.get('ray2_over_ray1'))}, ray1 / local {_f(d.get('ray1_over_local'))}"
 
 
+def _imagejoin(d: dict[str, Any]) -> str:
+    r = d["step_over_job"]
+    return f"img2img into a text loop, step / job: late wait {_f(r['late_wait'])}x, mixed img/s {_f(r['mixed_throughput'])}x"
+
+
 def _gpu(d: dict[str, Any]) -> str:
     if "compiled" in d:
         row = d["compiled"].get("512px_20steps", {})
@@ -86,6 +91,7 @@ HEADLINES: dict[str, Callable[[dict[str, Any]], str]] = {
     "bench-full": _full, "bench-quick": _full, "bench-openloop": _openloop, "bench-cpu": _cpu,
     "bench-fast": _fast, "bench-page": _page, "bench-lora": _lora, "bench-fairness": _fairness,
     "bench-ray": _ray, "bench-loadgen": _what, "ab-fast": _what, "gpu-h200": _gpu,
+    "bench-imagejoin": _imagejoin,
 }  # fmt: skip
 
 

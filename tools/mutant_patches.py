@@ -337,6 +337,9 @@ MUTANTS: dict[str, list[Patch]] = (
         "no-batching": attr("pipeline.serving.scheduler", "Scheduler.fits", lambda self, images, entry: False),
         "batch-ignores-max-size": attr("pipeline.serving.scheduler", "Scheduler.fits", lambda self, *a: True),
         "img2img-loop-member-ignores-strength": on("pipeline.engine.loop.loop_sd", _pictures_from_step_0),
+        "img2img-never-joins-loops": attr(
+            "pipeline.serving.scheduler", "joins_loops", lambda request, loop_modes=("text",): request.mode == "text"
+        ),
         "img2img-never-shares-calls": attr("pipeline.serving.scheduler", "batch_key", lambda request: (id(request),)),
         "image-modes-join-text-loops": attr(
             "pipeline.serving.scheduler", "joins_loops", lambda request, loop_modes=("text",): True

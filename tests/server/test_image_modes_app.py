@@ -5,6 +5,7 @@ closed to anyone else's file, a URL, a server path and a file that is not an ima
 from __future__ import annotations
 
 import socket
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -38,21 +39,10 @@ def picture_file(tmp: Path, name: str = "photo.jpg") -> Path:
     return path
 
 
-def test_image_to_image_through_gradio_client_equals_the_plain_pipeline(
-    client: Any, app: tuple[str, Any], tmp_path: Path
-) -> None:
+def plain_image_to_image(source: Path, prompt: str, seed: int, strength: float, steps: int) -> np.ndarray:
+    """The same request as a plain diffusers call of the embedded model's image-to-image pipeline."""
     from diffusers import AutoPipelineForImage2Image
-    from gradio_client import handle_file
 
-    source = picture_file(tmp_path)
-    raw = raw_request(prompt="a red circle", seed=11, width=SIZE, height=SIZE, num_inference_steps=10,
-                      guidance_scale=5.0, mode="image", image=handle_file(str(source)), strength=0.6)  # fmt: skip
-    raw.pop("mask")
-    gallery, info = client.predict(**raw, api_name="/generate")
-    assert info["status"] == "done" and info["mode"] == "image" and info["strength"] == 0.6
-    assert info["steps_done"] == 6  # int(10 × 0.6)
-    with Image.open(gallery[0]["image"]) as written:
-        ours = np.asarray(written.convert("RGB")).astype(int)
     from pipeline.config import Settings
     from pipeline.engine.model.loading import load_model
 
@@ -62,10 +52,58 @@ def test_image_to_image_through_gradio_client_equals_the_plain_pipeline(
     with Image.open(source) as sent:
         resized = sent.convert("RGB").resize((SIZE, SIZE), Image.Resampling.LANCZOS)
     with torch.inference_mode():
-        plain = pipe(prompt=["a red circle"], negative_prompt=[""], image=[resized], strength=0.6,
-                     num_inference_steps=10, guidance_scale=5.0,
-                     generator=[torch.Generator("cpu").manual_seed(11)]).images  # fmt: skip
-    assert np.abs(ours - np.asarray(plain[0]).astype(int)).max() <= 1
+        plain = pipe(prompt=[prompt], negative_prompt=[""], image=[resized], strength=strength,
+                     num_inference_steps=steps, guidance_scale=5.0,
+                     generator=[torch.Generator("cpu").manual_seed(seed)]).images  # fmt: skip
+    return np.asarray(plain[0]).astype(int)
+
+
+def written(gallery: Any) -> np.ndarray:
+    with Image.open(gallery[0]["image"]) as png:
+        return np.asarray(png.convert("RGB")).astype(int)
+
+
+def image_request(source: Path, **over: Any) -> dict[str, Any]:
+    from gradio_client import handle_file
+
+    raw = raw_request(prompt="a red circle", seed=11, width=SIZE, height=SIZE, num_inference_steps=10,
+                      guidance_scale=5.0, mode="image", image=handle_file(str(source)), strength=0.6)  # fmt: skip
+    raw.pop("mask")
+    return {**raw, **over}
+
+
+def test_image_to_image_through_gradio_client_equals_the_plain_pipeline(
+    client: Any, app: tuple[str, Any], tmp_path: Path
+) -> None:
+    source = picture_file(tmp_path)
+    gallery, info = client.predict(**image_request(source), api_name="/generate")
+    assert info["status"] == "done" and info["mode"] == "image" and info["strength"] == 0.6
+    assert info["steps_done"] == 6  # int(10 × 0.6)
+    assert np.abs(written(gallery) - plain_image_to_image(source, "a red circle", 11, 0.6, 10)).max() <= 1
+
+
+def steps_counted(url: str) -> float:
+    lines = httpx.get(url + "metrics", timeout=10).text.splitlines()
+    return next(float(line.split()[1]) for line in lines if line.startswith("denoise_steps_total "))
+
+
+def test_image_to_image_joins_a_running_text_loop_and_still_equals_the_plain_pipeline(
+    client: Any, url: str, tmp_path: Path
+) -> None:
+    """A text request of 40 steps runs; an image-to-image request sent meanwhile enters its loop at its own
+    first timestep (it does not wait for the text request to end) and gives the pixels it gives alone."""
+    source = picture_file(tmp_path)
+    long = client.submit(**raw_request(prompt="a blue square", seed=3, width=SIZE, height=SIZE,
+                                       num_inference_steps=40), api_name="/generate")  # fmt: skip
+    base, deadline = steps_counted(url), time.monotonic() + 60
+    while steps_counted(url) - base < 3 and time.monotonic() < deadline:  # the text request is running
+        time.sleep(0.01)
+    gallery, info = client.predict(**image_request(source, seed=12, strength=0.5), api_name="/generate")
+    _long_gallery, long_info = long.result(timeout=120)
+    assert info["batching"] == "step" and info["joined_at_step"] >= 1, info  # it entered the running loop
+    assert info["steps_done"] == 5 and long_info["steps_done"] == 40
+    assert info["timings"]["infer_end"] < long_info["timings"]["infer_end"]  # and left it before the text request
+    assert np.abs(written(gallery) - plain_image_to_image(source, "a red circle", 12, 0.5, 10)).max() <= 1
 
 
 def test_inpainting_with_an_uploaded_mask_and_outpainting_grow_the_right_pictures(client: Any, tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ PUBLISHED = sorted(
             "bench-cpu-",
             "bench-page-",
             "bench-lora-",
+            "bench-imagejoin-",
         )
     )
 )
@@ -67,6 +68,20 @@ def test_the_published_page_runs_are_complete(path: Path) -> None:
         assert section["page"]["previews_per_job"] > 0 and section["api"]["previews_per_job"] == 0
         assert section["page_over_api_server_cpu"] > 0
     assert "| page |" in page.render(result)
+
+
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "bench" / "results").glob("bench-imagejoin-*.json")), ids=lambda p: p.name
+)
+def test_the_published_image_join_runs_are_complete(path: Path) -> None:
+    from bench import image_join
+
+    result = json.loads(path.read_text())
+    step, job = result["designs"]["step"], result["designs"]["job"]
+    assert step["errors"] == job["errors"] == 0
+    assert set(step["late_batching"]) == {"step"} and set(job["late_batching"]) == {"job"}
+    assert set(step["late_steps_done"]) == {int(result["long_steps"] * result["strength"])}
+    assert finite_figures(result["step_over_job"]) and "| step |" in image_join.render(result)
 
 
 @pytest.mark.parametrize("path", PUBLISHED_OPENLOOP, ids=[p.name for p in PUBLISHED_OPENLOOP])
