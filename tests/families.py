@@ -215,6 +215,47 @@ def plain_diffusers_images(
     return images
 
 
+def plain_mode_images(
+    name: str,
+    mode: str,
+    size: int,
+    steps: int,
+    guidance: float,
+    seed: int,
+    image: Any,
+    mask: Any = None,
+    strength: float = 0.75,
+    guidance_arg: str | None = "guidance_scale",
+    **fixed: Any,
+) -> list[Any]:
+    """Family ``name``'s image-to-image (``mode`` "image") or inpainting ("inpaint") pipeline, made by
+    ``AutoPipelineFor*.from_pipe`` of a plain load of its built folder, on ``image`` (and ``mask``):
+    ``"a red circle"``, one CPU generator seeded ``seed``; ``width``/``height`` where the class takes them."""
+    import inspect
+
+    import torch
+    from diffusers import AutoPipelineForImage2Image, AutoPipelineForInpainting, DiffusionPipeline
+
+    auto = AutoPipelineForImage2Image if mode == "image" else AutoPipelineForInpainting
+    pipe = auto.from_pipe(DiffusionPipeline.from_pretrained(str(built_family(name))))
+    pipe.set_progress_bar_config(disable=True)
+    takes = inspect.signature(pipe.__call__).parameters
+    extra: dict[str, Any] = {"mask_image": [mask]} if mode == "inpaint" else {}
+    extra.update({guidance_arg: guidance} if guidance_arg else {}, **fixed)
+    if "width" in takes and "height" in takes:
+        extra.update(width=size, height=size)
+    with torch.inference_mode():
+        images: list[Any] = pipe(
+            prompt=["a red circle"],
+            image=[image],
+            strength=strength,
+            num_inference_steps=steps,
+            generator=[torch.Generator("cpu").manual_seed(seed)],
+            **extra,
+        ).images
+    return images
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="folder; each family goes into OUT/<family>")

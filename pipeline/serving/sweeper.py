@@ -29,6 +29,10 @@ from typing import Callable, Sequence
 from .owners import OWNER_PREFIX
 
 log = logging.getLogger(__name__)
+# An empty folder that this sweep did not empty goes once it has been empty this long: a younger one
+# is about to be written into. Gradio makes folders in its temp folder at start (``vibe_edit_history``)
+# and a cache folder before each file: a sweep between the two once failed an app's start.
+EMPTY_DIR_AGE = 120.0
 
 
 @dataclass(frozen=True)
@@ -111,7 +115,7 @@ class Sweeper:
                 deleted.add(str(victim))
         kept = [f for f in kept if str(f[2]) not in deleted]
         for folder in self.folders:
-            _remove_empty_dirs(folder)
+            _remove_empty_dirs(folder, now - EMPTY_DIR_AGE, {str(Path(d).parent) for d in deleted})
         if deleted and self.on_deleted is not None:
             self.on_deleted(deleted)
         self.last = SweepStats(len(kept), sum(size for _, size, _, _ in kept), len(deleted))
@@ -185,8 +189,23 @@ def _unlink(path: Path) -> bool:
         return False
 
 
-def _remove_empty_dirs(folder: Path) -> None:
+def _remove_empty_dirs(folder: Path, before: float, emptied: set[str]) -> None:
+    """Empty folders under ``folder``: those this sweep emptied (``emptied``: the deleted files' folders,
+    and the folders above one removed), and any other last changed before ``before``. A fresh empty
+    one is about to be written into (a folder Gradio makes at start, a cache folder between its mkdir
+    and its file)."""
     for root, dirs, files in os.walk(folder, topdown=False):
-        if Path(root) != folder and not dirs and not files:
+        path = Path(root)
+        if path == folder or files or any((path / d).exists() for d in dirs):
+            continue
+        if root in emptied or _changed(path) < before:
             with contextlib.suppress(OSError):  # something was written there meanwhile
-                Path(root).rmdir()
+                path.rmdir()
+                emptied.add(str(path.parent))
+
+
+def _changed(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return float("inf")

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.families import built_family, plain_diffusers_images
+from tests.families import built_family, plain_diffusers_images, plain_mode_images
 from tests.helpers import ROOT, raw_request, running_app, wait_for
 
 pytestmark = pytest.mark.timeout(600)
@@ -48,6 +48,7 @@ ROWS = (
     "same pixels",
     "long prompt",
     "batching + seed",
+    "image modes",
 )
 
 
@@ -219,6 +220,47 @@ def test_batching_keeps_each_image_and_a_seed_repeats(served: tuple[str, Any, An
     diff = float(np.abs(pixels(results[0][0]) - pixels(alone)).mean())
     assert diff <= 1 / 255, diff
     record(family, "batching + seed", f"batch of {max(sizes)}, {diff * 255:.2f}/255 from alone")
+
+
+def test_image_modes_give_the_plain_pipelines_pixels_or_are_refused_by_name(
+    served: tuple[str, Any, Any], tmp_path: Path
+) -> None:
+    """Image-to-image and inpainting through ``gradio_client`` (``handle_file``) equal the family's own
+    mode pipeline (``AutoPipelineFor*.from_pipe``) within 1/255; where the family has none, the API
+    refuses the mode naming the reason (the class and the diffusers version)."""
+    from gradio_client import handle_file
+
+    family, client, adapter = served
+    size = max(64, adapter.profile.size_multiple * 4)
+    gs = min(4.0, adapter.profile.max_guidance)
+    rng = np.random.default_rng(9)
+    source, mask = tmp_path / "source.png", tmp_path / "mask.png"
+    Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(source)
+    hole = np.zeros((size, size), dtype=np.uint8)
+    hole[size // 4 : 3 * size // 4, size // 4 : 3 * size // 4] = 255
+    Image.fromarray(hole).save(mask)
+    notes = dict(adapter.profile.mode_notes)
+    shown = []
+    for mode in ("image", "inpaint"):
+        args = dict(width=size, height=size, num_inference_steps=4, guidance_scale=gs, seed=5, mode=mode,
+                    image=handle_file(str(source)), strength=0.75,
+                    mask=handle_file(str(mask)) if mode == "inpaint" else None, mask_blur=0)  # fmt: skip
+        if mode not in adapter.profile.modes:
+            with pytest.raises(Exception, match="this model does not serve") as refused:
+                generate(client, **args)
+            assert notes[mode].split(" (")[0] in str(refused.value), (notes[mode], str(refused.value))
+            shown.append(f"{mode}: refused")
+            continue
+        gallery, info = generate(client, **args)
+        # int(4 × 0.75); SD 1.5's PNDM runs one scheduler step more in a whole call (its first step repeats)
+        assert info["mode"] == mode and info["steps_done"] in (3, 4 if family == "sd1" else 3), info
+        with Image.open(source) as picture, Image.open(mask) as hole_image:
+            plain = plain_mode_images(family, mode, size, 4, gs, 5, picture.convert("RGB"),
+                                      hole_image.convert("L") if mode == "inpaint" else None)[0]  # fmt: skip
+        diff = float(np.abs(pixels(gallery) - np.asarray(plain, dtype=np.float32) / 255).mean())
+        assert diff <= 1 / 255, (mode, diff)
+        shown.append(f"{mode}: {diff * 255:.2f}/255")
+    record(family, "image modes", "; ".join(shown))
 
 
 def test_zz_write_the_matrix(served: tuple[str, Any, Any]) -> None:

@@ -67,6 +67,7 @@ ROWS = (
     "previews",
     "long prompt",
     "batching",
+    "image modes",
 )
 
 
@@ -321,6 +322,49 @@ def test_two_waiting_requests_share_a_job_and_keep_their_own_pixels(served: tupl
     assert diff <= 1 / 255, diff
     assert float(np.abs(pixels(other) - pixels(alone)).mean()) > 1e-3, "the second request got the first's image"
     record(family, "batching", f"{info['batching']}-level, {diff * 255:.2f}/255 from alone")
+
+
+def test_image_modes_give_the_plain_pipelines_pixels_or_are_refused_by_name(
+    served: tuple[str, Any, Any], tmp_path: Path
+) -> None:
+    """Where diffusers gives the family a strength-based image-to-image or inpainting pipeline (Qwen-Image,
+    Z-Image, SD-Turbo, SDXL-LCM), it through ``gradio_client`` equals the plain pipeline within 1/255;
+    elsewhere the API refuses the mode with the reason (the class, and why)."""
+    from gradio_client import handle_file
+
+    from tests.families import plain_mode_images
+
+    family, client, adapter = served
+    width, height = size_of(adapter)
+    steps = steps_of(adapter, 4)
+    strength = 0.75 if steps >= 2 else 1.0
+    guidance, guidance_arg, fixed = adapter.profile.default_guidance, EXPECTED[family][2], EXPECTED[family][7]
+    rng = np.random.default_rng(9)
+    source, mask = tmp_path / "source.png", tmp_path / "mask.png"
+    Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(source)
+    hole = np.zeros((height, width), dtype=np.uint8)
+    hole[height // 4 : 3 * height // 4, width // 4 : 3 * width // 4] = 255
+    Image.fromarray(hole).save(mask)
+    notes, shown = dict(adapter.profile.mode_notes), []
+    for mode in ("image", "inpaint"):
+        args = dict(num_inference_steps=steps, seed=5, mode=mode, image=handle_file(str(source)), strength=strength,
+                    mask=handle_file(str(mask)) if mode == "inpaint" else None, mask_blur=0)  # fmt: skip
+        if mode not in adapter.profile.modes:
+            with pytest.raises(Exception, match="this model does not serve") as refused:
+                generate(client, adapter, **args)
+            assert notes[mode].split(" (")[0] in str(refused.value), (notes[mode], str(refused.value))
+            shown.append(f"{mode}: refused")
+            continue
+        gallery, info = generate(client, adapter, **args)
+        assert info["mode"] == mode and info["steps_done"] == int(steps * strength), info
+        with Image.open(source) as picture, Image.open(mask) as hole_image:
+            plain = plain_mode_images(family, mode, width, steps, guidance, 5, picture.convert("RGB"),
+                                      hole_image.convert("L") if mode == "inpaint" else None, strength,
+                                      guidance_arg, **fixed)[0]  # fmt: skip
+        diff = float(np.abs(pixels(gallery) - np.asarray(plain, dtype=np.float32) / 255).mean())
+        assert diff <= 1 / 255, (mode, diff)
+        shown.append(f"{mode}: {diff * 255:.2f}/255")
+    record(family, "image modes", "; ".join(shown))
 
 
 def test_zz_write_the_matrix(served: tuple[str, Any, Any]) -> None:

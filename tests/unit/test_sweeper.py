@@ -1,10 +1,11 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from pipeline.serving.owners import KEY_FILE, owner_folder
-from pipeline.serving.sweeper import Sweeper
+from pipeline.serving.sweeper import EMPTY_DIR_AGE, Sweeper
 
 NOW = 1_000_000.0
 KEY = b"k" * 32
@@ -89,14 +90,28 @@ def test_a_folder_swept_away_between_its_mkdir_and_the_write_is_made_again(tmp_p
     swept = []
 
     def write(path: Path) -> None:
-        if not swept:  # the sweeper runs between the mkdir and the open: the folder is empty, so it goes
-            Sweeper([tmp_path / "out"], max_bytes=10**9, max_age=3600, clock=lambda: NOW).sweep_once()
+        if not swept:  # the sweeper runs between the mkdir and the open, long after (its clock): the folder goes
+            later = time.time() + 2 * EMPTY_DIR_AGE
+            Sweeper([tmp_path / "out"], max_bytes=10**9, max_age=3600, clock=lambda: later).sweep_once()
             swept.append(not folder.exists())
         path.write_bytes(b"png")
 
     written = write_then_rename(folder / "r-0.png", write)
     assert swept == [True], "the sweeper did not remove the empty folder: the race was not set up"
     assert written.read_bytes() == b"png" and not (folder / "r-0.png.tmp").exists()
+
+
+def test_an_empty_folder_goes_only_once_it_has_been_empty_a_while(tmp_path: Path) -> None:
+    """Gradio makes ``vibe_edit_history`` in its temp folder at start, and a cache folder before each
+    file: a sweep in between must not take it (an app's start once failed with FileExistsError)."""
+    fresh, old = tmp_path / "vibe_edit_history", tmp_path / "20261201" / "u-x"
+    fresh.mkdir()
+    old.mkdir(parents=True)
+    ago = time.time() - 2 * EMPTY_DIR_AGE
+    os.utime(old, (ago, ago))
+    os.utime(old.parent, (ago, ago))
+    Sweeper([tmp_path], max_bytes=10**9, max_age=3600, clock=time.time).sweep_once()
+    assert fresh.is_dir() and not old.exists()
 
 
 def test_many_identities_cannot_shrink_a_victims_floor_they_are_deleted_first(tmp_path: Path) -> None:
