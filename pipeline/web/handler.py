@@ -309,7 +309,7 @@ def with_upload_bytes(raw: dict[str, Any]) -> tuple[dict[str, Any], set[str]]:
     return out, copies
 
 
-def make_validator(adapter: Adapter) -> Callable[..., Awaitable[list[dict[str, Any]]]]:
+def make_validator(adapter: Adapter, *, ui: bool = False) -> Callable[..., Awaitable[list[dict[str, Any]]]]:
     """Gradio's ``validator=`` for the generate events: the handler's own checks, at join time.
 
     Gradio 6.31 runs it in ``Queue.push``, before the event joins the queue, so a bad request is
@@ -323,7 +323,10 @@ def make_validator(adapter: Adapter) -> Callable[..., Awaitable[list[dict[str, A
     async def check(*values: Any) -> list[dict[str, Any]]:
         try:
             # The pictures are decoded in the handler, off the loop: here only the other fields.
-            validate(dict(zip(FIELDS, values)), adapter.limits, pictures_later=True)
+            raw = dict(zip(FIELDS, values))
+            # The page's request as its handler reads it: only what its mode reads (the inpaint
+            # mode's picture is the mask editor's; a picture left in a hidden box is not sent).
+            validate(page_values(raw) if ui else raw, adapter.limits, pictures_later=True)
         except InvalidRequest as exc:
             adapter.metrics.jobs.labels("rejected").inc()  # answered here, it never reaches the adapter
             bad = FIELDS.index(exc.field) if exc.field in FIELDS else 0

@@ -17,10 +17,11 @@ from ..serving.postprocess import sampler_name
 from .handler import PageJobs, make_generate, make_validator, selected_index
 from .identity import TrustedProxies
 from .mcp_tool import serve_images
-from .mode_panel import mode_controls, visible_for
+from .mode_panel import GROUPS, mode_controls, visible_for
 from .page_tools import UI_CONCURRENCY, Controls, reuse_seed, wire_history, wire_keys, wire_paste, wire_sizes
 from .presets import preset_value, size_presets
 from .results import HISTORY_SIZE
+from .send_to import before_after, send_buttons, wire_send_to, wire_slider
 from .shown import status_html
 from .site import Site, attach
 
@@ -64,6 +65,7 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
             with gr.Column(scale=3, min_width=300):
                 gallery = gr.Gallery(
                     label="Images",
+                    interactive=False,  # an output (a send-to button reads it: an input would make it a drop zone)
                     format="png",
                     columns=2,
                     height=460,  # on a 390x844 phone the whole gallery, thumbnails too, is in view under the prompt
@@ -72,6 +74,8 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
                     buttons=["download", "fullscreen"],
                 )
                 reuse_button = gr.Button("Reuse this image's seed", size="sm", elem_id="reuse-seed")
+                send_results = send_buttons("gallery", p.modes)
+                slider = before_after()
                 summary = gr.Markdown("", elem_id="summary")
                 with gr.Accordion("Info: the full record (JSON)", open=False, elem_id="info-panel"):
                     info = gr.JSON(label="Info: seed, parameters and timings", elem_id="info")
@@ -100,6 +104,7 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
                 )
         with gr.Accordion(f"History: this tab's last {HISTORY_SIZE} images", open=True, elem_id="history-panel"):
             history_gallery, download_button, history_zip = _history_panel()
+            send_history = send_buttons("history", p.modes)
         gr.Markdown(
             f"Model: `{p.name}` on {p.device} ({p.dtype}). Many people can queue; the GPU draws one job at a time.",
             elem_id="about",
@@ -134,15 +139,15 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
             (gallery, info, status),
             stop_button,
         )
-        groups = picture["_groups"]
+        groups = {**picture["_groups"], "slider": slider}
+        ui: dict[str, Any] = dict(api_visibility="private", concurrency_id="ui", concurrency_limit=UI_CONCURRENCY)
+        # Through the queue like every page event: the front door serves no /run/predict (queue=False).
         picture["mode"].change(
             fn=lambda mode: visible_for(mode, "image" in p.modes),
             inputs=[picture["mode"]],
-            outputs=list(groups.values()),
-            api_visibility="private",
-            queue=False,
+            outputs=[groups[name] for name in GROUPS],
+            **ui,
         )
-        ui: dict[str, Any] = dict(api_visibility="private", concurrency_id="ui", concurrency_limit=UI_CONCURRENCY)
         gallery.select(fn=selected_index, inputs=None, outputs=[selected], **ui)
         reuse_button.click(fn=reuse_seed(site), inputs=[selected], outputs=[seed, randomize_seed], **ui)
         # Size presets and swap, the tab's history (restore, zip), pasted parameters, Escape.
@@ -164,6 +169,9 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
         lora.input(fn=lambda name: suggested.get(name, gr.skip()), inputs=[lora], outputs=[lora_scale], **ui)
         wire_sizes(presets, size_preset, swap_button, width, height)
         wire_history(generate_event, site, summary, history_gallery, download_button, history_zip, controls)
+        wire_send_to(gallery, "gallery", send_results, picture)
+        wire_send_to(history_gallery, "history", send_history, picture)
+        wire_slider(slider, gallery, picture)
         wire_paste(paste_button, paste_text, paste_notes, controls, lim, p.name, {i.name: i.hash for i in p.loras})
         wire_keys(demo)
         if p.previews:
@@ -284,6 +292,7 @@ def _history_panel() -> tuple[gr.Gallery, gr.Button, gr.File]:
     """The tab's history: the gallery, Download all and its file (inside its accordion)."""
     history_gallery = gr.Gallery(
         label="History (select an image to restore its parameters)",
+        interactive=False,
         format="png",
         columns=8,
         fit_columns=False,
@@ -327,7 +336,6 @@ def _wire_generate(
         concurrency_id="generate",
         preprocess=False,
         postprocess=False,  # the handler postprocesses its own yields (outputs.Postprocess)
-        validator=make_validator(adapter),
     )
     page_jobs = PageJobs()
     generate_event = gr.on(
@@ -337,6 +345,7 @@ def _wire_generate(
         outputs=[gallery, info, status],
         api_name="generate_ui",
         api_visibility="private",
+        validator=make_validator(adapter, ui=True),  # the page's values as its mode reads them
         **shared,
     )
     api_button = gr.Button(visible=False)  # the API-only trigger: never shown, never clicked
@@ -345,6 +354,7 @@ def _wire_generate(
         inputs=api_inputs,
         outputs=[gallery, info],
         api_name="generate",
+        validator=make_validator(adapter),
         **shared,
     )
 

@@ -28,10 +28,11 @@ MODE_LABELS = {"text": "Text to image", "image": "Image to image", "inpaint": "I
 # which controls each mode reads (the rest are hidden)
 _SHOWN = {
     "text": {"hires"},
-    "image": {"image", "strength"},
-    "inpaint": {"editor", "strength", "mask_blur"},
-    "outpaint": {"image", "strength", "mask_blur", "outpaint"},
+    "image": {"image", "strength", "slider"},
+    "inpaint": {"editor", "strength", "mask_blur", "slider"},
+    "outpaint": {"image", "strength", "mask_blur", "outpaint", "slider"},
 }
+GROUPS = ("image", "editor", "strength", "mask_blur", "outpaint", "hires", "slider")  # visible_for's order
 
 
 def offered_modes(p: ModelProfile) -> list[str]:
@@ -89,12 +90,10 @@ def mode_controls(p: ModelProfile, lim: Limits) -> dict[str, Any]:
 
 
 def visible_for(mode: str, has_hires: bool) -> list[Any]:
-    """The groups' visibility for ``mode``, in ``_groups`` order (an event's outputs)."""
+    """The groups' visibility for ``mode``, in ``GROUPS`` order (an event's outputs; "slider" is the
+    result's before/after, made beside the gallery)."""
     shown = _SHOWN.get(mode, set())
-    return [
-        gr.update(visible=name in shown and (name != "hires" or has_hires))
-        for name in ("image", "editor", "strength", "mask_blur", "outpaint", "hires")
-    ]
+    return [gr.update(visible=name in shown and (name != "hires" or has_hires)) for name in GROUPS]
 
 
 def page_values(raw: dict[str, Any]) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import hashlib
 import logging
 import secrets
 import threading
@@ -77,6 +78,7 @@ class UploadBook:
         self._lock = threading.Lock()
         self._by_path: dict[str, Upload] = {}
         self._times: dict[str, collections.deque[float]] = collections.defaultdict(collections.deque)
+        self._by_content: dict[tuple[str, bytes], str] = {}  # (owner, digest) -> its live upload's path
 
     def store(self, owner: str, data: bytes) -> Path:
         """Keep ``data`` (an image's bytes) as ``owner``'s; its path, or ``UploadRefused``."""
@@ -86,8 +88,16 @@ class UploadBook:
         if kind is None:
             raise UploadRefused(415, "files: not a PNG, JPEG or WebP image (only those are taken)")
         now = self._clock()
+        digest = hashlib.sha256(data).digest()
         with self._lock:
             self._forget_old(now)
+            # The same bytes again from the same owner (the page's image editor sends its picture, layer
+            # and composite again at every change and at Generate: 20 uploads for one inpainting): the
+            # upload already kept, its time renewed, not counted against the rate or the share again.
+            same = self._by_path.get(self._by_content.get((owner, digest), ""))
+            if same is not None and same.path.is_file():
+                self._by_path[str(same.path)] = Upload(same.path, owner, same.size, now)
+                return same.path
             times = self._times[owner]
             while times and times[0] <= now - 60:
                 times.popleft()
@@ -106,6 +116,7 @@ class UploadBook:
             folder = self.folder / owner_folder(owner, key_of(self.folder)) / UPLOAD_FOLDER
             path = folder / f"{secrets.token_hex(16)}{_SUFFIX[kind]}"
             self._by_path[str(path)] = Upload(path, owner, len(data), now)
+            self._by_content[owner, digest] = str(path)
         folder.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
         return path
@@ -121,6 +132,7 @@ class UploadBook:
             if now - upload.at >= UPLOAD_KEEP_SECONDS:
                 del self._by_path[key]
                 upload.path.unlink(missing_ok=True)
+        self._by_content = {k: v for k, v in self._by_content.items() if v in self._by_path}
 
 
 def upload_route(book: UploadBook, on_stored: Any = None) -> Any:

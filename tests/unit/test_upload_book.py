@@ -46,17 +46,39 @@ def test_only_images_by_their_bytes_and_a_rate_and_a_share_per_identity(tmp_path
     with pytest.raises(UploadRefused) as refused:
         book.store("alice", malformed.svg_polyglot())
     assert refused.value.status == 415 and not list(tmp_path.rglob("*.*"))
-    for _ in range(UPLOADS_PER_MINUTE):
-        book.store("alice", PNG)
+    for k in range(UPLOADS_PER_MINUTE):
+        book.store("alice", distinct(k))
     with pytest.raises(UploadRefused) as refused:
-        book.store("alice", PNG)
+        book.store("alice", distinct(UPLOADS_PER_MINUTE))
     assert refused.value.status == 429 and refused.value.retry_after > 0
     book.store("bob", PNG)  # another identity is not slowed
     clock.now += 61
-    big = PNG + bytes(UPLOAD_SHARE_BYTES // 4 - len(PNG) - 1)  # just under a quarter of the share
-    for _ in range(4):
-        book.store("carol", big)
+    big = PNG + bytes(UPLOAD_SHARE_BYTES // 4 - len(PNG) - 2)  # just under a quarter of the share
+    for k in range(4):
+        book.store("carol", big + bytes([k]))
     with pytest.raises(UploadRefused, match="the share is"):
-        book.store("carol", big)
+        book.store("carol", big + bytes([9]))
     clock.now += UPLOAD_KEEP_SECONDS  # once they expire, the share is free again
-    book.store("carol", big)
+    book.store("carol", big + bytes([9]))
+
+
+def distinct(k: int) -> bytes:
+    return PNG + k.to_bytes(4, "big")  # the same picture, other bytes (a trailer after IEND)
+
+
+def test_the_same_bytes_again_are_the_upload_already_kept(tmp_path: Path) -> None:
+    """The page's image editor sends its picture, layer and composite again at each change and at
+    Generate: the same bytes from the same owner are one upload, neither counted again nor written."""
+    clock = Clock()
+    book = UploadBook(tmp_path, clock)
+    first = book.store("alice", PNG)
+    for _ in range(3 * UPLOADS_PER_MINUTE):
+        assert book.store("alice", PNG) == first
+    assert book.store("alice", distinct(1)) != first  # other bytes: a new upload, within the rate
+    other = book.store("bob", PNG)  # another owner's same bytes are its own upload
+    assert other != first and book.owned(str(other), "bob") and not book.owned(str(other), "alice")
+    assert len(list(tmp_path.rglob("*.png"))) == 3
+    clock.now += UPLOAD_KEEP_SECONDS - 1
+    assert book.store("alice", PNG) == first  # renewed: it lives another UPLOAD_KEEP_SECONDS
+    clock.now += UPLOAD_KEEP_SECONDS - 1
+    assert book.owned(str(first), "alice")

@@ -1,0 +1,95 @@
+""" "Send to image-to-image" and "Send to inpaint" on the results and the history, and the result's
+before/after slider (``gr.ImageSlider``), as AUTOMATIC1111 has them.
+
+Both run in the browser alone (``js=`` events, no handler, nothing on the API). Send-to fetches the
+chosen picture (the selected one, else the first) as the browser already shows it, uploads it
+through the app's own upload route (``upload_route``: the caller's own upload, with its rate and
+share, as if the person had dropped the file), and puts it in the mode's input: the input image
+for image-to-image, the mask editor's picture for inpainting; then picks the mode, whose change
+shows its controls. The value names the caller's own upload, so the front door takes it on
+Generate like any other. The slider shows the input picture against the first result after an
+image-mode generation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gradio as gr
+
+# The picture a gallery's chosen item shows, uploaded as the caller's own; ``{mode}``, ``{gallery}``
+# filled in per button. Returns the new input value and the mode (or, on failure, what was there).
+_SEND_JS = """
+async (items, image, editor, mode) => {
+  const keep = [image, editor, mode];
+  const list = Array.isArray(items) ? items : [];
+  if (!list.length) { return keep; }
+  const thumbs = [...document.querySelectorAll('#%(gallery)s .thumbnail-item')];
+  const at = Math.max(0, thumbs.findIndex((t) => t.classList.contains('selected')));
+  const chosen = list[Math.min(at, list.length - 1)];
+  const picture = chosen && (chosen.image || chosen);
+  if (!picture || !picture.url) { return keep; }
+  const root = ((window.gradio_config && window.gradio_config.root) || '').replace(/\\/$/, '');
+  const route = (path) => (root ? root + '/' + path : new URL(path, document.baseURI).href);
+  try {
+    const blob = await (await fetch(picture.url)).blob();
+    const form = new FormData();
+    form.append('files', blob, 'sent.png');
+    const answer = await fetch(route('gradio_api/upload'), { method: 'POST', body: form });
+    if (!answer.ok) {
+      const why = await answer.json().catch(() => ({}));
+      window.alert(why.detail || ('The upload was refused (' + answer.status + ')'));
+      return keep;
+    }
+    const [path] = await answer.json();
+    const file = { path: path, url: route('gradio_api/file=' + path), orig_name: 'sent.png', size: blob.size,
+                   mime_type: 'image/png', is_stream: false, meta: { _type: 'gradio.FileData' } };
+    if ('%(mode)s' === 'inpaint') {
+      return [image, { background: file, layers: [], composite: file, id: null }, 'inpaint'];
+    }
+    return [file, editor, 'image'];
+  } catch (error) {
+    window.alert('Could not send the picture: ' + error);
+    return keep;
+  }
+}
+"""
+
+# After a generation in an image mode: the input picture against the first result.
+_SLIDER_JS = """
+(items, image, editor, mode) => {
+  const list = Array.isArray(items) ? items : [];
+  const first = list.length ? (list[0].image || list[0]) : null;
+  const before = mode === 'inpaint' ? (editor && editor.background) : image;
+  if (!first || !before || mode === 'text') { return null; }
+  return [before, first];
+}
+"""
+
+
+def before_after() -> gr.ImageSlider:
+    """The slider under the results, shown in the image modes (``mode_panel.visible_for``)."""
+    return gr.ImageSlider(label="Before / after", type="filepath", interactive=False, visible=False,
+                          elem_id="before-after", max_height=360)  # fmt: skip
+
+
+def send_buttons(elem_id: str, modes: tuple[str, ...]) -> dict[str, gr.Button]:
+    """The buttons under the gallery ``elem_id``, one per mode the model serves (made where they show)."""
+    buttons = {}
+    with gr.Row(elem_id=f"send-{elem_id}", visible=bool(set(modes) & {"image", "inpaint"})):
+        for mode, words in (("image", "Send to image-to-image"), ("inpaint", "Send to inpaint")):
+            if mode in modes:
+                buttons[mode] = gr.Button(words, size="sm", elem_id=f"send-{elem_id}-{mode}", min_width=80)
+    return buttons
+
+
+def wire_send_to(gallery: gr.Gallery, elem_id: str, buttons: dict[str, gr.Button], picture: dict[str, Any]) -> None:
+    targets = [picture["image"], picture["mask"], picture["mode"]]
+    for mode, button in buttons.items():
+        button.click(fn=None, inputs=[gallery, *targets], outputs=targets, api_visibility="private",
+                     js=_SEND_JS % {"mode": mode, "gallery": elem_id})  # fmt: skip
+
+
+def wire_slider(slider: gr.ImageSlider, gallery: gr.Gallery, picture: dict[str, Any]) -> None:
+    gallery.change(fn=None, inputs=[gallery, picture["image"], picture["mask"], picture["mode"]], outputs=[slider],
+                   api_visibility="private", js=_SLIDER_JS)  # fmt: skip
