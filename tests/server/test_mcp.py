@@ -96,6 +96,26 @@ async def test_the_tool_returns_the_pictures_and_the_info_as_json(url: str, with
     assert (info["width"], info["height"], info["num_images"]) == (64, 96, 2), info
 
 
+async def test_an_image_mode_takes_its_picture_as_data_and_refuses_a_url(url: str) -> None:
+    """The tool's image is passed as data (a ``data:`` URI: Gradio keeps it as a file and its client uploads
+    it through the app's upload route as the caller's own); a URL value is refused by name, never fetched."""
+    picture = io.BytesIO()
+    Image.new("RGB", (64, 64), (200, 30, 30)).save(picture, format="PNG")
+    uri = "data:image/png;base64," + base64.b64encode(picture.getvalue()).decode()
+    args = {"prompt": "a red circle", "seed": 2, "randomize_seed": False, "width": 64, "height": 64,
+            "num_inference_steps": 4, "guidance_scale": 4.0, "num_images": 1, "live_preview": False,
+            "mode": "image", "image": uri, "strength": 0.5}  # fmt: skip
+    result = await _session(url, lambda s: s.call_tool("generate", args))
+    shown = _summary(result.content)
+    assert not result.isError, shown
+    assert [c.type for c in result.content].count("image") == 1, shown
+    info = next(json.loads(c.text) for c in result.content if c.type == "text" and c.text.startswith("{"))
+    assert info["mode"] == "image" and info["steps_done"] == 2, info
+    result = await _session(url, lambda s: s.call_tool("generate", {**args, "image": "https://198.51.100.9/x.png"}))
+    shown = _summary(result.content)
+    assert result.isError and "image" in " ".join(shown), shown
+
+
 # -- under --auth, with forged headers, and a caller that goes away (issue 26) ---------------------------------
 
 
