@@ -170,12 +170,17 @@ class Sweeper:
 
 
 def _owner_of(directory: Path, top: Path) -> str:
-    """The identity folder (``u-...``) ``directory`` is in, below a day folder of ``top``; "" if none."""
+    """The identity folder (``u-...``) ``directory`` is in: below a day folder of ``top`` (outputs), or
+    at its top (uploads: ``u-.../uploads``, ``web.upload_route``); "" if none. An identity's uploads
+    count in its share with its pictures."""
     try:
         parts = directory.relative_to(top).parts
     except ValueError:
         return ""
-    return parts[1] if len(parts) >= 2 and parts[1].startswith(OWNER_PREFIX) else ""
+    for part in parts[:2]:
+        if part.startswith(OWNER_PREFIX):
+            return part
+    return ""
 
 
 def _unlink(path: Path) -> bool:

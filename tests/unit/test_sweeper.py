@@ -114,6 +114,16 @@ def test_an_empty_folder_goes_only_once_it_has_been_empty_a_while(tmp_path: Path
     assert fresh.is_dir() and not old.exists()
 
 
+def test_an_identitys_uploads_count_in_its_share_with_its_pictures(tmp_path: Path) -> None:
+    """Uploads live at ``u-.../uploads`` (``web.upload_route``), outputs at ``DAY/u-...``: one owner's
+    files, swept oldest first together (not the uploads first, as files of no one's would be)."""
+    owner = owner_folder("addr:198.51.100.1", KEY)
+    picture = _file(tmp_path / "20261204" / owner / "r-0.png", 100, age=900)  # the oldest
+    uploads = [_file(tmp_path / owner / "uploads" / f"{i}.png", 100, age=300 - i) for i in range(3)]
+    Sweeper([tmp_path], max_bytes=300, max_age=7200, min_age=60, clock=lambda: NOW, max_owners=4).sweep_once()
+    assert not picture.exists() and all(f.exists() for f in uploads)
+
+
 def test_many_identities_cannot_shrink_a_victims_floor_they_are_deleted_first(tmp_path: Path) -> None:
     """Issue 35 §7: the floor is fixed (budget / max_owners). An attacker with 200 identities (a /56
     of IPv6 is 256 /64s), each holding a little, past what fits: their files go first, and the
