@@ -125,6 +125,38 @@ def test_inpainting_with_an_uploaded_mask_and_outpainting_grow_the_right_picture
         assert written.size == (SIZE + 32, SIZE + 16)
 
 
+@pytest.mark.parametrize("mode", ["image", "inpaint"])  # the loop's path and the whole call's
+def test_an_image_mode_shows_progress_and_previews_and_stops_within_a_step(
+    client: Any, app: tuple[str, Any], tmp_path: Path, mode: str
+) -> None:
+    from gradio_client import handle_file
+
+    from tests.helpers import wait_for
+
+    _url, adapter = app
+    source, mask = picture_file(tmp_path), tmp_path / "mask.png"
+    Image.new("L", (SIZE, SIZE), 255).save(mask)
+    extra = {"mask": handle_file(str(mask))} if mode == "inpaint" else {}
+    shown = client.submit(**image_request(source, mode=mode, num_inference_steps=16, strength=0.5,
+                                          live_preview=True, **extra), api_name="/generate")  # fmt: skip
+    _gallery, info = shown.result(timeout=120)
+    running = [o for o in shown.outputs() if o[1].get("status") == "running"]
+    assert info["status"] == "done" and info["mode"] == mode and info["steps_done"] == 8, info
+    assert running and {o[1]["total"] for o in running} == {8}, running[-1][1]  # the steps that run: 16 × 0.5
+    assert any(o[0] for o in running), "no live preview in an image mode"
+    registry = adapter.metrics.registry
+    stopped_before = registry.get_sample_value("steps_after_stop_count") or 0
+    job = client.submit(**image_request(source, mode=mode, num_inference_steps=100, strength=1.0, **extra),
+                        api_name="/generate")  # fmt: skip
+    wait_for(lambda: any(o[1].get("status") == "running" and o[1].get("step", 0) >= 1 for o in job.outputs()),
+             "a step reported", timeout=60)  # fmt: skip
+    job.cancel()
+    wait_for(lambda: (registry.get_sample_value("steps_after_stop_count") or 0) > stopped_before, "the stop seen", 60)
+    wait_for(lambda: not adapter.inference_in_progress, "the cancelled job left the model", timeout=60)
+    after = registry.get_sample_value("steps_after_stop_sum") / registry.get_sample_value("steps_after_stop_count")
+    assert after <= 1, f"{after} steps ran after the stop (mean over the app's stops)"
+
+
 def test_the_upload_route_takes_one_image_and_refuses_anything_else(url: str, tmp_path: Path) -> None:
     from tests import malformed
 
