@@ -178,6 +178,23 @@ def test_members_with_different_adapters_share_each_denoiser_call_with_their_own
     assert mad(pictures[0], pictures[2]) > 1.0  # and the adapters did apply
 
 
+def test_an_image_to_image_member_with_its_adapter_shares_the_calls_with_its_own_pixels() -> None:
+    """The SD loop takes image-to-image members (``loop_sd``): with their own adapter, beside text members
+    with others, each as alone (the family's image-to-image pipeline with the adapter set)."""
+    import numpy as np
+
+    model = model_of("default")
+    rng = np.random.default_rng(6)
+    pictures = tuple(Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)) for _ in range(2))
+    jobs = [job("a", request_id="1"), job("b", 0.8, request_id="2", mode="image", images=pictures, strength=0.6,
+                                          num_inference_steps=5), job(request_id="3")]  # fmt: skip
+    shared, calls = drive(model, jobs)
+    assert calls == 3  # the image member runs int(5 × 0.6) = 3 steps, in the same calls as the text members
+    for i, j in enumerate(jobs):
+        assert mad(shared[i], run(model, j)) <= BOUND, f"member {i} ({j.mode}, {j.lora or 'none'})"
+    assert mad(shared[1], run(model, replace(jobs[1], lora="", lora_scale=0.0))) > 1.0  # the adapter applied
+
+
 def test_separate_batching_puts_the_adapter_in_the_loop_key() -> None:
     mixed = model_of("default")
     assert mixed.loop_key(job("a")) == mixed.loop_key(job("b")) == mixed.loop_key(job())
