@@ -114,7 +114,7 @@ def _pictures_from_step_0() -> None:
     def from_step_0(self: Any, job: Any, *args: Any) -> Any:
         return original(self, dataclasses.replace(job, strength=1.0), *args)
 
-    loop_sd.SDLoop._from_pictures = from_step_0  # type: ignore[method-assign]
+    loop_sd.SDLoop._from_pictures = from_step_0  # type: ignore[method-assign,assignment]
 
 
 async def _stopped_at_once(self: Any, session: str, timeout: float) -> bool:
