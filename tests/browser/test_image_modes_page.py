@@ -143,7 +143,7 @@ def test_straight_from_a_text_result_to_inpaint(fresh: Any) -> None:
 @pytest.fixture
 def phone(browser: Any, app_url: str) -> Iterator[Any]:
     page = browser.new_page(**PHONE)
-    open_ready(page, app_url, panels=())
+    open_ready(page, app_url, panels=("info-panel",))
     yield page
     page.close()
 
@@ -159,3 +159,12 @@ def test_on_a_phone_image_to_image_works_and_the_result_is_in_view(phone: Any, p
     box = phone.locator("#gallery img").first.bounding_box()
     assert box is not None and box["width"] > 200, box  # full width of the 390 px screen, not a thumbnail
     shot(phone, "image-modes-3-phone")
+    # Send to inpaint and a stroke with a finger-sized brush, on the phone too.
+    phone.locator("#send-gallery-inpaint").scroll_into_view_if_needed()
+    phone.locator("#send-gallery-inpaint").click()
+    wait_for(lambda: mode_of(phone) == "inpaint", "Send to inpaint picks the mode on the phone")
+    phone.locator("#mask-editor").scroll_into_view_if_needed()
+    wait_for(lambda: phone.locator("#mask-editor canvas").count() >= 1, "the editor holds the sent picture")
+    paint(phone)
+    info = generate_here(phone, "inpainted on a phone")
+    assert info["mode"] == "inpaint" and info["status"] == "done", info
