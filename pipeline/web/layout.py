@@ -21,7 +21,7 @@ from .mode_panel import GROUPS, mode_controls, visible_for
 from .page_tools import UI_CONCURRENCY, Controls, reuse_seed, wire_history, wire_keys, wire_paste, wire_sizes
 from .presets import preset_value, size_presets
 from .results import HISTORY_SIZE
-from .send_to import before_after, send_buttons, wire_send_to, wire_slider
+from .send_to import before_after, send_buttons, wire_mask_upload, wire_send_to, wire_slider
 from .shown import status_html
 from .site import Site, attach
 
@@ -172,6 +172,7 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
         wire_send_to(gallery, "gallery", send_results, picture)
         wire_send_to(history_gallery, "history", send_history, picture)
         wire_slider(slider, gallery, picture)
+        wire_mask_upload(picture)
         wire_paste(paste_button, paste_text, paste_notes, controls, lim, p.name, {i.name: i.hash for i in p.loras})
         wire_keys(demo)
         if p.previews:

@@ -68,6 +68,11 @@ def mode_controls(p: ModelProfile, lim: Limits) -> dict[str, Any]:
             elem_id="mask-editor",
             height=320,
         )
+        # The alternative to painting: a mask file (white redraws, black keeps), put in as the editor's
+        # layer in the browser (``send_to.wire_mask_upload``); not an API input (the API's mask is a file).
+        c["_mask_file"] = gr.Image(label="Or upload a mask (white: redrawn)", type="filepath",
+                                   sources=["upload", "clipboard"], format="png", elem_id="mask-upload",
+                                   height=140)  # fmt: skip
     c["strength"] = gr.Slider(0.05, 1.0, value=DEFAULT_STRENGTH, step=0.05, label="Denoising strength",
                               elem_id="strength", visible=False)  # fmt: skip
     c["mask_blur"] = gr.Slider(0, MAX_MASK_BLUR, value=DEFAULT_MASK_BLUR, step=1, label="Mask blur (px)",

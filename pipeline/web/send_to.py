@@ -67,6 +67,23 @@ _SLIDER_JS = """
 """
 
 
+# An uploaded mask becomes the editor's one layer, over its picture (``uploads.read_mask``: an opaque
+# layer redraws where it is light); cleared, the editor keeps what it holds.
+_MASK_JS = """
+(file, editor) => {
+  if (!file) { return editor; }
+  const background = editor && editor.background;
+  const composite = (editor && editor.composite) || background || null;
+  return { background: background || null, layers: [file], composite: composite, id: null };
+}
+"""
+
+
+def wire_mask_upload(picture: dict[str, Any]) -> None:
+    picture["_mask_file"].change(fn=None, inputs=[picture["_mask_file"], picture["mask"]], outputs=[picture["mask"]],
+                                 api_visibility="private", js=_MASK_JS)  # fmt: skip
+
+
 def before_after() -> gr.ImageSlider:
     """The slider under the results, shown in the image modes (``mode_panel.visible_for``)."""
     return gr.ImageSlider(label="Before / after", type="filepath", interactive=False, visible=False,

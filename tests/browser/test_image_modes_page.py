@@ -119,6 +119,20 @@ def test_outpainting_grows_the_canvas(page: Any) -> None:
     assert box[0] == box[1] + 16, box  # the canvas grew on the right
 
 
+def test_an_uploaded_mask_instead_of_a_painted_one(page: Any, tmp_path: Path) -> None:
+    """The mask as a file (white: redrawn), the editor's alternative to the brush: only its white square changes."""
+    choose(page, "Inpaint", "inpaint")
+    page.locator("#send-gallery-inpaint").click()  # a fresh picture in the editor
+    wait_for(lambda: page.locator("#mask-editor canvas").count() >= 1, "the editor holds the sent picture")
+    hole = np.zeros((64, 64), dtype=np.uint8)
+    hole[16:48, 16:48] = 255
+    Image.fromarray(hole).save(tmp_path / "mask.png")
+    page.locator("#mask-upload input[type=file]").set_input_files(str(tmp_path / "mask.png"))
+    page.locator("#mask-upload img").first.wait_for(timeout=15_000)
+    info = generate_here(page, "from an uploaded mask")
+    assert info["mode"] == "inpaint" and info["status"] == "done", info
+
+
 @pytest.fixture
 def fresh(browser: Any, app_url: str) -> Iterator[Any]:
     page = browser.new_page(viewport={"width": 1280, "height": 1080})
