@@ -215,6 +215,21 @@ def plain_diffusers_images(
     return images
 
 
+def mode_files(folder: Path, width: int, height: int) -> tuple[Path, Path]:
+    """A noise picture and a mask (white: its middle half) at ``width`` x ``height``, saved as PNGs in
+    ``folder``: the inputs of the family matrices' image-mode rows."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(9)
+    source, mask = folder / "source.png", folder / "mask.png"
+    Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(source)
+    hole = np.zeros((height, width), dtype=np.uint8)
+    hole[height // 4 : 3 * height // 4, width // 4 : 3 * width // 4] = 255
+    Image.fromarray(hole).save(mask)
+    return source, mask
+
+
 def plain_mode_images(
     name: str,
     mode: str,

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.families import built_family, plain_diffusers_images, plain_mode_images
+from tests.families import built_family, mode_files, plain_diffusers_images, plain_mode_images
 from tests.helpers import ROOT, raw_request, running_app, wait_for
 
 pytestmark = pytest.mark.timeout(600)
@@ -236,12 +236,7 @@ def test_image_modes_give_the_plain_pipelines_pixels_or_are_refused_by_name(
     family, client, adapter = served
     size = max(64, adapter.profile.size_multiple * 4)
     gs = min(4.0, adapter.profile.max_guidance)
-    rng = np.random.default_rng(9)
-    source, mask = tmp_path / "source.png", tmp_path / "mask.png"
-    Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(source)
-    hole = np.zeros((size, size), dtype=np.uint8)
-    hole[size // 4 : 3 * size // 4, size // 4 : 3 * size // 4] = 255
-    Image.fromarray(hole).save(mask)
+    source, mask = mode_files(tmp_path, size, size)
     notes = dict(adapter.profile.mode_notes)
     shown = []
     for mode in ("image", "inpaint"):

@@ -332,19 +332,14 @@ def test_image_modes_give_the_plain_pipelines_pixels_or_are_refused_by_name(
     elsewhere the API refuses the mode with the reason (the class, and why)."""
     from gradio_client import handle_file
 
-    from tests.families import plain_mode_images
+    from tests.families import mode_files, plain_mode_images
 
     family, client, adapter = served
     width, height = size_of(adapter)
     steps = steps_of(adapter, 4)
     strength = 0.75 if steps >= 2 else 1.0
     guidance, guidance_arg, fixed = adapter.profile.default_guidance, EXPECTED[family][2], EXPECTED[family][7]
-    rng = np.random.default_rng(9)
-    source, mask = tmp_path / "source.png", tmp_path / "mask.png"
-    Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(source)
-    hole = np.zeros((height, width), dtype=np.uint8)
-    hole[height // 4 : 3 * height // 4, width // 4 : 3 * width // 4] = 255
-    Image.fromarray(hole).save(mask)
+    source, mask = mode_files(tmp_path, width, height)
     notes, shown = dict(adapter.profile.mode_notes), []
     for mode in ("image", "inpaint"):
         args = dict(num_inference_steps=steps, seed=5, mode=mode, image=handle_file(str(source)), strength=strength,
