@@ -62,6 +62,12 @@ def _traceback_through() -> None:
     FrontDoor.__call__ = call  # type: ignore[method-assign]
 
 
+def _any_session_owns(self: Any, path: Any, owner: str, session: str = "") -> bool:
+    """An upload named by any session of its identity (the binding to the first session dropped)."""
+    upload = self._by_path.get(str(path)) if isinstance(path, str) else None
+    return upload is not None and upload.owner == owner
+
+
 OPEN = frozenset({"login-page", "login", "health", "startup"})  # guards.OPEN_UNDER_AUTH, as reviewed
 SECURITY: dict[str, list[Patch]] = {
     # Issue 26.
@@ -76,6 +82,7 @@ SECURITY: dict[str, list[Patch]] = {
     "upload-pixel-cap-removed": attr("pipeline.uploads", "pixel_problem", lambda width, height, cap: None),
     "upload-left-unswept": attr("pipeline.web.upload_route", "UploadBook._forget_old", lambda self, now: None),
     "url-value-fetched": attr("pipeline.web.inputs", "_upload_problem", lambda field, value, owns: None),
+    "upload-any-session": attr("pipeline.web.upload_route", "UploadBook.owned", _any_session_owns),
     "temp-files-kept": attr("pipeline.web.gradio_internals", "forget_temp_files", lambda demo, paths: 0),
     "shares-ignored": attr("pipeline.serving.sweeper", "_owner_of", lambda directory, top: ""),
     "prompt-lines-kept": attr("pipeline.serving.postprocess", "one_line", lambda text: text),

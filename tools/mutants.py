@@ -101,6 +101,8 @@ TESTS: dict[str, str] = {
     "upload-pixel-cap-removed": "tests/unit/test_uploads.py::test_the_bombs_are_refused_before_any_pixel_is_decoded",
     "upload-left-unswept": "tests/unit/test_upload_book.py::test_an_upload_is_its_senders_only_and_is_swept_when_it_expires",
     "url-value-fetched": "tests/server/test_image_modes_app.py::test_an_event_may_name_only_its_callers_own_upload",
+    "upload-any-session": "tests/unit/test_upload_book.py::test_an_upload_belongs_to_the_session_that_names_it_first "
+    "tests/server/test_image_modes_app.py::test_an_event_may_name_only_its_callers_own_upload",
     "no-connection-limits": (
         "tests/server/test_hostile.py::test_slow_headers_a_huge_body_and_too_many_connections_are_cut_off"
     ),

@@ -92,6 +92,7 @@ class Sweeper:
     def sweep_once(self) -> SweepStats:
         now = self._clock()
         files: list[tuple[float, int, Path, str]] = []  # (mtime, size, path, owner; "" for no one)
+        inodes: set[tuple[int, int]] = set()  # an upload's links (``upload_route``) are one file's bytes
         for folder in self.folders:
             for root, _dirs, names in os.walk(folder):
                 owner = _owner_of(Path(root), folder)
@@ -103,7 +104,9 @@ class Sweeper:
                         st = path.stat()
                     except FileNotFoundError:
                         continue
-                    files.append((st.st_mtime, st.st_size, path, owner))
+                    counted = st.st_nlink > 1 and (st.st_dev, st.st_ino) in inodes
+                    inodes.add((st.st_dev, st.st_ino))
+                    files.append((st.st_mtime, 0 if counted else st.st_size, path, owner))
         files.sort()
         deleted: set[str] = set()
         for mtime, _size, path, _owner in files:  # 1. what has aged out, whoever owns it

@@ -25,7 +25,8 @@ In order, for each HTTP request (``FrontDoor.__call__``):
 9. a GET of a live preview the server has just written is answered from memory
    (``outputs.RECENT_PREVIEWS``, to the login's caller under ``--auth``); any other file is Gradio's;
 10. an image input of an event names only a file its caller uploaded (``upload_route.UploadBook``,
-   checked by ``inputs.InputPolicy``): a URL, a server path or another identity's upload is 422.
+   checked by ``inputs.InputPolicy``): a URL, a server path, another identity's upload or one that
+   another session named first is 422.
 
 An exception below the door is answered 500 and logged as one line, without the stack: no client
 input writes a traceback into the log.
@@ -57,7 +58,7 @@ from .inputs import InputPolicy, Refused
 from .login import Login, presents_credential
 from .outputs import RECENT_PREVIEWS
 from .site import LiveCalls
-from .upload_route import UploadBook
+from .upload_route import NO_SESSION, UploadBook
 
 log = logging.getLogger(__name__)
 
@@ -250,8 +251,13 @@ class FrontDoor:
         """Refuse a bad body (``Refused``); the body to hand on if it had to change, else None."""
         policy, uploads = self.d.policy, self.d.uploads
 
-        def owns(path: str) -> bool:  # 10. an image input names only the caller's own upload
-            return uploads is not None and uploads.owned(path, caller.key)
+        # 10. an image input names only the caller's own upload, sent in this session (a join's
+        # session_hash; a REST call has none: ``upload_route.NO_SESSION``)
+        session = parsed.get("session_hash") if kind == "join" and isinstance(parsed, dict) else None
+        session = session if isinstance(session, str) else NO_SESSION
+
+        def owns(path: str) -> bool:
+            return uploads is not None and uploads.owned(path, caller.key, session)
 
         if kind == "join":
             _event, cleaned = policy.check_join(parsed, owns)

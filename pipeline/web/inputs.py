@@ -172,7 +172,10 @@ def _upload_problem(field: Field, value: Any, owns: Owns) -> str | None:
     keys_ok = isinstance(value, dict) and set(value) <= _FILE_KEYS
     url_ok = url is None or (isinstance(url, str) and isinstance(path, str) and url.endswith("file=" + path))
     if not (keys_ok and url_ok and isinstance(path, str) and owns(path)):
-        return f"{field.label} must be an image you uploaded (PNG, JPEG or WebP), not a URL or a server path"
+        return (
+            f"{field.label} must be an image you uploaded in this session (PNG, JPEG or WebP), "
+            "not a URL, a server path or another session's upload"
+        )
     return None
 
 

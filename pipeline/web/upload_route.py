@@ -14,6 +14,13 @@ path; this app's route replaces it (listed before Gradio's routes, so it wins). 
   (``owners.owner_folder``: a name that reveals nobody), and ``UploadBook`` remembers whose it is.
   A request may name only a file its own identity uploaded (``web.inputs`` checks at the join);
   anyone else's path, a URL or any other server path is refused by name before Gradio touches it.
+- **and its session's:** an upload request carries no session (neither Gradio's page nor its
+  clients send one), so an upload belongs to the session of the first request that names it
+  (``UploadBook.owned``; the join's ``session_hash``; a REST ``/call`` has none, and its uploads
+  belong to the identity's REST calls): another tab or client of the same identity that names it
+  later is refused. Every upload answers its own path, the same bytes included (a hard link to
+  the bytes already kept, not counted again), so a path is only ever known to the one request
+  that uploaded it.
   Gradio then copies the file into its cache, and the handler reads that copy's bytes
   (``handler.with_upload_bytes``).
 - **swept:** an upload lives ``UPLOAD_KEEP_SECONDS`` (the book forgets and deletes it then), and the
@@ -29,6 +36,7 @@ import asyncio
 import collections
 import hashlib
 import logging
+import os
 import secrets
 import threading
 import time
@@ -49,6 +57,8 @@ UPLOAD_BODY_BYTES = MAX_UPLOAD_BYTES + 64 * 1024  # the file and its multipart f
 UPLOADS_PER_MINUTE = 30
 UPLOAD_SHARE_BYTES = 4 * MAX_UPLOAD_BYTES  # one identity's live uploads on disk
 UPLOAD_KEEP_SECONDS = 15 * 60
+MAX_LIVE_UPLOADS = 2048  # one identity's live paths, the same bytes' links included (the book's memory)
+NO_SESSION = ""  # the session of a request that has none (a REST ``/call``)
 UPLOAD_FOLDER = "uploads"
 _SUFFIX = {"PNG": ".png", "JPEG": ".jpg", "WEBP": ".webp"}
 
@@ -60,12 +70,13 @@ class UploadRefused(Exception):
         self.retry_after = retry_after
 
 
-@dataclass(frozen=True)
+@dataclass
 class Upload:
     path: Path
     owner: str
-    size: int
+    size: int  # 0 for a link to bytes already counted
     at: float
+    session: str | None = None  # the session of the first request that named it: only it may name it again
 
 
 class UploadBook:
@@ -91,13 +102,22 @@ class UploadBook:
         digest = hashlib.sha256(data).digest()
         with self._lock:
             self._forget_old(now)
+            live = sum(1 for u in self._by_path.values() if u.owner == owner)
+            if live >= MAX_LIVE_UPLOADS:
+                raise UploadRefused(
+                    429, f"files: at most {MAX_LIVE_UPLOADS} uploads are kept for you", UPLOAD_KEEP_SECONDS / 4
+                )
+            folder = self.folder / owner_folder(owner, key_of(self.folder)) / UPLOAD_FOLDER
+            path = folder / f"{secrets.token_hex(16)}{_SUFFIX[kind]}"
             # The same bytes again from the same owner (the page's image editor sends its picture, layer
-            # and composite again at every change and at Generate: 20 uploads for one inpainting): the
-            # upload already kept, its time renewed, not counted against the rate or the share again.
+            # and composite again at every change and at Generate: 20 uploads for one inpainting): a new
+            # path (it will belong to the session that names it) linked to the bytes already kept, not
+            # counted against the rate or the share again; the kept copy lives as long as its last link.
             same = self._by_path.get(self._by_content.get((owner, digest), ""))
-            if same is not None and same.path.is_file():
-                self._by_path[str(same.path)] = Upload(same.path, owner, same.size, now)
-                return same.path
+            if same is not None and _linked(same.path, path):
+                same.at = now
+                self._by_path[str(path)] = Upload(path, owner, 0, now)
+                return path
             times = self._times[owner]
             while times and times[0] <= now - 60:
                 times.popleft()
@@ -113,19 +133,23 @@ class UploadBook:
                     UPLOAD_KEEP_SECONDS / 4,
                 )
             times.append(now)
-            folder = self.folder / owner_folder(owner, key_of(self.folder)) / UPLOAD_FOLDER
-            path = folder / f"{secrets.token_hex(16)}{_SUFFIX[kind]}"
             self._by_path[str(path)] = Upload(path, owner, len(data), now)
             self._by_content[owner, digest] = str(path)
         folder.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
         return path
 
-    def owned(self, path: Any, owner: str) -> bool:
-        """Whether ``path`` is a live upload of ``owner``'s."""
+    def owned(self, path: Any, owner: str, session: str = NO_SESSION) -> bool:
+        """Whether ``path`` is a live upload of ``owner``'s that ``session`` may name: the first
+        session to name an upload takes it (an upload request carries no session); only it may
+        name it again."""
         with self._lock:
             upload = self._by_path.get(str(path)) if isinstance(path, str) else None
-            return upload is not None and upload.owner == owner and self._clock() - upload.at < UPLOAD_KEEP_SECONDS
+            if upload is None or upload.owner != owner or self._clock() - upload.at >= UPLOAD_KEEP_SECONDS:
+                return False
+            if upload.session is None:
+                upload.session = session
+            return upload.session == session
 
     def _forget_old(self, now: float) -> None:
         for key, upload in list(self._by_path.items()):
@@ -133,6 +157,16 @@ class UploadBook:
                 del self._by_path[key]
                 upload.path.unlink(missing_ok=True)
         self._by_content = {k: v for k, v in self._by_content.items() if v in self._by_path}
+
+
+def _linked(kept: Path, path: Path) -> bool:
+    """Whether ``path`` now names ``kept``'s bytes (a hard link; its time renewed for the sweeper)."""
+    try:
+        os.link(kept, path)
+        os.utime(path)
+    except OSError:  # gone, or a filesystem without links: a new upload then
+        return False
+    return True
 
 
 def upload_route(book: UploadBook, on_stored: Any = None) -> Any:

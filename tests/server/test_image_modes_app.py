@@ -177,7 +177,8 @@ def test_the_upload_route_takes_one_image_and_refuses_anything_else(url: str, tm
 
 
 def test_an_event_may_name_only_its_callers_own_upload(url: str, tmp_path: Path) -> None:
-    """Another address's upload, a server path and a URL are refused at the join by name (422)."""
+    """Another address's upload, a server path, a URL and an upload another session named first are
+    refused at the join by name (422)."""
     from tests import malformed
     from tests.helpers import api_fn_index
 
@@ -200,6 +201,15 @@ def test_an_event_may_name_only_its_callers_own_upload(url: str, tmp_path: Path)
         data = _data(mode="image", image={"path": path, "meta": {"_type": "gradio.FileData"}})
         mine = owner.post(url + "gradio_api/queue/join", json={"data": data, "fn_index": index, "session_hash": "s2"})
         assert mine.status_code == 200, mine.text
+        # The upload now belongs to the session that named it first: another session (another tab or
+        # client of the same address) is refused; the same bytes uploaded again are a new path of its own.
+        tab = owner.post(url + "gradio_api/queue/join", json={"data": data, "fn_index": index, "session_hash": "s3"})
+        assert tab.status_code == 422 and "another session's upload" in tab.text, tab.text
+        again = owner.post(url + "gradio_api/upload", files={"files": ("a.png", png, "image/png")}).json()[0]
+        assert again != path and Path(again).read_bytes() == png
+        data = _data(mode="image", image={"path": again, "meta": {"_type": "gradio.FileData"}})
+        tab = owner.post(url + "gradio_api/queue/join", json={"data": data, "fn_index": index, "session_hash": "s3"})
+        assert tab.status_code == 200, tab.text
 
 
 def _data(**fields: Any) -> list[Any]:

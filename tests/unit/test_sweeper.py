@@ -124,6 +124,18 @@ def test_an_identitys_uploads_count_in_its_share_with_its_pictures(tmp_path: Pat
     assert not picture.exists() and all(f.exists() for f in uploads)
 
 
+def test_an_uploads_links_are_its_bytes_once(tmp_path: Path) -> None:
+    """The same bytes uploaded again are hard links to one file (``web.upload_route``): counted once,
+    so ten links of 100 bytes are within a budget of 300 and nothing is swept."""
+    owner = owner_folder("addr:198.51.100.1", KEY)
+    kept = _file(tmp_path / owner / "uploads" / "kept.png", 100, age=300)
+    links = [tmp_path / owner / "uploads" / f"link-{i}.png" for i in range(10)]
+    for link in links:
+        os.link(kept, link)
+    stats = Sweeper([tmp_path], max_bytes=300, max_age=7200, min_age=60, clock=lambda: NOW).sweep_once()
+    assert stats.deleted == 0 and stats.bytes == 100 and kept.exists() and all(f.exists() for f in links)
+
+
 def test_many_identities_cannot_shrink_a_victims_floor_they_are_deleted_first(tmp_path: Path) -> None:
     """Issue 35 §7: the floor is fixed (budget / max_owners). An attacker with 200 identities (a /56
     of IPv6 is 256 /64s), each holding a little, past what fits: their files go first, and the

@@ -3,11 +3,13 @@ sweep of an upload once it has lived ``UPLOAD_KEEP_SECONDS``."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from pipeline.web.upload_route import (
+    NO_SESSION,
     UPLOAD_KEEP_SECONDS,
     UPLOAD_SHARE_BYTES,
     UPLOADS_PER_MINUTE,
@@ -66,19 +68,40 @@ def distinct(k: int) -> bytes:
     return PNG + k.to_bytes(4, "big")  # the same picture, other bytes (a trailer after IEND)
 
 
-def test_the_same_bytes_again_are_the_upload_already_kept(tmp_path: Path) -> None:
+def test_the_same_bytes_again_are_a_link_to_the_upload_already_kept(tmp_path: Path) -> None:
     """The page's image editor sends its picture, layer and composite again at each change and at
-    Generate: the same bytes from the same owner are one upload, neither counted again nor written."""
+    Generate: the same bytes from the same owner are neither counted again nor written again, but
+    each upload answers a path of its own (a hard link), which belongs to the session that names it."""
     clock = Clock()
     book = UploadBook(tmp_path, clock)
     first = book.store("alice", PNG)
-    for _ in range(3 * UPLOADS_PER_MINUTE):
-        assert book.store("alice", PNG) == first
+    links = {book.store("alice", PNG) for _ in range(3 * UPLOADS_PER_MINUTE)}  # past the rate: not counted
+    assert len(links) == 3 * UPLOADS_PER_MINUTE and first not in links
+    assert all(os.path.samefile(link, first) for link in links)
     assert book.store("alice", distinct(1)) != first  # other bytes: a new upload, within the rate
     other = book.store("bob", PNG)  # another owner's same bytes are its own upload
-    assert other != first and book.owned(str(other), "bob") and not book.owned(str(other), "alice")
-    assert len(list(tmp_path.rglob("*.png"))) == 3
+    assert not os.path.samefile(other, first) and book.owned(str(other), "bob") and not book.owned(str(other), "alice")
+    assert len({p.stat().st_ino for p in tmp_path.rglob("*.png")}) == 3
     clock.now += UPLOAD_KEEP_SECONDS - 1
-    assert book.store("alice", PNG) == first  # renewed: it lives another UPLOAD_KEEP_SECONDS
+    latest = book.store("alice", PNG)  # the kept bytes live as long as their latest link
     clock.now += UPLOAD_KEEP_SECONDS - 1
-    assert book.owned(str(first), "alice")
+    assert book.owned(str(first), "alice") and book.owned(str(latest), "alice")
+    assert not book.owned(str(next(iter(links))), "alice")  # an older link has expired
+    clock.now += 1
+    book.store("bob", distinct(2))  # any later upload sweeps the expired ones
+    assert not first.exists() and not latest.exists()
+
+
+def test_an_upload_belongs_to_the_session_that_names_it_first(tmp_path: Path) -> None:
+    """An upload request carries no session: the first request that names the upload binds it, and
+    another session of the same identity (another tab, another client) may not name it then."""
+    book = UploadBook(tmp_path, Clock())
+    path, link = book.store("alice", PNG), book.store("alice", PNG)
+    assert book.owned(str(path), "alice", "tab-1")
+    assert not book.owned(str(path), "alice", "tab-2") and not book.owned(str(path), "alice")  # nor a REST call
+    assert book.owned(str(path), "alice", "tab-1")  # its session, again
+    assert book.owned(str(link), "alice", "tab-2")  # the same bytes, uploaded by the other tab: its own
+    rest = book.store("alice", distinct(3))
+    assert book.owned(str(rest), "alice") and book.owned(str(rest), "alice", NO_SESSION)
+    assert not book.owned(str(rest), "alice", "tab-1")  # a REST call's upload is not a tab's
+    assert not book.owned(str(link), "bob", "tab-2")  # nor another identity's, whatever its session
