@@ -31,6 +31,17 @@ from bench.sections import (
 )
 
 
+def server_flags(threads: int, device: str, model: str) -> tuple[list[str], list[str]]:
+    """Every server's flags, and the unbatched servers' ones: the overhead and design sections
+    compare like with like, one request per inference, as the raw pipeline and the naive designs
+    run; batching has its own section, on its own server. Each serves ``model`` (the first GPU run's
+    unbatched servers served the embedded model: its 512 px requests were refused)."""
+    flags = ["--torch-threads", str(threads), "--concurrency", "16", "--device", device]
+    if model:
+        flags += ["--model", model]
+    return flags, [*flags, "--max-batch-size", "1"]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds and sizes (under 2 minutes)")
@@ -82,12 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         # 256 px: 2 images on the unbatched side (about 9 s each here), 4 (one batch) on the other.
         batching_plan = {64: (1, 24), 128: (1, 4), 256: (1, 4, 2)}
     results_plan: dict[str, Any] = {"overhead": overhead_plan, "batching": batching_plan}
-    flags = ["--torch-threads", str(args.threads), "--concurrency", "16", "--device", args.device]
-    # The overhead and design sections compare like with like: one request per inference, as the
-    # raw pipeline and the naive designs run. Batching has its own section, on its own server.
-    unbatched = [*flags, "--max-batch-size", "1"]
-    if model:
-        flags += ["--model", model]
+    flags, unbatched = server_flags(args.threads, args.device, model)
     results: dict[str, Any] = {
         "mode": ("quick" if quick else "full") + (" gpu" if gpu else ""),
         "versions": versions(),

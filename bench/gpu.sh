@@ -180,14 +180,16 @@ fi
 if wanted page; then
   # Page users against API users on the real pipeline (issue 28): live previews on, every preview
   # fetched as a browser does, against previews off; server-process CPU per job and per step.
-  gpu_step page 150 60 python -m bench.page --model "$model" --sections model-512,model-1024 --rounds 2 \
+  # Each section's figures are written as it ends. (2026-12-04: both sections in 150 s timed out.)
+  gpu_step page 240 60 python -m bench.page --model "$model" --sections model-512,model-1024 --rounds 2 \
     --json "$out/page.json"
 fi
 
 if wanted lora; then
   # Per-request LoRA adapters (issue 29): four tiny random LoRAs on the SD 1.5 build, mixed-adapter
   # traffic against single-adapter traffic, mixed batches against a loop per adapter, the switch's cost.
-  gpu_step lora 150 60 python -m bench.lora --quick --model "$model" --size 512 --steps 20 --json "$out/lora.json"
+  # (2026-12-04: 150 s were not enough: 4 loads, 3 warm loops and 6 rounds of 16 at 512 px, 20 steps)
+  gpu_step lora 240 60 python -m bench.lora --quick --model "$model" --size 512 --steps 20 --json "$out/lora.json"
 fi
 
 if wanted compile; then

@@ -216,8 +216,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown sections {unknown}; known: {', '.join(SECTIONS)}")
     rounds = args.rounds or (2 if args.quick else 4)
     started = time.monotonic()
+    sections: list[dict[str, Any]] = []
+    result: dict[str, Any] = {"cores": psutil.cpu_count(), "sections": sections, "seconds": 0.0}
     with tempfile.TemporaryDirectory(prefix="bench-page-") as tmp:
-        sections = []
         for name in names:
             section = SECTIONS[name]
             if section.model == "--model":
@@ -227,11 +228,12 @@ def main(argv: list[str] | None = None) -> int:
             if args.jobs:
                 section = Section(section.name, section.model, section.size, section.steps, args.jobs)
             sections.append(run_section(section, rounds, Path(tmp)))
-    result = {"cores": psutil.cpu_count(), "sections": sections, "seconds": time.monotonic() - started}
-    print(render(result))
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1))
+            # Each section's figures as soon as it ends (a run cut short by a time limit keeps them).
+            result = {"cores": psutil.cpu_count(), "sections": sections, "seconds": time.monotonic() - started}
+            print(render({**result, "sections": sections[-1:]}), flush=True)
+            if args.json is not None:
+                args.json.parent.mkdir(parents=True, exist_ok=True)
+                args.json.write_text(json.dumps(result, indent=1))
     return 0 if errors_of(result) == 0 else 1
 
 

@@ -159,6 +159,17 @@ def test_busy_fraction_counts_only_gaps_with_a_job_waiting() -> None:
     assert busy_fraction(bare) == pytest.approx(2.0 / 2.5)
 
 
+def test_every_benchmark_server_serves_the_model_asked_for() -> None:
+    """The first GPU run's overhead section failed: its unbatched servers had no ``--model`` and
+    served the embedded model, which refused the SD 1.5 sizes."""
+    from bench.__main__ import server_flags
+
+    for flags in server_flags(3, "cuda", "/tmp/sd15-random"):
+        assert flags[flags.index("--model") + 1] == "/tmp/sd15-random" and "cuda" in flags
+    batched, unbatched = server_flags(1, "cpu", "")
+    assert "--model" not in batched + unbatched and unbatched[-2:] == ["--max-batch-size", "1"]
+
+
 @pytest.mark.slow
 def test_the_gpu_benchmarks_sd15_model_builds_and_runs_on_the_cpu(tmp_path: Path) -> None:
     """The CPU half of bench/gpu.sh, so that a GPU session does not spend device time finding it
