@@ -36,6 +36,7 @@ from pipeline.request import limits_for
 from pipeline.serving import owners
 from pipeline.serving.base import Adapter
 from pipeline.serving.local import LocalAdapter
+from pipeline.serving.quota import ImageQuota
 from pipeline.serving.sweeper import Sweeper
 from pipeline.web import lifecycle
 from pipeline.web.gradio_internals import forget_temp_files
@@ -116,6 +117,8 @@ def start_model_side(settings: Settings, load: Callable[[], Model] | None = None
 def create_app(settings: Settings, load: Callable[[], Model] | None = None) -> tuple[gr.Blocks, Any]:
     """Start the model side (waits for the model to load) and build the UI around it."""
     adapter = start_backend(settings, load)
+    if settings.quota_images_per_hour:  # counted where every protocol meets: the adapter's run
+        adapter.quota = ImageQuota(settings.quota_images_per_hour)
     # The app's own sweeper keeps its outputs and Gradio's copies of them within budget, in a
     # Gradio cache folder of its own (never Gradio's shared default).
     gradio_cache = own_gradio_cache(settings, os.environ)

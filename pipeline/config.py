@@ -65,6 +65,7 @@ class Settings:
     max_batch_size: int = 4  # images in one job across requests (dynamic batching); 1: off
     step_joining: str = "on"  # on: requests join a running denoising loop at step boundaries where the model can; off
     max_waiting_per_user: int | None = None  # requests one user may have in line; None: half of concurrency
+    quota_images_per_hour: int | None = None  # images one identity may have in an hour, every protocol; None: off
     max_size: int | None = None  # None: follows the model
     max_steps: int | None = None  # None: follows the model
     max_prompt_chars: int = 2000
@@ -165,6 +166,13 @@ OPTIONS: tuple[tuple[str, str, type, str], ...] = (
         int,
         "most requests one user may have waiting for the GPU; more are refused at once (default: half of "
         "--concurrency, at most --concurrency - --max-batch-size - 1, so one user cannot fill the handler's slots)",
+    ),
+    (
+        "quota_images_per_hour",
+        "T2I_QUOTA_IMAGES_PER_HOUR",
+        int,
+        "most images one identity may have in a sliding hour, counted across the page, gradio_client, MCP, "
+        "/sdapi/v1 and /v1/images; past it, 429 with Retry-After (default: off)",
     ),
     ("max_size", "T2I_MAX_SIZE", int, "largest width/height in pixels (default: follows the model)"),
     ("max_steps", "T2I_MAX_STEPS", int, "most denoising steps (default: follows the model)"),
@@ -375,6 +383,8 @@ def _check(s: Settings) -> None:
             raise SystemExit(f"--{name.replace('_', '-')} must be at least 1; got {getattr(s, name)}")
     if s.max_waiting_per_user is not None and s.max_waiting_per_user < 1:
         raise SystemExit(f"--max-waiting-per-user must be at least 1; got {s.max_waiting_per_user}")
+    if s.quota_images_per_hour is not None and s.quota_images_per_hour < 1:
+        raise SystemExit(f"--quota-images-per-hour must be at least 1; got {s.quota_images_per_hour}")
     if s.max_pixel_steps is not None and s.max_pixel_steps < 1:
         raise SystemExit(f"--max-pixel-steps must be at least 1; got {s.max_pixel_steps}")
     if not s.request_timeout > 0:

@@ -2,7 +2,8 @@
 
 - ``InvalidRequest``: the user's mistake; the message is shown verbatim (it names the field).
 - ``RetryLater``: the server's state, not the user's fault: shutting down, or (Ray backend) the
-  replicas' line is full, or one user already has ``--max-waiting-per-user`` requests in line.
+  replicas' line is full, or one user already has ``--max-waiting-per-user`` requests in line,
+  or has had ``--quota-images-per-hour`` images in the last hour (``QuotaExceeded``).
   (The local app's full queue is answered by Gradio's queue itself.)
 - ``Cancelled``: the caller asked to stop; not an error to report to anyone else.
 - ``GenerationFailed``: an internal fault in one job; the user sees a generic message with the id.
@@ -15,6 +16,8 @@
 """
 
 from __future__ import annotations
+
+import time
 
 
 class ServingError(Exception):
@@ -62,6 +65,20 @@ class TooManyWaiting(RetryLater):
         self.waiting = waiting
         requests = "request" if waiting == 1 else "requests"
         super().__init__(f"You already have {waiting} {requests} waiting; please wait for them to finish.")
+
+
+class QuotaExceeded(RetryLater):
+    """A per-identity budget of images per hour (``--quota-images-per-hour``) would be passed."""
+
+    def __init__(self, per_hour: int, used: int, images: int, retry_after: float) -> None:
+        self.retry_after = retry_after
+        minutes = max(1, round(retry_after / 60))
+        at = time.strftime("%H:%M UTC", time.gmtime(time.time() + retry_after))
+        asked = f"{images} more image{'s' if images != 1 else ''}"
+        super().__init__(
+            f"Quota: you have had {used} of your {per_hour} images in the last hour; {asked} fit in "
+            f"{minutes} min (at {at})."
+        )
 
 
 class Cancelled(ServingError):

@@ -161,13 +161,14 @@ class RayAdapter(AdapterBase):
         user: str | None = None,  # only for the disk share: Ray Serve's own queue orders the replicas' requests
     ) -> AsyncGenerator[Output, None]:
         """One request through a replica; see ``Adapter.run``."""
-        with self.accounted():
+        with self.accounted(), contextlib.ExitStack() as cleanup:
             event_loop = asyncio.get_running_loop()
             # 1. Prepare on the front end: a bad field is answered here, before any replica sees it. The
             #    seed is resolved here too, so the replica draws exactly what the caller will be told.
             request = await event_loop.run_in_executor(
                 self._pool, lambda: validate(raw, self.limits, request_id=request_id)
             )
+            held = cleanup.enter_context(self.quota_held(user, request.num_images))  # --quota-images-per-hour
             forward = {**dict(raw), "seed": request.seed, "randomize_seed": False}
             ticket = self._line.join(None)
             started: dict[str, Any] | None = None
@@ -235,6 +236,7 @@ class RayAdapter(AdapterBase):
             info["backend"] = "ray"
             self.metrics.images.inc(len(paths))
             self.metrics.inference.observe(info["durations_ms"]["inference"] / 1000)
+            held.keep()
             yield Output(request.request_id, finish="done", paths=tuple(paths), info=info)
 
     async def _relay(self, call: Any, ticket: int) -> AsyncGenerator[Output, None]:

@@ -24,6 +24,7 @@ from ..errors import Cancelled, InvalidRequest, RetryLater, ShuttingDown
 from ..protocol import ModelProfile, Output
 from ..request import Limits
 from .metrics import Metrics
+from .quota import Held, ImageQuota
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ class Adapter(Protocol):
     metrics: Metrics
     closing: bool
     in_flight: int
+    quota: ImageQuota | None
 
     @property
     def profile(self) -> ModelProfile: ...
@@ -112,6 +114,7 @@ class AdapterBase:
         self.consecutive_failures = 0
         self.in_flight = 0
         self.liveness = LivenessWatch()
+        self.quota: ImageQuota | None = None  # --quota-images-per-hour (``quota``); None: off
         self._loop: asyncio.AbstractEventLoop | None = None
         self._on_close: list[Callable[[], None]] = []
         # Short CPU work (validation, token counting, PNG encoding) off the event loop, on threads
@@ -188,6 +191,10 @@ class AdapterBase:
                 self.consecutive_failures += 1
             elif outcome == "completed":
                 self.consecutive_failures = 0
+
+    def quota_held(self, user: str | None, images: int) -> contextlib.AbstractContextManager[Held]:
+        """``ImageQuota.held`` when ``--quota-images-per-hour`` is on, else nothing counted."""
+        return self.quota.held(user, images) if self.quota is not None else contextlib.nullcontext(Held())
 
     # -- health and lifecycle ------------------------------------------------------------------
     def health(self) -> dict[str, Any]:

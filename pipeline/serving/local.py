@@ -209,6 +209,7 @@ class LocalAdapter(AdapterBase):
                     )
                 else:
                     request = validate(raw, self.limits, request_id=request_id)
+                held = cleanup.enter_context(self.quota_held(user, request.num_images))  # --quota-images-per-hour
                 self._stops[request.request_id] = stop  # ``stop(request_id)`` reaches it from now on
                 cleanup.callback(self._forget_stop, request.request_id, stop)
                 if needs_token_count(request, self.limits):
@@ -249,6 +250,7 @@ class LocalAdapter(AdapterBase):
             p = self.profile
             info = info_record(request, result, t, p)
             self._observe(info, len(paths))
+            held.keep()
             yield Output(request.request_id, finish="done", paths=tuple(paths), info=info)
 
     async def _wait_turn(self, entry: Entry) -> AsyncGenerator[Output, None]:
