@@ -187,3 +187,24 @@ def outpaint_canvas(
          left + (reach if left else 0) : left + w - (reach if right else 0)] = True  # fmt: skip
     mask = Image.fromarray(np.where(keep, 0, 255).astype(np.uint8))
     return Image.fromarray(filled.astype(np.uint8)), feathered(mask, blur)
+
+
+def remask(data: bytes, field: str, *, edit_transparent: bool = False, invert: bool = False) -> bytes:
+    """A mask from another API's convention as this app's (an opaque PNG, white where redrawn).
+
+    ``edit_transparent``: OpenAI's, where a mask with transparency is edited where it is fully
+    transparent (alpha 0); one without is read as this app's. ``invert``: A1111's
+    ``inpainting_mask_invert``, the marked area kept and the rest redrawn. Decoded with the caps."""
+    layer = read_layer(data, field)
+    alpha = np.asarray(layer)[..., 3] if layer.mode == "RGBA" else None
+    if alpha is not None and edit_transparent:
+        marked = alpha == 0
+    elif alpha is not None and alpha.min() < 255:
+        marked = alpha > 0
+    else:
+        marked = np.asarray(layer.convert("L")) >= 128
+    if invert:
+        marked = ~marked
+    out = io.BytesIO()
+    Image.fromarray((marked * 255).astype(np.uint8)).save(out, format="PNG")
+    return out.getvalue()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import re
 from http.cookies import SimpleCookie
 from typing import Any, Awaitable, Callable
@@ -84,8 +85,24 @@ def replay(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
+# The shape of the front door's own refusals for the request in hand (``frontdoor`` sets it per
+# request: each request runs in a task of its own): "detail" (Gradio's and FastAPI's), or "openai"
+# on OpenAI's routes, whose clients read ``{"error": {"message", "type", "param", "code"}}``.
+ERROR_SHAPE: contextvars.ContextVar[str] = contextvars.ContextVar("error_shape", default="detail")
+OPENAI_ERROR_TYPES = {401: "invalid_request_error", 403: "invalid_request_error", 404: "invalid_request_error",
+                      413: "invalid_request_error", 429: "rate_limit_exceeded"}  # fmt: skip
+
+
+def error_payload(status: int, detail: Any, shape: str | None = None) -> bytes:
+    """A refusal's JSON body, in the request's shape (``ERROR_SHAPE``)."""
+    if (shape or ERROR_SHAPE.get()) == "openai":
+        kind = OPENAI_ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+        return orjson.dumps({"error": {"message": str(detail), "type": kind, "param": None, "code": None}})
+    return orjson.dumps({"detail": detail})
+
+
 async def json(send: Send, status: int, detail: Any, headers: dict[str, str] | None = None) -> None:
-    body = orjson.dumps({"detail": detail})
+    body = error_payload(status, detail)
     head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     head += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": head})

@@ -57,6 +57,7 @@ from .identity import SEAL_HEADER, Caller, TrustedProxies, caller_of, seal, unse
 from .inputs import InputPolicy, Refused
 from .login import Login, presents_credential
 from .outputs import RECENT_PREVIEWS
+from .peer_api import LOGIN_STATE
 from .site import LiveCalls
 from .upload_route import NO_SESSION, UploadBook
 
@@ -103,6 +104,8 @@ class FrontDoor:
 
     async def _admit(self, scope: Scope, receive: Receive, send: Send) -> None:
         d, path, method = self.d, scope.get("path", ""), scope.get("method", "GET")
+        if path.startswith("/v1/"):  # OpenAI's routes: the door's refusals in OpenAI's error shape
+            asgi.ERROR_SHAPE.set("openai")
         headers = _drop_unsealed(scope)
         internal = asgi.is_loopback(scope) and hmac.compare_digest(
             asgi.header(headers, INTERNAL_HEADER).encode("latin-1"), d.internal_secret.encode()
@@ -144,6 +147,8 @@ class FrontDoor:
                 return await _too_many(send, wait, "Too many failed logins from your address; wait and try again.")
             if user is None and kind not in OPEN_UNDER_AUTH and kind != "metrics":
                 return await asgi.json(send, 401, "Login required.", {"www-authenticate": 'Basic realm="app"'})
+            if user is not None:  # the HTTP APIs' identity carries the login, as the page's does
+                scope["state"][LOGIN_STATE] = user
         if takes_a_token(kind, scope["method"]) and not internal:  # 6. the rate of writes
             wait = d.buckets.take(caller.key)
             if wait > 0:

@@ -170,3 +170,15 @@ def upload_folder() -> Path:
     from gradio.processing_utils import get_upload_folder
 
     return Path(get_upload_folder())
+
+
+def served_path(path: Path) -> Path:
+    """A file Gradio's ``file=`` route serves: ``path`` itself when it is in Gradio's cache (the
+    output folder is, unless ``GRADIO_TEMP_DIR`` says otherwise: ``lifecycle.own_gradio_cache``), else
+    Gradio's copy of it there (``processing_utils.save_file_to_cache``; the sweeper ages both folders)."""
+    from gradio.processing_utils import save_file_to_cache
+
+    cache = upload_folder().resolve()
+    if path.resolve().is_relative_to(cache):
+        return path
+    return Path(save_file_to_cache(path, str(cache)))

@@ -3,7 +3,8 @@
 A route's *kind* says what the door does with it: ``login-page`` and ``login`` (what a login page
 needs; open under ``--auth``), ``health`` (open), ``startup`` (Gradio's own launch calls it),
 ``metrics`` (the login or the metrics token), ``page``, ``file``, ``heartbeat``, ``stream``,
-``join``, ``call``, ``cancel``, ``small``, ``upload`` and ``mcp`` (the login under ``--auth``; the
+``join``, ``call``, ``cancel``, ``small``, ``upload``, ``mcp`` and ``peer`` (AUTOMATIC1111's and
+OpenAI's HTTP APIs) (the login under ``--auth``; the
 session, rate and body checks by kind). A route not in ``ROUTES`` is 404 whatever Gradio serves
 there, so a Gradio upgrade that adds one opens nothing (``tests/server/test_routes_guarded.py``
 lists Gradio's routes at runtime and probes each).
@@ -42,6 +43,12 @@ ROUTES: tuple[tuple[frozenset[str], re.Pattern[str], str], ...] = tuple(
         ("POST", r"/login/?", "login"),
         ("GET", r"/logout/?", "login-page"),
         ("GET POST DELETE", rf"{API}/mcp(/.*)?", "mcp"),
+        # AUTOMATIC1111's and OpenAI's HTTP APIs (``sdapi``, ``openai_images``): the login, the rate
+        # of writes, and each route's own body cap (``lifecycle.PEER_BODY_CAPS``); their handlers
+        # read their bodies.
+        ("GET", r"/sdapi/v1/(progress|sd-models|samplers|schedulers|loras|options|scripts)", "peer"),
+        ("POST", r"/sdapi/v1/(txt2img|img2img|interrupt|options|png-info)", "peer"),
+        ("POST", r"/v1/images/(generations|edits)", "peer"),
     )
 )
 JSON_BODIES = ("join", "call", "cancel", "small", "mcp")  # kinds whose bodies the door reads as JSON

@@ -23,6 +23,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from .asgi import error_payload
 from .identity import TrustedProxies
 
 
@@ -49,6 +50,7 @@ def limited_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
             self._counted: str | None = None
             self._header_bytes = 0
             self._body_bytes = 0
+            self._path = ""
             self._cap = limits.max_body_bytes  # this request's: its path's own, else the default
             self._refused = False  # answered and closing: the parser's later callbacks do nothing
 
@@ -108,6 +110,7 @@ def limited_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
                 return
             self._disarm()
             path = bytes(getattr(self, "url", b"")).split(b"?", 1)[0].decode("latin-1")
+            self._path = path
             self._cap = limits.body_caps.get(path, limits.max_body_bytes)
             length = dict(self.headers).get(b"content-length", b"0")
             if length.isdigit() and int(length) > self._cap:
@@ -161,8 +164,11 @@ def limited_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
                 reason = {408: b"Request Timeout", 413: b"Content Too Large", 429: b"Too Many Requests"}.get(
                     status, b"Request Header Fields Too Large"
                 )
-                head = b"HTTP/1.1 %d %s\r\ncontent-type: text/plain\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
-                self.transport.write(head % (status, reason, len(text)) + text)
+                kind = b"text/plain"
+                if self._path.startswith("/v1/"):  # OpenAI's routes: its clients read its shape
+                    kind, text = b"application/json", error_payload(status, text.decode(), "openai")
+                head = b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
+                self.transport.write(head % (status, reason, kind, len(text)) + text)
             self.transport.close()
 
     return Limited

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import MutableMapping
 from pathlib import Path
+from typing import Any
 
 import gradio as gr
 from starlette.middleware import Middleware
@@ -12,13 +13,17 @@ from starlette.middleware import Middleware
 from ..config import Settings
 from ..serving.base import Adapter
 from ..serving.owners import KEY_FILE
+from ..uploads import MAX_UPLOAD_BYTES
 from .frontdoor import DoorConfig, DoorLimits, FrontDoor
 from .gradio_internals import queued, skip_matplotlib_probe, tune_queue, upload_folder, uvicorn_options
 from .httplimits import ConnectionLimits, limited_protocol
 from .inputs import InputPolicy
 from .login import Login
 from .mcp_tool import call_back_as_internal
+from .openai_images import OPENAI, OpenAIImages
+from .peer_api import PeerJobs
 from .routes import service_routes
+from .sdapi import SDAPI, SdApi
 from .shown import PROGRESS_INTERVAL
 from .site import site_of
 from .upload_route import UPLOAD_BODY_BYTES, UPLOAD_PATH, UploadBook
@@ -32,6 +37,22 @@ def own_gradio_cache(settings: Settings, environ: MutableMapping[str, str]) -> P
     if not environ.get("GRADIO_TEMP_DIR"):
         environ["GRADIO_TEMP_DIR"] = str(settings.output_dir)
     return Path(environ["GRADIO_TEMP_DIR"])
+
+
+# The HTTP APIs' bodies: an image in base64 is 4/3 of its bytes (A1111's img2img: a picture and a
+# mask; png-info: one picture), a multipart edit its bytes (a picture and a mask) and the fields.
+_B64 = MAX_UPLOAD_BYTES * 4 // 3
+PEER_BODY_CAPS = {
+    f"{SDAPI}/img2img": 2 * _B64 + 2**20,
+    f"{SDAPI}/png-info": _B64 + 64 * 1024,
+    f"{OPENAI}/edits": 2 * MAX_UPLOAD_BYTES + 256 * 1024,
+}
+
+
+def peer_routes(adapter: Adapter) -> list[Any]:
+    """AUTOMATIC1111's ``/sdapi/v1`` and OpenAI's ``/v1/images``, sharing one book of jobs (``peer_api``)."""
+    jobs = PeerJobs()
+    return [*SdApi(adapter, jobs).routes(), *OpenAIImages(adapter, jobs).routes()]
 
 
 def front_door(demo: gr.Blocks, settings: Settings) -> DoorConfig:
@@ -66,11 +87,11 @@ def launch(demo: gr.Blocks, adapter: Adapter, settings: Settings) -> DoorConfig:
         header_timeout=settings.request_timeout,
         body_timeout=3 * settings.request_timeout,
         max_body_bytes=door.max_body_bytes,
-        body_caps={UPLOAD_PATH: UPLOAD_BODY_BYTES},
+        body_caps={UPLOAD_PATH: UPLOAD_BODY_BYTES, **PEER_BODY_CAPS},
         connections_per_address=settings.max_connections_per_address,
     )
     app_kwargs = {
-        "routes": service_routes(demo, adapter, door.login, door.uploads),
+        "routes": [*service_routes(demo, adapter, door.login, door.uploads), *peer_routes(adapter)],
         "middleware": [Middleware(FrontDoor, door=door)],
     }
     with uvicorn_options(http=limited_protocol(connections), proxy_headers=False):

@@ -1,0 +1,376 @@
+"""OpenAI's images API, ``POST /v1/images/generations`` and ``POST /v1/images/edits``, through the page's line.
+
+What every OpenAI SDK (and every app built on one) calls; vllm-omni, SGLang-Diffusion and
+diffusers' own server example serve the same routes. Every request enters ``Adapter.run`` as its
+caller (``peer_api``), so the fair share, the caps, the quota and the gate are the page's.
+
+- Fields: ``prompt``, ``model`` (this server's model, or omitted), ``n``, ``size`` (``WxH`` the
+  model can draw, or ``auto``: its default), ``response_format`` (``b64_json``, the default, or
+  ``url``: the app's own file route), ``output_format`` (``png``, ``jpeg``, ``webp``),
+  ``output_compression``, ``stream`` with ``partial_images`` (0-3: the job's live previews),
+  ``user`` / ``safety_identifier`` (logged; who the caller is comes from the front door, never
+  from the body). ``quality``, ``style``, ``moderation``, ``input_fidelity`` and ``background``
+  ``auto``/``opaque`` are taken and have no effect; what this app cannot do (a transparent
+  background, GIF or SVG output, animation frames) is refused by name.
+- This app's own fields, for clients that send them (``extra_body``): ``seed``,
+  ``negative_prompt``, ``num_inference_steps``, ``guidance_scale``, ``scheduler``, ``lora``,
+  ``lora_scale``, and on edits ``strength``.
+- Edits (multipart): ``image`` (one file) and ``mask`` (optional: inpainting where the mask is
+  fully transparent, OpenAI's convention, or white on an opaque mask; without one, image-to-image
+  at ``strength``, 0.75 by default).
+- Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``, the field in
+  ``param``; the front door's own refusals on these routes (401, 413, 429) take the same shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import logging
+import time
+from typing import Any, AsyncIterator, Mapping
+
+import orjson
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
+from PIL import Image
+
+from ..errors import InvalidRequest, ServingError
+from ..protocol import ModelProfile, Output
+from ..request import DEFAULT_STRENGTH, Limits
+from ..serving.base import Adapter
+from ..uploads import MAX_UPLOAD_BYTES, remask
+from .gradio_internals import served_path
+from .peer_api import (
+    PeerJobs,
+    http_error,
+    json_body,
+    read_pngs,
+    request_caller,
+    retry_headers,
+    run_job,
+    watch_disconnect,
+)
+
+log = logging.getLogger(__name__)
+
+OPENAI = "/v1/images"
+FORMATS = {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}
+MAX_PARTIAL_IMAGES = 3
+_IGNORED = {"quality", "style", "moderation", "input_fidelity", "complexity", "user", "safety_identifier"}
+_KNOWN = {"prompt", "model", "n", "size", "response_format", "output_format", "output_compression", "stream",
+          "partial_images", "background", *_IGNORED}  # fmt: skip
+_OWN = {"seed", "negative_prompt", "num_inference_steps", "guidance_scale", "scheduler", "lora", "lora_scale"}
+_REFUSED = {"frame_count": "animation frames", "frame_duration_ms": "animation frames", "svg": "SVG output",
+            "markup": "markup images"}  # fmt: skip
+
+
+def error_body(
+    message: str, param: str | None = None, kind: str = "invalid_request_error", code: str | None = None
+) -> dict[str, Any]:
+    """OpenAI's error shape."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def error_response(exc: BaseException) -> JSONResponse:
+    status, message, retry = http_error(exc)
+    if status == 422:
+        status = 400  # OpenAI answers a bad field with 400
+    kind = {429: "rate_limit_exceeded", 503: "server_error", 500: "server_error", 504: "server_error"}.get(
+        status, "invalid_request_error"
+    )
+    param = getattr(exc, "field", None)
+    return JSONResponse(error_body(message, param, kind), status_code=status, headers=retry_headers(retry))
+
+
+def openai_raw(
+    body: Mapping[str, Any], profile: ModelProfile, limits: Limits, *, edit: bool
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the app's raw request, the answer's settings: format, compression, response format, stream, partials).
+
+    Raises ``InvalidRequest`` naming the OpenAI field."""
+    own = _OWN | ({"strength"} if edit else set())
+    for name in body:
+        if name in _REFUSED and body[name] not in (None, "", 0, False):
+            raise InvalidRequest(name, f"{name}: {_REFUSED[name]} are not supported by this app")
+        if name not in _KNOWN and name not in own and name not in _REFUSED and name not in ("image", "image[]", "mask"):
+            raise InvalidRequest(name, f"Unrecognized request argument supplied: {name}")
+    prompt = body.get("prompt")
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise InvalidRequest("prompt", "prompt is required: the text of the picture to make")
+    model = body.get("model")
+    if model not in (None, "", profile.name):
+        raise InvalidRequest(
+            "model", f"model must be {profile.name!r} (the model this server serves) or omitted; got {model!r}"
+        )
+    n = _integer(body, "n", 1)
+    if not 1 <= n <= limits.max_images:
+        raise InvalidRequest("n", f"n must be from 1 to {limits.max_images}; got {n}")
+    width, height = _size(body.get("size"), profile, limits)
+    output_format = str(body.get("output_format") or "png").lower()
+    if output_format not in FORMATS:
+        raise InvalidRequest("output_format", f"output_format must be png, jpeg or webp; got {output_format!r}")
+    compression = _integer(body, "output_compression", 100)
+    if not 0 <= compression <= 100:
+        raise InvalidRequest("output_compression", f"output_compression must be from 0 to 100; got {compression}")
+    response_format = body.get("response_format") or "b64_json"
+    if response_format not in ("b64_json", "url"):
+        raise InvalidRequest("response_format", f"response_format must be b64_json or url; got {response_format!r}")
+    if body.get("background") not in (None, "", "auto", "opaque"):
+        raise InvalidRequest("background", "background must be auto or opaque: this app draws no transparency")
+    stream = _flag(body, "stream")
+    partials = _integer(body, "partial_images", 0)
+    if not 0 <= partials <= MAX_PARTIAL_IMAGES:
+        raise InvalidRequest("partial_images", f"partial_images must be from 0 to {MAX_PARTIAL_IMAGES}; got {partials}")
+    seed = body.get("seed")
+    raw: dict[str, Any] = {
+        "prompt": prompt,
+        "negative_prompt": body.get("negative_prompt") or "",
+        "seed": _integer(body, "seed", 0) if seed is not None else 0,
+        "randomize_seed": seed is None,
+        "width": width,
+        "height": height,
+        "num_images": n,
+        "num_inference_steps": profile.default_steps,
+        "guidance_scale": profile.default_guidance,
+        "live_preview": stream and partials > 0,
+        "mode": "text",
+    }
+    for name in ("num_inference_steps", "guidance_scale", "scheduler", "lora", "lora_scale"):
+        if body.get(name) not in (None, ""):
+            raw[name] = _number(body, name) if name not in ("scheduler", "lora") else str(body[name])
+    if edit:
+        raw["strength"] = _number(body, "strength") if body.get("strength") not in (None, "") else DEFAULT_STRENGTH
+    answer = {"format": output_format, "compression": compression, "response_format": response_format,
+              "stream": stream, "partials": partials, "size": f"{width}x{height}"}  # fmt: skip
+    return raw, answer
+
+
+def _size(value: Any, profile: ModelProfile, limits: Limits) -> tuple[int, int]:
+    if value in (None, "", "auto"):
+        return profile.default_width, profile.default_height
+    rule = (
+        f"WIDTHxHEIGHT in multiples of {limits.size_multiple} from {limits.min_size} to {limits.max_size}, "
+        f"at most {limits.max_pixels} pixels, or auto ({profile.default_width}x{profile.default_height})"
+    )
+    parts = str(value).lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        raise InvalidRequest("size", f"size must be {rule}; got {value!r}")
+    width, height = int(parts[0]), int(parts[1])
+    fits = all(limits.min_size <= s <= limits.max_size and s % limits.size_multiple == 0 for s in (width, height))
+    if limits.size_choices:
+        fits = (width, height) in limits.size_choices
+        rule = "one of " + ", ".join(f"{w}x{h}" for w, h in limits.size_choices)
+    if not fits or width * height > limits.max_pixels:
+        raise InvalidRequest("size", f"size must be {rule}; this model cannot draw {value}")
+    return width, height
+
+
+def _integer(body: Mapping[str, Any], name: str, default: int) -> int:
+    value = body.get(name, default)
+    if value in (None, ""):
+        return default
+    try:
+        number = float(value) if not isinstance(value, bool) else None
+    except (TypeError, ValueError):
+        number = None
+    if number is None or not number.is_integer():
+        raise InvalidRequest(name, f"{name} must be a whole number; got {value!r}")
+    return int(number)
+
+
+def _number(body: Mapping[str, Any], name: str) -> float:
+    value = body.get(name)
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise InvalidRequest(name, f"{name} must be a number; got {value!r}") from None
+
+
+def _flag(body: Mapping[str, Any], name: str) -> bool:
+    value = body.get(name, False)
+    if isinstance(value, str):  # multipart fields are text
+        if value.lower() not in ("true", "false", "1", "0", ""):
+            raise InvalidRequest(name, f"{name} must be true or false; got {value!r}")
+        return value.lower() in ("true", "1")
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise InvalidRequest(name, f"{name} must be true or false; got {value!r}")
+    return value
+
+
+def converted(png: bytes, output_format: str, compression: int) -> bytes:
+    """The PNG as ``output_format`` (JPEG and WebP at quality ``compression``): run off the loop."""
+    if output_format == "png":
+        return png
+    with Image.open(io.BytesIO(png)) as image:
+        out = io.BytesIO()
+        image.convert("RGB").save(out, format=FORMATS[output_format], quality=max(1, compression))
+        return out.getvalue()
+
+
+class OpenAIImages:
+    """The ``/v1/images`` routes on the app's server."""
+
+    def __init__(self, adapter: Adapter, jobs: PeerJobs) -> None:
+        self.adapter = adapter
+        self.jobs = jobs
+
+    def routes(self) -> list[APIRoute]:
+        return [
+            APIRoute(f"{OPENAI}/generations", self.generations, methods=["POST"], include_in_schema=False),
+            APIRoute(f"{OPENAI}/edits", self.edits, methods=["POST"], include_in_schema=False),
+        ]
+
+    async def generations(self, request: Request) -> Response:
+        try:
+            body = await json_body(request)
+            raw, answer = openai_raw(body, self.adapter.profile, self.adapter.limits, edit=False)
+        except ServingError as exc:
+            return error_response(exc)
+        return await self._answer(request, raw, answer, "image_generation", body)
+
+    async def edits(self, request: Request) -> Response:
+        try:
+            body, image, mask = await self._form(request)
+            raw, answer = openai_raw(body, self.adapter.profile, self.adapter.limits, edit=True)
+            raw["image"] = image
+            if mask is not None:
+                raw["mask"] = await asyncio.to_thread(remask, mask, "mask", edit_transparent=True)
+                raw["mode"], raw["mask_blur"] = "inpaint", 0
+            else:
+                raw["mode"] = "image"
+        except ServingError as exc:
+            return error_response(exc)
+        return await self._answer(request, raw, answer, "image_edit", body)
+
+    async def _form(self, request: Request) -> tuple[dict[str, Any], bytes, bytes | None]:
+        """The multipart edit: its text fields, the image's bytes and the mask's (each capped)."""
+        try:
+            form = await request.form(max_files=3, max_fields=40, max_part_size=64 * 1024)
+        except Exception as exc:  # a malformed body, too many parts, a field over the part size
+            raise InvalidRequest("body", f"send the edit as multipart/form-data with one image ({exc})") from None
+        try:
+            body: dict[str, Any] = {}
+            files: dict[str, list[Any]] = {}
+            for key, value in form.multi_items():
+                if hasattr(value, "read"):
+                    files.setdefault(key.removesuffix("[]"), []).append(value)
+                else:
+                    body[key] = value
+            images = files.get("image", [])
+            if len(images) != 1:
+                raise InvalidRequest("image", "image must be one PNG, JPEG or WebP file (this app edits one image)")
+            image = await images[0].read(MAX_UPLOAD_BYTES + 1)
+            masks = files.get("mask", [])
+            if len(masks) > 1:
+                raise InvalidRequest("mask", "mask must be one file")
+            mask = await masks[0].read(MAX_UPLOAD_BYTES + 1) if masks else None
+            for name, data in (("image", image), ("mask", mask)):
+                if data is not None and len(data) > MAX_UPLOAD_BYTES:
+                    raise InvalidRequest(name, f"{name}: the file is over {MAX_UPLOAD_BYTES // 2**20} MiB")
+            return body, image, mask
+        finally:
+            await form.close()
+
+    async def _answer(
+        self, request: Request, raw: dict[str, Any], answer: dict[str, Any], event: str, body: Mapping[str, Any]
+    ) -> Response:
+        caller = request_caller(request)
+        label = body.get("safety_identifier") or body.get("user")
+        if label:
+            log.info("openai images request from %s, user %.64r", caller.key, str(label))
+        if answer["stream"]:
+            return StreamingResponse(self._stream(request, raw, answer, event, caller), media_type="text/event-stream")
+        try:
+            async with watch_disconnect(request) as alive:
+                ended = await run_job(self.adapter, raw, caller, self.jobs, alive)
+            if ended.done is None:
+                return error_response(InvalidRequest("interrupted", "the job was interrupted by its caller"))
+            data = await self._images(request, ended.done, answer)
+        except ServingError as exc:
+            return error_response(exc)
+        answered = {"created": int(time.time()), "data": data, "output_format": answer["format"]}
+        answered.update(size=answer["size"], background="opaque", quality="auto", usage=_usage(raw))
+        return JSONResponse(answered)
+
+    async def _images(self, request: Request, done: Output, answer: dict[str, Any]) -> list[dict[str, Any]]:
+        if answer["response_format"] == "url":
+            if answer["format"] != "png":
+                raise InvalidRequest(
+                    "response_format", "response_format url serves the PNG files: use output_format png"
+                )
+            base = str(request.base_url).rstrip("/")
+            served = [await asyncio.to_thread(served_path, path) for path in done.paths]
+            return [{"url": f"{base}/gradio_api/file={path}"} for path in served]
+        files = await asyncio.to_thread(read_pngs, done.paths)
+        out = [await asyncio.to_thread(converted, png, answer["format"], answer["compression"]) for png in files]
+        return [{"b64_json": base64.b64encode(data).decode("ascii")} for data in out]
+
+    async def _stream(
+        self, request: Request, raw: dict[str, Any], answer: dict[str, Any], event: str, caller: Any
+    ) -> AsyncIterator[bytes]:
+        """Server-sent events: up to ``partial_images`` previews (``<event>.partial_image``), then one
+        ``<event>.completed`` per image; an error is one ``error`` event. A client that disconnects
+        ends the stream (Starlette cancels it) and so its job."""
+        partials: list[bytes] = []
+        wanted = answer["partials"]
+        meta = {"background": "opaque", "output_format": answer["format"], "quality": "auto", "size": answer["size"]}
+
+        async def on_step(step: Output) -> None:
+            due = step.total and len(partials) < wanted and step.step >= (len(partials) + 1) * step.total / (wanted + 1)
+            if step.preview is not None and due:
+                data = step.preview.data
+                if answer["format"] != "jpeg":  # previews are JPEGs: the answer's format
+                    data = await asyncio.to_thread(_recode, data, answer["format"])
+                partials.append(data)
+                await queue.put(_sse(f"{event}.partial_image", {
+                    "type": f"{event}.partial_image", "b64_json": base64.b64encode(data).decode("ascii"),
+                    "partial_image_index": len(partials) - 1, "created_at": int(time.time()), **meta}))  # fmt: skip
+
+        queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+        async def produce() -> None:
+            try:
+                ended = await run_job(self.adapter, raw, caller, self.jobs, lambda: True, on_step)
+                if ended.done is None:
+                    raise InvalidRequest("interrupted", "the job was interrupted by its caller")
+                for item in await self._images(request, ended.done, answer):
+                    payload = {"type": f"{event}.completed", **item, "created_at": int(time.time()), **meta,
+                               "usage": _usage(raw)}  # fmt: skip
+                    await queue.put(_sse(f"{event}.completed", payload))
+            except ServingError as exc:
+                _status, message, _ = http_error(exc)
+                await queue.put(_sse("error", error_body(message, getattr(exc, "field", None))))
+            finally:
+                await queue.put(None)
+
+        task = asyncio.get_running_loop().create_task(produce(), name="openai-stream")
+        try:
+            while (item := await queue.get()) is not None:
+                yield item
+        finally:
+            task.cancel()  # the client went away (or the stream ended): the job leaves with it
+            await asyncio.gather(task, return_exceptions=True)
+
+
+def _recode(jpeg: bytes, output_format: str) -> bytes:
+    with Image.open(io.BytesIO(jpeg)) as image:
+        out = io.BytesIO()
+        image.convert("RGB").save(out, format=FORMATS[output_format])
+        return out.getvalue()
+
+
+def _sse(event: str, data: dict[str, Any]) -> bytes:
+    return b"event: " + event.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+
+def _usage(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """OpenAI's usage record (its SDK's completed event requires one): this app counts no tokens."""
+    return {"input_tokens": 0, "input_tokens_details": {"image_tokens": 0, "text_tokens": 0}, "output_tokens": 0,
+            "total_tokens": 0}  # fmt: skip

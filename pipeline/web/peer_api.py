@@ -1,0 +1,237 @@
+"""What AUTOMATIC1111's ``/sdapi/v1`` and OpenAI's ``/v1/images`` routes share (``sdapi``, ``openai_images``).
+
+Both enter the same line as the page: ``Adapter.run``, with the caller's identity from the front
+door (``identity.caller_of``, the login included), so validation, the fair share, the waiting cap,
+the quota, the cost budget, the job time limit and the gate are the page's. Nothing here decides
+who goes first.
+
+- ``PeerJobs``: each identity's HTTP API jobs in flight, what A1111's ``progress`` reports and
+  ``interrupt`` stops: the caller's own, never anyone else's.
+- ``run_job``: one request through ``Adapter.run`` to its end, its progress kept in the book; a
+  client that disconnects stops its job at the next step (``watch_disconnect``).
+- ``http_error``: a ``ServingError`` as an HTTP status, message and ``Retry-After``.
+
+Owner: the event loop (the routes' handlers); nothing here blocks it: a picture's bytes are read
+and encoded in the adapter's pool or ``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable, Mapping
+
+import orjson
+from fastapi import Request
+
+from ..errors import (
+    Cancelled,
+    InvalidRequest,
+    JobTimedOut,
+    OutOfMemory,
+    QuotaExceeded,
+    RetryLater,
+    ServingError,
+    StorageFull,
+    TooManyWaiting,
+)
+from ..protocol import Output
+from ..request import new_request_id
+from ..serving.base import Adapter
+from ..uploads import MAX_UPLOAD_BYTES
+from . import asgi
+from .identity import Caller, caller_of
+
+LOGIN_STATE = "t2i_login"  # the front door's answer to "which --auth user is this" (``frontdoor``)
+
+
+@dataclass
+class PeerJob:
+    """One HTTP API job in flight: what ``progress`` shows of it."""
+
+    request_id: str
+    started: float
+    ahead: int | None = None
+    step: int = 0
+    total: int = 0
+    eta_seconds: float | None = None
+    preview: bytes | None = None  # the latest live preview (JPEG), when the job asked for previews
+    interrupted: bool = False
+
+
+@dataclass
+class PeerJobs:
+    """Each identity's HTTP API jobs in flight (event loop only)."""
+
+    by_user: dict[str, dict[str, PeerJob]] = field(default_factory=dict)
+
+    def of(self, user: str) -> list[PeerJob]:
+        return sorted(self.by_user.get(user, {}).values(), key=lambda job: job.started)
+
+    def interrupt(self, user: str) -> int:
+        """Stop ``user``'s own jobs at their next step (its liveness says gone); how many."""
+        jobs = self.of(user)
+        for job in jobs:
+            job.interrupted = True
+        return len(jobs)
+
+    @contextlib.contextmanager
+    def tracking(self, user: str, job: PeerJob) -> Any:
+        self.by_user.setdefault(user, {})[job.request_id] = job
+        try:
+            yield job
+        finally:
+            jobs = self.by_user.get(user, {})
+            jobs.pop(job.request_id, None)
+            if not jobs:
+                self.by_user.pop(user, None)
+
+
+def request_caller(request: Request) -> Caller:
+    """Who is asking: the front door's ``Caller`` with its ``--auth`` login; a request that did not
+    pass the door (a test's direct call) is resolved the same way from its peer."""
+    state = request.scope.get("state", {})
+    caller = state.get("t2i_caller")
+    if not isinstance(caller, Caller):
+        caller = caller_of(asgi.peer(dict(request.scope)), list(request.headers.items()), _no_proxies())
+    login = state.get(LOGIN_STATE)
+    return dataclasses.replace(caller, login=login) if login else caller
+
+
+def _no_proxies() -> Any:
+    from .identity import TrustedProxies
+
+    return TrustedProxies.parse("none")
+
+
+@contextlib.asynccontextmanager
+async def watch_disconnect(request: Request) -> AsyncIterator[Callable[[], bool]]:
+    """``alive()`` for a request whose body has been read: False once its client has gone (the
+    ASGI server's ``http.disconnect``), so its job stops at the next step rather than run for no one."""
+    gone = asyncio.Event()
+
+    async def listen() -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                gone.set()
+                return
+
+    task = asyncio.get_running_loop().create_task(listen(), name="api-disconnect-watch")
+    try:
+        yield lambda: not gone.is_set()
+    finally:
+        task.cancel()
+
+
+@dataclass
+class Ended:
+    """A job's end: its images (``done``), or it was interrupted by its own caller."""
+
+    done: Output | None
+    interrupted: bool = False
+    steps_done: int = 0
+
+
+async def run_job(
+    adapter: Adapter,
+    raw: Mapping[str, Any],
+    caller: Caller,
+    jobs: PeerJobs,
+    alive: Callable[[], bool],
+    on_step: Callable[[Output], Any] | None = None,
+) -> Ended:
+    """``raw`` through ``adapter.run`` as ``caller`` (the page's line, the page's rules) to its end.
+
+    Raises the ``ServingError`` that ended it, except an interrupt by its own caller (``Ended``)."""
+    user = caller.key
+    job = PeerJob(new_request_id(), time.time())
+    with jobs.tracking(user, job):
+        events = adapter.run(raw, request_id=job.request_id, alive=lambda: alive() and not job.interrupted, user=user)
+        try:
+            async with contextlib.aclosing(events):
+                async for event in events:
+                    if event.kind == "waiting":
+                        job.ahead, job.eta_seconds = event.ahead, event.eta_seconds
+                    elif event.kind == "step":
+                        job.ahead, job.step, job.total, job.eta_seconds = 0, event.step, event.total, event.eta_seconds
+                        if event.preview is not None:
+                            job.preview = event.preview.data
+                        if on_step is not None:
+                            await on_step(event)
+                    else:
+                        return Ended(event)
+        except Cancelled as exc:
+            if job.interrupted:
+                return Ended(None, interrupted=True, steps_done=exc.steps_done or job.step)
+            raise
+    raise Cancelled("the request ended without its images")
+
+
+def http_error(exc: BaseException) -> tuple[int, str, float]:
+    """(status, message, Retry-After seconds or 0) for an error that ended a request."""
+    if isinstance(exc, InvalidRequest):
+        return 422, str(exc), 0.0
+    if isinstance(exc, QuotaExceeded):
+        return 429, str(exc), exc.retry_after
+    if isinstance(exc, TooManyWaiting):
+        return 429, str(exc), 5.0
+    if isinstance(exc, StorageFull):
+        return 507, str(exc), 60.0
+    if isinstance(exc, RetryLater):
+        return 503, str(exc), 5.0
+    if isinstance(exc, JobTimedOut):
+        return 504, str(exc), 0.0
+    if isinstance(exc, OutOfMemory):
+        return 507, str(exc), 0.0
+    if isinstance(exc, Cancelled):
+        return 499, "The request was cancelled.", 0.0
+    if isinstance(exc, ServingError) and exc.user_visible:
+        return 500, str(exc), 0.0
+    return 500, "The server failed on this request.", 0.0
+
+
+def retry_headers(seconds: float) -> dict[str, str] | None:
+    return {"retry-after": str(int(seconds) + 1)} if seconds else None
+
+
+def b64_bytes(value: Any, field_name: str) -> bytes:
+    """An image sent as base64 (A1111: with or without a ``data:image/...;base64,`` prefix), its bytes.
+
+    A URL or a path is refused by name: nothing the server would fetch or read."""
+    if not isinstance(value, str) or not value:
+        raise InvalidRequest(field_name, f"{field_name} must be a base64-encoded PNG, JPEG or WebP image")
+    text = value.split(",", 1)[1] if value.startswith("data:") and "," in value else value
+    if len(text) > (MAX_UPLOAD_BYTES * 4) // 3 + 8:
+        raise InvalidRequest(field_name, f"{field_name}: the image is over {MAX_UPLOAD_BYTES // 2**20} MiB")
+    if text.lstrip().lower().startswith(("http:", "https:", "file:", "ftp:")):
+        raise InvalidRequest(field_name, f"{field_name} must be the image's bytes in base64, not a URL or a path")
+    try:
+        return base64.b64decode(text, validate=False)
+    except (binascii.Error, ValueError):
+        raise InvalidRequest(field_name, f"{field_name} is not valid base64") from None
+
+
+def read_pngs(paths: tuple[Path, ...]) -> list[bytes]:
+    """The result's PNG files as written (with their ``parameters`` text): run off the loop."""
+    return [path.read_bytes() for path in paths]
+
+
+async def json_body(request: Request) -> dict[str, Any]:
+    """The request's JSON object (the route's body cap is the connection's: ``httplimits``)."""
+    body = await request.body()
+    if asgi.too_deep(body):
+        raise InvalidRequest("body", f"the request body nests deeper than {asgi.MAX_JSON_DEPTH} levels")
+    try:
+        parsed = orjson.loads(body) if body.strip() else {}
+    except orjson.JSONDecodeError:
+        raise InvalidRequest("body", "the request body must be a JSON object") from None
+    if not isinstance(parsed, dict):
+        raise InvalidRequest("body", "the request body must be a JSON object")
+    return parsed

@@ -1,0 +1,279 @@
+"""AUTOMATIC1111's ``/sdapi/v1`` and OpenAI's ``/v1/images`` through the launched app, with their real
+clients (``webuiapi``, ``openai``): the same pixels and ``parameters`` text as ``/generate``, the image
+modes, progress and interrupt of the caller's own job only, the lists, errors naming the field, and
+each route's body cap. Auth, quotas and fairness across protocols: ``test_peer_apis_line.py``."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.helpers import raw_request, running_app, wait_for
+from tests.hostile import peer
+from tests.loras import loras_of
+
+pytestmark = pytest.mark.timeout(600)
+
+COMMON = dict(prompt="a red circle", seed=7, width=64, height=64, num_inference_steps=4, guidance_scale=5.0)
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any]]:
+    tmp = tmp_path_factory.mktemp("peer-apis")
+    ink = loras_of("default")["a"]
+    args = ("--lora", f"ink={ink}", "--max-batch-size", "1", "--max-pixel-steps", str(10**9), "--rate-limit", "50")
+    with running_app(tmp, *args) as (url, _demo, _adapter):
+        from gradio_client import Client
+
+        yield url, Client(url, verbose=False, download_files=str(tmp / "dl"))
+
+
+def port_of(url: str) -> int:
+    return int(url.rstrip("/").rsplit(":", 1)[1])
+
+
+def generate(client: Any, **over: Any) -> tuple[np.ndarray, str]:
+    """``/generate`` through ``gradio_client``: the first picture's pixels and its PNG ``parameters``."""
+    gallery, _info = client.predict(**raw_request(**{**COMMON, **over}), api_name="/generate")
+    with Image.open(gallery[0]["image"]) as png:
+        return np.asarray(png.convert("RGB")).astype(int), png.text["parameters"]
+
+
+def pixels(image: Image.Image) -> np.ndarray:
+    return np.asarray(image.convert("RGB")).astype(int)
+
+
+def test_webuiapi_txt2img_equals_generate_with_the_pages_parameters(app: tuple[str, Any]) -> None:
+    import webuiapi
+
+    url, client = app
+    api = webuiapi.WebUIApi(host="127.0.0.1", port=port_of(url))
+    result = api.txt2img(prompt="a red circle <lora:ink:0.8>", seed=7, steps=4, cfg_scale=5, width=64, height=64,
+                         sampler_name="Euler", batch_size=2)  # fmt: skip
+    ours, text = generate(client, lora="ink", lora_scale=0.8, scheduler="Euler", num_images=2)
+    assert len(result.images) == 2 and result.info["all_seeds"] == [7, 8]
+    assert np.array_equal(pixels(result.image), ours)
+    assert result.image.info["parameters"] == text == result.info["infotexts"][0]  # the page's PNG, as it is
+    assert "<lora:ink:0.8>" in text and "Sampler: Euler," in text
+    assert result.info["sd_model_name"] == api.get_options()["sd_model_checkpoint"]
+    assert result.parameters["prompt"] == "a red circle <lora:ink:0.8>"  # the request, echoed
+
+
+def test_openai_images_generate_b64_and_url_equal_generate(app: tuple[str, Any]) -> None:
+    import openai
+
+    url, client = app
+    ours, _text = generate(client, scheduler="Euler")
+    api = openai.OpenAI(base_url=url + "v1", api_key="unused")
+    own = {"seed": 7, "num_inference_steps": 4, "guidance_scale": 5.0, "scheduler": "Euler"}
+    b64 = api.images.generate(prompt="a red circle", size="64x64", extra_body=own)
+    assert b64.size == "64x64" and b64.output_format == "png"
+    assert np.array_equal(pixels(Image.open(io.BytesIO(base64.b64decode(b64.data[0].b64_json)))), ours)
+    linked = api.images.generate(prompt="a red circle", size="64x64", response_format="url", extra_body=own)
+    fetched = httpx.get(linked.data[0].url, timeout=30)
+    assert fetched.status_code == 200 and np.array_equal(pixels(Image.open(io.BytesIO(fetched.content))), ours)
+    jpeg = api.images.generate(prompt="a red circle", size="64x64", output_format="jpeg", extra_body=own)
+    assert base64.b64decode(jpeg.data[0].b64_json)[:3] == b"\xff\xd8\xff"
+
+
+def source_and_hole(tmp: Path) -> tuple[Image.Image, Image.Image, Path, Path]:
+    rng = np.random.default_rng(11)
+    source = Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8))
+    hole = np.zeros((64, 64), dtype=np.uint8)
+    hole[16:48, 16:48] = 255
+    mask = Image.fromarray(hole)
+    source.save(tmp / "source.png")
+    mask.save(tmp / "mask.png")
+    return source, mask, tmp / "source.png", tmp / "mask.png"
+
+
+def test_img2img_with_a_mask_and_an_openai_edit_equal_the_pages_inpainting(
+    app: tuple[str, Any], tmp_path: Path
+) -> None:
+    import openai
+    import webuiapi
+    from gradio_client import handle_file
+
+    url, client = app
+    source, mask, source_file, mask_file = source_and_hole(tmp_path)
+    api = webuiapi.WebUIApi(host="127.0.0.1", port=port_of(url))
+    result = api.img2img(images=[source], mask_image=mask, prompt="a red circle", denoising_strength=0.6, seed=5, steps=4,
+                         cfg_scale=5,
+                         width=64, height=64, sampler_name="Euler")  # fmt: skip
+    page = dict(seed=5, scheduler="Euler", mode="inpaint", image=handle_file(str(source_file)),
+                mask=handle_file(str(mask_file)), strength=0.6)  # fmt: skip
+    ours, text = generate(client, **page)
+    assert np.array_equal(pixels(result.image), ours) and result.info["denoising_strength"] == 0.6
+    assert "Denoising strength: 0.6" in text and "Mask blur: 4" in result.image.info["parameters"]
+    assert not np.array_equal(ours, generate(client, **{**page, "mode": "image", "mask": None})[0])
+    # OpenAI's mask: edit where it is fully transparent
+    rgba = np.zeros((64, 64, 4), dtype=np.uint8)
+    rgba[..., 3] = 255 - np.asarray(mask)
+    clear = io.BytesIO()
+    Image.fromarray(rgba).save(clear, format="PNG")
+    edited = openai.OpenAI(base_url=url + "v1", api_key="unused").images.edit(
+        image=("source.png", source_file.read_bytes(), "image/png"),
+        mask=("mask.png", clear.getvalue(), "image/png"),
+        prompt="a red circle",
+        size="64x64",
+        extra_body={"seed": 5, "num_inference_steps": 4, "guidance_scale": 5.0, "scheduler": "Euler", "strength": 0.6},
+    )
+    theirs = pixels(Image.open(io.BytesIO(base64.b64decode(edited.data[0].b64_json))))
+    assert np.array_equal(theirs, generate(client, **{**page, "mask_blur": 0})[0])
+
+
+def test_a_streamed_generation_sends_partial_images_then_the_picture(app: tuple[str, Any]) -> None:
+    import openai
+
+    url, client = app
+    api = openai.OpenAI(base_url=url + "v1", api_key="unused")
+    events = list(api.images.generate(prompt="a red circle", size="64x64", stream=True, partial_images=2,
+                                      extra_body={"seed": 7, "num_inference_steps": 12, "guidance_scale": 5.0}))  # fmt: skip
+    kinds = [e.type for e in events]
+    assert kinds == ["image_generation.partial_image"] * 2 + ["image_generation.completed"], kinds
+    assert [e.partial_image_index for e in events[:2]] == [0, 1]
+    assert Image.open(io.BytesIO(base64.b64decode(events[0].b64_json))).format == "PNG"  # the answer's format
+    final = pixels(Image.open(io.BytesIO(base64.b64decode(events[-1].b64_json))))
+    assert np.array_equal(final, generate(client, num_inference_steps=12)[0])
+
+
+def test_progress_and_interrupt_act_on_the_callers_own_job_only(app: tuple[str, Any]) -> None:
+    url, _client = app
+    ended: dict[str, Any] = {}
+
+    def long_job() -> None:  # from 127.0.0.1
+        body = {"prompt": "a red circle", "seed": 1, "steps": 100, "width": 256, "height": 256, "cfg_scale": 5}
+        ended["answer"] = httpx.post(url + "sdapi/v1/txt2img", json=body, timeout=300).json()
+
+    runner = threading.Thread(target=long_job)
+    runner.start()
+    with httpx.Client(timeout=30) as own, peer("127.0.0.2") as other:
+        seen: dict[str, Any] = {}
+
+        def running() -> bool:
+            seen.update(own.get(url + "sdapi/v1/progress").json())
+            return seen["state"]["sampling_step"] >= 2 and seen["current_image"] is not None
+
+        wait_for(running, "the job runs with a live preview", timeout=120)
+        assert seen["state"]["job_count"] == 1 and seen["state"]["sampling_steps"] == 100 and 0 < seen["progress"] < 1
+        assert Image.open(io.BytesIO(base64.b64decode(seen["current_image"]))).size[0] > 0
+        assert own.get(url + "sdapi/v1/progress?skip_current_image=true").json()["current_image"] is None
+        theirs = other.get(url + "sdapi/v1/progress").json()
+        assert theirs["state"]["job_count"] == 0 and theirs["current_image"] is None  # nothing of someone else's
+        assert other.post(url + "sdapi/v1/interrupt").json() == {"interrupted": 0}
+        step = own.get(url + "sdapi/v1/progress").json()["state"]["sampling_step"]
+        wait_for(lambda: own.get(url + "sdapi/v1/progress").json()["state"]["sampling_step"] > step + 1,
+                 "the job goes on after someone else's interrupt", timeout=60)  # fmt: skip
+        assert runner.is_alive()
+        assert own.post(url + "sdapi/v1/interrupt").json() == {"interrupted": 1}
+    runner.join(60)
+    assert not runner.is_alive()
+    answer = ended["answer"]
+    assert answer["images"] == [] and json.loads(answer["info"])["interrupted"] is True
+
+
+def test_the_lists_options_and_png_info(app: tuple[str, Any]) -> None:
+    import webuiapi
+
+    url, client = app
+    api = webuiapi.WebUIApi(host="127.0.0.1", port=port_of(url))
+    model = api.util_get_model_names()
+    assert model == [api.get_options()["sd_model_checkpoint"]] and "embedded-default" in model[0]
+    assert {"Euler", "Euler a", "DPM++ 2M Karras"} <= set(api.util_get_sampler_names())
+    assert api.util_get_scheduler_names() == ["automatic", "karras"]
+    assert [lora["name"] for lora in api.get_loras()] == ["ink"]
+    with httpx.Client(timeout=30) as http:
+        assert http.post(url + "sdapi/v1/options", json={"sd_model_checkpoint": model[0]}).status_code == 200
+        other = http.post(url + "sdapi/v1/options", json={"sd_model_checkpoint": "sdxl.safetensors"})
+        assert other.status_code == 422 and "the model is fixed at start" in other.json()["detail"]
+        _pixels, text = generate(client)
+        png = io.BytesIO()
+        Image.new("RGB", (8, 8)).save(png, format="PNG", pnginfo=_text_chunk(text))
+        info = http.post(url + "sdapi/v1/png-info", json={"image": base64.b64encode(png.getvalue()).decode()}).json()
+        assert (
+            info["info"] == text
+            and info["parameters"]["Steps"] == "4"
+            and info["parameters"]["Prompt"] == "a red circle"
+        )
+        bad = http.post(url + "sdapi/v1/png-info", json={"image": base64.b64encode(b"<svg/>").decode()})
+        assert bad.status_code == 422 and "image" in bad.json()["detail"]
+
+
+def _text_chunk(text: str) -> Any:
+    from PIL import PngImagePlugin
+
+    info = PngImagePlugin.PngInfo()
+    info.add_text("parameters", text)
+    return info
+
+
+def test_bad_fields_are_refused_by_their_own_names(app: tuple[str, Any]) -> None:
+    import openai
+
+    url, _client = app
+    with httpx.Client(timeout=30) as http:
+        for body, named in (
+            ({"prompt": "x", "cfg_scale": 99}, "cfg_scale"),
+            ({"prompt": "x", "sampler_name": "Heun++"}, "sampler_name must be one of"),
+            ({"prompt": "x", "restore_faces": True}, "restore_faces"),
+            ({"prompt": "x", "batch_size": 3, "n_iter": 3}, "batch_size × n_iter must be at most 4"),
+            ({"prompt": "x <lora:nope:1>"}, "LoRA 'nope' is not loaded"),
+            ({"prompt": "x", "enable_hr": True, "hr_scale": 3}, "hr_scale"),
+        ):
+            answer = http.post(url + "sdapi/v1/txt2img", json=body)
+            assert answer.status_code == 422 and named in answer.json()["detail"], (body, answer.text)
+        refused = http.post(
+            url + "sdapi/v1/img2img", json={"prompt": "x", "init_images": ["https://example.com/a.png"]}
+        )
+        assert refused.status_code == 422 and "not a URL" in refused.json()["detail"]
+    api = openai.OpenAI(base_url=url + "v1", api_key="unused")
+    for kwargs, param in (({"n": 9}, "n"), ({"size": "1024x1024"}, "size"), ({"model": "dall-e-3"}, "model"),
+                          ({"background": "transparent"}, "background")):  # fmt: skip
+        with pytest.raises(openai.BadRequestError) as refused_error:
+            api.images.generate(prompt="a red circle", **kwargs)
+        assert refused_error.value.body["param"] == param and param in refused_error.value.body["message"]
+
+
+def test_each_route_has_its_own_body_cap(app: tuple[str, Any]) -> None:
+    """A multipart edit with a 10 MB image passes; a 100 MB body is 413, from its headers, in OpenAI's shape."""
+    url, _client = app
+    rng = np.random.default_rng(2)
+    big = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (1900, 1900, 3), dtype=np.uint8)).save(big, format="PNG", compress_level=1)
+    assert big.tell() > 10 * 10**6
+    fields = {"prompt": "a red circle", "size": "64x64", "num_inference_steps": "2"}
+    answer = httpx.post(url + "v1/images/edits", data=fields, files={"image": ("big.png", big.getvalue(), "image/png")},
+                        timeout=120)  # fmt: skip
+    assert answer.status_code == 200 and answer.json()["data"][0]["b64_json"], answer.text[:300]
+    host, port = url.split("//", 1)[1].rstrip("/").split(":")
+    for path in ("/v1/images/edits", "/sdapi/v1/img2img", "/v1/images/generations"):
+        with socket.create_connection((host, int(port)), timeout=10) as raw:
+            raw.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 104857600\r\n\r\n".encode())
+            head = raw.recv(65536)
+        assert head.startswith(b"HTTP/1.1 413"), (path, head[:100])
+        if path.startswith("/v1/"):
+            assert b'"error"' in head and b'"message"' in head
+
+
+def test_a_client_that_goes_away_stops_its_job(app: tuple[str, Any]) -> None:
+    url, _client = app
+    with pytest.raises(httpx.ReadTimeout):
+        body = {"prompt": "a red circle", "seed": 1, "steps": 100, "width": 256, "height": 256}
+        httpx.post(url + "sdapi/v1/txt2img", json=body, timeout=3)  # it gives up after 3 s
+    with httpx.Client(timeout=30) as http:
+        wait_for(lambda: http.get(url + "sdapi/v1/progress").json()["state"]["job_count"] == 0,
+                 "the abandoned job left", timeout=30)  # fmt: skip
+        t0 = time.monotonic()
+        quick = http.post(url + "sdapi/v1/txt2img", json={"prompt": "x", "steps": 2, "width": 64, "height": 64})
+        assert quick.status_code == 200 and time.monotonic() - t0 < 20  # not behind the rest of the 100 steps
