@@ -1,4 +1,4 @@
-"""The front door's mutants (issues 26 and 35): each defence against a hostile client, removed.
+"""The front door's mutants (issues 26, 35 and 39): each defence against a hostile client, removed.
 
 Merged into ``tools/mutant_patches.MUTANTS``; ``tools/mutants.py`` names the tests that catch each.
 """
@@ -68,6 +68,48 @@ def _any_session_owns(self: Any, path: Any, owner: str, session: str = "") -> bo
     return upload is not None and upload.owner == owner
 
 
+def _each_api_request_a_new_user() -> None:
+    """The HTTP APIs' requests each enter the line as a user of their own (no fair share, no cap, no quota)."""
+    import dataclasses
+    import secrets
+
+    import pipeline.web.peer_api as peer_api
+
+    original = peer_api.run_job
+
+    async def run_job(adapter: Any, raw: Any, caller: Any, *args: Any, **kwargs: Any) -> Any:
+        return await original(adapter, raw, dataclasses.replace(caller, login=secrets.token_hex(4)), *args, **kwargs)
+
+    peer_api.run_job = run_job
+
+
+def _interrupt_everyone(self: Any, user: str) -> int:
+    """A1111's own ``interrupt``: every job stops, whoever asked."""
+    jobs = [job for mine in self.by_user.values() for job in mine.values()]
+    for job in jobs:
+        job.interrupted = True
+    return len(jobs)
+
+
+def _quota_per_protocol() -> None:
+    """The HTTP APIs count their images in a book of their own, apart from the page's."""
+    import pipeline.web.peer_api as peer_api
+    from pipeline.serving.quota import ImageQuota
+
+    original, books = peer_api.run_job, dict[int, Any]()
+
+    async def run_job(adapter: Any, *args: Any, **kwargs: Any) -> Any:
+        saved = adapter.quota
+        if saved is not None:
+            adapter.quota = books.setdefault(id(adapter), ImageQuota(saved.per_hour))
+        try:
+            return await original(adapter, *args, **kwargs)
+        finally:
+            adapter.quota = saved
+
+    peer_api.run_job = run_job
+
+
 OPEN = frozenset({"login-page", "login", "health", "startup"})  # guards.OPEN_UNDER_AUTH, as reviewed
 SECURITY: dict[str, list[Patch]] = {
     # Issue 26.
@@ -103,4 +145,8 @@ SECURITY: dict[str, list[Patch]] = {
     "door-lets-tracebacks-through": on("pipeline.web.frontdoor", _traceback_through),
     "call-results-unowned": attr("pipeline.web.admission", "EventBook.owned_by", lambda self, event, identity: True),
     "disk-share-shrinks-with-identities": on("pipeline.serving.sweeper", _even_share),
+    # Issue 39: the HTTP APIs (A1111's /sdapi/v1, OpenAI's /v1/images) in the page's line.
+    "api-requests-skip-the-fair-line": on("pipeline.web.peer_api", _each_api_request_a_new_user),
+    "interrupt-acts-globally": attr("pipeline.web.peer_api", "PeerJobs.interrupt", _interrupt_everyone),
+    "quota-per-protocol": on("pipeline.web.peer_api", _quota_per_protocol),
 }
