@@ -277,3 +277,15 @@ def test_a_client_that_goes_away_stops_its_job(app: tuple[str, Any]) -> None:
         t0 = time.monotonic()
         quick = http.post(url + "sdapi/v1/txt2img", json={"prompt": "x", "steps": 2, "width": 64, "height": 64})
         assert quick.status_code == 200 and time.monotonic() - t0 < 20  # not behind the rest of the 100 steps
+
+
+def test_txt2img_hires_fix_equals_the_pages_hires_fix(app: tuple[str, Any]) -> None:
+    url, client = app
+    body = {**{k: v for k, v in COMMON.items() if k not in ("num_inference_steps", "guidance_scale")}, "steps": 4,
+            "cfg_scale": 5, "sampler_name": "Euler", "enable_hr": True, "hr_scale": 2, "hr_second_pass_steps": 4,
+            "denoising_strength": 0.5}  # fmt: skip
+    answer = httpx.post(url + "sdapi/v1/txt2img", json=body, timeout=120).json()
+    picture = Image.open(io.BytesIO(base64.b64decode(answer["images"][0])))
+    ours, text = generate(client, scheduler="Euler", hires_fix=True, hires_scale=2.0, hires_steps=4, hires_strength=0.5)
+    assert picture.size == (128, 128) and np.array_equal(pixels(picture), ours)
+    assert "Hires upscale: 2" in text and picture.info["parameters"] == text
