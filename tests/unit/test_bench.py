@@ -36,9 +36,10 @@ PUBLISHED_OPENLOOP = sorted((ROOT / "bench" / "results").glob("bench-openloop-*.
 PUBLISHED_LOADGEN = sorted((ROOT / "bench" / "results").glob("bench-loadgen-*.json"))
 PUBLISHED_FAST = sorted((ROOT / "bench" / "results").glob("bench-fast-*.json"))
 PUBLISHED_RAY = sorted((ROOT / "bench" / "results").glob("bench-ray-*.json"))
+PUBLISHED_GPU = sorted((ROOT / "bench" / "results").glob("gpu-*-bench.json"))
 
 
-@pytest.mark.parametrize("path", PUBLISHED, ids=[p.name for p in PUBLISHED])
+@pytest.mark.parametrize("path", PUBLISHED + PUBLISHED_GPU, ids=[p.name for p in PUBLISHED + PUBLISHED_GPU])
 def test_the_published_runs_are_complete(path: Path) -> None:
     check(json.loads(path.read_text()))
 
