@@ -1,9 +1,10 @@
 """The HTTP APIs in the same line as the page (issue 39): the login and its metering on every route,
-one quota across the page's protocol, ``/sdapi/v1`` and ``/v1/images``, and fairness across them: a
+one quota across the page's protocol, MCP, ``/sdapi/v1`` and ``/v1/images``, and fairness across them: a
 flood through ``/sdapi/v1`` keeps its waiting cap, and a page user waits behind one job at most."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import threading
 import time
@@ -59,25 +60,53 @@ def test_under_auth_every_api_route_takes_the_login_and_meters_wrong_guesses(lau
     assert sd.txt2img(**SMALL).image.size == (64, 64)
 
 
+def mcp_generate(url: str) -> Any:
+    """One ``generate`` tool call through the app's MCP server (the ``mcp`` client), its result."""
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    async def call() -> Any:
+        async with streamable_http_client(url + "gradio_api/mcp/") as (read, write, _):
+            async with ClientSession(read, write) as session:
+                await session.initialize()
+                args = {
+                    "prompt": "a red circle",
+                    "negative_prompt": "",
+                    "seed": 3,
+                    "randomize_seed": False,
+                    "width": 64,
+                    "height": 64,
+                    "num_inference_steps": 2,
+                    "guidance_scale": 4.0,
+                    "num_images": 1,
+                }
+                return await session.call_tool("generate", args)
+
+    return asyncio.run(call())
+
+
 def test_the_quota_counts_every_protocol_together(launch: Any, tmp_path: Any) -> None:
     import openai
     from gradio_client import Client
 
-    url, _demo, _adapter = launch("--quota-images-per-hour", "3", "--rate-limit", "50", name="quota")
+    url, _demo, _adapter = launch("--quota-images-per-hour", "4", "--rate-limit", "50", "--mcp", name="quota")
     client = Client(url, verbose=False, download_files=str(tmp_path))
     client.predict(**raw_request(num_inference_steps=2), api_name="/generate")  # the page's protocol: 1
+    assert not mcp_generate(url).isError  # MCP: 2
     with httpx.Client(timeout=60) as http:
-        assert http.post(url + "sdapi/v1/txt2img", json=SMALL).status_code == 200  # 2
+        assert http.post(url + "sdapi/v1/txt2img", json=SMALL).status_code == 200  # 3
         api = openai.OpenAI(base_url=url + "v1", api_key="unused")
-        assert api.images.generate(prompt="a red circle", extra_body={"num_inference_steps": 2}).data  # 3
+        assert api.images.generate(prompt="a red circle", extra_body={"num_inference_steps": 2}).data  # 4
         over = http.post(url + "sdapi/v1/txt2img", json=SMALL)
         assert over.status_code == 429 and 3000 <= int(over.headers["retry-after"]) <= 3601, over.text
-        assert "3 of your 3 images in the last hour" in over.json()["detail"] and "UTC" in over.json()["detail"]
+        assert "4 of your 4 images in the last hour" in over.json()["detail"] and "UTC" in over.json()["detail"]
     with pytest.raises(openai.RateLimitError) as refused:
         api.images.generate(prompt="a red circle")
     assert refused.value.body["type"] == "rate_limit_exceeded" and "Quota" in refused.value.body["message"]
     with pytest.raises(Exception, match="Quota"):
         client.predict(**raw_request(num_inference_steps=2), api_name="/generate")
+    refused_call = mcp_generate(url)
+    assert refused_call.isError and "Quota" in str(refused_call.content)
     with peer("127.0.0.2") as other:  # another identity has its own hour
         assert other.post(url + "sdapi/v1/txt2img", json=SMALL).status_code == 200
 
