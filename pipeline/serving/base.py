@@ -102,6 +102,16 @@ class LivenessWatch:
             await asyncio.sleep(self.every)
 
 
+class _Uncounted:
+    """A request's images when no quota counts them."""
+
+    def keep(self) -> None:
+        pass
+
+
+_UNCOUNTED = _Uncounted()
+
+
 class AdapterBase:
     """Accounting, health, close hooks, shutdown and the liveness watch, for every adapter."""
 
@@ -192,9 +202,10 @@ class AdapterBase:
             elif outcome == "completed":
                 self.consecutive_failures = 0
 
-    def quota_held(self, user: str | None, images: int) -> contextlib.AbstractContextManager[Held]:
-        """``ImageQuota.held`` when ``--quota-images-per-hour`` is on, else nothing counted."""
-        return self.quota.held(user, images) if self.quota is not None else contextlib.nullcontext(Held())
+    def quota_held(self, user: str | None, images: int) -> contextlib.AbstractContextManager[Held | _Uncounted]:
+        """``ImageQuota.held`` when ``--quota-images-per-hour`` is on, else nothing counted (and
+        nothing of ``quota`` on a request's path: ``tests/unit/test_request_path.py``)."""
+        return self.quota.held(user, images) if self.quota is not None else contextlib.nullcontext(_UNCOUNTED)
 
     # -- health and lifecycle ------------------------------------------------------------------
     def health(self) -> dict[str, Any]:
