@@ -42,10 +42,11 @@ def test_ray_quick_mode_end_to_end(tmp_path: Path) -> None:
 
 
 def test_the_fast_device_benchmark_runs_end_to_end(tmp_path: Path) -> None:
-    """``python -m bench.fast --quick``: every row complete and finite (no timing thresholds)."""
+    """``python -m bench.fast --quick`` on its SD-Turbo-like profile (one server: the suite's time; the
+    null-device profile runs the same code): every row complete and finite (no timing thresholds)."""
     out = tmp_path / "fast.json"
     done = subprocess.run(
-        [sys.executable, "-m", "bench.fast", "--quick", "--json", str(out)],
+        [sys.executable, "-m", "bench.fast", "--quick", "--profiles", "sd-turbo-like", "--json", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -54,11 +55,8 @@ def test_the_fast_device_benchmark_runs_end_to_end(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     result = json.loads(out.read_text())
     rows = result["rows"]
-    assert [r["profile"] for r in rows] == ["null", "sd-turbo-like"]
-    assert rows[0]["app_over_raw"] is None and 0 < rows[1]["app_over_raw"] < 10
+    assert [r["profile"] for r in rows] == ["sd-turbo-like"] and 0 < rows[0]["app_over_raw"] < 10
     assert all(r["errors"] == 0 and r["requests"] >= 24 and r["server_cpu_ms_per_request"] > 0 for r in rows)
-    # a round lasts at least QUICK_ROUND_SECONDS: on the null device, far more than 3 requests a caller
-    assert rows[0]["requests"] > 48
     # the default model side, its inference under load over alone, the whole tree's memory
     assert all(r["model_side"] == "process" and r["inference_load_over_idle"] > 0 for r in rows)
     assert all(r["peak_tree_rss_mb"] > 100 for r in rows)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import io
-import json
 import socket
 import threading
 import time
@@ -149,38 +148,40 @@ def test_a_streamed_generation_sends_partial_images_then_the_picture(app: tuple[
 
 
 def test_progress_and_interrupt_act_on_the_callers_own_job_only(app: tuple[str, Any]) -> None:
+    import webuiapi
+
     url, _client = app
+    api = webuiapi.WebUIApi(host="127.0.0.1", port=port_of(url))  # from 127.0.0.1
     ended: dict[str, Any] = {}
 
-    def long_job() -> None:  # from 127.0.0.1
-        body = {"prompt": "a red circle", "seed": 1, "steps": 100, "width": 256, "height": 256, "cfg_scale": 5}
-        ended["answer"] = httpx.post(url + "sdapi/v1/txt2img", json=body, timeout=300).json()
+    def long_job() -> None:
+        ended["result"] = api.txt2img(prompt="a red circle", seed=1, steps=100, width=256, height=256, cfg_scale=5)
 
     runner = threading.Thread(target=long_job)
     runner.start()
-    with httpx.Client(timeout=30) as own, peer("127.0.0.2") as other:
+    with peer("127.0.0.2") as other:
         seen: dict[str, Any] = {}
 
         def running() -> bool:
-            seen.update(own.get(url + "sdapi/v1/progress").json())
+            seen.update(api.get_progress())
             return seen["state"]["sampling_step"] >= 2 and seen["current_image"] is not None
 
         wait_for(running, "the job runs with a live preview", timeout=120)
         assert seen["state"]["job_count"] == 1 and seen["state"]["sampling_steps"] == 100 and 0 < seen["progress"] < 1
         assert Image.open(io.BytesIO(base64.b64decode(seen["current_image"]))).size[0] > 0
-        assert own.get(url + "sdapi/v1/progress?skip_current_image=true").json()["current_image"] is None
+        assert httpx.get(url + "sdapi/v1/progress?skip_current_image=true").json()["current_image"] is None
         theirs = other.get(url + "sdapi/v1/progress").json()
         assert theirs["state"]["job_count"] == 0 and theirs["current_image"] is None  # nothing of someone else's
         assert other.post(url + "sdapi/v1/interrupt").json() == {"interrupted": 0}
-        step = own.get(url + "sdapi/v1/progress").json()["state"]["sampling_step"]
-        wait_for(lambda: own.get(url + "sdapi/v1/progress").json()["state"]["sampling_step"] > step + 1,
+        step = api.get_progress()["state"]["sampling_step"]
+        wait_for(lambda: api.get_progress()["state"]["sampling_step"] > step + 1,
                  "the job goes on after someone else's interrupt", timeout=60)  # fmt: skip
         assert runner.is_alive()
-        assert own.post(url + "sdapi/v1/interrupt").json() == {"interrupted": 1}
+        assert api.interrupt() == {"interrupted": 1}
     runner.join(60)
     assert not runner.is_alive()
-    answer = ended["answer"]
-    assert answer["images"] == [] and json.loads(answer["info"])["interrupted"] is True
+    result = ended["result"]
+    assert result.images == [] and result.info["interrupted"] is True
 
 
 def test_the_lists_options_and_png_info(app: tuple[str, Any]) -> None:

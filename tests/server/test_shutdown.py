@@ -28,7 +28,8 @@ def _wait_for(predicate: Any, what: str, timeout: float = 60.0) -> None:
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+# SIGINT (Ctrl-C) takes the same handler as SIGTERM: the slow tier runs it too.
+@pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)])
 def test_signal_answers_every_job_and_exits_within_ten_seconds(tmp_path: Path, sig: signal.Signals) -> None:
     from gradio_client import Client
     from gradio_client.exceptions import AppError

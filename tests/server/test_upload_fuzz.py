@@ -97,5 +97,7 @@ def test_every_malformed_upload_is_refused_by_name_while_health_answers(tmp_path
         )
         kept = [f for f in left if Path(f).parent.name == "uploads"]
         assert kept == left, left  # nothing new but the caller's own uploads: no Gradio copy, no decoded picture
-        # each sniffed file: uploaded raw, then by gradio_client: the same bytes from the same caller, one upload
-        assert len(kept) == len(files) - 3
+        # each sniffed file: uploaded raw, then by gradio_client: the same bytes from the same caller, one
+        # file's bytes under two names (the second a hard link: each upload's path is its own)
+        inodes = {(cache / f).stat().st_ino for f in kept}
+        assert len(inodes) == len(files) - 3 and len(kept) == 2 * len(inodes), kept
