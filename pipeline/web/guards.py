@@ -46,7 +46,12 @@ ROUTES: tuple[tuple[frozenset[str], re.Pattern[str], str], ...] = tuple(
         # AUTOMATIC1111's and OpenAI's HTTP APIs (``sdapi``, ``openai_images``): the login, the rate
         # of writes, and each route's own body cap (``lifecycle.PEER_BODY_CAPS``); their handlers
         # read their bodies.
-        ("GET", r"/sdapi/v1/(progress|sd-models|samplers|schedulers|loras|options|scripts)", "peer"),
+        (
+            "GET",
+            r"/sdapi/v1/(progress|sd-models|samplers|schedulers|loras|options|scripts|upscalers|latent-upscale-modes"
+            r"|sd-vae|embeddings)",
+            "peer",
+        ),
         ("POST", r"/sdapi/v1/(txt2img|img2img|interrupt|options|png-info)", "peer"),
         ("POST", r"/v1/images/(generations|edits)", "peer"),
     )

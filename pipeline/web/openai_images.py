@@ -337,7 +337,8 @@ class OpenAIImages:
 
         async def produce() -> None:
             try:
-                ended = await run_job(self.adapter, raw, caller, self.jobs, lambda: True, on_step)
+                async with watch_disconnect(request) as alive:  # gone while it waits: it leaves the line
+                    ended = await run_job(self.adapter, raw, caller, self.jobs, alive, on_step)
                 if ended.done is None:
                     raise InvalidRequest("interrupted", "the job was interrupted by its caller")
                 for item in await self._images(request, ended.done, answer):

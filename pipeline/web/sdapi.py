@@ -12,7 +12,8 @@ caller's own jobs only, where A1111's act on its one global job.
   default is ignored. The answer: base64 PNGs (the page's files, their ``parameters`` text included),
   the request echoed as ``parameters`` and A1111's ``info`` JSON string.
 - ``GET progress`` (``current_image`` unless ``skip_current_image``), ``POST interrupt``.
-- ``GET sd-models``, ``samplers``, ``schedulers``, ``loras``, ``options``, ``scripts``; ``POST
+- ``GET sd-models``, ``samplers``, ``schedulers``, ``loras``, ``options``, ``scripts``, ``upscalers``,
+  ``latent-upscale-modes``, ``sd-vae``, ``embeddings`` (what front ends list before a call); ``POST
   options`` takes only the model already served (the model is fixed at start); ``POST png-info``.
 """
 
@@ -31,7 +32,7 @@ from PIL import Image
 from ..errors import InvalidRequest, ServingError
 from ..loras import strip_tags
 from ..protocol import ModelProfile
-from ..request import DEFAULT_MASK_BLUR, HIRES_SCALES, Limits
+from ..request import DEFAULT_MASK_BLUR, HIRES_SCALES, HIRES_UPSCALER, Limits
 from ..serving.base import Adapter
 from ..serving.postprocess import sampler_name
 from ..uploads import read_layer, remask
@@ -323,6 +324,10 @@ class SdApi:
             ("options", self.options, get),
             ("options", self.set_options, post),
             ("scripts", self.scripts, get),
+            ("upscalers", self.upscalers, get),
+            ("latent-upscale-modes", self.none_listed, get),
+            ("sd-vae", self.none_listed, get),
+            ("embeddings", self.embeddings, get),
             ("png-info", self.png_info, post),
         ]
         return [
@@ -432,6 +437,18 @@ class SdApi:
 
     async def scripts(self) -> JSONResponse:
         return JSONResponse({"txt2img": [], "img2img": []})
+
+    async def upscalers(self) -> JSONResponse:
+        """Hires fix's one upscaler (any ``hr_upscaler`` a client sends runs it, and the PNG says so)."""
+        return JSONResponse([{"name": HIRES_UPSCALER, "model_name": None, "model_path": None, "model_url": None,
+                              "scale": 2}])  # fmt: skip
+
+    async def none_listed(self) -> JSONResponse:
+        """Latent upscale modes, VAEs: none to choose here (the lists clients ask for before a call)."""
+        return JSONResponse([])
+
+    async def embeddings(self) -> JSONResponse:
+        return JSONResponse({"loaded": {}, "skipped": {}})
 
     async def png_info(self, request: Request) -> JSONResponse:
         try:

@@ -194,6 +194,8 @@ def test_the_lists_options_and_png_info(app: tuple[str, Any]) -> None:
     assert {"Euler", "Euler a", "DPM++ 2M Karras"} <= set(api.util_get_sampler_names())
     assert api.util_get_scheduler_names() == ["automatic", "karras"]
     assert [lora["name"] for lora in api.get_loras()] == ["ink"]
+    assert [u["name"] for u in api.get_upscalers()] == ["Lanczos"] and api.get_sd_vae() == []
+    assert api.get_embeddings() == {"loaded": {}, "skipped": {}}
     with httpx.Client(timeout=30) as http:
         assert http.post(url + "sdapi/v1/options", json={"sd_model_checkpoint": model[0]}).status_code == 200
         other = http.post(url + "sdapi/v1/options", json={"sd_model_checkpoint": "sdxl.safetensors"})
