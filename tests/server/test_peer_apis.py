@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import socket
 import threading
 import time
@@ -292,3 +293,48 @@ def test_txt2img_hires_fix_equals_the_pages_hires_fix(app: tuple[str, Any]) -> N
     ours, text = generate(client, scheduler="Euler", hires_fix=True, hires_scale=2.0, hires_steps=4, hires_strength=0.5)
     assert picture.size == (128, 128) and np.array_equal(pixels(picture), ours)
     assert "Hires upscale: 2" in text and picture.info["parameters"] == text
+
+
+SDAPI_FIELDS = ["prompt", "negative_prompt", "seed", "steps", "cfg_scale", "width", "height", "sampler_name",
+                "scheduler", "batch_size", "n_iter", "enable_hr", "hr_scale", "hr_resize_x",
+                "hr_second_pass_steps", "denoising_strength", "override_settings", "styles", "restore_faces",
+                "init_images", "mask", "inpainting_fill", "inpainting_mask_invert", "mask_blur"]  # fmt: skip
+OPENAI_FIELDS = ["prompt", "model", "n", "size", "response_format", "output_format", "output_compression",
+                 "stream", "partial_images", "background", "seed", "num_inference_steps", "guidance_scale",
+                 "scheduler", "lora", "lora_scale", "user", "quality"]  # fmt: skip
+
+
+def hostile_bodies(fields: list[str]) -> Any:
+    """JSON objects over the API's own field names (and a stray one), with any JSON value in each."""
+    from hypothesis import strategies as st
+
+    scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False),
+                        st.text(max_size=40), st.sampled_from(["64x64", "auto", "Euler", "https://x/a.png", "-1"]))  # fmt: skip
+    values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3), max_leaves=6)  # fmt: skip
+    keys = st.sampled_from([*fields, "stray"])
+    return st.dictionaries(keys, values, max_size=6).map(lambda body: {"prompt": "a red circle", "steps": 2,
+                                                                      "num_inference_steps": 2, **body})  # fmt: skip
+
+
+def test_hostile_bodies_get_a_field_named_refusal_or_pictures_never_a_500(app: tuple[str, Any]) -> None:
+    """Any JSON value in any field of either API: a 4xx that names a field of the request, or a picture;
+    never a server error, and the server answers on."""
+    from hypothesis import HealthCheck, given, settings
+
+    url, _client = app
+    http = httpx.Client(timeout=120)
+
+    def check(path: str, fields: list[str], body: dict[str, Any]) -> None:
+        sent = json.dumps(body)  # Python's JSON: Infinity is sent as it is (not JSON: refused as the body)
+        answer = http.post(url + path, content=sent, headers={"content-type": "application/json"})
+        assert answer.status_code in (200, 400, 422, 429), (body, answer.status_code, answer.text[:300])
+        if answer.status_code != 200:
+            text = answer.text
+            assert any(name in text for name in [*fields, "stray", "body", "image", "guidance_scale"]), (body, text)
+
+    many = settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+    many(given(body=hostile_bodies(SDAPI_FIELDS))(lambda body: check("sdapi/v1/txt2img", SDAPI_FIELDS, body)))()
+    many(given(body=hostile_bodies(SDAPI_FIELDS))(lambda body: check("sdapi/v1/img2img", SDAPI_FIELDS, body)))()
+    many(given(body=hostile_bodies(OPENAI_FIELDS))(lambda body: check("v1/images/generations", OPENAI_FIELDS, body)))()
+    assert http.get(url + "health").json()["status"] == "ok"
+    http.close()
