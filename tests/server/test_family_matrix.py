@@ -205,8 +205,8 @@ def test_batching_keeps_each_image_and_a_seed_repeats(served: tuple[str, Any, An
     again, _ = generate(client, seed=21, **common)
     assert np.array_equal(pixels(alone), pixels(again))
     # The blocker needs only to outlast two submissions (milliseconds). PixArt draws at its binned size
-    # whatever the request's, about 0.8 s a step here: 8 steps, where 30 took 25 s.
-    blocker_steps = 8 if family.startswith("pixart") else min(30, adapter.profile.max_steps)
+    # whatever the request's, about 0.8 s a step here: 4 steps (3 s), where 30 took 25 s.
+    blocker_steps = 4 if family.startswith("pixart") else min(30, adapter.profile.max_steps)
     blocker = client.submit(
         **request(adapter, width=256, height=256, num_inference_steps=blocker_steps, seed=1),
         api_name="/generate",
