@@ -19,7 +19,9 @@ def test_the_folder_name_is_an_hmac_under_a_key_made_at_first_start_and_kept(tmp
     assert key_file.exists() and stat.S_IMODE(key_file.stat().st_mode) == 0o600
     # Not the unsalted hash of old, from which the address was found by searching a /16 in 0.04 s:
     assert folder != owners.OWNER_PREFIX + hashlib.sha256(b"addr:203.0.113.7").hexdigest()[:20]
-    assert "203" not in folder and folder.startswith(owners.OWNER_PREFIX)
+    # The name shows nothing of the address ("203" alone may be hex digits of the random key's HMAC:
+    # 1 run in 250 failed so).
+    assert "203.0.113" not in folder and "addr" not in folder and folder.startswith(owners.OWNER_PREFIX)
     owners.forget_keys()  # a restart: the same key is read back, so the same names
     assert output_folder(out, "addr:203.0.113.7").name == folder
     other = tmp_path / "other"  # another server's folder has another key
