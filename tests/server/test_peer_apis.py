@@ -146,6 +146,13 @@ def test_a_streamed_generation_sends_partial_images_then_the_picture(app: tuple[
     assert Image.open(io.BytesIO(base64.b64decode(events[0].b64_json))).format == "PNG"  # the answer's format
     final = pixels(Image.open(io.BytesIO(base64.b64decode(events[-1].b64_json))))
     assert np.array_equal(final, generate(client, num_inference_steps=12)[0])
+    picture = io.BytesIO()
+    Image.fromarray(final.astype(np.uint8)).save(picture, format="PNG")
+    edits = list(api.images.edit(image=("in.png", picture.getvalue(), "image/png"), prompt="a blue square",
+                                 size="64x64", stream=True, partial_images=1, output_format="jpeg",
+                                 extra_body={"num_inference_steps": 12}))  # fmt: skip
+    assert [e.type for e in edits] == ["image_edit.partial_image", "image_edit.completed"]
+    assert base64.b64decode(edits[-1].b64_json)[:3] == b"\xff\xd8\xff"
 
 
 def test_progress_and_interrupt_act_on_the_callers_own_job_only(app: tuple[str, Any]) -> None:
