@@ -54,6 +54,7 @@ ROUTES: tuple[tuple[frozenset[str], re.Pattern[str], str], ...] = tuple(
         ),
         ("POST", r"/sdapi/v1/(txt2img|img2img|interrupt|options|png-info)", "peer"),
         ("POST", r"/v1/images/(generations|edits)", "peer"),
+        ("GET", r"/v1/models", "peer"),
     )
 )
 JSON_BODIES = ("join", "call", "cancel", "small", "mcp")  # kinds whose bodies the door reads as JSON

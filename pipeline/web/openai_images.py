@@ -18,6 +18,7 @@ caller (``peer_api``), so the fair share, the caps, the quota and the gate are t
 - Edits (multipart): ``image`` (one file) and ``mask`` (optional: inpainting where the mask is
   fully transparent, OpenAI's convention, or white on an opaque mask; without one, image-to-image
   at ``strength``, 0.75 by default).
+- ``GET /v1/models`` lists the one model, by the name ``model`` takes.
 - Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``, the field in
   ``param``; the front door's own refusals on these routes (401, 413, 429) take the same shape.
 """
@@ -57,6 +58,7 @@ from .peer_api import (
 log = logging.getLogger(__name__)
 
 OPENAI = "/v1/images"
+MODELS = "/v1/models"
 FORMATS = {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}
 MAX_PARTIAL_IMAGES = 3
 _IGNORED = {"quality", "style", "moderation", "input_fidelity", "complexity", "user", "safety_identifier"}
@@ -225,7 +227,14 @@ class OpenAIImages:
         return [
             APIRoute(f"{OPENAI}/generations", self.generations, methods=["POST"], include_in_schema=False),
             APIRoute(f"{OPENAI}/edits", self.edits, methods=["POST"], include_in_schema=False),
+            APIRoute(MODELS, self.models, methods=["GET"], include_in_schema=False),
         ]
+
+    async def models(self) -> JSONResponse:
+        """``GET /v1/models``: the one model, by the name ``model`` takes (clients list it to pick one)."""
+        name = self.adapter.profile.name
+        return JSONResponse({"object": "list", "data": [{"id": name, "object": "model", "created": 0,
+                                                         "owned_by": "this server"}]})  # fmt: skip
 
     async def generations(self, request: Request) -> Response:
         try:

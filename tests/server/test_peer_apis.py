@@ -83,6 +83,10 @@ def test_openai_images_generate_b64_and_url_equal_generate(app: tuple[str, Any])
     linked = api.images.generate(prompt="a red circle", size="64x64", response_format="url", extra_body=own)
     fetched = httpx.get(linked.data[0].url, timeout=30)
     assert fetched.status_code == 200 and np.array_equal(pixels(Image.open(io.BytesIO(fetched.content))), ours)
+    name = httpx.get(url + "sdapi/v1/options", timeout=30).json()["sd_model_checkpoint"]
+    assert [m.id for m in api.models.list()] == [name]  # the name `model` takes
+    named = api.images.generate(model=name, prompt="a red circle", size="64x64", extra_body=own)
+    assert np.array_equal(pixels(Image.open(io.BytesIO(base64.b64decode(named.data[0].b64_json)))), ours)
     jpeg = api.images.generate(prompt="a red circle", size="64x64", output_format="jpeg", extra_body=own)
     assert base64.b64decode(jpeg.data[0].b64_json)[:3] == b"\xff\xd8\xff"
 
