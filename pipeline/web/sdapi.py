@@ -8,7 +8,7 @@ caller's own jobs only, where A1111's act on its one global job.
 - ``POST txt2img``, ``POST img2img`` (``init_images``, ``mask``, ``denoising_strength``,
   ``inpainting_fill``, ``inpainting_mask_invert``, ``mask_blur``; ``enable_hr`` / ``hr_scale`` /
   ``hr_second_pass_steps`` / ``denoising_strength`` in txt2img): the fields mapped to the app's
-  (``a1111_raw``); a field asking for what this app does not do is refused by name (422), one at its
+  (``sdapi_fields.a1111_raw``); a field asking for what this app does not do is refused by name (422), one at its
   default is ignored. The answer: base64 PNGs (the page's files, their ``parameters`` text included),
   the request echoed as ``parameters`` and A1111's ``info`` JSON string.
 - ``GET progress`` (``current_image`` unless ``skip_current_image``), ``POST interrupt``.
@@ -22,19 +22,17 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any, Mapping
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from PIL import Image
 
-from ..errors import InvalidRequest, ServingError
-from ..loras import strip_tags
+from ..errors import ServingError
 from ..protocol import ModelProfile
-from ..request import DEFAULT_MASK_BLUR, HIRES_SCALES, HIRES_UPSCALER, Limits
+from ..request import HIRES_UPSCALER
 from ..serving.base import Adapter
-from ..serving.postprocess import sampler_name
 from ..uploads import read_layer, remask
 from . import a1111
 from .peer_api import (
@@ -48,250 +46,16 @@ from .peer_api import (
     run_job,
     watch_disconnect,
 )
+from .sdapi_fields import A1111_NAME, VERSION, a1111_info, a1111_raw, check_overrides, model_title, samplers_of
 
 SDAPI = "/sdapi/v1"
-VERSION = "t2i-app"
-# Fields whose value, unless it is this default, asks for what this app does not do: refused by name.
-_REFUSED_UNLESS: dict[str, tuple[Any, ...]] = {
-    "restore_faces": (False, None),
-    "tiling": (False, None),
-    "subseed_strength": (0, 0.0, None),
-    "styles": ([], None),
-    "script_name": (None, ""),
-    "script_args": ([], None),
-    "alwayson_scripts": ({}, None),
-    "hr_checkpoint_name": (None, ""),
-    "hr_prompt": ("", None),
-    "hr_negative_prompt": ("", None),
-    "hr_sampler_name": (None, ""),
-    "resize_mode": (0, None),
-}
-_INPAINTING_FILL = {0: "fill", 1: "original"}  # both start from the picture (diffusers' inpainting)
-
-
-def model_title(profile: ModelProfile) -> str:
-    return profile.name
-
-
-def samplers_of(profile: ModelProfile, limits: Limits) -> list[str]:
-    """A1111's sampler names this model offers: its own scheduler's first, then the choices."""
-    own = sampler_name(profile.scheduler)
-    return list(dict.fromkeys([own, *(s for s in limits.schedulers if s != "default")]))
-
-
-def sampler_choice(name: Any, schedule: Any, profile: ModelProfile, limits: Limits) -> tuple[str, str]:
-    """(the app's ``scheduler`` value, a note or "") for A1111's ``sampler_name`` and ``scheduler``."""
-    choices = [s for s in limits.schedulers if s != "default"]
-    if not isinstance(name, str) or not name:
-        return "default", ""
-    own = sampler_name(profile.scheduler)
-    if not choices:  # the model takes no sampler choice (flow matching, distilled): its own runs
-        same = a1111.sampler_key(name) == a1111.sampler_key(own)
-        return "default", "" if same else f"sampler_name {name!r} not applied: this model runs only its own ({own})"
-    wanted = [name]
-    if isinstance(schedule, str) and schedule.lower() not in ("", "automatic", "uniform", "normal"):
-        wanted.insert(0, f"{name} {schedule}")  # A1111 1.9+: sampler "DPM++ 2M", scheduler "Karras"
-    for candidate in wanted:
-        if a1111.sampler_key(candidate) == a1111.sampler_key(own):
-            return "default", ""
-        if (choice := a1111.match_sampler(candidate, choices)) is not None:
-            return choice, ""
-    offered = ", ".join(samplers_of(profile, limits))
-    raise InvalidRequest("sampler_name", f"sampler_name must be one of {offered}; got {name!r}")
-
-
-def a1111_raw(
-    body: Mapping[str, Any], profile: ModelProfile, limits: Limits, *, img2img: bool
-) -> tuple[dict[str, Any], list[str]]:
-    """An A1111 request as the app's raw request (``request.FIELDS``), and notes on what was not applied.
-
-    Raises ``InvalidRequest`` naming the A1111 field. The app's own validation (ranges, the cost
-    budget, the model's sizes) runs after, in ``Adapter.run``, as for every request."""
-    for name, defaults in _REFUSED_UNLESS.items():
-        if name in body and body[name] not in defaults:
-            raise InvalidRequest(name, f"{name} is not supported by this app; leave it at {defaults[0]!r}")
-    _check_overrides(body.get("override_settings"), profile)
-    notes: list[str] = []
-    prompt = _text(body, "prompt")
-    text, tags = strip_tags(prompt)
-    raw: dict[str, Any] = {
-        "prompt": text,
-        "negative_prompt": _text(body, "negative_prompt"),
-        "width": _number(body, "width", profile.default_width),  # A1111's own: 512, its SD 1.5's
-        "height": _number(body, "height", profile.default_height),
-        "num_inference_steps": _number(body, "steps", 20),
-        "guidance_scale": _number(body, "cfg_scale", 7.0),
-        "live_preview": True,  # A1111 shows live previews by default: ``progress`` returns them
-        "mode": "text",
-    }
-    seed = _number(body, "seed", -1)
-    raw["randomize_seed"] = seed == -1
-    raw["seed"] = 0 if seed == -1 else seed
-    batch, iterations = _number(body, "batch_size", 1), _number(body, "n_iter", 1)
-    if not isinstance(batch, int) or not isinstance(iterations, int) or batch < 1 or iterations < 1:
-        raise InvalidRequest("batch_size", "batch_size and n_iter must be whole numbers of at least 1")
-    if batch * iterations > limits.max_images:
-        raise InvalidRequest(
-            "batch_size", f"batch_size × n_iter must be at most {limits.max_images}; got {batch} × {iterations}"
-        )
-    raw["num_images"] = batch * iterations
-    sampler = body.get("sampler_name") or body.get("sampler_index")
-    raw["scheduler"], note = sampler_choice(sampler, body.get("scheduler"), profile, limits)
-    notes += [note] if note else []
-    if len(tags) > 1:
-        raise InvalidRequest("prompt", "prompt: this app runs one LoRA adapter per image; the prompt has several")
-    if tags:
-        name, scale = tags[0]
-        known = {n.lower(): n for n in limits.loras}
-        if name.lower() not in known:
-            have = ", ".join(limits.loras) or "none"
-            raise InvalidRequest("prompt", f"prompt: LoRA {name!r} is not loaded; this app has {have}")
-        raw["lora"], raw["lora_scale"] = known[name.lower()], scale
-    if img2img:
-        _img2img(body, raw, notes)
-    elif body.get("enable_hr"):
-        _hires(body, raw)
-    return raw, notes
-
-
-def _img2img(body: Mapping[str, Any], raw: dict[str, Any], notes: list[str]) -> None:
-    images = body.get("init_images")
-    if not isinstance(images, list) or len(images) != 1:
-        raise InvalidRequest("init_images", "init_images must be a list of exactly one base64 image")
-    raw["image"] = b64_bytes(images[0], "init_images")
-    raw["strength"] = _number(body, "denoising_strength", 0.75)
-    mask = body.get("mask")
-    if mask:
-        fill = body.get("inpainting_fill", 0)
-        if fill not in _INPAINTING_FILL:
-            raise InvalidRequest(
-                "inpainting_fill", f"inpainting_fill must be 0 (fill) or 1 (original) on this app; got {fill!r}"
-            )
-        raw.update(
-            mode="inpaint", mask=b64_bytes(mask, "mask"), mask_blur=_number(body, "mask_blur", DEFAULT_MASK_BLUR)
-        )
-        if body.get("inpainting_mask_invert") not in (None, 0, False, 1, True):
-            raise InvalidRequest("inpainting_mask_invert", "inpainting_mask_invert must be 0 or 1")
-        raw["mask_invert"] = bool(body.get("inpainting_mask_invert"))
-        if body.get("inpaint_full_res"):
-            notes.append("inpaint_full_res not applied: the whole picture is redrawn at its size")
-    else:
-        raw["mode"] = "image"
-
-
-def _hires(body: Mapping[str, Any], raw: dict[str, Any]) -> None:
-    scale = _number(body, "hr_scale", 2.0)
-    x, y = _number(body, "hr_resize_x", 0), _number(body, "hr_resize_y", 0)
-    if x or y:  # a target size instead of a scale: the same scale on both sides
-        width, height = raw["width"], raw["height"]
-        scales = {x / width if x else None, y / height if y else None} - {None}
-        if len(scales) != 1 or next(iter(scales)) not in HIRES_SCALES:
-            raise InvalidRequest("hr_resize_x", f"hr_resize_x and hr_resize_y must be {width}x{height} times 1.5 or 2")
-        scale = next(iter(scales))
-    raw.update(
-        hires_fix=True,
-        hires_scale=scale,
-        hires_strength=_number(body, "denoising_strength", 0.7),
-        hires_steps=_number(body, "hr_second_pass_steps", 0),
-    )
-
-
-def _check_overrides(overrides: Any, profile: ModelProfile) -> None:
-    if overrides in (None, {}):
-        return
-    if not isinstance(overrides, dict):
-        raise InvalidRequest("override_settings", "override_settings must be an object")
-    for key, value in overrides.items():
-        if key == "sd_model_checkpoint" and value in (profile.name, model_title(profile)):
-            continue
-        raise InvalidRequest(
-            "override_settings",
-            f"override_settings: {key} cannot be changed per request on this app "
-            f"(the model is fixed at start: {profile.name})",
-        )
-
-
-def _text(body: Mapping[str, Any], name: str) -> str:
-    value = body.get(name, "")
-    if value is None:
-        return ""
-    if not isinstance(value, str):
-        raise InvalidRequest(name, f"{name} must be text")
-    return value
-
-
-def _number(body: Mapping[str, Any], name: str, default: Any) -> Any:
-    value = body.get(name, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidRequest(name, f"{name} must be a number; got {value!r}")
-    return value
-
-
-# The app's field names in its errors, as the A1111 field a client sent.
-_A1111_NAME = {
-    "guidance_scale": "cfg_scale",
-    "num_inference_steps": "steps",
-    "num_images": "batch_size",
-    "scheduler": "sampler_name",
-    "strength": "denoising_strength",
-    "image": "init_images",
-    "hires_scale": "hr_scale",
-    "hires_steps": "hr_second_pass_steps",
-    "hires_strength": "denoising_strength",
-}
-
-
-def a1111_info(
-    body: Mapping[str, Any], info: dict[str, Any], texts: list[str], profile: ModelProfile, notes: list[str]
-) -> dict[str, Any]:
-    """A1111's ``info`` object for a finished request (its JSON string is the answer's ``info``)."""
-    seeds = list(info.get("seeds", [info.get("seed")]))
-    n = len(seeds)
-    strength = info.get("strength", info.get("hires_strength"))
-    return {
-        "prompt": info["prompt"],
-        "all_prompts": [info["prompt"]] * n,
-        "negative_prompt": info["negative_prompt"],
-        "all_negative_prompts": [info["negative_prompt"]] * n,
-        "seed": seeds[0],
-        "all_seeds": seeds,
-        "subseed": seeds[0],
-        "all_subseeds": seeds,
-        "subseed_strength": 0,
-        "width": info["width"],
-        "height": info["height"],
-        "sampler_name": info["scheduler"],
-        "cfg_scale": info["guidance_scale"],
-        "steps": info["num_inference_steps"],
-        "batch_size": body.get("batch_size", 1),
-        "restore_faces": False,
-        "face_restoration_model": None,
-        "sd_model_name": profile.name,
-        "sd_model_hash": None,
-        "sd_vae_name": None,
-        "sd_vae_hash": None,
-        "seed_resize_from_w": -1,
-        "seed_resize_from_h": -1,
-        "denoising_strength": strength,
-        "extra_generation_params": {"Notes": "; ".join(notes)} if notes else {},
-        "index_of_first_image": 0,
-        "infotexts": texts,
-        "styles": [],
-        "job_timestamp": time.strftime("%Y%m%d%H%M%S", time.gmtime(info["timings"]["received"])),
-        "clip_skip": 1,
-        "is_using_inpainting_conditioning": False,
-        "version": VERSION,
-        "request_id": info["request_id"],
-    }
 
 
 def _error(exc: BaseException) -> JSONResponse:
     status, message, retry = http_error(exc)
     field = getattr(exc, "field", None)
-    if field is not None and field in _A1111_NAME and not message.startswith(_A1111_NAME[field]):
-        message = f"{_A1111_NAME[field]}: {message}"
+    if field is not None and field in A1111_NAME and not message.startswith(A1111_NAME[field]):
+        message = f"{A1111_NAME[field]}: {message}"
     return JSONResponse(
         {"error": type(exc).__name__, "detail": message, "body": "", "errors": ""},
         status_code=status,
@@ -427,7 +191,7 @@ class SdApi:
     async def set_options(self, request: Request) -> JSONResponse:
         try:
             body = await json_body(request)
-            _check_overrides(body, self.profile)  # only the model already served: a no-op
+            check_overrides(body, self.profile)  # only the model already served: a no-op
         except ServingError as exc:
             status, message, _ = http_error(exc)
             return JSONResponse(
