@@ -235,3 +235,35 @@ def run_loop(model: Any, first: Any, joiner: Any = None, join_at: int = 1) -> di
     loop = model.open_loop(first)
     LoopDriver(loop, lambda: pending.pop() if pending and loop.steps_done(0) >= join_at else None).run(Task(first))
     return ended
+
+
+# One call of the MCP tool ``generate`` (the app under ``--mcp``): small, quick arguments.
+MCP_TOOL_ARGS = {
+    "prompt": "a red circle",
+    "negative_prompt": "",
+    "seed": 1,
+    "randomize_seed": False,
+    "width": 64,
+    "height": 64,
+    "num_inference_steps": 2,
+    "guidance_scale": 4.0,
+    "num_images": 1,
+    "live_preview": False,
+}
+
+
+async def mcp_session(url: str, work: Callable[[Any], Any], http: Any = None) -> Any:
+    """``await work(session)`` in an initialised MCP session with the app's MCP server (streamable
+    HTTP; through ``http``, an ``httpx.AsyncClient``, when given: its address or headers)."""
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    async with contextlib.AsyncExitStack() as stack:
+        if http is not None:
+            await stack.enter_async_context(http)
+        read, write, _ = await stack.enter_async_context(
+            streamable_http_client(url + "gradio_api/mcp/", **({"http_client": http} if http is not None else {}))
+        )
+        session = await stack.enter_async_context(ClientSession(read, write))
+        await session.initialize()
+        return await work(session)

@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from tests.fakes import FakeModel
-from tests.helpers import running_app
+from tests.helpers import MCP_TOOL_ARGS, mcp_session, running_app
 
 pytest.importorskip("mcp")
 
@@ -26,13 +26,7 @@ def url(launch: Any) -> str:
 
 
 async def _session(url: str, work: Any) -> Any:
-    from mcp import ClientSession
-    from mcp.client.streamable_http import streamable_http_client
-
-    async with streamable_http_client(url + "gradio_api/mcp/") as (read, write, _):
-        async with ClientSession(read, write) as session:
-            await session.initialize()
-            return await work(session)
+    return await mcp_session(url, work)
 
 
 def _summary(content: list[Any]) -> list[str]:
@@ -126,27 +120,10 @@ def _client(address: str = "127.0.0.1", **headers: str) -> Any:
 
 
 async def _session_with(url: str, http: Any, work: Any) -> Any:
-    from mcp import ClientSession
-    from mcp.client.streamable_http import streamable_http_client
-
-    async with http, streamable_http_client(url + "gradio_api/mcp/", http_client=http) as (read, write, _):
-        async with ClientSession(read, write) as session:
-            await session.initialize()
-            return await work(session)
+    return await mcp_session(url, work, http)
 
 
-TOOL_ARGS = {
-    "prompt": "a red circle",
-    "negative_prompt": "",
-    "seed": 1,
-    "randomize_seed": False,
-    "width": 64,
-    "height": 64,
-    "num_inference_steps": 2,
-    "guidance_scale": 4.0,
-    "num_images": 1,
-    "live_preview": False,
-}
+TOOL_ARGS = MCP_TOOL_ARGS
 
 
 async def test_under_auth_mcp_needs_the_login_and_works_with_basic_or_bearer(tmp_path: Any) -> None:

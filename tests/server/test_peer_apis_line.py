@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.helpers import gate_held, raw_request, wait_for
+from tests.helpers import MCP_TOOL_ARGS, gate_held, mcp_session, raw_request, wait_for
 from tests.hostile import peer
 
 pytestmark = pytest.mark.timeout(600)
@@ -62,27 +62,7 @@ def test_under_auth_every_api_route_takes_the_login_and_meters_wrong_guesses(lau
 
 def mcp_generate(url: str) -> Any:
     """One ``generate`` tool call through the app's MCP server (the ``mcp`` client), its result."""
-    from mcp import ClientSession
-    from mcp.client.streamable_http import streamable_http_client
-
-    async def call() -> Any:
-        async with streamable_http_client(url + "gradio_api/mcp/") as (read, write, _):
-            async with ClientSession(read, write) as session:
-                await session.initialize()
-                args = {
-                    "prompt": "a red circle",
-                    "negative_prompt": "",
-                    "seed": 3,
-                    "randomize_seed": False,
-                    "width": 64,
-                    "height": 64,
-                    "num_inference_steps": 2,
-                    "guidance_scale": 4.0,
-                    "num_images": 1,
-                }
-                return await session.call_tool("generate", args)
-
-    return asyncio.run(call())
+    return asyncio.run(mcp_session(url, lambda session: session.call_tool("generate", MCP_TOOL_ARGS)))
 
 
 def test_the_quota_counts_every_protocol_together(launch: Any, tmp_path: Any) -> None:
