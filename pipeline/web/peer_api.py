@@ -46,7 +46,7 @@ from ..request import new_request_id
 from ..serving.base import Adapter
 from ..uploads import MAX_UPLOAD_BYTES
 from . import asgi
-from .identity import Caller, caller_of
+from .identity import Caller, TrustedProxies, caller_of
 
 LOGIN_STATE = "t2i_login"  # the front door's answer to "which --auth user is this" (``frontdoor``)
 
@@ -99,15 +99,9 @@ def request_caller(request: Request) -> Caller:
     state = request.scope.get("state", {})
     caller = state.get("t2i_caller")
     if not isinstance(caller, Caller):
-        caller = caller_of(asgi.peer(dict(request.scope)), list(request.headers.items()), _no_proxies())
+        caller = caller_of(asgi.peer(dict(request.scope)), list(request.headers.items()), TrustedProxies())
     login = state.get(LOGIN_STATE)
     return dataclasses.replace(caller, login=login) if login else caller
-
-
-def _no_proxies() -> Any:
-    from .identity import TrustedProxies
-
-    return TrustedProxies.parse("none")
 
 
 @contextlib.asynccontextmanager

@@ -20,6 +20,8 @@ caller's own jobs only, where A1111's act on its one global job.
 from __future__ import annotations
 
 import asyncio
+import base64
+import io
 import json
 import time
 from typing import Any
@@ -252,22 +254,16 @@ def _progress_body(
 
 
 def _b64(data: bytes) -> str:
-    import base64
-
     return base64.b64encode(data).decode("ascii")
 
 
 def _parameters_text(png: bytes) -> str:
-    import io
-
     with Image.open(io.BytesIO(png)) as image:
         return str(getattr(image, "text", {}).get("parameters", ""))
 
 
 def _png_parameters(data: bytes) -> str:
     """A picture's A1111 ``parameters`` text (its PNG text chunk), decoded with the upload caps."""
-    import io
-
     read_layer(data, "image")  # sniffed and capped: a bomb or a non-image is refused by name
     with Image.open(io.BytesIO(data)) as image:
         return str(getattr(image, "text", {}).get("parameters", "") or image.info.get("parameters", ""))
