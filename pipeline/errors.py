@@ -81,6 +81,15 @@ class QuotaExceeded(RetryLater):
         )
 
 
+class TooManyPictures(RetryLater):
+    """The upload route's rate (``web.upload_route.UPLOADS_PER_MINUTE``), for pictures sent inline
+    to the HTTP APIs (base64, multipart): counted before any of them is decoded."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        self.retry_after = retry_after
+        super().__init__(message)
+
+
 class Cancelled(ServingError):
     """The job was cancelled by its caller. ``steps_done`` counts the denoising steps it ran."""
 

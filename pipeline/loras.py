@@ -24,8 +24,11 @@ from .protocol import NONE
 
 SCALE_MIN, SCALE_MAX = -2.0, 2.0  # lora_scale's range (negative: "slider" LoRAs that take a trait away)
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-# A1111's prompt tag: <lora:NAME:SCALE> (SCALE optional, 1 by default)
-TAG = re.compile(r"<lora:([^:<>]+)(?::(-?[0-9]*\.?[0-9]+))?>", re.IGNORECASE)
+# A1111's prompt tag: <lora:NAME:SCALE> (SCALE optional, 1 by default). Linear on any text: the
+# name's and the number's runs are possessive and cannot overlap, so no failed match is retried
+# another way (``[0-9]*\.?[0-9]+`` split a run of digits every way before giving up: quadratic).
+_NUMBER = r"-?(?:[0-9]++(?:\.[0-9]++)?|\.[0-9]++)"
+TAG = re.compile(rf"<lora:([^:<>]++)(?::({_NUMBER}))?>", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -50,7 +53,7 @@ class LoraSpec:
             )
         source, scale = rest.strip(), 1.0
         head, colon, tail = source.rpartition(":")
-        if colon and head and re.fullmatch(r"-?[0-9]*\.?[0-9]+", tail.strip()):
+        if colon and head and re.fullmatch(_NUMBER, tail.strip()):
             source, scale = head.strip(), float(tail)
         if not (math.isfinite(scale) and SCALE_MIN <= scale <= SCALE_MAX):
             raise ValueError(f"--lora {name}: the scale must be between {SCALE_MIN:g} and {SCALE_MAX:g}; got {scale:g}")
@@ -97,6 +100,15 @@ def prompt_tag(name: str, scale: float) -> str:
 def strip_tags(prompt: str) -> tuple[str, list[tuple[str, float]]]:
     """The prompt without its ``<lora:...>`` tags, and the (name, scale) of each (A1111's paste)."""
     found = [(m.group(1).strip(), float(m.group(2)) if m.group(2) else 1.0) for m in TAG.finditer(prompt)]
-    text = TAG.sub("", prompt)
-    text = re.sub(r"\s*,\s*(,\s*)+", ", ", text)  # "a, <lora:x:1>, b" -> "a, b"
+    items = TAG.sub("", prompt).split(",")
+    # "a, <lora:x:1>, b" -> "a, b": a run of commas with only spaces between them (what a tag leaves)
+    # becomes one ", ", in one pass over the items (no pattern over runs of spaces: linear)
+    text, gap = items[0], False
+    for item in items[1:]:
+        if not item.strip():
+            gap = True
+        elif gap:
+            text, gap = f"{text.rstrip()}, {item.lstrip()}", False
+        else:
+            text += "," + item
     return text.strip().strip(",").strip(), found

@@ -21,8 +21,10 @@ height (AUTOMATIC1111's "just resize"):
 
 A mode runs ``int(steps * strength)`` steps (diffusers' own count), so a strength that would run
 none is refused by name; the cost budget counts the steps run, both passes of hires fix and the
-uploads' pixels. Decoding an upload takes milliseconds, so the adapter calls ``validate`` off the
-event loop for a request that carries one (``has_pictures``).
+uploads' pixels. Decoding an upload takes milliseconds (a second at the caps), so the adapters
+validate every other field first (``pictures_later``), let the request's gates answer, and only then
+decode its pictures (``with_pictures``) off the event loop, in a pool of their own
+(``serving.decoding``).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from PIL import Image
 from .errors import InvalidRequest
 from .loras import SCALE_MAX, SCALE_MIN
 from .protocol import NONE, InferenceJob, LoraUse, ModelProfile
-from .uploads import MAX_UPLOAD_BYTES, MAX_UPLOAD_PIXELS, outpaint_canvas, read_image, read_mask
+from .uploads import MAX_UPLOAD_PIXELS, outpaint_canvas, read_image, read_mask
 
 if TYPE_CHECKING:
     from .config import Settings
@@ -224,10 +226,13 @@ def image_fields(
     modes: tuple[str, ...],
     mode_notes: Mapping[str, str],
     pictures_later: bool = False,
+    upload_pixels: int = MAX_UPLOAD_PIXELS,
 ) -> ImageFields:
     """Check the picture fields of ``raw`` (``modes``: the pipeline modes the model serves).
-    ``pictures_later``: check every field but the pictures themselves (the join-time validator:
-    they are decoded with the request, off the loop)."""
+    ``pictures_later``: check every field but the pictures themselves (the join-time validator,
+    and ``validate`` before the request's gates: they are decoded by ``with_pictures``).
+    ``upload_pixels``: the pixels the uploads may have together (what the cost budget leaves),
+    checked against each picture's header before its rows are decoded."""
     mode = raw.get("mode", "text")
     if mode is None or mode == "":
         mode = "text"
@@ -267,13 +272,15 @@ def image_fields(
     size = (width + pads[0] + pads[2], height + pads[1] + pads[3])
     if pictures_later:
         return ImageFields(mode, strength, blur if mode != "image" else 0, None, None, *size)
-    image = read_image(raw["image"], "image", max_bytes=MAX_UPLOAD_BYTES, max_pixels=MAX_UPLOAD_PIXELS)
+    budget = "" if upload_pixels >= MAX_UPLOAD_PIXELS else _BUDGET_NOTE
+    image = read_image(raw["image"], "image", max_pixels=min(upload_pixels, MAX_UPLOAD_PIXELS), note=budget)
     uploaded = image.width * image.height
     picture = image.resize((width, height), Image.Resampling.LANCZOS) if image.size != (width, height) else image
     if mode == "image":
         return ImageFields(mode, strength, 0, Pictures(mode, picture, None, uploaded), None, width, height)
     if mode == "inpaint":
-        mask = read_mask(raw["mask"], (width, height), blur)
+        left = min(upload_pixels - uploaded, MAX_UPLOAD_PIXELS)
+        mask = read_mask(raw["mask"], (width, height), blur, max_pixels=max(0, left), note=budget)
         uploaded += mask.width * mask.height
         if not np.asarray(mask).any():
             raise InvalidRequest("mask", "mask: it marks nothing to redraw (paint or whiten where the picture changes)")
@@ -458,9 +465,9 @@ def _lora(value: Any, limits: Limits) -> str:
     raise InvalidRequest("lora", f"lora must be one of: {choices}{loaded}; got {show(value)}")
 
 
-def _within_budget(width: int, height: int, steps: int, images: int, limits: Limits, extra: ImageFields) -> None:
-    """The cost budget: width × height × steps × images, in pixel-steps (0: no budget). An image
-    mode counts the steps it runs (``steps × strength``) and the uploads' pixels; hires fix its
+def _cost(width: int, height: int, steps: int, images: int, extra: ImageFields) -> tuple[int, str]:
+    """A request's cost in pixel-steps, and its sum in words: width × height × steps × images; an
+    image mode counts the steps it runs (``steps × strength``) and the uploads' pixels; hires fix its
     second pass too."""
     p = extra
     run = p.steps_run(steps)
@@ -472,12 +479,36 @@ def _within_budget(width: int, height: int, steps: int, images: int, limits: Lim
     if p.pictures is not None:
         cost += p.pictures.upload_pixels
         sums += f" + {p.pictures.upload_pixels} (the uploads' pixels)"
+    return cost, sums
+
+
+def _within_budget(width: int, height: int, steps: int, images: int, limits: Limits, extra: ImageFields) -> None:
+    """The cost budget (``--max-pixel-steps``; 0: no budget): ``_cost`` at most ``limits.max_pixel_steps``."""
+    cost, sums = _cost(width, height, steps, images, extra)
     if limits.max_pixel_steps and cost > limits.max_pixel_steps:
         raise InvalidRequest(
             "num_inference_steps",
             f"width × height × num_inference_steps × num_images must be at most {limits.max_pixel_steps} "
             f"pixel-steps (the cost budget, --max-pixel-steps); got {sums} = {cost}",
         )
+
+
+_BUDGET_NOTE = " (what the cost budget, --max-pixel-steps, leaves for this request's uploads)"
+
+
+def with_pictures(request: GenerateRequest, raw: Mapping[str, Any], limits: Limits) -> GenerateRequest:
+    """``request`` (validated with ``pictures_later``) with its pictures decoded from ``raw``: each
+    picture's header is held to what the cost budget leaves before its rows are decoded. Milliseconds
+    to a second of CPU at the caps (``uploads``): run off the event loop, after the request's gates."""
+    if request.pictures.mode == "text":
+        return request
+    w, h, steps, images = request.width, request.height, request.num_inference_steps, request.num_images
+    spent, _ = _cost(w, h, steps, images, request.pictures)  # the job, without the uploads
+    left = limits.max_pixel_steps - spent if limits.max_pixel_steps else MAX_UPLOAD_PIXELS
+    fields = image_fields(raw, limits, width=w, height=h, steps=steps, modes=limits.modes,
+                          mode_notes=dict(limits.mode_notes), upload_pixels=left)  # fmt: skip
+    _within_budget(w, h, steps, images, limits, fields)
+    return dataclasses.replace(request, pictures=fields)
 
 
 def _steps(raw: Mapping[str, Any], limits: Limits) -> int:
@@ -499,7 +530,8 @@ def validate(
     pictures_later: bool = False,
 ) -> GenerateRequest:
     """Check every field of ``raw`` (the API's parameter names); raise ``InvalidRequest`` on the first bad one.
-    ``pictures_later``: all but the pictures (``image_fields``), for the join-time validator.
+    ``pictures_later``: all but the pictures' bytes (``image_fields``), in microseconds: the join-time
+    validator, and the adapters before the request's gates (then ``with_pictures`` decodes them).
 
     ``count_tokens`` measures prompts in text-encoder tokens; a prompt over the encoder's window is
     accepted and the note that it was truncated goes into ``warnings``.
@@ -561,15 +593,9 @@ def validate(
     scale_value = raw.get("lora_scale")
     lora_scale = 1.0 if scale_value is None else real_number("lora_scale", scale_value, SCALE_MIN, SCALE_MAX)
     pictures = image_fields(
-        raw,
-        limits,
-        width=width,
-        height=height,
-        steps=steps,
-        modes=limits.modes,
-        mode_notes=dict(limits.mode_notes),
-        pictures_later=pictures_later,
-    )
+        raw, limits, width=width, height=height, steps=steps, modes=limits.modes,
+        mode_notes=dict(limits.mode_notes), pictures_later=True,
+    )  # fmt: skip
     _within_budget(width, height, steps, num_images, limits, pictures)
 
     request = GenerateRequest(
@@ -588,6 +614,8 @@ def validate(
         lora_scale=lora_scale,
         pictures=pictures,
     )
+    if not pictures_later:
+        request = with_pictures(request, raw, limits)
     return with_token_notes(request, limits, count_tokens) if count_tokens is not None else request
 
 

@@ -33,7 +33,7 @@ from ..errors import (
     ShuttingDown,
 )
 from ..protocol import ModelProfile, Output
-from ..request import limits_for, validate
+from ..request import has_pictures, limits_for, validate, with_pictures
 from ..serving.base import SHUTDOWN_MESSAGE, AdapterBase
 from ..serving.metrics import Metrics
 from ..serving.postprocess import output_folder, write_then_rename
@@ -158,17 +158,20 @@ class RayAdapter(AdapterBase):
         *,
         request_id: str | None = None,
         alive: Callable[[], bool] | None = None,
-        user: str | None = None,  # only for the disk share: Ray Serve's own queue orders the replicas' requests
+        user: str | None = None,  # the disk share and the decode turn: Ray Serve's own queue orders the replicas'
+        account: str | None = None,
     ) -> AsyncGenerator[Output, None]:
         """One request through a replica; see ``Adapter.run``."""
-        with self.accounted(), contextlib.ExitStack() as cleanup:
+        with self.accounted() as outcome, contextlib.ExitStack() as cleanup:
             event_loop = asyncio.get_running_loop()
             # 1. Prepare on the front end: a bad field is answered here, before any replica sees it. The
             #    seed is resolved here too, so the replica draws exactly what the caller will be told.
-            request = await event_loop.run_in_executor(
-                self._pool, lambda: validate(raw, self.limits, request_id=request_id)
-            )
-            held = cleanup.enter_context(self.quota_held(user, request.num_images))  # --quota-images-per-hour
+            #    Gates before work, as ``LocalAdapter.run``: the fields, then the quota, then the
+            #    pictures, on the decode threads.
+            request = validate(raw, self.limits, request_id=request_id, pictures_later=True)
+            held = cleanup.enter_context(self.quota_held(account or user, request.num_images))
+            if has_pictures(raw):
+                request = await self.decoder.run(user, with_pictures, request, raw, self.limits)
             forward = {**dict(raw), "seed": request.seed, "randomize_seed": False}
             ticket = self._line.join(None)
             started: dict[str, Any] | None = None
@@ -196,6 +199,8 @@ class RayAdapter(AdapterBase):
                                 elif item.kind == "done":
                                     done = item
                                 else:
+                                    if item.step:  # a step has run: the quota is spent
+                                        held.keep()
                                     yield item
                         break
                     except BaseException as exc:
@@ -237,6 +242,7 @@ class RayAdapter(AdapterBase):
             self.metrics.images.inc(len(paths))
             self.metrics.inference.observe(info["durations_ms"]["inference"] / 1000)
             held.keep()
+            outcome.delivered = True
             yield Output(request.request_id, finish="done", paths=tuple(paths), info=info)
 
     async def _relay(self, call: Any, ticket: int) -> AsyncGenerator[Output, None]:

@@ -18,11 +18,13 @@ import itertools
 import logging
 import os
 import threading
+from dataclasses import dataclass
 from typing import Any, AsyncGenerator, Callable, Iterator, Mapping, Protocol
 
 from ..errors import Cancelled, InvalidRequest, RetryLater, ShuttingDown
 from ..protocol import ModelProfile, Output
 from ..request import Limits
+from .decoding import Decoder
 from .metrics import Metrics
 from .quota import Held, ImageQuota
 
@@ -41,6 +43,7 @@ class Adapter(Protocol):
     closing: bool
     in_flight: int
     quota: ImageQuota | None
+    decoder: Decoder
 
     @property
     def profile(self) -> ModelProfile: ...
@@ -52,6 +55,7 @@ class Adapter(Protocol):
         request_id: str | None = None,
         alive: Callable[[], bool] | None = None,
         user: str | None = None,
+        account: str | None = None,
     ) -> AsyncGenerator[Output, None]: ...
 
     def health(self) -> dict[str, Any]: ...
@@ -102,6 +106,14 @@ class LivenessWatch:
             await asyncio.sleep(self.every)
 
 
+@dataclass
+class Outcome:
+    """How one request ended, for the books (``AdapterBase.accounted``)."""
+
+    name: str = "failed"  # completed, rejected, cancelled or failed
+    delivered: bool = False  # its images were handed over
+
+
 class _Uncounted:
     """A request's images when no quota counts them."""
 
@@ -125,6 +137,7 @@ class AdapterBase:
         self.in_flight = 0
         self.liveness = LivenessWatch()
         self.quota: ImageQuota | None = None  # --quota-images-per-hour (``quota``); None: off
+        self.decoder = Decoder()  # client pictures, on threads of their own (``decoding``)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._on_close: list[Callable[[], None]] = []
         # Short CPU work (validation, token counting, PNG encoding) off the event loop, on threads
@@ -161,13 +174,16 @@ class AdapterBase:
         request_id: str | None = None,
         alive: Callable[[], bool] | None = None,
         user: str | None = None,
+        account: str | None = None,
     ) -> AsyncGenerator[Output, None]:
         """Yield ``Output``s (waiting, steps), then one with ``finish`` "done"; or raise a ``ServingError``.
 
         Each adapter's ``run`` is one async generator whose body runs inside ``accounted``.
 
         ``user`` (optional) says who asked (the web layer's ``request_caller``, its ``Caller.key``); the local line is
-        fair across users and caps each one's waiting requests. None: a user of its own.
+        fair across users and caps each one's waiting requests. None: a user of its own. ``account``
+        (optional) is who is charged for it, the quota's key (``Caller.account``: a login wherever it
+        connects from); None: ``user``.
 
         ``alive`` (optional) says whether the caller is still there; the liveness watch reads it
         while the request waits or infers, so a caller that vanished without a cancel leaves the
@@ -176,30 +192,35 @@ class AdapterBase:
         raise NotImplementedError
 
     @contextlib.contextmanager
-    def accounted(self) -> Iterator[None]:
-        """Count one request around an adapter's ``run``: in flight, its outcome, failures in a row."""
+    def accounted(self) -> Iterator[Outcome]:
+        """Count one request around an adapter's ``run``: in flight, its outcome, failures in a row.
+
+        A request whose images were handed to its caller (``Outcome.delivered``, set just before the
+        last ``Output`` is yielded) completed, even if its caller then closes the stream instead of
+        reading it to its end (the HTTP APIs return at the done ``Output``); only a request that
+        ends before that by its caller's leave is cancelled."""
         self._loop = asyncio.get_running_loop()
         self.in_flight += 1
         self.metrics.in_flight.inc()
-        outcome = "failed"
+        outcome = Outcome()
         try:
             if self.closing:
                 raise ShuttingDown(SHUTDOWN_MESSAGE)
-            yield
-            outcome = "completed"
+            yield outcome
+            outcome.name = "completed"
         except (InvalidRequest, RetryLater):
-            outcome = "rejected"
+            outcome.name = "rejected"
             raise
         except (Cancelled, asyncio.CancelledError, GeneratorExit):
-            outcome = "cancelled"
+            outcome.name = "completed" if outcome.delivered else "cancelled"
             raise
         finally:
             self.in_flight -= 1
             self.metrics.in_flight.dec()
-            self.metrics.jobs.labels(outcome).inc()
-            if outcome == "failed":
+            self.metrics.jobs.labels(outcome.name).inc()
+            if outcome.name == "failed":
                 self.consecutive_failures += 1
-            elif outcome == "completed":
+            elif outcome.name == "completed":
                 self.consecutive_failures = 0
 
     def quota_held(self, user: str | None, images: int) -> contextlib.AbstractContextManager[Held | _Uncounted]:
@@ -270,6 +291,7 @@ class AdapterBase:
         for callback in self._on_close:
             callback()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self.decoder.close()
 
 
 def _on_thread_of(event_loop: asyncio.AbstractEventLoop) -> bool:

@@ -26,13 +26,13 @@ only posts to the loop; ``begin_shutdown`` from another thread goes through the 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import contextvars
 import logging
 import time
-from functools import partial
 from pathlib import Path
-from typing import Any, AsyncGenerator, Callable, Mapping
+from typing import Any, AsyncGenerator, Callable, Iterator, Mapping
 
 from ..errors import (
     Cancelled,
@@ -46,7 +46,15 @@ from ..errors import (
     TooManyWaiting,
 )
 from ..protocol import InferenceResult, ModelProfile, ModelSide, Output, StopSignal, Timings
-from ..request import GenerateRequest, Limits, has_pictures, needs_token_count, validate, with_token_notes
+from ..request import (
+    GenerateRequest,
+    Limits,
+    has_pictures,
+    needs_token_count,
+    validate,
+    with_pictures,
+    with_token_notes,
+)
 from .base import SHUTDOWN_MESSAGE, AdapterBase
 from .eta import Shape
 from .jobs import AUTO_LIMIT_FLOOR_SECONDS, GpuJobs
@@ -113,6 +121,7 @@ class LocalAdapter(AdapterBase):
         self._job_tasks: set[asyncio.Task[None]] = set()  # the batch holding the gate (at most one)
         self._scheduling: asyncio.Task[None] | None = None  # the scheduler's owner task, started lazily
         self._stops: dict[str, StopSignal] = {}  # request id -> its stop, while the request runs (event loop)
+        self._preparing_now: collections.Counter[str] = collections.Counter()  # user -> requests preparing (loop)
 
     @staticmethod
     def make_gate() -> asyncio.Semaphore:
@@ -166,6 +175,25 @@ class LocalAdapter(AdapterBase):
         self._line.notify()
         return True
 
+    @contextlib.contextmanager
+    def _preparing(self, user: str | None) -> Iterator[None]:
+        """A request of ``user``'s while it prepares, counted with its waiting ones: a user already at
+        the cap of waiting requests (``max_waiting_per_user``) is answered at once, ``TooManyWaiting``."""
+        cap = self.max_waiting_per_user
+        if user is None or cap is None:
+            yield
+            return
+        waiting = self.scheduler.waiting(user, gate_free=not self._gate.locked()) + self._preparing_now[user]
+        if waiting >= cap:
+            raise TooManyWaiting(waiting)
+        self._preparing_now[user] += 1
+        try:
+            yield
+        finally:
+            self._preparing_now[user] -= 1
+            if not self._preparing_now[user]:
+                del self._preparing_now[user]
+
     def _forget_stop(self, request_id: str, stop: StopSignal) -> None:
         if self._stops.get(request_id) is stop:  # not a later request that reused the id
             del self._stops[request_id]
@@ -182,12 +210,13 @@ class LocalAdapter(AdapterBase):
         request_id: str | None = None,
         alive: Callable[[], bool] | None = None,
         user: str | None = None,
+        account: str | None = None,
     ) -> AsyncGenerator[Output, None]:
         """One request, in four numbered steps (the module docstring); see ``Adapter.run``.
 
         One async generator from the mailbox to the caller: a step crosses no other.
         """
-        with self.accounted(), contextlib.ExitStack() as cleanup:
+        with self.accounted() as outcome, contextlib.ExitStack() as cleanup:
             event_loop = asyncio.get_running_loop()
             t = Timings(received=self._clock())
             stop = StopSignal()  # set: this request leaves; its job stops when nobody is left in it
@@ -197,31 +226,26 @@ class LocalAdapter(AdapterBase):
                 self._line.notify()
 
             with self.liveness.watching(alive, caller_gone):
-                # 1. Prepare. A bad field fails here, before any GPU work. Checking the fields takes
-                #    microseconds, so it runs on the loop, except for an upload (decoding a picture,
-                #    ``uploads.read_image``, takes milliseconds: off the loop, concurrently); counting
-                #    a prompt's tokens (only one that might not fit its text encoders' windows:
+                # 1. Prepare, gates before work. Every field but the pictures' bytes is checked on the
+                #    loop (microseconds); then the quota, then the waiting cap answer; only then are
+                #    the pictures decoded (``request.with_pictures``: up to a second of CPU at the caps),
+                #    on the decode threads, one request at a time per identity (``decoding``). Counting a
+                #    prompt's tokens (only one that might not fit its text encoders' windows:
                 #    ``request.fits_every_window``) may ask the model process, so it runs off the loop too.
                 t.prepare_start = self._clock()
-                if has_pictures(raw):
-                    request = await event_loop.run_in_executor(
-                        self._pool, partial(validate, raw, self.limits, request_id=request_id)
-                    )
-                else:
-                    request = validate(raw, self.limits, request_id=request_id)
-                held = cleanup.enter_context(self.quota_held(user, request.num_images))  # --quota-images-per-hour
+                request = validate(raw, self.limits, request_id=request_id, pictures_later=True)
+                held = cleanup.enter_context(self.quota_held(account or user, request.num_images))
                 self._stops[request.request_id] = stop  # ``stop(request_id)`` reaches it from now on
                 cleanup.callback(self._forget_stop, request.request_id, stop)
-                if needs_token_count(request, self.limits):
-                    request = await event_loop.run_in_executor(self._pool, self._count_tokens, request)
+                with self._preparing(user):  # the waiting cap answers here, before any picture is decoded
+                    if has_pictures(raw):
+                        request = await self.decoder.run(user, with_pictures, request, raw, self.limits)
+                    if needs_token_count(request, self.limits):
+                        request = await event_loop.run_in_executor(self._pool, self._count_tokens, request)
                 t.prepare_end = t.gpu_wait_start = self._clock()
 
-                # 2. Wait in line for the GPU, in a fair order across users (round-robin, ``WaitLine.order``);
-                #    a user already at the cap is answered at once. The scheduler takes it into a batch.
-                cap = self.max_waiting_per_user
-                free = not self._gate.locked()
-                if user is not None and cap is not None and (n := self.scheduler.waiting(user, gate_free=free)) >= cap:
-                    raise TooManyWaiting(n)
+                # 2. Wait in line for the GPU, in a fair order across users (round-robin, ``WaitLine.order``).
+                #    The scheduler takes it into a batch.
                 entry = Entry(request, stop, contextvars.copy_context(), user=user)
                 self._start_scheduling()
                 self.scheduler.add(entry)
@@ -232,6 +256,8 @@ class LocalAdapter(AdapterBase):
                     # 3. Infer: this request's steps from its job, straight from its mailbox, then its end.
                     try:
                         while isinstance(item := await entry.events.get(), Output):
+                            if item.step:  # a step has run: the quota is spent, whatever happens next
+                                held.keep()
                             yield item
                         end = item
                     except BaseException:
@@ -251,6 +277,7 @@ class LocalAdapter(AdapterBase):
             info = info_record(request, result, t, p)
             self._observe(info, len(paths))
             held.keep()
+            outcome.delivered = True
             yield Output(request.request_id, finish="done", paths=tuple(paths), info=info)
 
     async def _wait_turn(self, entry: Entry) -> AsyncGenerator[Output, None]:

@@ -1,12 +1,16 @@
-"""A per-identity budget of images per hour (``--quota-images-per-hour``; off by default).
+"""A per-identity budget of images per hour (``--quota-images-per-hour``; off by default): a quota of work.
 
 Counted where every protocol meets, the adapter's ``run`` (the page, ``gradio_client``, MCP,
-AUTOMATIC1111's ``/sdapi/v1`` and OpenAI's ``/v1/images`` all enter there with the same identity,
-``identity.caller_of``'s key): a request's images are taken from its identity's hour when it is
-accepted (validated, before it waits), and given back if it ends without them (refused later,
-cancelled, failed), so what the budget counts is what was delivered or is still coming. Past it the
-request is refused at once with ``QuotaExceeded`` (429 with ``Retry-After`` on the HTTP APIs), in
-words that say when the next image is possible.
+AUTOMATIC1111's ``/sdapi/v1`` and OpenAI's ``/v1/images`` all enter there), under the caller's
+*account* (``identity.Caller.account``: a ``--auth`` login wherever it connects from, a Hugging Face
+user, else the address's network, an IPv6 one by its /56). A request's images are taken from its
+account's hour when it is accepted (its fields checked, before it waits or any picture of it is
+decoded). They are spent once its job has run a step: an interrupt at the last step, or a stream
+dropped after its previews, costs what it ran, as its previews showed the picture. Only a request
+that ends before its first step (refused later, cancelled while waiting, failed to start) gets them
+back. Past the budget the request is refused at once with ``QuotaExceeded`` (429 with
+``Retry-After`` on the HTTP APIs), in words that say when the next image is possible; a request
+for more images than the whole hour holds can never fit, and is refused by name (``num_images``).
 
 A sliding hour: each request's images count for 3600 s from when it was accepted. Owner: the
 event loop (the adapter's ``run``); nothing here blocks.
@@ -19,13 +23,13 @@ import contextlib
 import time
 from typing import Callable, Iterator
 
-from ..errors import QuotaExceeded
+from ..errors import InvalidRequest, QuotaExceeded
 
 HOUR = 3600.0
 
 
 class Held:
-    """A request's images taken from its hour: ``keep`` once they are delivered."""
+    """A request's images taken from its hour: ``keep`` once its job has run a step (they are spent)."""
 
     kept = False
 
@@ -45,8 +49,8 @@ class ImageQuota:
     @contextlib.contextmanager
     def held(self, user: str | None, images: int) -> Iterator[Held]:
         """Take ``images`` from ``user``'s hour for the request inside; give them back if it ends by
-        an exception before ``Held.keep`` (its images delivered). ``QuotaExceeded`` if they do not
-        fit. None (no identity): not counted."""
+        an exception before ``Held.keep`` (its job's first step). ``QuotaExceeded`` if they do not
+        fit now, ``InvalidRequest`` if they never could. None (no identity): not counted."""
         held = Held()
         if user is None:
             yield held
@@ -60,6 +64,12 @@ class ImageQuota:
             raise
 
     def take(self, user: str, images: int) -> tuple[float, int]:
+        if images > self.per_hour:
+            raise InvalidRequest(
+                "num_images",
+                f"num_images must be at most {self.per_hour}: the quota (--quota-images-per-hour) is "
+                f"{self.per_hour} images an hour; got {images}",
+            )
         live, now = self._live(user), self._clock()
         used = sum(n for _, n in live)
         if used + images > self.per_hour:
@@ -91,4 +101,4 @@ class ImageQuota:
             freed += n
             if freed >= over:
                 return max(1.0, at + HOUR - now)
-        return HOUR  # more images than the whole budget: refused by validation before this
+        return HOUR  # not reached: more images than the whole budget are refused by ``take``

@@ -19,7 +19,8 @@ In order, for each HTTP request (``FrontDoor.__call__``):
 6. every write (each POST, and MCP) takes a token from the identity's bucket (``--rate-limit``):
    429 with ``Retry-After`` past it;
 7. a JSON body (at most ``--max-body-kb``, nested at most ``asgi.MAX_JSON_DEPTH`` deep, else 400
-   before any parser walks it) is checked by ``inputs.InputPolicy`` and handed on;
+   before any parser walks it; both found in time linear in the body, off the loop past
+   ``asgi.ON_LOOP_BYTES``) is checked by ``inputs.InputPolicy`` and handed on;
 8. an event belongs to the identity that created it (``admission.EventBook``): a read of its
    results by id (``/call/<api>/<event_id>``) or a cancel naming it answers only that identity;
 9. a GET of a live preview the server has just written is answered from memory
@@ -150,7 +151,7 @@ class FrontDoor:
             if user is not None:  # the HTTP APIs' identity carries the login, as the page's does
                 scope["state"][LOGIN_STATE] = user
         if takes_a_token(kind, scope["method"]) and not internal:  # 6. the rate of writes
-            wait = d.buckets.take(caller.key)
+            wait = d.buckets.take(caller.account)
             if wait > 0:
                 return await _too_many(send, wait, "Too many requests from your address; slow down.")
         if kind in ("heartbeat", "stream") and not internal:  # 5. sessions; 8. an event's reader
@@ -185,12 +186,12 @@ class FrontDoor:
         """
         login, meter, header = self.d.login, self.d.login.meter, asgi.header(headers, "authorization")
         credential = presents_credential(header) or (kind == "login" and scope["method"] == "POST")
-        if credential and not internal and (wait := meter.wait(caller.key)) > 0:
+        if credential and not internal and (wait := meter.wait(caller.account)) > 0:
             return wait, None
         app = scope.get("app")
         if kind == "metrics":
             if credential and not login.opens_metrics(header):
-                meter.failed(caller.key)
+                meter.failed(caller.account)
             return 0.0, None
         if app is None or not hasattr(app, "tokens"):
             return 0.0, None
@@ -201,7 +202,7 @@ class FrontDoor:
         if presents_credential(header):
             user = login.user_of(header)
             if user is None and not internal:
-                meter.failed(caller.key)
+                meter.failed(caller.account)
         if user is None and internal:
             user = "mcp"  # Gradio's MCP server's own client: the tool call it makes carries the caller's login
         if user is not None:
@@ -217,13 +218,13 @@ class FrontDoor:
         body = await asgi.read_body(receive, d.max_body_bytes)
         if body is None:
             return await asgi.json(send, 413, f"The request body is over the limit of {d.max_body_bytes} bytes.")
-        if kind in JSON_BODIES and asgi.too_deep(body):
+        if kind in JSON_BODIES and await asgi.sized(asgi.too_deep, body):
             return await asgi.json(send, 400, f"The request body nests deeper than {asgi.MAX_JSON_DEPTH} levels.")
         if kind == "mcp":
             return await self._mcp(scope, asgi.replay(body, receive), send, caller)
         if kind in ("join", "call", "cancel"):
             try:
-                parsed = _loads(body)
+                parsed = await asgi.sized(_loads, body)
                 body = self._checked(kind, parsed, scope, caller, internal) or body
             except (ValueError, RecursionError):
                 return await asgi.json(send, 400, "The request body must be JSON.")
@@ -250,7 +251,7 @@ class FrontDoor:
 
     def _logged_in(self, status: int, caller: Caller) -> None:
         if status == 400 and self.d.login.auth is not None:  # Gradio's "Incorrect credentials."
-            self.d.login.meter.failed(caller.key)
+            self.d.login.meter.failed(caller.account)
 
     def _checked(self, kind: str, parsed: Any, scope: Scope, caller: Caller, internal: bool) -> bytes | None:
         """Refuse a bad body (``Refused``); the body to hand on if it had to change, else None."""

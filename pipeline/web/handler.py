@@ -237,12 +237,13 @@ def make_generate(
                 caller = request_caller(request, trusted, profile)
                 alive = _alive(caller_alive(demo), caller, site)
                 user = caller.key if caller is not None else None
+                account = caller.account if caller is not None else None
                 if ui:
                     raw = page_values(raw)  # only what the page's mode reads
                 if raw["image"] is not None or raw["mask"] is not None:  # the uploads' bytes, read off the loop
                     raw, copies = await asyncio.to_thread(with_upload_bytes, raw)
                     forget_temp_files(demo, copies)  # Gradio's copies, read and deleted: nothing is left behind
-                events = adapter.run(raw, request_id=request_id, alive=alive, user=user)
+                events = adapter.run(raw, request_id=request_id, alive=alive, user=user, account=account)
                 async with contextlib.aclosing(events):
                     async for event in events:
                         if event.kind == "waiting":

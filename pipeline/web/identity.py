@@ -13,6 +13,10 @@ The *identity* the app keys fairness, rate limits, sessions and disk shares by:
   two users;
 - else the address: ``addr:NETWORK``.
 
+Who is *charged* (``Caller.account``: the image quota, and the write rate and failed logins of a
+request without a login) is wider: a login wherever it connects from, else the address with an
+IPv6 client by its /56 (a /48 holds 65,536 /64s: keyed by /64, one customer would be 65,536 accounts).
+
 What the proxies in front of the app send (``docs`` and README "Security"): on Spaces the app sees
 its proxy's internal address (10.x) and the client's address at the right end of
 ``X-Forwarded-For``; ``--share``'s tunnel (frpc) connects from 127.0.0.1 and its server, frp's
@@ -36,6 +40,7 @@ from typing import Iterable, Mapping, Sequence
 
 from ..config import ProxyNetwork, Settings, proxy_networks
 
+CHARGED_PREFIX = 56  # an IPv6 network charged as one (``wide_network_of``)
 SEAL_HEADER = "x-t2i-caller"  # set by the front door on MCP requests only; any client-sent one is dropped
 _KEY = secrets.token_bytes(32)  # this process's; a seal never outlives the process that made it
 
@@ -82,6 +87,27 @@ class Caller:
         if self.login:
             return f"user:{self.login}@{self.network}"
         return f"addr:{self.network}"
+
+    @functools.cached_property
+    def account(self) -> str:
+        """Who is charged for the work a request asks for: the quota's key, and without a login the
+        write rate's and the failed logins' too. A login is one account wherever it connects from
+        (six addresses share its quota); else the address's wider network (``wide_network_of``)."""
+        if self.hf_user:
+            return f"hf:{self.hf_user}"
+        if self.login:
+            return f"user:{self.login}"
+        return f"addr:{wide_network_of(self.address)}"
+
+
+@functools.lru_cache(maxsize=65536)
+def wide_network_of(address: str) -> str:
+    """The address as the app charges it (the quota, the write rate, failed logins): IPv6 by /56, the
+    smallest allocation a provider gives one customer (a /48 holds 65,536 /64s, a /56 256), IPv4 as it is."""
+    ip = _ip(address)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is None:
+        return str(ipaddress.ip_network(f"{ip}/{CHARGED_PREFIX}", strict=False))
+    return network_of(address)
 
 
 @functools.lru_cache(maxsize=65536)

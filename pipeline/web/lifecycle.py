@@ -49,10 +49,11 @@ PEER_BODY_CAPS = {
 }
 
 
-def peer_routes(adapter: Adapter) -> list[Any]:
-    """AUTOMATIC1111's ``/sdapi/v1`` and OpenAI's ``/v1/images``, sharing one book of jobs (``peer_api``)."""
+def peer_routes(adapter: Adapter, uploads: UploadBook | None = None) -> list[Any]:
+    """AUTOMATIC1111's ``/sdapi/v1`` and OpenAI's ``/v1/images``, sharing one book of jobs (``peer_api``),
+    their inline pictures counted in the upload route's book (``uploads``)."""
     jobs = PeerJobs()
-    return [*SdApi(adapter, jobs).routes(), *OpenAIImages(adapter, jobs).routes()]
+    return [*SdApi(adapter, jobs, uploads).routes(), *OpenAIImages(adapter, jobs, uploads).routes()]
 
 
 def front_door(demo: gr.Blocks, settings: Settings) -> DoorConfig:
@@ -91,7 +92,7 @@ def launch(demo: gr.Blocks, adapter: Adapter, settings: Settings) -> DoorConfig:
         connections_per_address=settings.max_connections_per_address,
     )
     app_kwargs = {
-        "routes": [*service_routes(demo, adapter, door.login, door.uploads), *peer_routes(adapter)],
+        "routes": [*service_routes(demo, adapter, door.login, door.uploads), *peer_routes(adapter, door.uploads)],
         "middleware": [Middleware(FrontDoor, door=door)],
     }
     with uvicorn_options(http=limited_protocol(connections), proxy_headers=False):

@@ -42,10 +42,11 @@ from ..errors import InvalidRequest, ServingError
 from ..protocol import ModelProfile, Output
 from ..request import DEFAULT_STRENGTH, Limits
 from ..serving.base import Adapter
-from ..uploads import MAX_UPLOAD_BYTES, remask
+from ..uploads import MAX_UPLOAD_BYTES, MaskUpload
 from .gradio_internals import served_path
 from .peer_api import (
     PeerJobs,
+    charge_pictures,
     http_error,
     json_body,
     read_pngs,
@@ -54,6 +55,7 @@ from .peer_api import (
     run_job,
     watch_disconnect,
 )
+from .upload_route import UploadBook
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +86,12 @@ def error_response(exc: BaseException) -> JSONResponse:
         status, "invalid_request_error"
     )
     param = getattr(exc, "field", None)
+    param = _OPENAI_NAME.get(param, param) if isinstance(param, str) else param
     return JSONResponse(error_body(message, param, kind), status_code=status, headers=retry_headers(retry))
+
+
+# The app's field names that OpenAI's requests call otherwise (an error's ``param``)
+_OPENAI_NAME = {"num_images": "n", "width": "size", "height": "size"}
 
 
 def openai_raw(
@@ -157,8 +164,8 @@ def _size(value: Any, profile: ModelProfile, limits: Limits) -> tuple[int, int]:
         f"WIDTHxHEIGHT in multiples of {limits.size_multiple} from {limits.min_size} to {limits.max_size}, "
         f"at most {limits.max_pixels} pixels, or auto ({profile.default_width}x{profile.default_height})"
     )
-    parts = str(value).lower().split("x")
-    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+    parts = str(value)[:32].lower().split("x")  # ASCII digits only, a few of them: int() reads no 5,000 digits
+    if len(str(value)) > 32 or len(parts) != 2 or not all(p.isascii() and p.isdigit() and len(p) <= 6 for p in parts):
         raise InvalidRequest("size", f"size must be {rule}; got {value!r}")
     width, height = int(parts[0]), int(parts[1])
     fits = all(limits.min_size <= s <= limits.max_size and s % limits.size_multiple == 0 for s in (width, height))
@@ -219,9 +226,10 @@ def converted(png: bytes, output_format: str, compression: int) -> bytes:
 class OpenAIImages:
     """The ``/v1/images`` routes on the app's server."""
 
-    def __init__(self, adapter: Adapter, jobs: PeerJobs) -> None:
+    def __init__(self, adapter: Adapter, jobs: PeerJobs, uploads: UploadBook | None = None) -> None:
         self.adapter = adapter
         self.jobs = jobs
+        self.uploads = uploads  # the upload route's book: its rate counts the pictures sent here too
 
     def routes(self) -> list[APIRoute]:
         return [
@@ -249,8 +257,9 @@ class OpenAIImages:
             body, image, mask = await self._form(request)
             raw, answer = openai_raw(body, self.adapter.profile, self.adapter.limits, edit=True)
             raw["image"] = image
+            charge_pictures(self.uploads, request_caller(request), {"image": image, "mask": mask}, "image")
             if mask is not None:
-                raw["mask"] = await asyncio.to_thread(remask, mask, "mask", edit_transparent=True)
+                raw["mask"] = MaskUpload(mask, transparent_edits=True)  # decoded with the request, after its gates
                 raw["mode"], raw["mask_blur"] = "inpaint", 0
             else:
                 raw["mode"] = "image"
@@ -356,7 +365,8 @@ class OpenAIImages:
                     await queue.put(_sse(f"{event}.completed", payload))
             except ServingError as exc:
                 _status, message, _ = http_error(exc)
-                await queue.put(_sse("error", error_body(message, getattr(exc, "field", None))))
+                field = getattr(exc, "field", None)
+                await queue.put(_sse("error", error_body(message, _OPENAI_NAME.get(field, field) if field else None)))
             finally:
                 await queue.put(None)
 

@@ -39,6 +39,7 @@ from ..errors import (
     RetryLater,
     ServingError,
     StorageFull,
+    TooManyPictures,
     TooManyWaiting,
 )
 from ..protocol import Output
@@ -47,6 +48,7 @@ from ..serving.base import Adapter
 from ..uploads import MAX_UPLOAD_BYTES
 from . import asgi
 from .identity import Caller, TrustedProxies, caller_of
+from .upload_route import UploadBook, UploadRefused
 
 LOGIN_STATE = "t2i_login"  # the front door's answer to "which --auth user is this" (``frontdoor``)
 
@@ -147,7 +149,10 @@ async def run_job(
     user = caller.key
     job = PeerJob(new_request_id(), time.time())
     with jobs.tracking(user, job):
-        events = adapter.run(raw, request_id=job.request_id, alive=lambda: alive() and not job.interrupted, user=user)
+        events = adapter.run(
+            raw, request_id=job.request_id, alive=lambda: alive() and not job.interrupted, user=user,
+            account=caller.account,
+        )  # fmt: skip
         try:
             async with contextlib.aclosing(events):
                 async for event in events:
@@ -173,6 +178,8 @@ def http_error(exc: BaseException) -> tuple[int, str, float]:
     if isinstance(exc, InvalidRequest):
         return 422, str(exc), 0.0
     if isinstance(exc, QuotaExceeded):
+        return 429, str(exc), exc.retry_after
+    if isinstance(exc, TooManyPictures):
         return 429, str(exc), exc.retry_after
     if isinstance(exc, TooManyWaiting):
         return 429, str(exc), 5.0
@@ -212,20 +219,37 @@ def b64_bytes(value: Any, field_name: str) -> bytes:
         raise InvalidRequest(field_name, f"{field_name} is not valid base64") from None
 
 
+def charge_pictures(uploads: UploadBook | None, caller: Caller, raw: Mapping[str, Any], field: str) -> None:
+    """The pictures of ``raw`` (sent inline: base64 or multipart) counted against the caller's uploads
+    a minute (``UploadBook.charge``), before any is decoded: ``TooManyPictures`` past the rate."""
+    pictures = sum(1 for name in ("image", "mask") if raw.get(name) is not None)
+    if uploads is None or not pictures:
+        return
+    try:
+        uploads.charge(caller.key, pictures, field)
+    except UploadRefused as exc:
+        raise TooManyPictures(str(exc), exc.retry_after) from None
+
+
 def read_pngs(paths: tuple[Path, ...]) -> list[bytes]:
     """The result's PNG files as written (with their ``parameters`` text): run off the loop."""
     return [path.read_bytes() for path in paths]
 
 
 async def json_body(request: Request) -> dict[str, Any]:
-    """The request's JSON object (the route's body cap is the connection's: ``httplimits``)."""
+    """The request's JSON object (the route's body cap is the connection's: ``httplimits``), its depth
+    checked and parsed off the event loop when it is large (``asgi.sized``)."""
     body = await request.body()
-    if asgi.too_deep(body):
+    if await asgi.sized(asgi.too_deep, body):
         raise InvalidRequest("body", f"the request body nests deeper than {asgi.MAX_JSON_DEPTH} levels")
     try:
-        parsed = orjson.loads(body) if body.strip() else {}
+        parsed = await asgi.sized(_object, body)
     except orjson.JSONDecodeError:
         raise InvalidRequest("body", "the request body must be a JSON object") from None
     if not isinstance(parsed, dict):
         raise InvalidRequest("body", "the request body must be a JSON object")
     return parsed
+
+
+def _object(body: bytes) -> Any:
+    return orjson.loads(body) if body.strip() else {}

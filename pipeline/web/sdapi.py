@@ -31,15 +31,16 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from PIL import Image
 
-from ..errors import ServingError
+from ..errors import InvalidRequest, ServingError
 from ..protocol import ModelProfile
 from ..request import HIRES_UPSCALER
 from ..serving.base import Adapter
-from ..uploads import read_layer, remask
+from ..uploads import png_text, sniff, work_problem
 from . import a1111
 from .peer_api import (
     PeerJobs,
     b64_bytes,
+    charge_pictures,
     http_error,
     json_body,
     read_pngs,
@@ -49,6 +50,7 @@ from .peer_api import (
     watch_disconnect,
 )
 from .sdapi_fields import A1111_NAME, VERSION, a1111_info, a1111_raw, check_overrides, model_title, samplers_of
+from .upload_route import UploadBook
 
 SDAPI = "/sdapi/v1"
 
@@ -68,9 +70,10 @@ def _error(exc: BaseException) -> JSONResponse:
 class SdApi:
     """The ``/sdapi/v1`` routes on the app's server."""
 
-    def __init__(self, adapter: Adapter, jobs: PeerJobs) -> None:
+    def __init__(self, adapter: Adapter, jobs: PeerJobs, uploads: UploadBook | None = None) -> None:
         self.adapter = adapter
         self.jobs = jobs
+        self.uploads = uploads  # the upload route's book: its rate counts the pictures sent here too
 
     @property
     def profile(self) -> ModelProfile:
@@ -111,9 +114,12 @@ class SdApi:
         caller = request_caller(request)
         try:
             body = await json_body(request)
-            raw, notes = a1111_raw(body, self.profile, self.adapter.limits, img2img=img2img)
-            if raw.pop("mask_invert", False):
-                raw["mask"] = await asyncio.to_thread(remask, raw["mask"], "mask", invert=True)
+            args = (body, self.profile, self.adapter.limits)
+            # img2img's base64 pictures (up to 27 MiB of text each): decoded to bytes off the loop
+            raw, notes = (
+                await asyncio.to_thread(a1111_raw, *args, img2img=True) if img2img else a1111_raw(*args, img2img=False)
+            )
+            charge_pictures(self.uploads, caller, raw, "init_images")
             async with watch_disconnect(request) as alive:
                 ended = await run_job(self.adapter, raw, caller, self.jobs, alive)
         except (ServingError, ValueError) as exc:
@@ -217,12 +223,18 @@ class SdApi:
         return JSONResponse({"loaded": {}, "skipped": {}})
 
     async def png_info(self, request: Request) -> JSONResponse:
+        """A picture's ``parameters`` text, read from its chunks (``uploads.png_text``: no frame decoded),
+        after the picture rate, on the decode threads at the caller's turn. Errors name ``image``."""
+        caller = request_caller(request)
         try:
             body = await json_body(request)
-            data = b64_bytes(body.get("image"), "image")
-            text = await asyncio.to_thread(_png_parameters, data)
+            data = await asyncio.to_thread(b64_bytes, body.get("image"), "image")
+            charge_pictures(self.uploads, caller, {"image": data}, "image")
+            text = await self.adapter.decoder.run(caller.key, _picture_parameters, data)
         except ServingError as exc:
-            return _error(exc)
+            status, message, retry = http_error(exc)
+            return JSONResponse({"error": type(exc).__name__, "detail": message, "body": "", "errors": ""},
+                                status_code=status, headers=retry_headers(retry))  # fmt: skip
         pasted = a1111.parse_parameters(text) if text else None
         items = {"parameters": text} if text else {}
         parameters: dict[str, Any] = {}
@@ -258,12 +270,23 @@ def _b64(data: bytes) -> str:
 
 
 def _parameters_text(png: bytes) -> str:
-    with Image.open(io.BytesIO(png)) as image:
-        return str(getattr(image, "text", {}).get("parameters", ""))
+    """The ``parameters`` text of a PNG this app wrote."""
+    return png_text(png).get("parameters", "")
 
 
-def _png_parameters(data: bytes) -> str:
-    """A picture's A1111 ``parameters`` text (its PNG text chunk), decoded with the upload caps."""
-    read_layer(data, "image")  # sniffed and capped: a bomb or a non-image is refused by name
-    with Image.open(io.BytesIO(data)) as image:
-        return str(getattr(image, "text", {}).get("parameters", "") or image.info.get("parameters", ""))
+def _picture_parameters(data: bytes) -> str:
+    """A client's picture's A1111 ``parameters`` text: sniffed and held to the decoders' work caps
+    (``uploads.work_problem``), then a PNG's text from its chunk stream (an animated PNG's frames are
+    never composed), or a JPEG's or WebP's from its header (Pillow parses no scan at ``open``)."""
+    kind = sniff(data)
+    if kind is None:
+        raise InvalidRequest("image", "image: not a PNG, JPEG or WebP image (only those are taken)")
+    try:
+        if (problem := work_problem(data, kind)) is not None:
+            raise InvalidRequest("image", f"image: {problem}")
+        if kind == "PNG":
+            return png_text(data).get("parameters", "")
+        with Image.open(io.BytesIO(data), formats=(kind,)) as image:
+            return str(image.info.get("parameters", ""))
+    except (ValueError, OSError, SyntaxError, EOFError) as exc:
+        raise InvalidRequest("image", f"image: the {kind} file is damaged and cannot be read") from exc

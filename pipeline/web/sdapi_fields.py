@@ -17,6 +17,7 @@ from ..loras import strip_tags
 from ..protocol import ModelProfile
 from ..request import DEFAULT_MASK_BLUR, HIRES_SCALES, Limits
 from ..serving.postprocess import sampler_name
+from ..uploads import MaskUpload
 from . import a1111
 from .peer_api import b64_bytes
 
@@ -82,11 +83,11 @@ def a1111_raw(
             raise InvalidRequest(name, f"{name} is not supported by this app; leave it at {defaults[0]!r}")
     check_overrides(body.get("override_settings"), profile)
     notes: list[str] = []
-    prompt = _text(body, "prompt")
+    prompt = _text(body, "prompt", limits.max_prompt_chars)  # its length first: no pattern reads more
     text, tags = strip_tags(prompt)
     raw: dict[str, Any] = {
         "prompt": text,
-        "negative_prompt": _text(body, "negative_prompt"),
+        "negative_prompt": _text(body, "negative_prompt", limits.max_prompt_chars),
         "width": _number(body, "width", profile.default_width),  # A1111's own: 512, its SD 1.5's
         "height": _number(body, "height", profile.default_height),
         "num_inference_steps": _number(body, "steps", 20),
@@ -133,16 +134,15 @@ def _img2img(body: Mapping[str, Any], raw: dict[str, Any], notes: list[str]) -> 
     mask = body.get("mask")
     if mask:
         fill = body.get("inpainting_fill", 0)
-        if fill not in _INPAINTING_FILL:
+        if isinstance(fill, bool) or not isinstance(fill, int) or fill not in _INPAINTING_FILL:
             raise InvalidRequest(
                 "inpainting_fill", f"inpainting_fill must be 0 (fill) or 1 (original) on this app; got {fill!r}"
             )
-        raw.update(
-            mode="inpaint", mask=b64_bytes(mask, "mask"), mask_blur=_number(body, "mask_blur", DEFAULT_MASK_BLUR)
-        )
-        if body.get("inpainting_mask_invert") not in (None, 0, False, 1, True):
+        invert = body.get("inpainting_mask_invert")
+        if isinstance(invert, (dict, list)) or invert not in (None, 0, False, 1, True):
             raise InvalidRequest("inpainting_mask_invert", "inpainting_mask_invert must be 0 or 1")
-        raw["mask_invert"] = bool(body.get("inpainting_mask_invert"))
+        raw.update(mode="inpaint", mask=MaskUpload(b64_bytes(mask, "mask"), invert=bool(invert)),
+                   mask_blur=_number(body, "mask_blur", DEFAULT_MASK_BLUR))  # fmt: skip
         if body.get("inpaint_full_res"):
             notes.append("inpaint_full_res not applied: the whole picture is redrawn at its size")
     else:
@@ -154,6 +154,9 @@ def _hires(body: Mapping[str, Any], raw: dict[str, Any]) -> None:
     x, y = _number(body, "hr_resize_x", 0), _number(body, "hr_resize_y", 0)
     if x or y:  # a target size instead of a scale: the same scale on both sides
         width, height = raw["width"], raw["height"]
+        for name, side in (("width", width), ("height", height)):
+            if not side or side < 0:
+                raise InvalidRequest(name, f"{name} must be a positive number of pixels with hr_resize_x; got {side}")
         scales = {x / width if x else None, y / height if y else None} - {None}
         if len(scales) != 1 or next(iter(scales)) not in HIRES_SCALES:
             raise InvalidRequest("hr_resize_x", f"hr_resize_x and hr_resize_y must be {width}x{height} times 1.5 or 2")
@@ -181,12 +184,13 @@ def check_overrides(overrides: Any, profile: ModelProfile) -> None:
         )
 
 
-def _text(body: Mapping[str, Any], name: str) -> str:
+def _text(body: Mapping[str, Any], name: str, max_chars: int) -> str:
     value = body.get(name, "")
     if value is None:
         return ""
-    if not isinstance(value, str):
-        raise InvalidRequest(name, f"{name} must be text")
+    if not isinstance(value, str) or len(value) > max_chars:
+        got = f"{len(value)} characters" if isinstance(value, str) else type(value).__name__
+        raise InvalidRequest(name, f"{name} must be text of at most {max_chars} characters; got {got}")
     return value
 
 

@@ -9,7 +9,8 @@ path; this app's route replaces it (listed before Gradio's routes, so it wins). 
   ``UPLOAD_BODY_BYTES``, refuses a larger body with 413 before it is read: ``httplimits``);
 - **a rate and a share per identity** (who the front door says the caller is): at most
   ``UPLOADS_PER_MINUTE`` uploads a minute, and at most ``UPLOAD_SHARE_BYTES`` of live uploads on
-  disk; past either, 429 with ``Retry-After``;
+  disk; past either, 429 with ``Retry-After``. The HTTP APIs' inline pictures (base64, multipart)
+  count against the same minute (``UploadBook.charge``), before any of them is decoded;
 - **kept as its sender's:** the file is written under a random name in the sender's own folder
   (``owners.owner_folder``: a name that reveals nobody), and ``UploadBook`` remembers whose it is.
   A request may name only a file its own identity uploaded (``web.inputs`` checks at the join);
@@ -118,12 +119,7 @@ class UploadBook:
                 same.at = now
                 self._by_path[str(path)] = Upload(path, owner, 0, now)
                 return path
-            times = self._times[owner]
-            while times and times[0] <= now - 60:
-                times.popleft()
-            if len(times) >= UPLOADS_PER_MINUTE:
-                wait = times[0] + 60 - now
-                raise UploadRefused(429, f"files: at most {UPLOADS_PER_MINUTE} uploads a minute", wait)
+            self._rate(owner, 1, now, "files")
             held = sum(u.size for u in self._by_path.values() if u.owner == owner)
             if held + len(data) > UPLOAD_SHARE_BYTES:
                 raise UploadRefused(
@@ -132,12 +128,32 @@ class UploadBook:
                     f"{held / 2**20:.1f} MiB; the share is {UPLOAD_SHARE_BYTES // 2**20} MiB",
                     UPLOAD_KEEP_SECONDS / 4,
                 )
-            times.append(now)
+            self._times[owner].append(now)
             self._by_path[str(path)] = Upload(path, owner, len(data), now)
             self._by_content[owner, digest] = str(path)
         folder.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
         return path
+
+    def charge(self, owner: str, pictures: int, field: str) -> None:
+        """``pictures`` sent inline to the HTTP APIs (base64, multipart) counted as ``owner``'s uploads
+        of this minute, before any of them is decoded: the upload route's rate for every picture
+        that comes in. ``UploadRefused`` (429) past it, naming ``field``."""
+        now = self._clock()
+        with self._lock:
+            self._rate(owner, pictures, now, field)
+            self._times[owner].extend([now] * pictures)
+
+    def _rate(self, owner: str, pictures: int, now: float, field: str) -> None:
+        """``UploadRefused`` if ``pictures`` more would pass ``owner``'s uploads a minute (lock held)."""
+        times = self._times[owner]
+        while times and times[0] <= now - 60:
+            times.popleft()
+        if len(times) + pictures > UPLOADS_PER_MINUTE:
+            wait = times[0] + 60 - now if times else 60.0
+            raise UploadRefused(
+                429, f"{field}: at most {UPLOADS_PER_MINUTE} pictures a minute (uploads included)", wait
+            )
 
     def owned(self, path: Any, owner: str, session: str = NO_SESSION) -> bool:
         """Whether ``path`` is a live upload of ``owner``'s that ``session`` may name: the first

@@ -31,7 +31,7 @@ class ScriptedAdapter:
         self.events = events
 
     async def run(
-        self, raw: Any, *, request_id: str | None = None, alive: Any = None, user: Any = None
+        self, raw: Any, *, request_id: str | None = None, alive: Any = None, user: Any = None, account: Any = None
     ) -> AsyncGenerator[Output, None]:
         for event in self.events:
             yield event

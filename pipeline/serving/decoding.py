@@ -1,0 +1,83 @@
+"""Client pictures are decoded apart from everything else: in a pool of their own, one request at a time per identity.
+
+Decoding a picture is the one piece of preparing a request whose cost the client picks: a header's
+size, a PNG's chunks, a JPEG's scans. ``uploads`` caps each (up to about a second of CPU at the
+caps), and this module keeps what is left from reaching anyone else:
+
+- the decodes run on the ``decode`` threads, never on the ``prep-finalize`` pool that encodes every
+  user's results, nor on the loop's default pool that answers and previews wait on;
+- each identity decodes one request's pictures at a time (the others wait their turn on the loop,
+  which costs nothing), so a flood from one identity holds one decode thread and another
+  identity's pictures take the next;
+- a decode is started only after every gate that can refuse the request without it (its fields,
+  the quota, the waiting cap: ``LocalAdapter.run``); a request cancelled meanwhile holds its
+  identity's turn until its thread is done, so cancelling cannot start decodes side by side.
+
+Owner: the event loop (the turns); the pool's threads run only the decodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from functools import partial
+from typing import Any, Callable, TypeVar
+
+T = TypeVar("T")
+DECODE_THREADS = 2
+
+
+class Decoder:
+    """The ``decode`` threads and each identity's turn at them."""
+
+    def __init__(self, threads: int = DECODE_THREADS) -> None:
+        self.threads = threads
+        self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="decode")
+        self._turns: dict[str, tuple[asyncio.Lock, int]] = {}  # identity -> its turn, and its requests at it
+        self.active = 0  # decodes running now (the event loop's count)
+
+    async def run(self, user: str | None, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on a decode thread, once ``user`` has no other decode running. None: a user of its own."""
+        turn = None
+        if user is not None:
+            turn, holders = self._turns.get(user) or (asyncio.Lock(), 0)
+            self._turns[user] = (turn, holders + 1)
+            try:
+                await turn.acquire()
+            except BaseException:
+                self._leave(user, turn, release=False)
+                raise
+        loop = asyncio.get_running_loop()
+        try:
+            future = self._pool.submit(partial(fn, *args))
+        except BaseException:
+            self._leave(user, turn)
+            raise
+        self.active += 1
+
+        def done(_future: concurrent.futures.Future[T]) -> None:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(self._ended, user, turn)
+
+        # The turn passes on when the thread is done, not when its waiter is: a cancelled request's
+        # decode still holds its identity's turn until it ends.
+        future.add_done_callback(done)
+        return await asyncio.wrap_future(future)
+
+    def _ended(self, user: str | None, turn: asyncio.Lock | None) -> None:
+        self.active -= 1
+        self._leave(user, turn)
+
+    def _leave(self, user: str | None, turn: asyncio.Lock | None, *, release: bool = True) -> None:
+        if user is None or turn is None:
+            return
+        if release:
+            turn.release()
+        lock, holders = self._turns[user]
+        if holders <= 1:
+            del self._turns[user]
+        else:
+            self._turns[user] = (lock, holders - 1)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
