@@ -164,6 +164,38 @@ def animated_webp() -> bytes:
     return out.getvalue()
 
 
+def animated_png(frames: int = 100_000, side: int = 256, text: str = "") -> bytes:
+    """An APNG of ``frames`` frames, written chunk by chunk: a ``side`` x ``side`` first frame, then
+    1 x 1 frames (a few bytes each, but composing one copies the whole canvas), and a ``tEXt``
+    ``parameters`` chunk after them all (Pillow's ``text`` seeks to the last frame to find it)."""
+    row = b"\x00" + b"\x80" * (side * 3)
+    first = zlib.compress(row * side, 9)
+    tiny = zlib.compress(b"\x00\x80\x80\x80")
+    out = [b"\x89PNG\r\n\x1a\n", _png_chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0)),
+           _png_chunk(b"acTL", struct.pack(">II", frames, 0)),
+           _png_chunk(b"fcTL", struct.pack(">IIIIIHHBB", 0, side, side, 0, 0, 1, 100, 0, 0)),
+           _png_chunk(b"IDAT", first)]  # fmt: skip
+    sequence = 1
+    for _ in range(frames - 1):
+        out.append(_png_chunk(b"fcTL", struct.pack(">IIIIIHHBB", sequence, 1, 1, 0, 0, 1, 100, 0, 0)))
+        out.append(_png_chunk(b"fdAT", struct.pack(">I", sequence + 1) + tiny))
+        sequence += 2
+    if text:
+        out.append(_png_chunk(b"tEXt", b"parameters\x00" + text.encode("latin-1")))
+    out.append(_png_chunk(b"IEND", b""))
+    return b"".join(out)
+
+
+def many_scan_jpeg(scans: int = 100_000, side: int = 256) -> bytes:
+    """A progressive JPEG with ``scans`` empty scans after its own: each is one SOS header repeated
+    (libjpeg decodes every scan over every block of the picture: thousands are seconds, at 4096 px
+    a few milliseconds each)."""
+    data = jpeg_bytes(Image.new("RGB", (side, side), (120, 80, 200)), progressive=True, quality=90)
+    sos = data.rfind(b"\xff\xda")
+    header = data[sos : sos + 2 + struct.unpack(">H", data[sos + 2 : sos + 4])[0]]
+    return data[:-2] + header * scans + b"\xff\xd9"
+
+
 REFUSED = {  # name -> (bytes builder, a word the error must carry besides the field)
     "truncated PNG": (truncated_png, "truncated"),
     "corrupt PNG": (corrupt_png, "PNG"),
@@ -176,4 +208,6 @@ REFUSED = {  # name -> (bytes builder, a word the error must carry besides the f
     "SVG polyglot": (svg_polyglot, "PNG, JPEG or WebP"),
     "HTML polyglot": (html_polyglot, "PNG, JPEG or WebP"),
     "GIF of 10,000 frames": (many_frame_gif, "PNG, JPEG or WebP"),
+    "APNG of 100,000 frames": (animated_png, "chunks"),
+    "JPEG of 100,000 scans": (many_scan_jpeg, "scans"),
 }
