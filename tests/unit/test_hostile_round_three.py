@@ -141,7 +141,7 @@ def test_the_paste_box_reads_its_cap_of_tags_and_spaces_at_once() -> None:
         ("１２８x１２８", "size must be"),
         ("６4x64", "size must be"),
         ("²x64", "size must be"),
-    ],  # fmt: skip
+    ],
     ids=["5000-digits", "full-width", "mixed", "superscript"],
 )
 def test_openai_sizes_are_ascii_digits_and_refused_by_name(size: str, words: str) -> None:
@@ -161,7 +161,7 @@ def test_openai_sizes_are_ascii_digits_and_refused_by_name(size: str, words: str
             {"prompt": "a", "init_images": ["aGk="], "mask": "aGk=", "inpainting_mask_invert": []},
             "inpainting_mask_invert",
         ),
-    ],  # fmt: skip
+    ],
 )
 def test_what_was_a_500_is_a_refusal_naming_its_field(body: dict[str, Any], field: str) -> None:
     with pytest.raises(InvalidRequest) as refused:
