@@ -301,7 +301,7 @@ async def test_the_quota_and_the_waiting_cap_answer_before_any_picture_is_decode
     await wait_until(lambda: adapter.gpu_queue_depth == 3, "alice's picture decoded and in line")
     assert decodes[-1].startswith("decode")  # on a decode thread: not the pool that encodes results
     for _ in range(64):
-        model.step_gate.release()  # type: ignore[union-attr]
+        model.step_gate.release()
     await asyncio.gather(*running, good)
     assert good.result()[-1].kind == "done"
 
