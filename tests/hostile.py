@@ -16,7 +16,7 @@ from tests.helpers import TEXT_MODE, raw_request
 
 def peer(address: str, **kwargs: Any) -> httpx.Client:
     """A raw HTTP client whose connections come from ``address`` (a loopback alias)."""
-    return httpx.Client(transport=httpx.HTTPTransport(local_address=address), timeout=30, **kwargs)
+    return httpx.Client(transport=httpx.HTTPTransport(local_address=address), **{"timeout": 30, **kwargs})
 
 
 def fn_index(demo: Any, api_name: str) -> int:

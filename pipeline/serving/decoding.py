@@ -6,6 +6,8 @@ caps), and this module keeps what is left from reaching anyone else:
 
 - the decodes run on the ``decode`` threads, never on the ``prep-finalize`` pool that encodes every
   user's results, nor on the loop's default pool that answers and previews wait on;
+- those threads ask for less CPU than the rest (``yield_cpu``): a flood of pictures slows itself,
+  not the model's steps or the event loop;
 - each identity decodes one request's pictures at a time (the others wait their turn on the loop,
   which costs nothing), so a flood from one identity holds one decode thread and another
   identity's pictures take the next;
@@ -20,11 +22,24 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import os
+import threading
 from functools import partial
 from typing import Any, Callable, TypeVar
 
 T = TypeVar("T")
 DECODE_THREADS = 2
+CLIENT_WORK_NICE = 10  # how much less CPU the threads of client-chosen work ask for (Linux: per thread)
+
+
+def yield_cpu() -> None:
+    """Lower this thread's CPU priority (a pool's ``initializer``): work whose size a client chooses
+    (decoding its pictures, parsing its large bodies) takes what the model and the event loop leave,
+    so a flood of it slows the flood, not everyone's steps. Where threads have no nice value of
+    their own (not Linux), nothing changes."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), CLIENT_WORK_NICE)
 
 
 class Decoder:
@@ -32,7 +47,7 @@ class Decoder:
 
     def __init__(self, threads: int = DECODE_THREADS) -> None:
         self.threads = threads
-        self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="decode")
+        self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="decode", initializer=yield_cpu)
         self._turns: dict[str, tuple[asyncio.Lock, int]] = {}  # identity -> its turn, and its requests at it
         self.active = 0  # decodes running now (the event loop's count)
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextvars
+from functools import partial
 from http.cookies import SimpleCookie
 from typing import Any, Awaitable, Callable, TypeVar
 from urllib.parse import parse_qs
@@ -139,22 +141,45 @@ def outside_strings(body: bytes) -> bytes:
     return b"".join(unescaped.split(b'"')[0::2])
 
 
+# One thread for the work a large body costs (its depth check, its parse, its base64 pictures): each
+# of those is one C call that holds the GIL for as long as the body is long (orjson on 51 MiB: about
+# 50 ms). On one thread they follow each other, so the event loop waits behind one of them at a time,
+# never behind six at once. (It keeps its CPU priority: a thread that holds the GIL must not be
+# the one the OS puts last.) The pictures' pixels are decoded elsewhere (``serving.decoding``).
+_BIG_BODIES = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="big-body")
+
+
+async def off_loop(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` on the ``big-body`` thread."""
+    return await asyncio.get_running_loop().run_in_executor(_BIG_BODIES, partial(fn, *args))
+
+
 async def sized(fn: Callable[..., T], body: bytes, *args: Any) -> T:
-    """``fn(body, *args)``: on the event loop for a body of at most ``ON_LOOP_BYTES``, else in a worker
-    thread (a check or a parse linear in a body of megabytes is still milliseconds the loop must not hold)."""
+    """``fn(body, *args)``: on the event loop for a body of at most ``ON_LOOP_BYTES``, else on the
+    ``big-body`` thread (a check or a parse linear in a body of megabytes is still milliseconds the
+    loop must not hold)."""
     if len(body) <= ON_LOOP_BYTES:
         return fn(body, *args)
-    return await asyncio.to_thread(fn, body, *args)
+    return await off_loop(fn, body, *args)
 
 
 def too_deep(body: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
     """Whether JSON ``body`` nests deeper than ``limit``, found without a parser (whose recursion
     a body of 200,000 ``[`` overflows): the strings out, then the running depth of the brackets
     (numpy's cumulative sum: linear, C-speed). A body with fewer brackets than ``limit`` takes none."""
-    if body.count(b"[") + body.count(b"{") <= limit:
+    if _brackets(body) <= limit:
         return False
     steps = _OPENERS[np.frombuffer(outside_strings(body), dtype=np.uint8)]
     return bool(steps.size) and int(np.cumsum(steps, dtype=np.int32).max()) > limit
+
+
+def _brackets(body: bytes, slice_bytes: int = 1 << 20) -> int:
+    """How many ``[`` and ``{`` ``body`` holds, counted a megabyte at a time: no one call holds the GIL
+    for a body of 51 MiB (about 60 ms), so the event loop gets it between slices."""
+    return sum(
+        part.count(b"[") + part.count(b"{")
+        for part in (body[i : i + slice_bytes] for i in range(0, len(body), slice_bytes))
+    )
 
 
 def status_recorder(send: Send, on_body: Callable[[int, bytes], None]) -> Send:

@@ -27,7 +27,9 @@ In order, for each HTTP request (``FrontDoor.__call__``):
    (``outputs.RECENT_PREVIEWS``, to the login's caller under ``--auth``); any other file is Gradio's;
 10. an image input of an event names only a file its caller uploaded (``upload_route.UploadBook``,
    checked by ``inputs.InputPolicy``): a URL, a server path, another identity's upload or one that
-   another session named first is 422.
+   another session named first is 422;
+11. a large body (over ``LARGE_BODY``: pictures for the HTTP APIs, an upload) is read in its turn,
+   one at a time (``FrontDoor._large``).
 
 An exception below the door is answered 500 and logged as one line, without the stack: no client
 input writes a traceback into the log.
@@ -37,6 +39,8 @@ Owner: the event loop (the server's); the books it keeps are only touched there.
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import hmac
 import json
 import logging
@@ -48,6 +52,7 @@ from urllib.parse import unquote
 
 import orjson
 
+from .. import allocator
 from . import asgi
 from .admission import EventBook, InFlight, SessionBook, TokenBucket
 from .asgi import App, Message, Receive, Scope, Send
@@ -65,6 +70,7 @@ from .upload_route import NO_SESSION, UploadBook
 log = logging.getLogger(__name__)
 
 INTERNAL_HEADER = "x-t2i-internal"  # Gradio's MCP server's own client, calling back over loopback
+LARGE_BODY = 2**20  # a body over this many bytes waits for its turn to be read (``FrontDoor._large``)
 
 
 @dataclass
@@ -173,7 +179,37 @@ class FrontDoor:
             preview = RECENT_PREVIEWS.get(unquote(scope["path"].split("file=", 1)[-1]))
             if preview is not None:
                 return await asgi.body(send, 200, preview, "image/jpeg", scope["method"] == "HEAD")
+        if kind in ("peer", "upload") and _length(headers) > LARGE_BODY:  # 11. one large body at a time
+            return await self._large(scope, receive, send)
         return await self.app(scope, receive, send)
+
+    async def _large(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A body of over ``LARGE_BODY`` bytes (pictures for the HTTP APIs, an upload) is read only in
+        its turn, one at a time: while it waits, nothing reads its bytes, so TCP holds its sender
+        back, and six senders of 51 MiB cost the server one body's receiving and parsing at a time,
+        not six at once. Its turn ends with its last byte (or its client's leave), before its handler
+        works on it. When it has been answered, the memory it took goes back to the kernel."""
+        turn = self.d.large_bodies
+        await turn.acquire()
+        held = True
+
+        def done() -> None:
+            nonlocal held
+            if held:
+                held = False
+                turn.release()
+
+        async def reading() -> Message:
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                done()
+            return message
+
+        try:
+            await self.app(scope, reading, send)
+        finally:
+            done()
+            await asgi.off_loop(_give_back)  # its megabytes back to the kernel
 
     def _login(
         self, scope: Scope, headers: list[tuple[str, str]], kind: str, caller: Caller, internal: bool
@@ -340,6 +376,7 @@ class DoorConfig:
     connections: ConnectionLimits | None = None  # the connection limits below the door (their counts)
     uploads: UploadBook | None = None  # whose upload is whose (``upload_route``); None: no uploads
 
+    large_bodies: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))  # ``FrontDoor._large``
     buckets: TokenBucket = field(init=False)
     sessions: SessionBook = field(init=False)
     in_flight: InFlight = field(init=False)
@@ -359,6 +396,21 @@ class DoorConfig:
 
 async def _too_many(send: Send, wait: float, message: str) -> None:
     await asgi.json(send, 429, message, {"retry-after": str(int(wait) + 1)})
+
+
+def _give_back() -> None:
+    """After a large body's request: the young generation collected (an exception's traceback keeps
+    the frames that held the body's pictures in a cycle), then every arena's free memory returned
+    (``allocator.trim``). Milliseconds, once per large body."""
+    gc.collect(1)
+    allocator.trim()
+
+
+def _length(headers: list[tuple[str, str]]) -> int:
+    """The request's declared ``Content-Length`` (0 when absent or not a number; the connection
+    limits hold a chunked body to the cap as it comes)."""
+    value = asgi.header(headers, "content-length")
+    return int(value) if value.isascii() and value.isdigit() and len(value) < 16 else 0
 
 
 def _loads(body: bytes) -> Any:

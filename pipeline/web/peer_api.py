@@ -20,8 +20,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import codecs
 import contextlib
 import dataclasses
+import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +52,7 @@ from . import asgi
 from .identity import Caller, TrustedProxies, caller_of
 from .upload_route import UploadBook, UploadRefused
 
+B64_SLICE = 1 << 20  # base64 characters decoded in one call (a multiple of 4)
 LOGIN_STATE = "t2i_login"  # the front door's answer to "which --auth user is this" (``frontdoor``)
 
 
@@ -211,10 +214,17 @@ def b64_bytes(value: Any, field_name: str) -> bytes:
     text = value.split(",", 1)[1] if value.startswith("data:") and "," in value else value
     if len(text) > (MAX_UPLOAD_BYTES * 4) // 3 + 8:
         raise InvalidRequest(field_name, f"{field_name}: the image is over {MAX_UPLOAD_BYTES // 2**20} MiB")
-    if text.lstrip().lower().startswith(("http:", "https:", "file:", "ftp:")):
+    if text.lstrip()[:8].lower().startswith(("http:", "https:", "file:", "ftp:")):  # no copy of the whole text
         raise InvalidRequest(field_name, f"{field_name} must be the image's bytes in base64, not a URL or a path")
     try:
-        return base64.b64decode(text, validate=False)
+        if len(text) <= B64_SLICE:
+            return base64.b64decode(text, validate=False)
+        # In slices, so no one C call holds the GIL for a whole picture (27 MiB of text: ~40 ms):
+        # the event loop gets it between them. Whitespace goes first so every slice is whole quads.
+        if len(text.split(maxsplit=1)) > 1:  # whitespace (one scan; none in what clients send)
+            text = "".join(text.split())
+        return b"".join(base64.b64decode(text[i : i + B64_SLICE], validate=False)
+                        for i in range(0, len(text), B64_SLICE))  # fmt: skip
     except (binascii.Error, ValueError):
         raise InvalidRequest(field_name, f"{field_name} is not valid base64") from None
 
@@ -238,18 +248,78 @@ def read_pngs(paths: tuple[Path, ...]) -> list[bytes]:
 
 async def json_body(request: Request) -> dict[str, Any]:
     """The request's JSON object (the route's body cap is the connection's: ``httplimits``), its depth
-    checked and parsed off the event loop when it is large (``asgi.sized``)."""
+    checked before any parser walks it (orjson crashes the process on 200,000 ``[``) and both done
+    off the event loop when it is large (``asgi.sized``: one body at a time)."""
     body = await request.body()
     if await asgi.sized(asgi.too_deep, body):
         raise InvalidRequest("body", f"the request body nests deeper than {asgi.MAX_JSON_DEPTH} levels")
     try:
         parsed = await asgi.sized(_object, body)
-    except orjson.JSONDecodeError:
+    except (orjson.JSONDecodeError, UnicodeDecodeError):
         raise InvalidRequest("body", "the request body must be a JSON object") from None
     if not isinstance(parsed, dict):
         raise InvalidRequest("body", "the request body must be a JSON object")
     return parsed
 
 
+LONG_STRING = 64 * 1024  # a string this long is cut out of a body before the parse (``_object``)
+
+
 def _object(body: bytes) -> Any:
-    return orjson.loads(body) if body.strip() else {}
+    """``body`` parsed, its long strings (the pictures' base64) cut out first and put back after:
+    orjson holds the GIL for a whole parse (about 100 ms for 51 MiB), the event loop with it; the
+    strings are found with C-speed ``find`` calls, each a short hold, and only the small rest is parsed."""
+    if not body.strip():
+        return {}
+    if len(body) <= LONG_STRING:
+        return orjson.loads(body)
+    mark = secrets.token_hex(8)  # the placeholders' prefix: no client can write one
+    skeleton, strings = _cut_long_strings(body, mark)
+    parsed = orjson.loads(skeleton)
+    return _put_back(parsed, strings, mark) if strings else parsed
+
+
+def _cut_long_strings(body: bytes, mark: str) -> tuple[bytes, list[str]]:
+    """``body`` with each string of over ``LONG_STRING`` bytes replaced by ``"MARK:N"`` (N: its index in
+    the list), and those strings, decoded. Linear: each quote is found once, and the backslashes
+    before it counted once (the runs between quotes do not overlap)."""
+    parts: list[bytes] = []
+    strings: list[str] = []
+    view = memoryview(body)
+    at = start = 0
+    while (opening := body.find(b'"', at)) != -1:
+        closing = opening
+        while True:
+            closing = body.find(b'"', closing + 1)
+            if closing == -1:  # an unclosed string: orjson says so on the whole body
+                return body, []
+            slashes = 0
+            while body[closing - 1 - slashes] == 0x5C:  # a backslash
+                slashes += 1
+            if slashes % 2 == 0:
+                break
+        if closing - opening - 1 > LONG_STRING:  # one pass over it: no copy of the slice first
+            escaped = body.find(b"\\", opening, closing) != -1
+            strings.append(orjson.loads(view[opening : closing + 1]) if escaped else _text(view[opening + 1 : closing]))
+            parts += [body[start:opening], f'"{mark}:{len(strings) - 1}"'.encode()]
+            start = closing + 1
+        at = closing + 1
+    return b"".join([*parts, body[start:]]), strings
+
+
+def _text(data: memoryview, slice_bytes: int = 1 << 20) -> str:
+    """UTF-8 ``data`` as text, a megabyte a call (the GIL is free between calls); a multi-byte
+    character cut by a slice boundary is decoded whole by an incremental decoder."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    parts = [decoder.decode(data[i : i + slice_bytes]) for i in range(0, len(data), slice_bytes)]
+    return "".join([*parts, decoder.decode(b"", final=True)])
+
+
+def _put_back(value: Any, strings: list[str], mark: str) -> Any:
+    if isinstance(value, str) and value.startswith(mark + ":"):
+        return strings[int(value[len(mark) + 1 :])]
+    if isinstance(value, list):
+        return [_put_back(v, strings, mark) for v in value]
+    if isinstance(value, dict):
+        return {_put_back(k, strings, mark): _put_back(v, strings, mark) for k, v in value.items()}
+    return value

@@ -24,6 +24,7 @@ import base64
 import io
 import json
 import time
+from functools import partial
 from typing import Any
 
 from fastapi import Request
@@ -36,7 +37,7 @@ from ..protocol import ModelProfile
 from ..request import HIRES_UPSCALER
 from ..serving.base import Adapter
 from ..uploads import png_text, sniff, work_problem
-from . import a1111
+from . import a1111, asgi
 from .peer_api import (
     PeerJobs,
     b64_bytes,
@@ -59,7 +60,8 @@ def _error(exc: BaseException) -> JSONResponse:
     status, message, retry = http_error(exc)
     field = getattr(exc, "field", None)
     if field is not None and field in A1111_NAME and not message.startswith(A1111_NAME[field]):
-        message = f"{A1111_NAME[field]}: {message}"
+        # the app's own name for the field becomes A1111's ("image: ..." -> "init_images: ...")
+        message = f"{A1111_NAME[field]}: {message.removeprefix(f'{field}: ')}"
     return JSONResponse(
         {"error": type(exc).__name__, "detail": message, "body": "", "errors": ""},
         status_code=status,
@@ -117,7 +119,9 @@ class SdApi:
             args = (body, self.profile, self.adapter.limits)
             # img2img's base64 pictures (up to 27 MiB of text each): decoded to bytes off the loop
             raw, notes = (
-                await asyncio.to_thread(a1111_raw, *args, img2img=True) if img2img else a1111_raw(*args, img2img=False)
+                await asgi.off_loop(partial(a1111_raw, img2img=True), *args)
+                if img2img
+                else a1111_raw(*args, img2img=False)
             )
             charge_pictures(self.uploads, caller, raw, "init_images")
             async with watch_disconnect(request) as alive:
@@ -228,7 +232,7 @@ class SdApi:
         caller = request_caller(request)
         try:
             body = await json_body(request)
-            data = await asyncio.to_thread(b64_bytes, body.get("image"), "image")
+            data = await asgi.off_loop(b64_bytes, body.get("image"), "image")
             charge_pictures(self.uploads, caller, {"image": data}, "image")
             text = await self.adapter.decoder.run(caller.key, _picture_parameters, data)
         except ServingError as exc:
