@@ -1,4 +1,4 @@
-"""The front door's mutants (issues 26, 35 and 39): each defence against a hostile client, removed.
+"""The front door's mutants (issues 26, 35, 39 and 46): each defence against a hostile client, removed.
 
 Merged into ``tools/mutant_patches.MUTANTS``; ``tools/mutants.py`` names the tests that catch each.
 """
@@ -6,6 +6,7 @@ Merged into ``tools/mutant_patches.MUTANTS``; ``tools/mutants.py`` names the tes
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Any
 
 from tools.mutant_seams import Patch, attr, on
@@ -110,6 +111,52 @@ def _quota_per_protocol() -> None:
     peer_api.run_job = run_job
 
 
+# -- issue 46: hostile round three --------------------------------------------------------------------
+_OLD_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')  # the JSON string pattern that backtracked
+
+
+def _pillow_png_parameters(data: bytes) -> str:
+    """png-info as it was: Pillow's ``text``, which seeks an animated PNG to its last frame."""
+    import io
+
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as image:
+        return str(getattr(image, "text", {}).get("parameters", "") or image.info.get("parameters", ""))
+
+
+def _decode_at_once(raw: Any, limits: Any, *args: Any, **kwargs: Any) -> Any:
+    """``validate`` that decodes the pictures at once, before the quota and the waiting cap answer."""
+    from pipeline import request
+
+    return request.validate(raw, limits, *args, **{**kwargs, "pictures_later": False})
+
+
+async def _decode_anywhere(self: Any, user: Any, fn: Any, *args: Any) -> Any:
+    """Every decode in the loop's default pool, no identity's turn (``asyncio.to_thread``, as before)."""
+    import asyncio
+
+    return await asyncio.to_thread(fn, *args)
+
+
+class _NeverDelivered:
+    """``Outcome`` whose images are never counted as delivered: a caller that returns at them cancelled."""
+
+    name = "failed"
+
+    @property
+    def delivered(self) -> bool:
+        return False
+
+    @delivered.setter
+    def delivered(self, value: bool) -> None:
+        pass
+
+
+async def _large_at_once(self: Any, scope: Any, receive: Any, send: Any) -> None:
+    await self.app(scope, receive, send)
+
+
 OPEN = frozenset({"login-page", "login", "health", "startup"})  # guards.OPEN_UNDER_AUTH, as reviewed
 SECURITY: dict[str, list[Patch]] = {
     # Issue 26.
@@ -149,4 +196,21 @@ SECURITY: dict[str, list[Patch]] = {
     "api-requests-skip-the-fair-line": on("pipeline.web.peer_api", _each_api_request_a_new_user),
     "interrupt-acts-globally": attr("pipeline.web.peer_api", "PeerJobs.interrupt", _interrupt_everyone),
     "quota-per-protocol": on("pipeline.web.peer_api", _quota_per_protocol),
+    # Issue 46: nothing small holds the loop or a pool, the decoders bounded by work, gates before
+    # work, a quota of work.
+    "json-string-pattern-backtracks": attr(
+        "pipeline.web.asgi", "outside_strings", lambda body: _OLD_STRING.sub(b"", body)
+    ),
+    "lora-tag-backtracks": attr(
+        "pipeline.loras", "TAG", re.compile(r"<lora:([^:<>]+)(?::(-?[0-9]*\.?[0-9]+))?>", re.IGNORECASE)
+    ),
+    "decode-work-uncapped": attr("pipeline.uploads", "work_problem", lambda data, kind: None),
+    "png-info-composes-frames": attr("pipeline.web.sdapi", "_picture_parameters", _pillow_png_parameters),
+    "pictures-decoded-before-the-gates": attr("pipeline.serving.local", "validate", _decode_at_once),
+    "decodes-in-the-shared-pool": attr("pipeline.serving.decoding", "Decoder.run", _decode_anywhere),
+    "quota-given-back-after-steps": attr("pipeline.serving.quota", "Held.ran", lambda self: None),
+    "quota-per-address": attr("pipeline.web.identity", "Caller.account", property(lambda self: self.key)),
+    "api-success-counted-cancelled": attr("pipeline.serving.base", "Outcome", _NeverDelivered),
+    "large-bodies-read-at-once": attr("pipeline.web.frontdoor", "FrontDoor._large", _large_at_once),
+    "large-bodies-memory-kept": attr("pipeline.web.frontdoor", "_give_back", lambda: None),
 }

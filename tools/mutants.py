@@ -137,6 +137,20 @@ TESTS: dict[str, str] = {
     "lora-mixed-batch-one-adapter": (
         "tests/unit/test_lora.py::test_members_with_different_adapters_share_each_denoiser_call_with_their_own_pixels"
     ),
+    "json-string-pattern-backtracks": "tests/unit/test_hostile_round_three.py::test_the_json_depth_check_is_linear_at_the_body_cap",
+    "lora-tag-backtracks": "tests/unit/test_hostile_round_three.py::test_the_lora_tag_and_the_comma_tidy_are_linear_at_the_body_cap",
+    "decode-work-uncapped": "tests/unit/test_hostile_round_three.py::test_the_work_bombs_are_refused_from_their_bytes_before_any_pixel "
+    "tests/server/test_hostile_round_three.py::test_a_jpeg_of_100000_scans_to_every_image_input",
+    "png-info-composes-frames": "tests/server/test_hostile_round_three.py::test_an_animated_png_of_100000_frames_to_every_image_input",
+    "pictures-decoded-before-the-gates": "tests/unit/test_hostile_round_three.py::test_the_quota_and_the_waiting_cap_answer_before_any_picture_is_decoded",
+    "decodes-in-the-shared-pool": "tests/unit/test_hostile_round_three.py::test_each_identity_decodes_one_request_at_a_time_on_threads_of_their_own",
+    "quota-given-back-after-steps": "tests/unit/test_quota.py::test_a_request_that_ran_a_step_has_spent_its_images_whatever_ends_it "
+    "tests/server/test_hostile_round_three.py::test_an_interrupt_at_the_last_step_and_a_dropped_stream_both_spend_the_quota",
+    "quota-per-address": "tests/server/test_hostile_round_three.py::test_one_login_from_six_addresses_gets_its_quota_once",
+    "api-success-counted-cancelled": "tests/unit/test_hostile_round_three.py::test_an_api_caller_that_returns_at_its_images_is_counted_completed "
+    "tests/server/test_hostile_round_three.py::test_an_api_success_is_counted_completed",
+    "large-bodies-read-at-once": "tests/server/test_hostile_round_three.py::test_six_bodies_of_51_mib_are_read_off_the_loop_and_memory_comes_back",
+    "large-bodies-memory-kept": "tests/server/test_hostile_round_three.py::test_six_bodies_of_51_mib_are_read_off_the_loop_and_memory_comes_back",
     "thread-off-the-map": "tests/server/test_concurrency_map.py::test_every_thread_of_a_running_app_is_on_the_map",
     # Issue 35: hostile clients, round two.
     "failed-logins-not-metered": f"{ROUND_TWO}::test_basic_bearer_and_form_guesses_are_metered_and_past_the_budget_nothing_is_compared",

@@ -200,7 +200,7 @@ class RayAdapter(AdapterBase):
                                     done = item
                                 else:
                                     if item.step:  # a step has run: the quota is spent
-                                        held.keep()
+                                        held.ran()
                                     yield item
                         break
                     except BaseException as exc:

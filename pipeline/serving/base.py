@@ -120,6 +120,9 @@ class _Uncounted:
     def keep(self) -> None:
         pass
 
+    def ran(self) -> None:
+        pass
+
 
 _UNCOUNTED = _Uncounted()
 

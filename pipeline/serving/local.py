@@ -257,7 +257,7 @@ class LocalAdapter(AdapterBase):
                     try:
                         while isinstance(item := await entry.events.get(), Output):
                             if item.step:  # a step has run: the quota is spent, whatever happens next
-                                held.keep()
+                                held.ran()
                             yield item
                         end = item
                     except BaseException:

@@ -29,12 +29,17 @@ HOUR = 3600.0
 
 
 class Held:
-    """A request's images taken from its hour: ``keep`` once its job has run a step (they are spent)."""
+    """A request's images taken from its hour: spent once its job has run a step (``ran``), or its
+    images were delivered (``keep``)."""
 
     kept = False
 
     def keep(self) -> None:
         self.kept = True
+
+    def ran(self) -> None:
+        """Its job has run a step: the work was done for it, whatever ends it now."""
+        self.keep()
 
 
 class ImageQuota:
