@@ -24,7 +24,8 @@ In order, for each HTTP request (``FrontDoor.__call__``):
 8. an event belongs to the identity that created it (``admission.EventBook``): a read of its
    results by id (``/call/<api>/<event_id>``) or a cancel naming it answers only that identity;
 9. a GET of a live preview the server has just written is answered from memory
-   (``outputs.RECENT_PREVIEWS``, to the login's caller under ``--auth``); any other file is Gradio's;
+   (``outputs.RECENT_PREVIEWS``, to the login's caller under ``--auth``); any other file is Gradio's,
+   a relative name read in Gradio's cache (the HTTP APIs' ``url`` answers: no disk path in them);
 10. an image input of an event names only a file its caller uploaded (``upload_route.UploadBook``,
    checked by ``inputs.InputPolicy``): a URL, a server path, another identity's upload or one that
    another session named first is 422;
@@ -48,7 +49,7 @@ import re
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 import orjson
 
@@ -56,7 +57,7 @@ from .. import allocator
 from . import asgi
 from .admission import EventBook, InFlight, SessionBook, TokenBucket
 from .asgi import App, Message, Receive, Scope, Send
-from .gradio_internals import cookie_user, login_cookie
+from .gradio_internals import cookie_user, login_cookie, upload_folder
 from .guards import API, JSON_BODIES, OPEN_UNDER_AUTH, not_a_file_of_ours, route_of, takes_a_token
 from .httplimits import ConnectionLimits
 from .identity import SEAL_HEADER, Caller, TrustedProxies, caller_of, seal, unseal
@@ -179,6 +180,8 @@ class FrontDoor:
             preview = RECENT_PREVIEWS.get(unquote(scope["path"].split("file=", 1)[-1]))
             if preview is not None:
                 return await asgi.body(send, 200, preview, "image/jpeg", scope["method"] == "HEAD")
+        if kind == "file" and not _in_cache(scope):  # a name relative to the file route: Gradio's cache
+            return await asgi.json(send, 404, "No such file.")
         if kind in ("peer", "upload") and _length(headers) > LARGE_BODY:  # 11. one large body at a time
             return await self._large(scope, receive, send)
         return await self.app(scope, receive, send)
@@ -396,6 +399,23 @@ class DoorConfig:
 
 async def _too_many(send: Send, wait: float, message: str) -> None:
     await asgi.json(send, 429, message, {"retry-after": str(int(wait) + 1)})
+
+
+def _in_cache(scope: Scope) -> bool:
+    """A ``file=NAME`` whose ``NAME`` is relative (the HTTP APIs' ``url`` answers name their files so,
+    never by their place on the disk) is read in Gradio's cache: the scope's path is made absolute
+    there for Gradio's route. False for a relative name that leaves the cache (``..``)."""
+    prefix, eq, name = scope["path"].partition("file=")
+    name = unquote(name)
+    if not eq or not name or name.startswith("/") or "://" in name:
+        return True
+    cache = upload_folder().resolve()
+    target = (cache / name).resolve()
+    if not target.is_relative_to(cache):
+        return False
+    scope["path"] = f"{prefix}file={target}"
+    scope["raw_path"] = quote(scope["path"]).encode()
+    return True
 
 
 def _give_back() -> None:

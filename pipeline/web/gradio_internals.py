@@ -172,6 +172,12 @@ def upload_folder() -> Path:
     return Path(get_upload_folder())
 
 
+def served_name(path: Path) -> str:
+    """``path`` as the HTTP APIs name it to clients: its served copy's name relative to Gradio's cache
+    (the front door reads a relative ``file=`` name there), never its place on the disk."""
+    return served_path(path).resolve().relative_to(upload_folder().resolve()).as_posix()
+
+
 def served_path(path: Path) -> Path:
     """A file Gradio's ``file=`` route serves: ``path`` itself when it is in Gradio's cache (the
     output folder is, unless ``GRADIO_TEMP_DIR`` says otherwise: ``lifecycle.own_gradio_cache``), else

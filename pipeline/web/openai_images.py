@@ -31,6 +31,7 @@ import io
 import logging
 import time
 from typing import Any, AsyncIterator, Mapping
+from urllib.parse import quote
 
 import orjson
 from fastapi import Request
@@ -43,7 +44,7 @@ from ..protocol import ModelProfile, Output
 from ..request import DEFAULT_STRENGTH, Limits
 from ..serving.base import Adapter
 from ..uploads import MAX_UPLOAD_BYTES, MaskUpload
-from .gradio_internals import served_path
+from .gradio_internals import served_name
 from .peer_api import (
     PeerJobs,
     charge_pictures,
@@ -324,8 +325,8 @@ class OpenAIImages:
                     "response_format", "response_format url serves the PNG files: use output_format png"
                 )
             base = str(request.base_url).rstrip("/")
-            served = [await asyncio.to_thread(served_path, path) for path in done.paths]
-            return [{"url": f"{base}/gradio_api/file={path}"} for path in served]
+            served = [await asyncio.to_thread(served_name, path) for path in done.paths]
+            return [{"url": f"{base}/gradio_api/file={quote(name)}"} for name in served]
         files = await asyncio.to_thread(read_pngs, done.paths)
         out = [await asyncio.to_thread(converted, png, answer["format"], answer["compression"]) for png in files]
         return [{"b64_json": base64.b64encode(data).decode("ascii")} for data in out]

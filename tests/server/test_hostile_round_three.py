@@ -11,12 +11,7 @@ memory within 200 MB of where it was. The same defences one by one, in process:
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
-import os
-import statistics
-import subprocess
-import sys
 import threading
 import time
 from typing import Any, Callable, Iterator
@@ -25,6 +20,7 @@ import httpx
 import psutil
 import pytest
 
+from bench.hostile import VICTIM, attack_threads, bystanders, idle_seconds
 from bench.probe import raw_http_predict
 from tests import malformed
 from tests.helpers import api_fn_index, app_process
@@ -33,7 +29,6 @@ from tests.hostile import generate_data, peer, post_json
 pytestmark = pytest.mark.timeout(600)
 
 BODY_CAP = 2**20  # --max-body-kb 1024: the JSON routes' cap
-VICTIM = {"prompt": "a blue square", "seed": 1, "steps": 8, "width": 128, "height": 128, "cfg_scale": 5}
 HEALTH_WORST = 0.5
 
 
@@ -49,95 +44,24 @@ def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, psutil.
         yield url, psutil.Process(proc.pid)
 
 
-# The two bystanders, in a process of their own (this one's threads send the attacks: their work must
-# not be in the bystanders' times): /health every 50 ms from 127.0.0.88, and another identity's
-# txt2img from 127.0.0.77 again and again, until stdin closes; then each one's times as JSON.
-BYSTANDERS = """
-import json, sys, threading, time
-import httpx
-url, body, stop = sys.argv[1], json.loads(sys.argv[2]), threading.Event()
-health = {"worst": 0.0, "errors": 0}
-
-def client(address):
-    return httpx.Client(transport=httpx.HTTPTransport(local_address=address), timeout=120)
-
-def probe():
-    with client("127.0.0.88") as http:
-        while not stop.is_set():
-            start = time.perf_counter()
-            try:
-                ok = http.get(url + "health").status_code == 200
-            except httpx.HTTPError:
-                ok = False
-            health["worst"] = max(health["worst"], time.perf_counter() - start)
-            health["errors"] += not ok
-            stop.wait(0.05)
-
-def victim(http):
-    start = time.perf_counter()
-    answer = http.post(url + "sdapi/v1/txt2img", json=body)
-    assert answer.status_code == 200 and answer.json()["images"], answer.text[:300]
-    return time.perf_counter() - start
-
-threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
-prober = threading.Thread(target=probe)
-with client("127.0.0.77") as http:
-    if sys.argv[3] == "idle":
-        times = [victim(http) for _ in range(4)][1:]  # the first one warms up
-    else:
-        prober.start()
-        times = [victim(http)]
-        while not stop.is_set():
-            times.append(victim(http))
-        prober.join()
-print(json.dumps({**health, "times": times}))
-"""
-
-
-@contextlib.contextmanager
-def bystanders(url: str, mode: str = "attack") -> Iterator[dict[str, Any]]:
-    """The bystanders' process (``BYSTANDERS``) while the block runs; their results, filled in after it."""
-    seen: dict[str, Any] = {}
-    proc = subprocess.Popen([sys.executable, "-c", BYSTANDERS, url, json.dumps(VICTIM), mode],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        if mode == "attack":
-            time.sleep(0.5)  # its interpreter up, probing and drawing
-        yield seen
-    finally:
-        out, _ = proc.communicate("", timeout=300)
-    seen.update(json.loads(out))
-
-
 @pytest.fixture(scope="module")
-def idle(app: tuple[str, Any, Any]) -> float:
-    """The other identity's request alone: the median of three, after one to warm up."""
-    with bystanders(app[0], "idle") as seen:
-        pass
-    return float(statistics.median(seen["times"]))
+def idle(app: tuple[str, Any]) -> float:
+    """The other identity's request alone (``bench.hostile.idle_seconds``); the server's memory then
+    is what ``test_memory_after_every_attack_is_within_200_mb_of_before`` holds it to."""
+    seconds = idle_seconds(app[0])
+    BEFORE["rss"] = app[1].memory_info().rss
+    return seconds
+
+
+BEFORE: dict[str, int] = {}
 
 
 def under_attack(url: str, idle: float, attacks: list[Callable[[], None]]) -> None:
-    """Run ``attacks`` at once (each on its own thread, each asserting its own refusal) with the
-    bystanders beside them, and hold both bounds."""
-    failures: list[BaseException] = []
-
-    def guarded(attack: Callable[[], None]) -> None:
-        # An attacker elsewhere costs this machine nothing to send its bytes; here it shares the two
-        # cores with the server, so its threads yield them (Linux: a thread's own nice value).
-        with contextlib.suppress(OSError, AttributeError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        try:
-            attack()
-        except BaseException as exc:  # reported below, with the others
-            failures.append(exc)
-
-    threads = [threading.Thread(target=guarded, args=(a,), name=f"attack-{i}") for i, a in enumerate(attacks)]
+    """Run ``attacks`` at once (``bench.hostile.attack_threads``: each on its own thread, each
+    asserting its own refusal) with the bystanders beside them (``bench.hostile.bystanders``: a
+    process of their own), and hold both bounds."""
     with bystanders(url) as seen:
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(300)
+        failures = attack_threads(attacks)
     assert not failures, failures
     assert seen["errors"] == 0 and seen["worst"] < HEALTH_WORST, f"/health worst {seen['worst']:.3f} s"
     slowest = max(seen["times"])
@@ -254,15 +178,21 @@ def test_two_dozen_inpaints_from_one_identity_are_refused_before_decoding(app: A
     url, server = app
     picture = malformed.png_bytes(malformed.noisy(256, 240))  # about 180 KB of noise
     black = malformed.png_bytes(malformed.noisy(256, 240, "L").point(lambda _v: 0))  # marks nothing: 422 once decoded
-    body = {"prompt": "a cat", "width": 64, "height": 64, "steps": 4, "init_images": [b64(picture)], "mask": b64(black)}
+    big = malformed.smooth_jpeg(2048)  # 85 KB for 4 MP: past the cost budget, refused from its header
+    common = {"prompt": "a cat", "width": 64, "height": 64, "steps": 4, "mask": b64(black)}
+    bodies = [json.dumps({**common, "init_images": [b64(p)]}).encode() for p in (picture, big)]
     answers: list[int] = []
 
-    def inpaint() -> None:
-        with peer("127.0.5.1") as http:
-            answers.append(http.post(url + "sdapi/v1/img2img", json=body).status_code)
+    def inpaint(body: bytes) -> Callable[[], None]:
+        def send() -> None:
+            with peer("127.0.5.1") as http:
+                answer = http.post(url + "sdapi/v1/img2img", content=body, headers={"content-type": "application/json"})
+                answers.append(answer.status_code)
+
+        return send
 
     cpu = server.cpu_times()
-    under_attack(url, idle, [inpaint] * 24)
+    under_attack(url, idle, [inpaint(bodies[k % 2]) for k in range(24)])
     spent = sum(server.cpu_times()[:2]) - sum(cpu[:2])  # the web side's: the model has a process of its own
     # each refused: by the waiting cap before any decode (429), or once decoded, one at a time (422)
     assert sorted(set(answers)) == [422, 429], answers
@@ -288,6 +218,13 @@ def test_six_bodies_of_51_mib_are_read_off_the_loop_and_memory_comes_back(app: A
     time.sleep(1.0)  # the last answers' buffers released
     grown = server.memory_info().rss - before
     assert grown < 200 * 2**20, f"{grown / 2**20:.0f} MB more than before the attack"
+
+
+def test_memory_after_every_attack_is_within_200_mb_of_before(app: Any, idle: float) -> None:
+    """After every attack above (this module's order), the server holds what it held before them."""
+    time.sleep(1.0)
+    grown = app[1].memory_info().rss - BEFORE["rss"]
+    assert grown < 200 * 2**20, f"{grown / 2**20:.0f} MB more than before the attacks"
 
 
 # -- the quota: a quota of work, the login's wherever it is -----------------------------------------

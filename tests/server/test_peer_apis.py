@@ -83,6 +83,9 @@ def test_openai_images_generate_b64_and_url_equal_generate(app: tuple[str, Any])
     linked = api.images.generate(prompt="a red circle", size="64x64", response_format="url", extra_body=own)
     fetched = httpx.get(linked.data[0].url, timeout=30)
     assert fetched.status_code == 200 and np.array_equal(pixels(Image.open(io.BytesIO(fetched.content))), ours)
+    name = linked.data[0].url.split("file=", 1)[1]  # relative to the file route: no place on the disk in it
+    assert not name.startswith(("/", "%2F")) and "tmp" not in name.lower(), name
+    assert httpx.get(url + "gradio_api/file=../" + name, timeout=30).status_code in (403, 404)
     name = httpx.get(url + "sdapi/v1/options", timeout=30).json()["sd_model_checkpoint"]
     assert [m.id for m in api.models.list()] == [name]  # the name `model` takes
     named = api.images.generate(model=name, prompt="a red circle", size="64x64", extra_body=own)
