@@ -75,6 +75,13 @@ def _imagejoin(d: dict[str, Any]) -> str:
     return f"img2img into a text loop, step / job: late wait {_f(r['late_wait'])}x, mixed img/s {_f(r['mixed_throughput'])}x"
 
 
+def _hostile(d: dict[str, Any]) -> str:
+    rows = d["designs"]
+    parts = [f"{name}: /health worst {max(r['health_worst_s'] for r in by.values()):.2f} s, "
+             f"bystander {max(r['victim_over_idle'] for r in by.values()):.1f}x idle" for name, by in rows.items()]  # fmt: skip
+    return "hostile round three, worst over the attacks: " + "; ".join(parts)
+
+
 def _gpu(d: dict[str, Any]) -> str:
     if "compiled" in d:
         row = d["compiled"].get("512px_20steps", {})
@@ -91,7 +98,7 @@ HEADLINES: dict[str, Callable[[dict[str, Any]], str]] = {
     "bench-full": _full, "bench-quick": _full, "bench-openloop": _openloop, "bench-cpu": _cpu,
     "bench-fast": _fast, "bench-page": _page, "bench-lora": _lora, "bench-fairness": _fairness,
     "bench-ray": _ray, "bench-loadgen": _what, "ab-fast": _what, "gpu-h200": _gpu,
-    "bench-imagejoin": _imagejoin,
+    "bench-imagejoin": _imagejoin, "bench-hostile": _hostile,
 }  # fmt: skip
 
 

@@ -153,7 +153,7 @@ class _NeverDelivered:
         pass
 
 
-async def _large_at_once(self: Any, scope: Any, receive: Any, send: Any) -> None:
+async def _large_at_once(self: Any, scope: Any, receive: Any, send: Any, caller: Any) -> None:
     await self.app(scope, receive, send)
 
 

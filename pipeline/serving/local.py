@@ -2,8 +2,10 @@
 
 ``LocalAdapter.run`` walks one request through four numbered steps (``_request``):
 
-1. prepare   validate the raw values and resolve the seed (on the loop: microseconds); count the
-             tokens of a prompt that might not fit its text encoders (concurrent, in the pool)
+1. prepare   validate the raw values but the pictures' bytes and resolve the seed (on the loop:
+             microseconds); the quota and the waiting cap answer; then decode the pictures (on the
+             decode threads, ``decoding.Decoder``) and count the tokens of a prompt that might not
+             fit its text encoders (concurrent, in the pool)
 2. wait      in line for the GPU, reporting "k ahead" whenever k changes, with the estimated
              time until its images (``eta.py``)
 3. infer     (serial) the scheduler (``scheduler.Scheduler``) takes it into a batch: one that opens

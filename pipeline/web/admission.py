@@ -9,6 +9,7 @@ by the event loop (the front door calls it from there); the clock is injected fo
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -233,3 +234,46 @@ class EventBook:
 
     def known(self, event_id: str) -> bool:
         return event_id in self._owner
+
+
+class LargeBodies:
+    """Turns to send a large body (``frontdoor.FrontDoor._large``): each identity one at a time, and at
+    most ``at_once`` in all. While a body waits for its turn nothing reads it, so TCP holds its sender
+    back. A sender that trickles its body holds its own identity's turn and one of the ``at_once``,
+    never everyone's, and the connection's body timeout (``httplimits``) ends it. Event loop only."""
+
+    def __init__(self, at_once: int = 2) -> None:
+        self._all = asyncio.Semaphore(at_once)
+        self._mine: dict[str, tuple[asyncio.Lock, int]] = {}  # identity -> its turn, and its bodies at it
+
+    async def take(self, identity: str) -> Callable[[], None]:
+        """Wait for ``identity``'s turn and a free one in all; the function that gives both back (once)."""
+        lock, waiting = self._mine.get(identity) or (asyncio.Lock(), 0)
+        self._mine[identity] = (lock, waiting + 1)
+        taken: list[asyncio.Lock | asyncio.Semaphore] = []
+        try:
+            await lock.acquire()
+            taken.append(lock)
+            await self._all.acquire()
+            taken.append(self._all)
+        except BaseException:
+            self._give(identity, taken)
+            raise
+        given = False
+
+        def give() -> None:
+            nonlocal given
+            if not given:
+                given = True
+                self._give(identity, taken)
+
+        return give
+
+    def _give(self, identity: str, taken: list[asyncio.Lock | asyncio.Semaphore]) -> None:
+        for held in reversed(taken):
+            held.release()
+        lock, waiting = self._mine[identity]
+        if waiting <= 1:
+            del self._mine[identity]
+        else:
+            self._mine[identity] = (lock, waiting - 1)

@@ -30,7 +30,7 @@ In order, for each HTTP request (``FrontDoor.__call__``):
    checked by ``inputs.InputPolicy``): a URL, a server path, another identity's upload or one that
    another session named first is 422;
 11. a large body (over ``LARGE_BODY``: pictures for the HTTP APIs, an upload) is read in its turn,
-   one at a time (``FrontDoor._large``).
+   one at a time per identity and two in all (``FrontDoor._large``).
 
 An exception below the door is answered 500 and logged as one line, without the stack: no client
 input writes a traceback into the log.
@@ -40,7 +40,6 @@ Owner: the event loop (the server's); the books it keeps are only touched there.
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import hmac
 import json
@@ -55,7 +54,7 @@ import orjson
 
 from .. import allocator
 from . import asgi
-from .admission import EventBook, InFlight, SessionBook, TokenBucket
+from .admission import EventBook, InFlight, LargeBodies, SessionBook, TokenBucket
 from .asgi import App, Message, Receive, Scope, Send
 from .gradio_internals import cookie_user, login_cookie, upload_folder
 from .guards import API, JSON_BODIES, OPEN_UNDER_AUTH, not_a_file_of_ours, route_of, takes_a_token
@@ -182,25 +181,18 @@ class FrontDoor:
                 return await asgi.body(send, 200, preview, "image/jpeg", scope["method"] == "HEAD")
         if kind == "file" and not _in_cache(scope):  # a name relative to the file route: Gradio's cache
             return await asgi.json(send, 404, "No such file.")
-        if kind in ("peer", "upload") and _length(headers) > LARGE_BODY:  # 11. one large body at a time
-            return await self._large(scope, receive, send)
+        if kind in ("peer", "upload") and _length(headers) > LARGE_BODY:  # 11. large bodies in turns
+            return await self._large(scope, receive, send, caller)
         return await self.app(scope, receive, send)
 
-    async def _large(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _large(self, scope: Scope, receive: Receive, send: Send, caller: Caller) -> None:
         """A body of over ``LARGE_BODY`` bytes (pictures for the HTTP APIs, an upload) is read only in
-        its turn, one at a time: while it waits, nothing reads its bytes, so TCP holds its sender
-        back, and six senders of 51 MiB cost the server one body's receiving and parsing at a time,
-        not six at once. Its turn ends with its last byte (or its client's leave), before its handler
-        works on it. When it has been answered, the memory it took goes back to the kernel."""
-        turn = self.d.large_bodies
-        await turn.acquire()
-        held = True
-
-        def done() -> None:
-            nonlocal held
-            if held:
-                held = False
-                turn.release()
+        its turn (``admission.LargeBodies``: one at a time per identity, two in all): while it waits,
+        nothing reads its bytes, so TCP holds its sender back, and six senders of 51 MiB cost the
+        server two bodies' receiving at a time, not six. Its turn ends with its last byte (or its
+        client's leave), before its handler works on it. When it has been answered, the memory it
+        took goes back to the kernel."""
+        done = await self.d.large_bodies.take(caller.account)
 
         async def reading() -> Message:
             message = await receive()
@@ -379,7 +371,7 @@ class DoorConfig:
     connections: ConnectionLimits | None = None  # the connection limits below the door (their counts)
     uploads: UploadBook | None = None  # whose upload is whose (``upload_route``); None: no uploads
 
-    large_bodies: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))  # ``FrontDoor._large``
+    large_bodies: LargeBodies = field(default_factory=LargeBodies)  # ``FrontDoor._large``
     buckets: TokenBucket = field(init=False)
     sessions: SessionBook = field(init=False)
     in_flight: InFlight = field(init=False)

@@ -56,15 +56,21 @@ def idle(app: tuple[str, Any]) -> float:
 BEFORE: dict[str, int] = {}
 
 
-def under_attack(url: str, idle: float, attacks: list[Callable[[], None]]) -> None:
+def under_attack(url: str, idle: float, attacks: list[Callable[[], None]], tries: int = 2) -> None:
     """Run ``attacks`` at once (``bench.hostile.attack_threads``: each on its own thread, each
     asserting its own refusal) with the bystanders beside them (``bench.hostile.bystanders``: a
-    process of their own), and hold both bounds."""
-    with bystanders(url) as seen:
-        failures = attack_threads(attacks)
-    assert not failures, failures
+    process of their own), and hold both bounds. The machine is shared and two cores: a run that
+    misses a bound is run once more, and the second must hold them (the designs these tests guard
+    against miss them by 3-10 times, every time: ``bench/results/bench-hostile-2026-12-05.json``)."""
+    for attempt in range(1, tries + 1):
+        with bystanders(url) as seen:
+            failures = attack_threads(attacks)
+        assert not failures, failures
+        slowest = max(seen["times"])
+        held = seen["errors"] == 0 and seen["worst"] < HEALTH_WORST and slowest <= 2 * idle
+        if held or attempt == tries:
+            break
     assert seen["errors"] == 0 and seen["worst"] < HEALTH_WORST, f"/health worst {seen['worst']:.3f} s"
-    slowest = max(seen["times"])
     assert slowest <= 2 * idle, (
         f"the other identity's request took {slowest:.2f} s against {idle:.2f} s idle: {seen['times']}"
     )

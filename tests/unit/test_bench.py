@@ -28,6 +28,7 @@ PUBLISHED = sorted(
             "bench-page-",
             "bench-lora-",
             "bench-imagejoin-",
+            "bench-hostile-",
         )
     )
 )
@@ -57,6 +58,21 @@ def test_the_published_lora_runs_are_complete(path: Path) -> None:
     assert result["mixed"]["mean_batch_requests"] > 1.5 > result["mixed-separate"]["mean_batch_requests"]
     assert 0 < result["switch"]["other_adapter_ms"] < 1000 * result["switch"]["model_load_s"]
     assert "| mixed-separate |" in lora.render(result) and "nan" not in lora.render(result).lower()
+
+
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "bench" / "results").glob("bench-hostile-*.json")), ids=lambda p: p.name
+)
+def test_the_published_hostile_runs_are_complete(path: Path) -> None:
+    result = json.loads(path.read_text())
+    assert finite_figures(result) and result["rounds"] >= 1
+    attacks = {"json", "lora", "apng", "scans", "inpaints", "bodies"}
+    for design, rows in result["runs"].items():
+        assert set(rows) == attacks, design
+        for attack, runs in rows.items():
+            assert len(runs) == result["rounds"], (design, attack)
+            assert all(not r["attack_errors"] and not r["health_errors"] for r in runs), (design, attack)
+    assert set(result["designs"]["this"]) == attacks
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "bench" / "results").glob("bench-page-*.json")), ids=lambda p: p.name)

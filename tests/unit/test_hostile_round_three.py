@@ -317,6 +317,37 @@ def test_a_pictures_header_is_held_to_what_the_cost_budget_leaves(decodes: list[
     assert decodes == []
 
 
+@pytest.mark.anyio
+async def test_large_bodies_take_turns_one_per_identity_and_two_in_all() -> None:
+    from pipeline.web.admission import LargeBodies
+
+    bodies = LargeBodies(at_once=2)
+    first = await bodies.take("mallory")
+    second = asyncio.create_task(bodies.take("mallory"))  # mallory's next waits for her first
+    alice = await asyncio.wait_for(bodies.take("alice"), 1)  # another identity is not held by her
+    bob = asyncio.create_task(bodies.take("bob"))  # two in all are being read: bob waits
+    await asyncio.sleep(0.01)
+    assert not second.done() and not bob.done()
+    first()
+    first()  # giving back twice gives back once
+    await asyncio.sleep(0.01)
+    assert not second.done() and bob.done()  # the free one went to bob, first in line for it
+    alice()
+    (await asyncio.wait_for(second, 1))()
+    bob.result()()
+    assert bodies._mine == {}  # nothing kept of anyone once their bodies are read
+    x, y = await bodies.take("x"), await bodies.take("y")
+    waiting = asyncio.create_task(bodies.take("carol"))
+    await asyncio.sleep(0.01)
+    waiting.cancel()  # a client gone while waiting leaves no trace
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    x()
+    y()
+    assert bodies._mine == {}
+    (await asyncio.wait_for(bodies.take("carol"), 1))()  # and its slot was not lost
+
+
 # -- 4. a quota of work, counted under the account -------------------------------------------------
 def test_a_login_is_one_account_wherever_it_connects_from_and_ipv6_is_charged_by_its_56() -> None:
     logins = {Caller(f"127.0.0.{k}", login="ann") for k in range(2, 8)}
