@@ -225,7 +225,7 @@ def test_the_lists_options_and_png_info(app: tuple[str, Any]) -> None:
             and info["parameters"]["Prompt"] == "a red circle"
         )
         bad = http.post(url + "sdapi/v1/png-info", json={"image": base64.b64encode(b"<svg/>").decode()})
-        assert bad.status_code == 422 and "image" in bad.json()["detail"]
+        assert bad.status_code == 422 and bad.json()["detail"].startswith("image: ")  # its own field's name
 
 
 def _text_chunk(text: str) -> Any:
