@@ -42,57 +42,75 @@ def yield_cpu() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), CLIENT_WORK_NICE)
 
 
+class Turns:
+    """One at a time per key (an identity): each key's ``asyncio.Lock``, forgotten once nobody holds
+    or waits for it. Event loop only."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}  # key -> its lock, and who holds or waits for it
+
+    def __bool__(self) -> bool:
+        return bool(self._locks)
+
+    async def take(self, key: str) -> None:
+        """Wait for ``key``'s turn (``give`` it back once)."""
+        lock, holders = self._locks.get(key) or (asyncio.Lock(), 0)
+        self._locks[key] = (lock, holders + 1)
+        try:
+            await lock.acquire()
+        except BaseException:
+            self._forget(key)
+            raise
+
+    def give(self, key: str) -> None:
+        self._locks[key][0].release()
+        self._forget(key)
+
+    def _forget(self, key: str) -> None:
+        lock, holders = self._locks[key]
+        if holders <= 1:
+            del self._locks[key]
+        else:
+            self._locks[key] = (lock, holders - 1)
+
+
 class Decoder:
     """The ``decode`` threads and each identity's turn at them."""
 
     def __init__(self, threads: int = DECODE_THREADS) -> None:
         self.threads = threads
         self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="decode", initializer=yield_cpu)
-        self._turns: dict[str, tuple[asyncio.Lock, int]] = {}  # identity -> its turn, and its requests at it
+        self._turns = Turns()  # identity -> its turn
         self.active = 0  # decodes running now (the event loop's count)
 
     async def run(self, user: str | None, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on a decode thread, once ``user`` has no other decode running. None: a user of its own."""
-        turn = None
         if user is not None:
-            turn, holders = self._turns.get(user) or (asyncio.Lock(), 0)
-            self._turns[user] = (turn, holders + 1)
-            try:
-                await turn.acquire()
-            except BaseException:
-                self._leave(user, turn, release=False)
-                raise
+            await self._turns.take(user)
         loop = asyncio.get_running_loop()
         try:
             future = self._pool.submit(partial(fn, *args))
         except BaseException:
-            self._leave(user, turn)
+            self._leave(user)
             raise
         self.active += 1
 
         def done(_future: concurrent.futures.Future[T]) -> None:
             if not loop.is_closed():
-                loop.call_soon_threadsafe(self._ended, user, turn)
+                loop.call_soon_threadsafe(self._ended, user)
 
         # The turn passes on when the thread is done, not when its waiter is: a cancelled request's
         # decode still holds its identity's turn until it ends.
         future.add_done_callback(done)
         return await asyncio.wrap_future(future)
 
-    def _ended(self, user: str | None, turn: asyncio.Lock | None) -> None:
+    def _ended(self, user: str | None) -> None:
         self.active -= 1
-        self._leave(user, turn)
+        self._leave(user)
 
-    def _leave(self, user: str | None, turn: asyncio.Lock | None, *, release: bool = True) -> None:
-        if user is None or turn is None:
-            return
-        if release:
-            turn.release()
-        lock, holders = self._turns[user]
-        if holders <= 1:
-            del self._turns[user]
-        else:
-            self._turns[user] = (lock, holders - 1)
+    def _leave(self, user: str | None) -> None:
+        if user is not None:
+            self._turns.give(user)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -15,6 +15,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
+from ..serving.decoding import Turns
+
 MAX_IDENTITIES = 100_000  # identities remembered; the least recently seen is forgotten first
 SESSION_IDLE_SECONDS = 20 * 60.0  # a session unseen this long no longer counts as open
 
@@ -244,20 +246,15 @@ class LargeBodies:
 
     def __init__(self, at_once: int = 2) -> None:
         self._all = asyncio.Semaphore(at_once)
-        self._mine: dict[str, tuple[asyncio.Lock, int]] = {}  # identity -> its turn, and its bodies at it
+        self.turns = Turns()  # each identity's
 
     async def take(self, identity: str) -> Callable[[], None]:
         """Wait for ``identity``'s turn and a free one in all; the function that gives both back (once)."""
-        lock, waiting = self._mine.get(identity) or (asyncio.Lock(), 0)
-        self._mine[identity] = (lock, waiting + 1)
-        taken: list[asyncio.Lock | asyncio.Semaphore] = []
+        await self.turns.take(identity)
         try:
-            await lock.acquire()
-            taken.append(lock)
             await self._all.acquire()
-            taken.append(self._all)
         except BaseException:
-            self._give(identity, taken)
+            self.turns.give(identity)
             raise
         given = False
 
@@ -265,15 +262,7 @@ class LargeBodies:
             nonlocal given
             if not given:
                 given = True
-                self._give(identity, taken)
+                self._all.release()
+                self.turns.give(identity)
 
         return give
-
-    def _give(self, identity: str, taken: list[asyncio.Lock | asyncio.Semaphore]) -> None:
-        for held in reversed(taken):
-            held.release()
-        lock, waiting = self._mine[identity]
-        if waiting <= 1:
-            del self._mine[identity]
-        else:
-            self._mine[identity] = (lock, waiting - 1)

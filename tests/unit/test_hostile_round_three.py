@@ -335,7 +335,7 @@ async def test_large_bodies_take_turns_one_per_identity_and_two_in_all() -> None
     alice()
     (await asyncio.wait_for(second, 1))()
     bob.result()()
-    assert bodies._mine == {}  # nothing kept of anyone once their bodies are read
+    assert not bodies.turns  # nothing kept of anyone once their bodies are read
     x, y = await bodies.take("x"), await bodies.take("y")
     waiting = asyncio.create_task(bodies.take("carol"))
     await asyncio.sleep(0.01)
@@ -344,7 +344,7 @@ async def test_large_bodies_take_turns_one_per_identity_and_two_in_all() -> None
         await waiting
     x()
     y()
-    assert bodies._mine == {}
+    assert not bodies.turns
     (await asyncio.wait_for(bodies.take("carol"), 1))()  # and its slot was not lost
 
 
