@@ -181,7 +181,7 @@ class FrontDoor:
                 return await asgi.body(send, 200, preview, "image/jpeg", scope["method"] == "HEAD")
         if kind == "file" and not _in_cache(scope):  # a name relative to the file route: Gradio's cache
             return await asgi.json(send, 404, "No such file.")
-        if kind in ("peer", "upload") and _length(headers) > LARGE_BODY:  # 11. large bodies in turns
+        if kind in ("peer", "upload") and scope["method"] == "POST" and _length(headers) > LARGE_BODY:  # 11.
             return await self._large(scope, receive, send, caller)
         return await self.app(scope, receive, send)
 
@@ -419,10 +419,12 @@ def _give_back() -> None:
 
 
 def _length(headers: list[tuple[str, str]]) -> int:
-    """The request's declared ``Content-Length`` (0 when absent or not a number; the connection
-    limits hold a chunked body to the cap as it comes)."""
+    """The request's declared ``Content-Length``; a chunked body may be of any size up to the route's
+    cap, so it counts as large; no body at all is 0."""
     value = asgi.header(headers, "content-length")
-    return int(value) if value.isascii() and value.isdigit() and len(value) < 16 else 0
+    if value.isascii() and value.isdigit() and len(value) < 16:
+        return int(value)
+    return LARGE_BODY + 1 if "chunked" in asgi.header(headers, "transfer-encoding").lower() else 0
 
 
 def _loads(body: bytes) -> Any:

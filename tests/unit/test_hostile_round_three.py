@@ -348,6 +348,15 @@ async def test_large_bodies_take_turns_one_per_identity_and_two_in_all() -> None
     (await asyncio.wait_for(bodies.take("carol"), 1))()  # and its slot was not lost
 
 
+def test_a_body_is_large_by_its_length_or_when_chunked_and_a_bodiless_post_never_waits() -> None:
+    from pipeline.web.frontdoor import LARGE_BODY, _length
+
+    assert _length([("content-length", str(2 * LARGE_BODY))]) > LARGE_BODY
+    assert _length([("content-length", "12")]) == 12
+    assert _length([("transfer-encoding", "chunked")]) > LARGE_BODY  # any size up to the route's cap
+    assert _length([]) == 0 and _length([("content-length", "1e9")]) == 0  # an interrupt waits for no turn
+
+
 # -- 4. a quota of work, counted under the account -------------------------------------------------
 def test_a_login_is_one_account_wherever_it_connects_from_and_ipv6_is_charged_by_its_56() -> None:
     logins = {Caller(f"127.0.0.{k}", login="ann") for k in range(2, 8)}
