@@ -181,7 +181,7 @@ class FrontDoor:
                 return await asgi.body(send, 200, preview, "image/jpeg", scope["method"] == "HEAD")
         if kind == "file" and not _in_cache(scope):  # a name relative to the file route: Gradio's cache
             return await asgi.json(send, 404, "No such file.")
-        if kind in ("peer", "upload") and scope["method"] == "POST" and _length(headers) > LARGE_BODY:  # 11.
+        if kind in ("peer", "upload") and scope["method"] == "POST" and declared_length(headers) > LARGE_BODY:  # 11.
             return await self._large(scope, receive, send, caller)
         return await self.app(scope, receive, send)
 
@@ -418,7 +418,7 @@ def _give_back() -> None:
     allocator.trim()
 
 
-def _length(headers: list[tuple[str, str]]) -> int:
+def declared_length(headers: list[tuple[str, str]]) -> int:
     """The request's declared ``Content-Length``; a chunked body may be of any size up to the route's
     cap, so it counts as large; no body at all is 0."""
     value = asgi.header(headers, "content-length")

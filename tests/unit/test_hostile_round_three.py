@@ -349,12 +349,14 @@ async def test_large_bodies_take_turns_one_per_identity_and_two_in_all() -> None
 
 
 def test_a_body_is_large_by_its_length_or_when_chunked_and_a_bodiless_post_never_waits() -> None:
-    from pipeline.web.frontdoor import LARGE_BODY, _length
+    from pipeline.web.frontdoor import LARGE_BODY, declared_length
 
-    assert _length([("content-length", str(2 * LARGE_BODY))]) > LARGE_BODY
-    assert _length([("content-length", "12")]) == 12
-    assert _length([("transfer-encoding", "chunked")]) > LARGE_BODY  # any size up to the route's cap
-    assert _length([]) == 0 and _length([("content-length", "1e9")]) == 0  # an interrupt waits for no turn
+    assert declared_length([("content-length", str(2 * LARGE_BODY))]) > LARGE_BODY
+    assert declared_length([("content-length", "12")]) == 12
+    assert declared_length([("transfer-encoding", "chunked")]) > LARGE_BODY  # any size up to the route's cap
+    assert (
+        declared_length([]) == 0 and declared_length([("content-length", "1e9")]) == 0
+    )  # an interrupt waits for no turn
 
 
 # -- 4. a quota of work, counted under the account -------------------------------------------------
