@@ -401,6 +401,8 @@ def _in_cache(scope: Scope) -> bool:
     name = unquote(name)
     if not eq or not name or name.startswith("/") or "://" in name:
         return True
+    if len(name) > 512 or name.count("/") > 8:  # the names it gives are two or three parts; resolve() stats each
+        return False
     cache = upload_folder().resolve()
     target = (cache / name).resolve()
     if not target.is_relative_to(cache):
