@@ -34,10 +34,11 @@ CLIENT_WORK_NICE = 10  # how much less CPU the threads of client-chosen work ask
 
 
 def yield_cpu() -> None:
-    """Lower this thread's CPU priority (a pool's ``initializer``): work whose size a client chooses
-    (decoding its pictures, parsing its large bodies) takes what the model and the event loop leave,
-    so a flood of it slows the flood, not everyone's steps. Where threads have no nice value of
-    their own (not Linux), nothing changes."""
+    """Lower this thread's CPU priority (the decode pool's ``initializer``): decoding a client's pictures,
+    work whose size the client chooses, takes what the model and the event loop leave, so a flood of
+    it slows the flood, not everyone's steps. Pillow decodes with the GIL released, so a thread put
+    last by the OS holds nobody up (the ``big-body`` thread, which holds the GIL, keeps its priority:
+    ``web.asgi``). Where threads have no nice value of their own (not Linux), nothing changes."""
     with contextlib.suppress(OSError, AttributeError):
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), CLIENT_WORK_NICE)
 
