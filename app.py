@@ -117,6 +117,7 @@ def start_model_side(settings: Settings, load: Callable[[], Model] | None = None
 def create_app(settings: Settings, load: Callable[[], Model] | None = None) -> tuple[gr.Blocks, Any]:
     """Start the model side (waits for the model to load) and build the UI around it."""
     adapter = start_backend(settings, load)
+    adapter.max_in_flight = settings.admitted()  # every admitted request waits in the fair line, none in Gradio's
     if settings.quota_images_per_hour:  # counted where every protocol meets: the adapter's run
         adapter.quota = ImageQuota(settings.quota_images_per_hour)
     # The app's own sweeper keeps its outputs and Gradio's copies of them within budget, in a

@@ -59,8 +59,8 @@ class Settings:
     vae_tiling: bool = False
     preview_decoder: Path | None = None  # an AutoencoderTiny folder (TAESD, TAEF1, ...) for sharper previews
     torch_threads: int | None = None  # None: one fewer than the machine's cores (at least 1)
-    concurrency: int = 8  # requests in flight inside the generate handler
-    queue_size: int = 32  # requests admitted beyond those, waiting in Gradio's queue
+    concurrency: int = 8  # requests in flight (preparing, running, finalizing); derives the waiting cap
+    queue_size: int = 32  # requests waiting beyond those; all of them wait in the app's fair line
     max_images: int = 4
     max_batch_size: int = 4  # images in one job across requests (dynamic batching); 1: off
     step_joining: str = "on"  # on: requests join a running denoising loop at step boundaries where the model can; off
@@ -115,6 +115,17 @@ class Settings:
             1, min(self.concurrency // 2, self.concurrency - self.max_batch_size - 1)
         )
 
+    def admitted(self) -> int:
+        """Requests the app holds at once: ``concurrency`` in flight and ``queue_size`` waiting, every one
+        of them inside the handler and in the app's fair line; past it, "the queue is full" at once."""
+        return self.concurrency + self.queue_size
+
+    def handler_slots(self) -> int:
+        """Gradio's ``concurrency_limit`` on the generate events: the admitted requests and room for as
+        many again being refused or finishing, so nothing waits in Gradio's arrival-order queue in front
+        of the fair line (its ``max_size`` stays a backstop)."""
+        return 2 * self.admitted()
+
     def on_spaces(self) -> bool:
         return bool(os.environ.get("SPACE_ID"))
 
@@ -144,8 +155,13 @@ OPTIONS: tuple[tuple[str, str, type, str], ...] = (
         "a local AutoencoderTiny folder (TAESD for SD/SDXL, TAESD3, TAEF1) that decodes live previews",
     ),
     ("torch_threads", "T2I_TORCH_THREADS", int, "torch CPU threads (default: cores - 1, at least 1)"),
-    ("concurrency", "T2I_CONCURRENCY", int, "requests in flight in the handler (default 8)"),
-    ("queue_size", "T2I_QUEUE_SIZE", int, "requests waiting beyond those (default 32)"),
+    ("concurrency", "T2I_CONCURRENCY", int, "requests in flight: preparing, running, finalizing (default 8)"),
+    (
+        "queue_size",
+        "T2I_QUEUE_SIZE",
+        int,
+        "requests waiting beyond those, in the app's fair line; past both, 'queue full' at once (default 32)",
+    ),
     ("max_images", "T2I_MAX_IMAGES", int, "most images per request (default 4)"),
     (
         "max_batch_size",
@@ -165,7 +181,7 @@ OPTIONS: tuple[tuple[str, str, type, str], ...] = (
         "T2I_MAX_WAITING_PER_USER",
         int,
         "most requests one user may have waiting for the GPU; more are refused at once (default: half of "
-        "--concurrency, at most --concurrency - --max-batch-size - 1, so one user cannot fill the handler's slots)",
+        "--concurrency, at most --concurrency - --max-batch-size - 1: 3 by default)",
     ),
     (
         "quota_images_per_hour",

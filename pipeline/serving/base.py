@@ -21,7 +21,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, AsyncGenerator, Callable, Iterator, Mapping, Protocol
 
-from ..errors import Cancelled, InvalidRequest, RetryLater, ShuttingDown
+from ..errors import Cancelled, InvalidRequest, QueueFull, RetryLater, ShuttingDown
 from ..protocol import ModelProfile, Output
 from ..request import Limits
 from .decoding import Decoder
@@ -42,6 +42,7 @@ class Adapter(Protocol):
     metrics: Metrics
     closing: bool
     in_flight: int
+    max_in_flight: int | None
     quota: ImageQuota | None
     decoder: Decoder
 
@@ -138,6 +139,7 @@ class AdapterBase:
         self.closing = False
         self.consecutive_failures = 0
         self.in_flight = 0
+        self.max_in_flight: int | None = None  # requests held at once (``Settings.admitted``); None: no bound
         self.liveness = LivenessWatch()
         self.quota: ImageQuota | None = None  # --quota-images-per-hour (``quota``); None: off
         self.decoder = Decoder()  # client pictures, on threads of their own (``decoding``)
@@ -209,6 +211,8 @@ class AdapterBase:
         try:
             if self.closing:
                 raise ShuttingDown(SHUTDOWN_MESSAGE)
+            if self.max_in_flight is not None and self.in_flight > self.max_in_flight:
+                raise QueueFull(self.max_in_flight)
             yield outcome
             outcome.name = "completed"
         except (InvalidRequest, RetryLater):

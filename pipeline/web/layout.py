@@ -323,9 +323,10 @@ def _wire_generate(
     gallery, info, status = outputs
     page_inputs, api_inputs = inputs
     # Two events, one handler, one shared concurrency limit: the page's (with a progress bar
-    # as a third output) and the API's `/generate` (images + info, as documented). Their
-    # `concurrency_limit` counts requests in flight in the handler (preparing, waiting for the
-    # gate, inferring, finalizing); finite, so queue(max_size) really bounds the rest.
+    # as a third output) and the API's `/generate` (images + info, as documented). Gradio admits
+    # handlers in arrival order, so whatever waited for a slot would wait in front of the app's fair
+    # line: the limit is twice what the app admits (``Settings.handler_slots``), every admitted
+    # request waits in the fair line, and the adapter answers "queue full" past ``Settings.admitted``.
     # preprocess=False: raw values reach our own validator, which names the field and the
     # range (the components' preprocess answers some bad values anonymously). postprocess=False:
     # the handler runs the components' postprocess itself, on the loop (outputs.Postprocess:
@@ -333,7 +334,7 @@ def _wire_generate(
     # same checks run when the request joins Gradio's queue, so a bad one is answered at once,
     # not after waiting for a handler slot; the handler validates again, as a backstop.
     shared: dict[str, Any] = dict(
-        concurrency_limit=settings.concurrency,
+        concurrency_limit=settings.handler_slots(),
         concurrency_id="generate",
         preprocess=False,
         postprocess=False,  # the handler postprocesses its own yields (outputs.Postprocess)
@@ -376,7 +377,7 @@ def _wire_generate(
         outputs=[status],
         api_visibility="private",
         concurrency_id="stop",  # it waits (async, no thread) for the job to end: a slot per request in flight
-        concurrency_limit=settings.concurrency,
+        concurrency_limit=settings.handler_slots(),
         show_progress="hidden",
     )
     return generate_event

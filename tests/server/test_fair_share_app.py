@@ -40,25 +40,18 @@ def test_in_the_launched_app_two_forwarded_addresses_are_two_users(tmp_path: Any
 
 
 def _loop_app(tmp_path: Any, cap: int) -> Any:
-    """The launched app with step-level joining on a fake loop of 20 ms steps, two images a loop."""
+    """The launched app at the default ``--concurrency`` with step-level joining on a fake loop of 20 ms
+    steps, two images a loop."""
     model = FakeModel(joining=True, step_seconds=0.02)
-    args = ("--max-waiting-per-user", str(cap), "--concurrency", "48", "--max-batch-size", "2")
+    args = ("--max-waiting-per-user", str(cap), "--max-batch-size", "2")
     return model, running_app(tmp_path, *args, load=lambda: model)
 
 
-def _note_arrival(adapter: Any, model: FakeModel, prompt: str) -> list[int]:
-    """When ``prompt``'s request reaches the scheduler: how many jobs the model had started then (the
-    client's own round trip, under load, would let the loop move on before the request is there)."""
-    arrived: list[int] = []
-    add = adapter.scheduler.add
-
-    def noting(entry: Any) -> None:
-        if entry.request.prompt == prompt:
-            arrived.append(len(model.calls))
-        add(entry)
-
-    adapter.scheduler.add = noting
-    return arrived
+def _submit_counted(model: FakeModel, client: Any, data: dict[str, Any]) -> tuple[Any, list[int]]:
+    """Submit ``data``, noting how many jobs the model had started when it was sent: its wait is counted
+    from the client's send, so a wait in Gradio's queue in front of the app's line counts too."""
+    arrived = [len(model.calls)]
+    return client.submit(**data, api_name="/generate"), arrived
 
 
 def _started_between(model: FakeModel, arrived: list[int], prompt: str) -> list[str]:
@@ -69,21 +62,21 @@ def _started_between(model: FakeModel, arrived: list[int], prompt: str) -> list[
 
 
 def test_a_request_that_cannot_join_waits_one_loop_behind_a_single_users_long_backlog(tmp_path: Any) -> None:
-    """Issue 37: one user queues 20 requests that share a loop; another user's request of another
-    size cannot join it. It waits only for the loop's members when it arrived and the joiners already
+    """Issues 37 and 47, at the default ``--concurrency`` (8 handler slots once, so 12 of the backlog
+    waited in Gradio's arrival-order queue): one user queues 20 requests that share a loop; another
+    user's request of another size cannot join it, counted from its send. It waits only for the loop's members when it arrived and the joiners already
     sent a step early for their places (at most one per member: 2), never for the backlog behind
     them, however long it is (the bound allows one more, for a joiner sent as it arrived)."""
     from gradio_client import Client
 
     model, app = _loop_app(tmp_path, cap=30)
-    with app as (url, _demo, adapter):
+    with app as (url, _demo, _adapter):
         heavy = Client(url, verbose=False, headers={"X-Forwarded-For": "203.0.113.1"})
         other = Client(url, verbose=False, headers={"X-Forwarded-For": "203.0.113.2"})
         data = {**raw_request(), "num_inference_steps": 8}
         backlog = [heavy.submit(**{**data, "prompt": f"h{i}"}, api_name="/generate") for i in range(20)]
-        wait_for(lambda: len(model.calls) >= 3 and adapter.gpu_queue_depth >= 10, "a loop runs, a backlog waits")
-        arrived = _note_arrival(adapter, model, "o")
-        alone = other.submit(**{**data, "prompt": "o", "width": 128, "height": 128}, api_name="/generate")
+        wait_for(lambda: len(model.calls) >= 3, "a loop runs, a backlog waits")
+        alone, arrived = _submit_counted(model, other, {**data, "prompt": "o", "width": 128, "height": 128})
         alone.result(timeout=120)
         for job in backlog:
             job.result(timeout=120)
@@ -92,9 +85,15 @@ def test_a_request_that_cannot_join_waits_one_loop_behind_a_single_users_long_ba
     assert len(model.calls) == 21
 
 
+USERS = 6
+
+
 def test_a_request_that_cannot_join_waits_one_loop_behind_users_who_keep_the_loop_full(tmp_path: Any) -> None:
-    """Four users each keep their waiting cap (3) full of requests that share a loop, resubmitting as
-    each ends; a fifth user's request of another size waits one loop's worth, not a round of theirs."""
+    """Six users each keep their waiting cap (3) full of requests that share a loop, resubmitting as
+    each ends (18 requests against the default ``--concurrency`` of 8, which Gradio's queue once held
+    in arrival order); a fifth user's request of
+    another size waits one loop's worth (a loop is two of their requests: at most 1.5 loops), not a
+    round of theirs, counted from its send."""
     import threading
 
     from gradio_client import Client
@@ -103,7 +102,7 @@ def test_a_request_that_cannot_join_waits_one_loop_behind_users_who_keep_the_loo
     with app as (url, _demo, adapter):
         data = {**raw_request(), "num_inference_steps": 8}
         done = threading.Event()
-        count = [0] * 4
+        count = [0] * USERS
 
         def keep_full(user: int) -> None:
             client = Client(url, verbose=False, headers={"X-Forwarded-For": f"203.0.113.{10 + user}"})
@@ -116,13 +115,13 @@ def test_a_request_that_cannot_join_waits_one_loop_behind_users_who_keep_the_loo
             for job in sent:
                 job.result(timeout=120)
 
-        users = [threading.Thread(target=keep_full, args=(u,), name=f"user-{u}") for u in range(4)]
+        users = [threading.Thread(target=keep_full, args=(u,), name=f"user-{u}") for u in range(USERS)]
         for thread in users:
             thread.start()
-        wait_for(lambda: len(model.calls) >= 8 and adapter.gpu_queue_depth >= 6, "four users keep the loop full")
-        arrived = _note_arrival(adapter, model, "o")
+        wait_for(lambda: len(model.calls) >= 8 and adapter.gpu_queue_depth >= 6, "the users keep the loop full")
         other = Client(url, verbose=False, headers={"X-Forwarded-For": "203.0.113.99"})
-        other.submit(**{**data, "prompt": "o", "width": 128, "height": 128}, api_name="/generate").result(timeout=120)
+        alone, arrived = _submit_counted(model, other, {**data, "prompt": "o", "width": 128, "height": 128})
+        alone.result(timeout=120)
         done.set()
         for thread in users:
             thread.join(timeout=120)

@@ -25,18 +25,18 @@ OUTPUT_BUDGET_MB = 1
 
 
 def test_queue_full_rejects_exactly_the_excess_at_once(tmp_path: Path) -> None:
+    """``--concurrency`` + ``--queue-size`` requests are admitted, every one into the handler and the
+    app's fair line (none waits in Gradio's queue); the next ones are told "queue full" at once."""
     from gradio_client import Client
 
     model = FakeModel(hold=True)
-    with running_app(tmp_path, "--queue-size", "2", "--concurrency", "2", load=lambda: model) as (url, _d, _a):
+    args = ("--queue-size", "2", "--concurrency", "2", "--max-waiting-per-user", "10")
+    with running_app(tmp_path, *args, load=lambda: model) as (url, _d, _a):
         health = lambda: httpx.get(url + "health").json()  # noqa: E731
-        admitted = []
-        for i in range(2):  # in the handler: one in the model, one waiting for the GPU
-            admitted.append(Client(url, verbose=False).submit(**raw_request(seed=i), api_name="/generate"))
-        wait_for(lambda: health()["requests_in_flight"] == 2, "two requests are in the handler")
-        for i in range(2, 4):  # in Gradio's queue
-            admitted.append(Client(url, verbose=False).submit(**raw_request(seed=i), api_name="/generate"))
-        wait_for(lambda: health()["queue_depth"] == 3, "one waits for the GPU and two in Gradio's queue")
+        admitted = [Client(url, verbose=False).submit(**raw_request(seed=i), api_name="/generate") for i in range(4)]
+        wait_for(lambda: health()["requests_in_flight"] == 4, "four requests are in the handler")
+        wait_for(lambda: health()["gpu_queue_depth"] == 3, "one runs and three wait in the fair line")
+        assert health()["queue_depth"] == 3  # nothing in Gradio's own queue
         rejected = []
         for i in range(4, 7):
             started = time.monotonic()
