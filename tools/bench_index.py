@@ -134,8 +134,23 @@ def line(path: Path) -> str:
     return f"| {date[0] if date else '-'} | `{path.name}` | {commit_of(path)} | {machine} | {headline} |"
 
 
+def published() -> list[Path]:
+    """The runs in ``bench/results/``: every JSON file there but those git ignores (a run's default
+    output, ``latest.json`` or ``ray.json``, stays local: running the benchmark breaks no test)."""
+    files = sorted(RESULTS.glob("*.json"))
+    try:
+        ignored = subprocess.run(
+            ["git", "check-ignore", "--stdin"],
+            input="\n".join(str(p.relative_to(ROOT)) for p in files),
+            capture_output=True, text=True, cwd=ROOT, check=False,
+        ).stdout.split()  # fmt: skip
+    except OSError:  # no git: every file counts
+        ignored = []
+    return [p for p in files if str(p.relative_to(ROOT)) not in ignored]
+
+
 def render() -> str:
-    rows = [line(p) for p in sorted(RESULTS.glob("*.json"), key=lambda p: (p.name[len(kind_of(p.name)) :], p.name))]
+    rows = [line(p) for p in sorted(published(), key=lambda p: (p.name[len(kind_of(p.name)) :], p.name))]
     return "\n".join([
         "# Published benchmark runs", "",
         "One line a run: when, the file, the commit that published it, the machine, and its headline. The",
@@ -150,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     text = render()
     if "--check" in args:
         names = set(re.findall(r"`([^`]+\.json)`", INDEX.read_text())) if INDEX.exists() else set()
-        missing = {p.name for p in RESULTS.glob("*.json")} - names
+        missing = {p.name for p in published()} - names
         if missing:
             print("not in bench/results/INDEX.md:", ", ".join(sorted(missing)))
             raise SystemExit(1)

@@ -4,8 +4,8 @@
 attribute on the model thread's own pipeline, removed afterwards), so it sees every step of every
 family the same way: it reports progress, keeps the step's denoised estimate for previews, and
 checks stop. diffusers' ``callback_on_step_end`` is not enough: PixArt accepts it and never calls
-it (no progress, no cancel), and FLUX hands it packed latents. Stop raises ``Stop`` out of the
-pipeline's ``__call__``: no more steps and no VAE decode.
+it (no progress, no cancel), and FLUX hands it packed latents. Stop raises ``StoppedAtStep`` out
+of the pipeline's ``__call__``: no more steps and no VAE decode.
 """
 
 from __future__ import annotations
