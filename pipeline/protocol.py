@@ -150,6 +150,8 @@ class InferenceJob:
     hires_height: int = 0
     hires_steps: int = 0
     hires_strength: float = 0.0
+    # The table fields (``fields.TABLE_FIELDS``: step_cache, ...), by name, as the request checked them.
+    options: tuple[tuple[str, Any], ...] = ()
 
     @property
     def num_images(self) -> int:

@@ -41,7 +41,9 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import numpy as np
 from PIL import Image
 
+from . import fields
 from .errors import InvalidRequest
+from .fields import MODES, SIDES, flag, real_number, show, whole_number
 from .loras import SCALE_MAX, SCALE_MIN
 from .protocol import NONE, InferenceJob, LoraUse, ModelProfile
 from .uploads import MAX_UPLOAD_PIXELS, outpaint_canvas, read_image, read_mask
@@ -50,39 +52,19 @@ if TYPE_CHECKING:
     from .config import Settings
 
 MAX_SEED = 2**32 - 1
-MODES = ("text", "image", "inpaint", "outpaint")
 MODE_WORDS = {"image": "image-to-image", "inpaint": "inpainting", "outpaint": "outpainting"}
 PIPELINE_MODE = {"text": "text", "image": "image", "inpaint": "inpaint", "outpaint": "inpaint"}
-SIDES = ("outpaint_left", "outpaint_top", "outpaint_right", "outpaint_bottom")
 HIRES_SCALES = (1.5, 2.0)
-DEFAULT_STRENGTH = 0.75  # AUTOMATIC1111's default denoising strength
-DEFAULT_HIRES_STRENGTH = 0.5
-DEFAULT_MASK_BLUR = 4
+DEFAULT_STRENGTH = fields.BY_NAME["strength"].default  # AUTOMATIC1111's default denoising strength
+DEFAULT_HIRES_STRENGTH = fields.BY_NAME["hires_strength"].default
+DEFAULT_MASK_BLUR = fields.BY_NAME["mask_blur"].default
 MAX_MASK_BLUR = 64
 HIRES_UPSCALER = "Lanczos"
 IMAGE_FIELDS = ("mode", "image", "mask", "strength", *SIDES, "mask_blur", "hires_fix", "hires_scale",
                 "hires_strength", "hires_steps")  # fmt: skip
-# The picture fields' defaults, as the API declares them: a text-to-image request's values.
-PICTURE_DEFAULTS: dict[str, Any] = {"mode": "text", "image": None, "mask": None, "strength": DEFAULT_STRENGTH,
-                                    **dict.fromkeys(SIDES, 0), "mask_blur": DEFAULT_MASK_BLUR, "hires_fix": False,
-                                    "hires_scale": 2.0, "hires_strength": DEFAULT_HIRES_STRENGTH,
-                                    "hires_steps": 0}  # fmt: skip
-FIELDS = (
-    "prompt",
-    "negative_prompt",
-    "seed",
-    "randomize_seed",
-    "width",
-    "height",
-    "num_inference_steps",
-    "guidance_scale",
-    "num_images",
-    "live_preview",
-    "scheduler",  # after the others, so the earlier parameters keep their positions in the API
-    "lora",
-    "lora_scale",
-    *IMAGE_FIELDS,  # the image modes and hires fix
-)
+# The picture fields' defaults, as the API declares them (``fields.TABLE``): a text-to-image request's values.
+PICTURE_DEFAULTS: dict[str, Any] = {name: fields.BY_NAME[name].default for name in IMAGE_FIELDS}
+FIELDS = fields.NAMES  # the request's fields in the API's order (``fields.TABLE``)
 DEFAULT_SCHEDULER = "default"  # the model's own scheduler
 BUDGET_DEFAULT_JOBS = 8  # the default cost budget: this many of the model's default job (one image)
 
@@ -351,6 +333,7 @@ class GenerateRequest:
     lora: str = ""  # a loaded adapter's name; "": none
     lora_scale: float = 1.0
     pictures: ImageFields = dataclasses.field(default_factory=ImageFields)  # the mode, its pictures, hires fix
+    options: tuple[tuple[str, Any], ...] = ()  # the table fields (``fields.checked``), by name
 
     @property
     def mode(self) -> str:
@@ -395,6 +378,7 @@ class GenerateRequest:
             hires_height=hires.height if hires else 0,
             hires_steps=hires.steps if hires else 0,
             hires_strength=hires.strength if hires else 0.0,
+            options=self.options,
         )
 
     def parameters(self) -> dict[str, Any]:
@@ -413,6 +397,7 @@ class GenerateRequest:
             "lora": self.lora or NONE,
             "lora_scale": self.lora_scale,
             **self.pictures.parameters(),
+            **dict(self.options),
         }
 
 
@@ -597,6 +582,7 @@ def validate(
         mode_notes=dict(limits.mode_notes), pictures_later=True,
     )  # fmt: skip
     _within_budget(width, height, steps, num_images, limits, pictures)
+    options = fields.checked(raw, limits)
 
     request = GenerateRequest(
         request_id=request_id or new_request_id(),
@@ -613,6 +599,7 @@ def validate(
         lora=lora,
         lora_scale=lora_scale,
         pictures=pictures,
+        options=options,
     )
     if not pictures_later:
         request = with_pictures(request, raw, limits)
@@ -653,47 +640,6 @@ def limits_for(settings: Settings, profile: ModelProfile) -> Limits:
         max_pixels=settings.max_pixels,
         max_pixel_steps=settings.max_pixel_steps,
     )
-
-
-def show(value: Any) -> str:
-    """A short, HTML-escaped rendering of a bad value."""
-    text = repr(value)
-    if len(text) > 40:
-        text = text[:37] + "..."
-    return html.escape(text)
-
-
-def whole_number(field: str, value: Any, lo: int, hi: int, what: str | None = None) -> int:
-    """An int in [lo, hi]. Integral floats (7.0, as JSON sliders send) are accepted; 7.5 is not."""
-    desc = what or f"a whole number between {lo} and {hi}"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidRequest(field, f"{field} must be {desc}; got {show(value)}")
-    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
-        raise InvalidRequest(field, f"{field} must be {desc}; got {show(value)}")
-    number = int(value)
-    if not lo <= number <= hi:
-        raise InvalidRequest(field, f"{field} must be {desc}; got {show(value)}")
-    return number
-
-
-def real_number(field: str, value: Any, lo: float, hi: float, *, above: bool = False) -> float:
-    """A finite float in [lo, hi] (``above``: in (lo, hi])."""
-    desc = f"a number above {lo:g} and at most {hi:g}" if above else f"a number between {lo:g} and {hi:g}"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidRequest(field, f"{field} must be {desc}; got {show(value)}")
-    number = float(value)
-    if not (math.isfinite(number) and (lo < number <= hi if above else lo <= number <= hi)):
-        raise InvalidRequest(field, f"{field} must be {desc}; got {show(value)}")
-    return number
-
-
-def flag(field: str, value: Any, default: bool = False) -> bool:
-    """True or false (None: ``default``)."""
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise InvalidRequest(field, f"{field} must be true or false; got {show(value)}")
-    return value
 
 
 # -- text as text -------------------------------------------------------------------------------------

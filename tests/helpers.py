@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from pipeline.fields import TABLE_FIELDS
 from pipeline.request import PICTURE_DEFAULTS
 from pipeline.serving.local import LocalAdapter
 
@@ -29,8 +30,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-# The picture fields of a text-to-image request, as the page and gradio_client send their defaults.
-TEXT_MODE: dict[str, Any] = dict(PICTURE_DEFAULTS)
+# The picture fields and the table fields of a text-to-image request, as the page and gradio_client
+# send their defaults.
+TEXT_MODE: dict[str, Any] = {**PICTURE_DEFAULTS, **{f.name: f.default for f in TABLE_FIELDS}}
 
 
 def raw_request(**overrides: Any) -> dict[str, Any]:

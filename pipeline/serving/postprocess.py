@@ -41,6 +41,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from PIL import Image, PngImagePlugin
 
+from .. import fields
 from ..errors import StorageFull
 from ..loras import NONE, prompt_tag
 from ..protocol import InferenceResult, ModelProfile, Timings
@@ -116,6 +117,7 @@ def a1111_parameters(params: dict[str, Any], seed: int, model: str, scheduler_cl
         settings["Hires upscaler"] = HIRES_UPSCALER
     if lora and lora != NONE and params.get("lora_hash"):
         settings["Lora hashes"] = f"{lora}: {params['lora_hash']}"
+    settings.update(fields.png_settings(params))  # the table fields not at their default
     settings["RNG"] = "CPU"  # the noise comes from a CPU generator on every device (A1111's "RNG: CPU")
     lines.append(", ".join(f"{key}: {quote(str(value))}" for key, value in settings.items()))
     return "\n".join(lines)

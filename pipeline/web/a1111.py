@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import html
 import json
-import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from .. import fields
+from ..errors import InvalidRequest
+from ..fields import number
 from ..loras import NONE, SCALE_MAX, SCALE_MIN, strip_tags
 from ..request import HIRES_SCALES, HIRES_UPSCALER, MAX_MASK_BLUR, MAX_SEED, Limits
 
@@ -33,7 +35,8 @@ _SIZE = re.compile(r"^\s*(\d+)\s*[x×]\s*(\d+)\s*$")
 _NEGATIVE = "Negative prompt:"
 # Keys this app reads; every other key of the settings line is listed as "not used".
 _READ = {"Steps", "Sampler", "Schedule type", "CFG scale", "Seed", "Size", "Model", "Lora hashes", "RNG",
-         "Denoising strength", "Mask blur", "Hires upscale", "Hires steps", "Hires upscaler"}  # fmt: skip
+         "Denoising strength", "Mask blur", "Hires upscale", "Hires steps", "Hires upscaler",
+         *fields.png_keys()}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -192,6 +195,9 @@ def fill_from(
     if "Sampler" in s:
         _sampler(s["Sampler"], s.get("Schedule type", ""), samplers, values, notes)
     _mode(s, limits, values, notes)
+    table_values, table_notes = fields.pasted(s, limits)  # the table fields (``fields.TABLE_FIELDS``)
+    values.update(table_values)
+    notes += table_notes
     if model and s.get("Model") and s["Model"] != model:
         notes.append(f"Model: the text names {s['Model']!r}; this app runs {model!r}, so the image will differ.")
     if s.get("RNG", "CPU").upper() != "CPU":
@@ -386,9 +392,6 @@ def _sampler(
 
 def _number(text: str, *, integer: bool = False) -> float | None:
     try:
-        number = float(text)
-    except ValueError:
+        return number("", text, whole=integer, text=True)
+    except InvalidRequest:
         return None
-    if not math.isfinite(number) or (integer and not number.is_integer()):
-        return None
-    return int(number) if integer else number

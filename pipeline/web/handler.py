@@ -9,12 +9,14 @@ import asyncio
 import contextlib
 import dataclasses
 import errno
+import inspect
 import logging
 from pathlib import Path
 from typing import Any, AsyncGenerator, Awaitable, Callable, Iterator, Sequence
 
 import gradio as gr
 
+from .. import fields
 from ..errors import Cancelled, InvalidRequest, RetryLater, ServingError, StorageFull
 from ..request import FIELDS, new_request_id, validate
 from ..serving.base import Adapter
@@ -134,102 +136,14 @@ def make_generate(
     if postprocess is not None and len(postprocess.components) != width_of_output:
         raise ValueError(f"the generate event has {width_of_output} outputs; got {len(postprocess.components)}")
 
-    async def generate(
-        prompt: str,
-        negative_prompt: str,
-        seed: float,
-        randomize_seed: bool,
-        width: float,
-        height: float,
-        num_inference_steps: float,
-        guidance_scale: float,
-        num_images: float,
-        live_preview: bool,
-        scheduler: str,
-        lora: str = "none",
-        lora_scale: float = 1.0,
-        mode: str = "text",
-        image: Any = None,
-        mask: Any = None,
-        strength: float = 0.75,
-        outpaint_left: float = 0,
-        outpaint_top: float = 0,
-        outpaint_right: float = 0,
-        outpaint_bottom: float = 0,
-        mask_blur: float = 4,
-        hires_fix: bool = False,
-        hires_scale: float = 2.0,
-        hires_strength: float = 0.5,
-        hires_steps: float = 0,
-        progress: gr.Progress = gr.Progress(),
-        request: gr.Request | None = None,  # injected by Gradio, not an API parameter
-        profile: gr.OAuthProfile | None = None,  # injected by Gradio: the logged-in HF user, if any
-    ) -> AsyncGenerator[tuple[Any, ...], None]:
-        """Generate images from a text prompt with a diffusion model (one GPU, shared through a queue).
-
-        Returns the images and an info record with the seeds, the parameters used and timings.
-
-        Args:
-            prompt: What to draw, in plain English (for the default model, e.g. "a red circle on a blue background").
-            negative_prompt: What to avoid; may be empty.
-            seed: Seed of the first image (image i uses seed + i); ignored when randomize_seed is true.
-            randomize_seed: Pick a random seed (and report it in the info record).
-            width: Image width in pixels, a multiple of the model's size step.
-            height: Image height in pixels, a multiple of the model's size step.
-            num_inference_steps: Denoising steps; more is slower and usually finer.
-            guidance_scale: How strictly to follow the prompt (classifier-free guidance).
-            num_images: How many images to generate.
-            live_preview: Stream rough preview images while denoising.
-            scheduler: The sampler: "default" (the model's own) or one of the names the model offers
-                (Euler, Euler a, DPM++ 2M Karras, DDIM, UniPC where its family supports them).
-            lora: A LoRA adapter the server loaded (--lora), by name, or "none".
-            lora_scale: How strongly the adapter applies, from -2 to 2 (1: as trained).
-            mode: "text" (text-to-image), or, where the model has them, "image" (image-to-image),
-                "inpaint" or "outpaint".
-            image: The picture an image mode starts from: an image you uploaded (PNG, JPEG or WebP;
-                gradio_client: handle_file("photo.png")); resized to width x height.
-            mask: Inpainting's mask, an uploaded image: white (or painted) where the picture is redrawn.
-            strength: How far an image mode redraws its picture, above 0 and at most 1.
-            outpaint_left: Outpainting: pixels added on the left (a multiple of the size step).
-            outpaint_top: Outpainting: pixels added on top.
-            outpaint_right: Outpainting: pixels added on the right.
-            outpaint_bottom: Outpainting: pixels added at the bottom.
-            mask_blur: Pixels the mask's edge is softened by (inpainting and outpainting), 0 to 64.
-            hires_fix: Text mode: upscale the picture and redraw it at the larger size.
-            hires_scale: Hires fix's upscale, 1.5 or 2.
-            hires_strength: How far hires fix redraws the upscaled picture, above 0 and at most 1.
-            hires_steps: Hires fix's steps (0: the request's own).
-        """
-        raw = {
-            "prompt": prompt,
-            "negative_prompt": negative_prompt,
-            "seed": seed,
-            "randomize_seed": randomize_seed,
-            "width": width,
-            "height": height,
-            "num_inference_steps": num_inference_steps,
-            "guidance_scale": guidance_scale,
-            "num_images": num_images,
-            "live_preview": live_preview,
-            "scheduler": scheduler,
-            "lora": lora,
-            "lora_scale": lora_scale,
-            "mode": mode,
-            "image": image,
-            "mask": mask,
-            "strength": strength,
-            "outpaint_left": outpaint_left,
-            "outpaint_top": outpaint_top,
-            "outpaint_right": outpaint_right,
-            "outpaint_bottom": outpaint_bottom,
-            "mask_blur": mask_blur,
-            "hires_fix": hires_fix,
-            "hires_scale": hires_scale,
-            "hires_strength": hires_strength,
-            "hires_steps": hires_steps,
-        }
+    async def generate(*args: Any, **kwargs: Any) -> AsyncGenerator[tuple[Any, ...], None]:
+        # Gradio calls it by the signature below (``fields.TABLE``'s fields, then what it injects).
+        arguments = SIGNATURE.bind(*args, **kwargs)
+        arguments.apply_defaults()
+        raw = fields.raw_from(arguments.arguments)
+        progress, request, profile = (arguments.arguments[name] for name in ("progress", "request", "profile"))
         request_id = new_request_id()
-        view = ProgressView(num_inference_steps, progress_interval)
+        view = ProgressView(raw["num_inference_steps"], progress_interval)
         session = current_session()
         tracking = page_jobs.running(session) if page_jobs is not None else contextlib.nullcontext()
         with tracking:
@@ -264,7 +178,26 @@ def make_generate(
             except Exception as exc:
                 raise _user_error(exc, request_id) from None
 
+    generate.__signature__ = SIGNATURE  # type: ignore[attr-defined]
+    generate.__annotations__ = {**fields.field_types(), **INJECTED, "return": AsyncGenerator[tuple[Any, ...], None]}
+    generate.__doc__ = DOC
     return introspected_once(generate)
+
+
+# What Gradio injects after the fields: the progress tracker, the request, the logged-in HF user.
+INJECTED: dict[str, Any] = {"progress": gr.Progress, "request": gr.Request | None, "profile": gr.OAuthProfile | None}
+SIGNATURE = fields.signature([
+    inspect.Parameter("progress", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=gr.Progress(),
+                      annotation=gr.Progress),
+    inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
+                      annotation=gr.Request | None),  # not an API parameter
+    inspect.Parameter("profile", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
+                      annotation=gr.OAuthProfile | None),
+])  # fmt: skip
+DOC = fields.docstring(
+    "Generate images from a text prompt with a diffusion model (one GPU, shared through a queue).\n\n"
+    "Returns the images and an info record with the seeds, the parameters used and timings."
+)
 
 
 def _alive(

@@ -7,6 +7,7 @@ from typing import Any
 
 import gradio as gr
 
+from .. import fields
 from ..config import Settings
 from ..default_model import EXAMPLE_PROMPTS, GENERIC_PROMPTS
 from ..loras import NONE, SCALE_MAX, SCALE_MIN
@@ -30,12 +31,10 @@ log = logging.getLogger(__name__)
 STOP_WAIT_SECONDS = 60.0  # how long Stop waits for the session's job to end before saying "stopped" anyway
 
 
-# The advanced controls in the API's order after the prompt (``_advanced_settings`` returns them by name).
 PASTED_MODE_CONTROLS = ("mode", "strength", "mask_blur", "hires_fix", "hires_scale", "hires_strength", "hires_steps")
-INPUT_CONTROLS = (
-    "negative_prompt", "seed", "randomize_seed", "width", "height", "num_inference_steps", "guidance_scale",
-    "scheduler", "lora", "lora_scale", "num_images", "live_preview",
-)  # fmt: skip
+# The controls a pasted parameters text, a history entry or a reused seed fills (``page_tools.Controls``).
+PASTED_CONTROLS = ("prompt", "negative_prompt", "seed", "randomize_seed", "width", "height", "num_inference_steps",
+                   "guidance_scale", "scheduler", "lora", "lora_scale", *PASTED_MODE_CONTROLS)  # fmt: skip
 
 
 def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
@@ -109,24 +108,13 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
             f"Model: `{p.name}` on {p.device} ({p.dtype}). Many people can queue; the GPU draws one job at a time.",
             elem_id="about",
         )
-        (negative_prompt, seed, randomize_seed, width, height, num_inference_steps, guidance_scale, sampler, lora,
-         lora_scale, num_images, live_preview) = (adv[n] for n in INPUT_CONTROLS)  # fmt: skip
-        inputs = [
-            prompt,
-            negative_prompt,
-            seed,
-            randomize_seed,
-            width,
-            height,
-            num_inference_steps,
-            guidance_scale,
-            num_images,
-            live_preview,
-            sampler,  # the API's `scheduler`
-            lora,
-            lora_scale,
-            *(picture[name] for name in IMAGE_FIELDS),  # the page's mask: its editor
-        ]
+        # The events' inputs: one control a field, in the table's order (``fields.TABLE``); a field the
+        # page shows no control for yet is sent at its default from a hidden one (the API still takes it).
+        shown = {"prompt": prompt, **adv, **{name: picture[name] for name in IMAGE_FIELDS}}  # the mask: its editor
+        inputs = [shown[name] if name in shown else unshown(fields.BY_NAME[name]) for name in FIELDS]
+        seed, randomize_seed, width, height, lora, lora_scale, live_preview = (
+            adv[n] for n in ("seed", "randomize_seed", "width", "height", "lora", "lora_scale", "live_preview")
+        )
         api_mask = gr.Image(label="mask", type="filepath", visible=False, elem_id="api-mask")
         api_inputs = [api_mask if i == FIELDS.index("mask") else block for i, block in enumerate(inputs)]
         generate_event = _wire_generate(
@@ -151,20 +139,7 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
         gallery.select(fn=selected_index, inputs=None, outputs=[selected], **ui)
         reuse_button.click(fn=reuse_seed(site), inputs=[selected], outputs=[seed, randomize_seed], **ui)
         # Size presets and swap, the tab's history (restore, zip), pasted parameters, Escape.
-        controls = Controls(
-            prompt,
-            negative_prompt,
-            seed,
-            randomize_seed,
-            width,
-            height,
-            num_inference_steps,
-            guidance_scale,
-            sampler,
-            lora,
-            lora_scale,
-            *(picture[name] for name in PASTED_MODE_CONTROLS),
-        )
+        controls = Controls(**{name: shown[name] for name in PASTED_CONTROLS})
         suggested = {info.name: info.scale for info in p.loras}
         lora.input(fn=lambda name: suggested.get(name, gr.skip()), inputs=[lora], outputs=[lora_scale], **ui)
         wire_sizes(presets, size_preset, swap_button, width, height)
@@ -181,6 +156,17 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
         serve_images(demo)
     demo.queue(max_size=settings.queue_size, api_open=False, default_concurrency_limit=1)
     return demo
+
+
+def unshown(field: fields.Field) -> Any:
+    """A hidden input for a field the page has no control for: the page sends its default, and the API
+    lists the field (with that default) for ``gradio_client`` and MCP."""
+    label = field.name
+    if field.type is bool:
+        return gr.Checkbox(value=field.default, visible=False, label=label)
+    if field.type is float:
+        return gr.Number(value=field.default, visible=False, label=label)
+    return gr.Textbox(value=field.default, visible=False, label=label)
 
 
 def guidance_label(arg: str | None) -> str:

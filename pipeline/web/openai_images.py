@@ -39,7 +39,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
 from PIL import Image
 
+from .. import fields
 from ..errors import InvalidRequest, ServingError
+from ..fields import number
 from ..protocol import ModelProfile, Output
 from ..request import DEFAULT_STRENGTH, Limits
 from ..serving.base import Adapter
@@ -67,7 +69,7 @@ MAX_PARTIAL_IMAGES = 3
 _IGNORED = {"quality", "style", "moderation", "input_fidelity", "complexity", "user", "safety_identifier"}
 _KNOWN = {"prompt", "model", "n", "size", "response_format", "output_format", "output_compression", "stream",
           "partial_images", "background", *_IGNORED}  # fmt: skip
-_OWN = {"seed", "negative_prompt", "num_inference_steps", "guidance_scale", "scheduler", "lora", "lora_scale"}
+_OWN = set(fields.passed_through("openai")) - {"strength"}  # the app's own fields, as extra body fields
 _REFUSED = {"frame_count": "animation frames", "frame_duration_ms": "animation frames", "svg": "SVG output",
             "markup": "markup images"}  # fmt: skip
 
@@ -148,9 +150,9 @@ def openai_raw(
         "live_preview": stream and partials > 0,
         "mode": "text",
     }
-    for name in ("num_inference_steps", "guidance_scale", "scheduler", "lora", "lora_scale"):
+    for name in sorted(_OWN - {"seed", "negative_prompt"}, key=fields.NAMES.index):
         if body.get(name) not in (None, ""):
-            raw[name] = _number(body, name) if name not in ("scheduler", "lora") else str(body[name])
+            raw[name] = _number(body, name) if fields.BY_NAME[name].type is float else body[name]
     if edit:
         raw["strength"] = _number(body, "strength") if body.get("strength") not in (None, "") else DEFAULT_STRENGTH
     answer = {"format": output_format, "compression": compression, "response_format": response_format,
@@ -180,25 +182,11 @@ def _size(value: Any, profile: ModelProfile, limits: Limits) -> tuple[int, int]:
 
 def _integer(body: Mapping[str, Any], name: str, default: int) -> int:
     value = body.get(name, default)
-    if value in (None, ""):
-        return default
-    try:
-        number = float(value) if not isinstance(value, bool) else None
-    except (TypeError, ValueError):
-        number = None
-    if number is None or not number.is_integer():
-        raise InvalidRequest(name, f"{name} must be a whole number; got {value!r}")
-    return int(number)
+    return default if value in (None, "") else int(number(name, value, whole=True, text=True))
 
 
 def _number(body: Mapping[str, Any], name: str) -> float:
-    value = body.get(name)
-    try:
-        if isinstance(value, bool):
-            raise ValueError
-        return float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise InvalidRequest(name, f"{name} must be a number; got {value!r}") from None
+    return float(number(name, body.get(name), text=True))  # a form field is text
 
 
 def _flag(body: Mapping[str, Any], name: str) -> bool:

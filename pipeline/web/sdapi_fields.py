@@ -12,7 +12,9 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping
 
+from .. import fields
 from ..errors import InvalidRequest
+from ..fields import number
 from ..loras import strip_tags
 from ..protocol import ModelProfile
 from ..request import DEFAULT_MASK_BLUR, HIRES_SCALES, Limits
@@ -118,6 +120,8 @@ def a1111_raw(
             have = ", ".join(limits.loras) or "none"
             raise InvalidRequest("prompt", f"prompt: LoRA {name!r} is not loaded; this app has {have}")
         raw["lora"], raw["lora_scale"] = known[name.lower()], scale
+    overrides = body.get("override_settings") or {}
+    raw.update((name, overrides[name]) for name in fields.passed_through("a1111") if name in overrides)
     if img2img:
         _img2img(body, raw, notes)
     elif body.get("enable_hr"):
@@ -177,6 +181,8 @@ def check_overrides(overrides: Any, profile: ModelProfile) -> None:
     for key, value in overrides.items():
         if key == "sd_model_checkpoint" and value in (profile.name, model_title(profile)):
             continue
+        if key in fields.passed_through("a1111"):  # the app's own per-request fields (``fields.TABLE``)
+            continue
         raise InvalidRequest(
             "override_settings",
             f"override_settings: {key} cannot be changed per request on this app "
@@ -198,23 +204,12 @@ def _number(body: Mapping[str, Any], name: str, default: Any) -> Any:
     value = body.get(name, default)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidRequest(name, f"{name} must be a number; got {value!r}")
+    number(name, value)  # a number (its range is the app's validation's): as sent, int or float
     return value
 
 
 # The app's field names in its errors, as the A1111 field a client sent.
-A1111_NAME = {
-    "guidance_scale": "cfg_scale",
-    "num_inference_steps": "steps",
-    "num_images": "batch_size",
-    "scheduler": "sampler_name",
-    "strength": "denoising_strength",
-    "image": "init_images",
-    "hires_scale": "hr_scale",
-    "hires_steps": "hr_second_pass_steps",
-    "hires_strength": "denoising_strength",
-}
+A1111_NAME = fields.a1111_names()
 
 
 def a1111_info(

@@ -22,7 +22,9 @@ from pipeline.web.handler import make_generate
 from tests.fakes import FakeModel
 from tests.helpers import ROOT, raw_request
 
-MOST = 15  # the issue's bound (vLLM's path is about 8 modules; this app's was about 30)
+# Issue 37's bound was 15 (vLLM's path is about 8 modules; this app's was about 30); issue 47's table
+# of request fields (``pipeline.fields``) is the sixteenth, read by every request.
+MOST = 16
 
 
 def _traced_path(tmp: Path) -> list[str]:
@@ -68,7 +70,7 @@ def _traced_path(tmp: Path) -> list[str]:
     return list(seen)
 
 
-def test_a_requests_path_touches_at_most_fifteen_modules_and_the_doc_lists_them(tmp_path: Path) -> None:
+def test_a_requests_path_touches_at_most_sixteen_modules_and_the_doc_lists_them(tmp_path: Path) -> None:
     path = _traced_path(tmp_path)
     assert len(path) <= MOST, path
     assert {"pipeline.serving.scheduler", "pipeline.engine.hosting.runner", "pipeline.engine.loop.joining"} <= set(

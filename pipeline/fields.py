@@ -1,0 +1,258 @@
+"""The request fields, once: the table every other place reads (issue 47).
+
+A row (``Field``) is one field of a generate request, in the API's order: its name, the type the
+API declares, its default (``REQUIRED``: the caller always sends it), the line the API page and MCP
+show, the modes that read it, how AUTOMATIC1111 and OpenAI name it, and its key in the PNG
+``parameters`` text. Derived from the table:
+
+- the generate handler's signature, annotations and docstring (``signature``, ``field_types``,
+  ``docstring``: Gradio reads them for the API page, ``gradio_client`` and MCP) and the raw request
+  it builds (``raw_from``);
+- ``request.FIELDS``, the unknown-field check and the picture fields' defaults (``defaults``);
+- AUTOMATIC1111's name for each field in the app's errors (``a1111_names``), and the fields the two
+  HTTP wire formats pass through under the app's own names (``passed_through``: OpenAI's
+  ``extra_body``, A1111's ``override_settings``);
+- a *table field* (``check`` set: a value checked on its own, with no rule that reads another
+  field) is validated here (``checked``), carried on ``GenerateRequest.options`` and
+  ``InferenceJob.options`` to the model side, reported in the info record, written to the PNG text
+  when not at its default (``png_settings``) and read back from a pasted text (``pasted``).
+
+Fields whose rules read other fields (the size and the cost budget, the seed, the image modes) keep
+their checks in ``request.validate``; the table still declares them. A new table field is a row
+here, the model side that reads it, and its tests.
+
+One set of number parsers (``number``, ``whole_number``, ``real_number``, ``flag``, ``choice``): the
+validation and both wire formats read numbers through them, and every error names the field.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import inspect
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from .errors import InvalidRequest
+
+REQUIRED: Any = inspect.Parameter.empty  # no default: every caller sends it
+MODES = ("text", "image", "inpaint", "outpaint")
+IMAGE_MODES = ("image", "inpaint", "outpaint")
+SIDES = ("outpaint_left", "outpaint_top", "outpaint_right", "outpaint_bottom")
+
+
+# -- the number parsers ----------------------------------------------------------------------------
+def show(value: Any) -> str:
+    """A short, HTML-escaped rendering of a bad value."""
+    text = repr(value)
+    if len(text) > 40:
+        text = text[:37] + "..."
+    return html.escape(text)
+
+
+def number(
+    field: str,
+    value: Any,
+    *,
+    whole: bool = False,
+    lo: float | None = None,
+    hi: float | None = None,
+    above: bool = False,
+    text: bool = False,
+    what: str | None = None,
+) -> Any:
+    """``value`` as a finite number (``whole``: an int; 7.0, as JSON sliders send, is 7, 7.5 is refused)
+    within ``lo``..``hi`` (``above``: strictly above ``lo``); ``text``: a numeral in a string is read
+    too (form fields, pasted text). Raises ``InvalidRequest`` naming ``field`` and the range."""
+    sent = value
+    if text and isinstance(value, str) and len(value) <= 40:
+        with contextlib.suppress(ValueError):
+            value = float(value)
+    fine = not isinstance(value, bool) and isinstance(value, (int, float))
+    if fine and isinstance(value, float):
+        fine = math.isfinite(value) and (value.is_integer() or not whole)
+    out = (int(value) if whole else float(value)) if fine else 0
+    if not fine or (lo is not None and (out <= lo if above else out < lo)) or (hi is not None and out > hi):
+        raise InvalidRequest(field, f"{field} must be {what or _range(whole, lo, hi, above)}; got {show(sent)}")
+    return out
+
+
+def _range(whole: bool, lo: float | None, hi: float | None, above: bool) -> str:
+    kind = "a whole number" if whole else "a number"
+    if lo is None or hi is None:
+        return kind
+    low, high = (str(b) if isinstance(b, int) else f"{b:g}" for b in (lo, hi))
+    return f"{kind} above {low} and at most {high}" if above else f"{kind} between {low} and {high}"
+
+
+def whole_number(field: str, value: Any, lo: int, hi: int, what: str | None = None) -> int:
+    """An int in [lo, hi]. Integral floats (7.0, as JSON sliders send) are accepted; 7.5 is not."""
+    return int(number(field, value, whole=True, lo=lo, hi=hi, what=what))
+
+
+def real_number(field: str, value: Any, lo: float, hi: float, *, above: bool = False) -> float:
+    """A finite float in [lo, hi] (``above``: in (lo, hi])."""
+    return float(number(field, value, lo=lo, hi=hi, above=above))
+
+
+def flag(field: str, value: Any, default: bool = False) -> bool:
+    """True or false (None: ``default``)."""
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise InvalidRequest(field, f"{field} must be true or false; got {show(value)}")
+    return value
+
+
+def choice(field: str, value: Any, choices: tuple[str, ...]) -> str:
+    """One of ``choices``, exactly."""
+    if not isinstance(value, str) or value not in choices:
+        raise InvalidRequest(field, f"{field} must be one of {', '.join(map(repr, choices))}; got {show(value)}")
+    return value
+
+
+# -- the table -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Field:
+    name: str
+    type: Any  # the type the API declares (Gradio's API page, MCP)
+    default: Any  # REQUIRED: every caller sends it
+    doc: str  # the API page's and MCP's line
+    modes: tuple[str, ...] = MODES  # the modes that read it
+    a1111: str = ""  # AUTOMATIC1111's name ("override_settings.X": one of its per-request settings); "": none
+    openai: str = ""  # OpenAI's name ("extra_body": the app's own name, sent as an extra body field); "": none
+    png: str = ""  # its key in the PNG parameters text; "": not written there
+    check: Callable[[Any, Any], Any] | None = None  # a table field's check: (value, limits) -> the value
+
+
+TABLE: tuple[Field, ...] = (
+    Field("prompt", str, REQUIRED, 'What to draw, in plain English (for the default model, e.g. "a red circle on a '
+          'blue background").', a1111="prompt", openai="prompt"),
+    Field("negative_prompt", str, REQUIRED, "What to avoid; may be empty.", a1111="negative_prompt",
+          openai="extra_body", png="Negative prompt"),
+    Field("seed", float, REQUIRED, "Seed of the first image (image i uses seed + i); ignored when randomize_seed "
+          "is true.", a1111="seed", openai="extra_body", png="Seed"),
+    Field("randomize_seed", bool, REQUIRED, "Pick a random seed (and report it in the info record).",
+          a1111="seed"),
+    Field("width", float, REQUIRED, "Image width in pixels, a multiple of the model's size step.", a1111="width",
+          openai="size", png="Size"),
+    Field("height", float, REQUIRED, "Image height in pixels, a multiple of the model's size step.",
+          a1111="height", openai="size", png="Size"),
+    Field("num_inference_steps", float, REQUIRED, "Denoising steps; more is slower and usually finer.",
+          a1111="steps", openai="extra_body", png="Steps"),
+    Field("guidance_scale", float, REQUIRED, "How strictly to follow the prompt (classifier-free guidance).",
+          a1111="cfg_scale", openai="extra_body", png="CFG scale"),
+    Field("num_images", float, REQUIRED, "How many images to generate.", a1111="batch_size", openai="n"),
+    Field("live_preview", bool, REQUIRED, "Stream rough preview images while denoising.",
+          openai="partial_images"),
+    Field("scheduler", str, REQUIRED, 'The sampler: "default" (the model\'s own) or one of the names the model '
+          "offers\n(Euler, Euler a, DPM++ 2M Karras, DDIM, UniPC where its family supports them).",
+          a1111="sampler_name", openai="extra_body", png="Sampler"),
+    Field("lora", str, "none", 'A LoRA adapter the server loaded (--lora), by name, or "none".',
+          a1111="prompt", openai="extra_body", png="Lora hashes"),
+    Field("lora_scale", float, 1.0, "How strongly the adapter applies, from -2 to 2 (1: as trained).",
+          a1111="prompt", openai="extra_body"),
+    Field("mode", str, "text", '"text" (text-to-image), or, where the model has them, "image" (image-to-image),'
+          '\n"inpaint" or "outpaint".', a1111="init_images"),
+    Field("image", Any, None, "The picture an image mode starts from: an image you uploaded (PNG, JPEG or WebP;"
+          '\ngradio_client: handle_file("photo.png")); resized to width x height.', modes=IMAGE_MODES,
+          a1111="init_images", openai="image"),
+    Field("mask", Any, None, "Inpainting's mask, an uploaded image: white (or painted) where the picture is "
+          "redrawn.", modes=("inpaint",), a1111="mask", openai="mask"),
+    Field("strength", float, 0.75, "How far an image mode redraws its picture, above 0 and at most 1.",
+          modes=IMAGE_MODES, a1111="denoising_strength", openai="extra_body", png="Denoising strength"),
+    Field("outpaint_left", float, 0, "Outpainting: pixels added on the left (a multiple of the size step).",
+          modes=("outpaint",)),
+    Field("outpaint_top", float, 0, "Outpainting: pixels added on top.", modes=("outpaint",)),
+    Field("outpaint_right", float, 0, "Outpainting: pixels added on the right.", modes=("outpaint",)),
+    Field("outpaint_bottom", float, 0, "Outpainting: pixels added at the bottom.", modes=("outpaint",)),
+    Field("mask_blur", float, 4, "Pixels the mask's edge is softened by (inpainting and outpainting), 0 to 64.",
+          modes=("inpaint", "outpaint"), a1111="mask_blur", png="Mask blur"),
+    Field("hires_fix", bool, False, "Text mode: upscale the picture and redraw it at the larger size.",
+          modes=("text",), a1111="enable_hr"),
+    Field("hires_scale", float, 2.0, "Hires fix's upscale, 1.5 or 2.", modes=("text",), a1111="hr_scale",
+          png="Hires upscale"),
+    Field("hires_strength", float, 0.5, "How far hires fix redraws the upscaled picture, above 0 and at most 1.",
+          modes=("text",), a1111="denoising_strength", png="Denoising strength"),
+    Field("hires_steps", float, 0, "Hires fix's steps (0: the request's own).", modes=("text",),
+          a1111="hr_second_pass_steps", png="Hires steps"),
+)  # fmt: skip
+BY_NAME: dict[str, Field] = {f.name: f for f in TABLE}
+NAMES: tuple[str, ...] = tuple(f.name for f in TABLE)
+TABLE_FIELDS: tuple[Field, ...] = tuple(f for f in TABLE if f.check is not None)
+
+
+def defaults() -> dict[str, Any]:
+    """The declared defaults of the fields that have one."""
+    return {f.name: f.default for f in TABLE if f.default is not REQUIRED}
+
+
+def checked(raw: Mapping[str, Any], limits: Any) -> tuple[tuple[str, Any], ...]:
+    """The table fields of ``raw``, each checked by its row (a missing one: its default)."""
+    return tuple((f.name, f.check(raw.get(f.name, f.default), limits)) for f in TABLE_FIELDS if f.check)
+
+
+# -- what the wire formats and the PNG text read ---------------------------------------------------
+def a1111_names() -> dict[str, str]:
+    """The app's field names in its errors as the AUTOMATIC1111 field a client sent (where they differ)."""
+    return {f.name: f.a1111 for f in TABLE if f.a1111 and f.a1111 != f.name}
+
+
+def passed_through(protocol: str) -> tuple[str, ...]:
+    """The fields a wire format takes under the app's own names: OpenAI's extra body fields
+    (``extra_body``), A1111's ``override_settings`` keys."""
+    if protocol == "openai":
+        return tuple(f.name for f in TABLE if f.openai == "extra_body")
+    return tuple(f.name for f in TABLE if f.a1111 == f"override_settings.{f.name}")
+
+
+def png_settings(params: Mapping[str, Any]) -> dict[str, Any]:
+    """The table fields of an info record's parameters for the PNG text: those not at their default."""
+    return {f.png: params[f.name] for f in TABLE_FIELDS if f.png and params.get(f.name, f.default) != f.default}
+
+
+def pasted(settings: Mapping[str, str], limits: Any) -> tuple[dict[str, Any], list[str]]:
+    """The table fields a pasted settings line names, each checked; a note for each it cannot take."""
+    values: dict[str, Any] = {}
+    notes: list[str] = []
+    for f in TABLE_FIELDS:
+        if f.png in settings and f.check is not None:
+            try:
+                values[f.name] = f.check(settings[f.png], limits)
+            except InvalidRequest as exc:
+                notes.append(f"{f.png}: {settings[f.png]!r} not applied: {exc}")
+    return values, notes
+
+
+def png_keys() -> set[str]:
+    """The PNG text keys the table's fields are read back from."""
+    return {f.png for f in TABLE_FIELDS if f.png}
+
+
+# -- the handler's signature -----------------------------------------------------------------------
+def signature(extra: list[inspect.Parameter]) -> inspect.Signature:
+    """The generate handler's signature: one parameter a field, in the table's order, then ``extra``
+    (what Gradio injects: the progress tracker, the request, the OAuth profile)."""
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    params = [inspect.Parameter(f.name, kind, default=f.default, annotation=f.type) for f in TABLE]
+    return inspect.Signature([*params, *extra])
+
+
+def field_types() -> dict[str, Any]:
+    return {f.name: f.type for f in TABLE}
+
+
+def docstring(summary: str) -> str:
+    """``summary``, then an ``Args:`` section from the table (Gradio's API page and MCP read it)."""
+    lines = [summary, "", "Args:"]
+    for f in TABLE:
+        first, *rest = f.doc.split("\n")
+        lines.append(f"    {f.name}: {first}")
+        lines += [f"        {line}" for line in rest]
+    return "\n".join(lines) + "\n"
+
+
+def raw_from(arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """The raw request from the handler's bound arguments: the fields, in the table's order."""
+    return {name: arguments[name] for name in NAMES}

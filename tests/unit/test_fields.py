@@ -1,0 +1,74 @@
+"""The table of request fields (``pipeline.fields``, issue 47): what is derived from it matches it, and
+the one set of number parsers names the field and the range in every refusal."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pipeline import fields
+from pipeline.errors import InvalidRequest
+from pipeline.request import FIELDS, PICTURE_DEFAULTS
+from pipeline.web.handler import DOC, SIGNATURE
+from pipeline.web.sdapi_fields import A1111_NAME
+
+
+def test_the_handlers_signature_and_docstring_are_the_tables() -> None:
+    names = list(SIGNATURE.parameters)
+    assert names[: len(fields.TABLE)] == list(FIELDS) == [f.name for f in fields.TABLE]
+    assert names[len(fields.TABLE) :] == ["progress", "request", "profile"]  # what Gradio injects
+    for f in fields.TABLE:
+        param = SIGNATURE.parameters[f.name]
+        assert param.default == f.default and param.annotation == f.type, f.name
+        assert f"    {f.name}: {f.doc.splitlines()[0]}" in DOC, f.name
+    assert tuple(fields.signature([]).parameters) == FIELDS
+    assert {k: v for k, v in fields.defaults().items() if k in PICTURE_DEFAULTS} == PICTURE_DEFAULTS
+
+
+def test_the_wire_formats_read_the_tables_names() -> None:
+    assert fields.a1111_names() == A1111_NAME
+    assert A1111_NAME["guidance_scale"] == "cfg_scale" and A1111_NAME["num_inference_steps"] == "steps"
+    assert A1111_NAME["image"] == "init_images" and "width" not in A1111_NAME  # the same name: not listed
+    assert {"num_inference_steps", "guidance_scale", "scheduler", "lora", "lora_scale"} <= set(
+        fields.passed_through("openai")
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "value", "expected"),
+    [
+        ({"whole": True, "lo": 1, "hi": 50}, 7.0, 7),
+        ({"lo": 0.0, "hi": 1.0, "above": True}, 1, 1.0),
+        ({"whole": True, "text": True}, "12", 12),  # a form field's text
+        ({"text": True}, " 2.5 ", 2.5),
+    ],
+)
+def test_the_number_parser_takes_what_each_format_sends(kwargs: dict[str, Any], value: Any, expected: Any) -> None:
+    got = fields.number("x", value, **kwargs)
+    assert got == expected and type(got) is type(expected)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "value", "message"),
+    [
+        ({"whole": True, "lo": 1, "hi": 50}, 7.5, "steps must be a whole number between 1 and 50; got 7.5"),
+        ({"whole": True, "lo": 1, "hi": 50}, 51, "steps must be a whole number between 1 and 50; got 51"),
+        ({"lo": 0.0, "hi": 1.0, "above": True}, 0, "steps must be a number above 0 and at most 1; got 0"),
+        ({}, float("nan"), "steps must be a number; got nan"),
+        ({}, True, "steps must be a number; got True"),
+        ({}, "12", "steps must be a number; got &#x27;12&#x27;"),  # text only where the format sends text
+        ({"text": True}, "1" * 41, "steps must be a number; got"),  # no 5,000-digit numerals
+        ({"whole": True, "text": True}, "1e400", "steps must be a whole number; got"),
+    ],
+)
+def test_the_number_parser_names_the_field_and_the_range(kwargs: dict[str, Any], value: Any, message: str) -> None:
+    with pytest.raises(InvalidRequest, match=".") as refused:
+        fields.number("steps", value, **kwargs)
+    assert str(refused.value).startswith(message) and refused.value.field == "steps"
+
+
+def test_a_choice_names_its_choices() -> None:
+    assert fields.choice("mode", "text", ("text", "image")) == "text"
+    with pytest.raises(InvalidRequest, match=r"mode must be one of 'text', 'image'; got &#x27;x&#x27;"):
+        fields.choice("mode", "x", ("text", "image"))
