@@ -40,6 +40,7 @@ REQUIRED: Any = inspect.Parameter.empty  # no default: every caller sends it
 MODES = ("text", "image", "inpaint", "outpaint")
 IMAGE_MODES = ("image", "inpaint", "outpaint")
 SIDES = ("outpaint_left", "outpaint_top", "outpaint_right", "outpaint_bottom")
+STEP_CACHES = ("off",)  # the step-cache methods (the step-cache issue adds the model's own)
 
 
 # -- the number parsers ----------------------------------------------------------------------------
@@ -126,6 +127,10 @@ class Field:
     check: Callable[[Any, Any], Any] | None = None  # a table field's check: (value, limits) -> the value
 
 
+def _step_cache(value: Any, limits: Any) -> str:
+    return choice("step_cache", value, STEP_CACHES)
+
+
 TABLE: tuple[Field, ...] = (
     Field("prompt", str, REQUIRED, 'What to draw, in plain English (for the default model, e.g. "a red circle on a '
           'blue background").', a1111="prompt", openai="prompt"),
@@ -177,6 +182,8 @@ TABLE: tuple[Field, ...] = (
           modes=("text",), a1111="denoising_strength", png="Denoising strength"),
     Field("hires_steps", float, 0, "Hires fix's steps (0: the request's own).", modes=("text",),
           a1111="hr_second_pass_steps", png="Hires steps"),
+    Field("step_cache", str, "off", 'Step caching: "off" (every step computed in full).',
+          a1111="override_settings.step_cache", openai="extra_body", png="Step cache", check=_step_cache),
 )  # fmt: skip
 BY_NAME: dict[str, Field] = {f.name: f for f in TABLE}
 NAMES: tuple[str, ...] = tuple(f.name for f in TABLE)

@@ -352,3 +352,31 @@ def test_hostile_bodies_get_a_field_named_refusal_or_pictures_never_a_500(app: t
     many(given(body=hostile_bodies(OPENAI_FIELDS))(lambda body: check("v1/images/generations", OPENAI_FIELDS, body)))()
     assert http.get(url + "health").json()["status"] == "ok"
     http.close()
+
+
+def test_a_table_field_is_taken_and_refused_by_its_name_on_every_protocol(app: tuple[str, Any]) -> None:
+    """Issue 47: a field added to the table (``step_cache``, only "off" for now) reaches every protocol:
+    ``gradio_client``'s ``/generate``, A1111's ``override_settings`` and OpenAI's extra body field each
+    take its default and refuse a bad value naming the field, before any GPU work."""
+    import openai
+    from gradio_client.exceptions import ValidationError
+
+    url, client = app
+    _gallery, info = client.predict(**raw_request(**COMMON, step_cache="off"), api_name="/generate")
+    assert info["step_cache"] == "off"
+    with pytest.raises(ValidationError, match="step_cache: step_cache must be one of 'off'"):  # at join
+        client.predict(**raw_request(**COMMON, step_cache="fast"), api_name="/generate")
+    body = {"prompt": "x", "steps": 2, "width": 64, "height": 64}
+    with httpx.Client(timeout=120) as http:
+        taken = http.post(url + "sdapi/v1/txt2img", json={**body, "override_settings": {"step_cache": "off"}})
+        assert taken.status_code == 200, taken.text
+        refused = http.post(url + "sdapi/v1/txt2img", json={**body, "override_settings": {"step_cache": "fast"}})
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["detail"].startswith("override_settings.step_cache: step_cache must be one of 'off'")
+    api = openai.OpenAI(base_url=url + "v1", api_key="unused")
+    small = {"prompt": "a red circle", "size": "64x64", "extra_body": {"num_inference_steps": 2}}
+    assert api.images.generate(**{**small, "extra_body": {"num_inference_steps": 2, "step_cache": "off"}}).data
+    with pytest.raises(openai.BadRequestError) as refused_error:
+        api.images.generate(**{**small, "extra_body": {"num_inference_steps": 2, "step_cache": "fast"}})
+    assert refused_error.value.body["param"] == "step_cache"
+    assert "step_cache must be one of 'off'" in refused_error.value.body["message"]

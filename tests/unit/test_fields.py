@@ -72,3 +72,24 @@ def test_a_choice_names_its_choices() -> None:
     assert fields.choice("mode", "text", ("text", "image")) == "text"
     with pytest.raises(InvalidRequest, match=r"mode must be one of 'text', 'image'; got &#x27;x&#x27;"):
         fields.choice("mode", "x", ("text", "image"))
+
+
+def test_a_table_field_is_checked_carried_written_and_read_back() -> None:
+    """``step_cache``, the first table field (issue 47): checked by its row, carried to the model side,
+    written to the PNG text only away from its default, read back from a paste."""
+    from pipeline.request import Limits, validate
+    from pipeline.web.a1111 import fill_from, parse_parameters
+    from tests.helpers import raw_request
+
+    limits = Limits(64, 512, 8, 512 * 512, 1, 50, 0.0, 20.0, 4, 2000, (("clip", 77),))
+    request = validate(raw_request(step_cache="off"), limits)
+    assert dict(request.options) == {"step_cache": "off"} and dict(request.to_job().options) == {"step_cache": "off"}
+    assert request.parameters()["step_cache"] == "off"
+    with pytest.raises(InvalidRequest, match="step_cache must be one of 'off'; got &#x27;fast&#x27;") as refused:
+        validate(raw_request(step_cache="fast"), limits)
+    assert refused.value.field == "step_cache"
+    assert fields.png_settings({"step_cache": "off"}) == {}  # at its default: not written
+    pasted = fill_from(parse_parameters("a circle\nSteps: 4, Seed: 1, Step cache: off"), limits)
+    assert pasted.values["step_cache"] == "off"
+    refused_paste = fill_from(parse_parameters("a circle\nSteps: 4, Seed: 1, Step cache: fast"), limits)
+    assert "step_cache" not in refused_paste.values and any("Step cache" in n for n in refused_paste.notes)
