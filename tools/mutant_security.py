@@ -84,11 +84,30 @@ def _each_api_request_a_new_user() -> None:
     peer_api.run_job = run_job
 
 
-def _interrupt_everyone(self: Any, user: str) -> int:
+def _interrupt_everyone(self: Any, user: str, abort: Any) -> int:
     """A1111's own ``interrupt``: every job stops, whoever asked."""
     jobs = [job for mine in self.by_user.values() for job in mine.values()]
     for job in jobs:
         job.interrupted = True
+        abort(job.request_id, "interrupt")
+    return len(jobs)
+
+
+def _interrupt_by_poll(self: Any, user: str, abort: Any) -> int:
+    """The old interrupt: a flag that the liveness watch polls (every 20 ms), not a call to ``abort``."""
+    import asyncio
+
+    jobs = self.of(user)
+    for job in jobs:
+        job.interrupted = True
+
+    async def poll() -> None:
+        await asyncio.sleep(0.02)
+        for job in jobs:
+            abort(job.request_id, "gone")  # what the watch calls when ``alive()`` turns False
+
+    task = asyncio.get_running_loop().create_task(poll())
+    self.__dict__.setdefault("_polls", set()).add(task)
     return len(jobs)
 
 
@@ -195,6 +214,8 @@ SECURITY: dict[str, list[Patch]] = {
     # Issue 39: the HTTP APIs (A1111's /sdapi/v1, OpenAI's /v1/images) in the page's line.
     "api-requests-skip-the-fair-line": on("pipeline.web.peer_api", _each_api_request_a_new_user),
     "interrupt-acts-globally": attr("pipeline.web.peer_api", "PeerJobs.interrupt", _interrupt_everyone),
+    # Issue 47: one stop verb; the old interrupt was a flag polled by the liveness watch.
+    "stop-by-poll": attr("pipeline.web.peer_api", "PeerJobs.interrupt", _interrupt_by_poll),
     "quota-per-protocol": on("pipeline.web.peer_api", _quota_per_protocol),
     # Issue 46: nothing small holds the loop or a pool, the decoders bounded by work, gates before
     # work, a quota of work.

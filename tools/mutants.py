@@ -104,6 +104,7 @@ TESTS: dict[str, str] = {
     "api-requests-skip-the-fair-line": "tests/server/test_peer_apis_line.py::"
     "test_a_flood_through_sdapi_keeps_its_cap_and_a_page_user_waits_behind_one_job",
     "interrupt-acts-globally": "tests/server/test_peer_apis.py::test_progress_and_interrupt_act_on_the_callers_own_job_only",
+    "stop-by-poll": "tests/server/test_peer_apis.py::test_progress_and_interrupt_act_on_the_callers_own_job_only",
     "quota-per-protocol": "tests/server/test_peer_apis_line.py::test_the_quota_counts_every_protocol_together",
     "upload-any-session": "tests/unit/test_upload_book.py::test_an_upload_belongs_to_the_session_that_names_it_first "
     "tests/server/test_image_modes_app.py::test_an_event_may_name_only_its_callers_own_upload",

@@ -131,7 +131,8 @@ class RayAdapter(AdapterBase):
         return running == 0, running is not None and running < self.cluster.replicas, own
 
     def _stop_all(self) -> None:
-        for call in list(self._calls):
+        super()._stop_all()  # every request through ``abort``
+        for call in list(self._calls):  # and any call between its request's attempts
             _cancel(call)
 
     def shutdown_model(self, timeout: float | None = None) -> None:
@@ -186,47 +187,50 @@ class RayAdapter(AdapterBase):
                         gone.set()
                         _cancel(call)
 
-                    try:
-                        with self.liveness.watching(alive, caller_gone):
-                            # 2./3. Wait for a replica, then relay its steps.
-                            async for item in self._relay(call, ticket):
-                                if started_by_replica(item):
-                                    started = item.info
-                                    self.started[request.request_id] = item.info
-                                    self._line.leave(ticket)
-                                    self.running += 1
-                                    self._line.notify()
-                                elif item.kind == "done":
-                                    done = item
-                                else:
-                                    if item.step:  # a step has run: the quota is spent
-                                        held.ran()
-                                    yield item
-                        break
-                    except BaseException as exc:
-                        _cancel(call)
-                        if gone.is_set():
-                            raise Cancelled("the caller went away") from None
-                        if isinstance(exc, (GeneratorExit, asyncio.CancelledError)):
-                            raise
-                        error = classify(exc, request.request_id, self.queue_size)
-                        if self.closing and not isinstance(error, ShuttingDown):
-                            raise ShuttingDown(SHUTDOWN_MESSAGE + " Your job was stopped.") from None
-                        if isinstance(error, ReplicaDead) and started is None and attempt < RETRIES_BEFORE_START:
-                            log.warning(
-                                "request %s: its replica went away before starting it; sending it again",
-                                request.request_id,
-                            )
-                            continue
-                        if isinstance(error, ReplicaDead):
-                            log.error(
-                                "request %s: the replica %s died during the job",
-                                request.request_id,
-                                started["replica"] if started else "?",
-                            )
-                        raise error from None
-                    finally:
-                        self._calls.discard(call)
+                    with self.abortable(request.request_id, caller_gone):
+                        try:
+                            with self.liveness.watching(alive, lambda: self.abort(request.request_id, "gone")):
+                                # 2./3. Wait for a replica, then relay its steps.
+                                async for item in self._relay(call, ticket):
+                                    if started_by_replica(item):
+                                        started = item.info
+                                        self.started[request.request_id] = item.info
+                                        self._line.leave(ticket)
+                                        self.running += 1
+                                        self._line.notify()
+                                    elif item.kind == "done":
+                                        done = item
+                                    else:
+                                        if item.step:  # a step has run: the quota is spent
+                                            held.ran()
+                                        yield item
+                            break
+                        except BaseException as exc:
+                            if isinstance(exc, (GeneratorExit, asyncio.CancelledError)):
+                                self.abort(request.request_id, "closed")  # the caller closed its stream
+                            _cancel(call)
+                            if gone.is_set() and not self.closing:
+                                raise Cancelled("the caller went away") from None
+                            if isinstance(exc, (GeneratorExit, asyncio.CancelledError)):
+                                raise
+                            error = classify(exc, request.request_id, self.queue_size)
+                            if self.closing and not isinstance(error, ShuttingDown):
+                                raise ShuttingDown(SHUTDOWN_MESSAGE + " Your job was stopped.") from None
+                            if isinstance(error, ReplicaDead) and started is None and attempt < RETRIES_BEFORE_START:
+                                log.warning(
+                                    "request %s: its replica went away before starting it; sending it again",
+                                    request.request_id,
+                                )
+                                continue
+                            if isinstance(error, ReplicaDead):
+                                log.error(
+                                    "request %s: the replica %s died during the job",
+                                    request.request_id,
+                                    started["replica"] if started else "?",
+                                )
+                            raise error from None
+                        finally:
+                            self._calls.discard(call)
             finally:
                 self._line.leave(ticket)
                 self.started.pop(request.request_id, None)

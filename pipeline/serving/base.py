@@ -31,6 +31,11 @@ from .quota import Held, ImageQuota
 log = logging.getLogger(__name__)
 
 DEGRADED_AFTER = 3  # consecutive failed requests
+# How a request was stopped (``Adapter.abort``'s reasons, counted in /metrics' ``stops_total``): its
+# caller closed its stream (Stop, Escape, a cancelled job); its caller vanished (a closed tab, a
+# dropped gradio_client: Gradio marks the event dead and tells no one, so the liveness watch looks);
+# AUTOMATIC1111's interrupt; an HTTP API client disconnected; its time limit; shutdown.
+STOP_REASONS = ("closed", "gone", "interrupt", "disconnect", "time_limit", "shutdown")
 SHUTDOWN_MESSAGE = "The server is shutting down; please retry in a moment."
 ALIVE_POLL_SECONDS = 0.02  # how often the one liveness watch checks every caller
 
@@ -61,6 +66,8 @@ class Adapter(Protocol):
 
     def health(self) -> dict[str, Any]: ...
 
+    def abort(self, request_id: str, reason: str = "closed") -> bool: ...
+
     def begin_shutdown(self) -> None: ...
 
     def on_close(self, callback: Callable[[], None]) -> None: ...
@@ -80,12 +87,12 @@ class LivenessWatch:
 
     def __init__(self, every: float = ALIVE_POLL_SECONDS) -> None:
         self.every = every
-        self._watched: dict[int, tuple[Callable[[], bool], Callable[[], None]]] = {}
+        self._watched: dict[int, tuple[Callable[[], bool], Callable[[], object]]] = {}
         self._keys = itertools.count()
         self._task: asyncio.Task[None] | None = None
 
     @contextlib.contextmanager
-    def watching(self, alive: Callable[[], bool] | None, on_gone: Callable[[], None]) -> Iterator[None]:
+    def watching(self, alive: Callable[[], bool] | None, on_gone: Callable[[], object]) -> Iterator[None]:
         if alive is None:
             yield
             return
@@ -105,6 +112,14 @@ class LivenessWatch:
                     log.info("a caller went away: stopping its request")
                     on_gone()
             await asyncio.sleep(self.every)
+
+
+@dataclass
+class Abortable:
+    """A request in flight as ``abort`` reaches it: how to stop it, and the first reason it was stopped for."""
+
+    stop: Callable[[], None]
+    reason: str | None = None
 
 
 @dataclass
@@ -145,6 +160,7 @@ class AdapterBase:
         self.decoder = Decoder()  # client pictures, on threads of their own (``decoding``)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._on_close: list[Callable[[], None]] = []
+        self._abortable: dict[str, Abortable] = {}  # request id -> how to stop it, while it runs (event loop)
         # Short CPU work (validation, token counting, PNG encoding) off the event loop, on threads
         # the adapter names and owns: one per core, as Pillow's PNG encoder releases the GIL (two
         # threads encode 1.92x as fast as one on 2 cores; docs/performance-notes.md).
@@ -161,7 +177,9 @@ class AdapterBase:
         return False
 
     def _stop_all(self) -> None:
-        """Stop every running job at its next step (on the loop)."""
+        """Stop every request in flight: ``abort`` each (on the loop)."""
+        for request_id in list(self._abortable):
+            self.abort(request_id, "shutdown")
 
     @property
     def gpu_queue_depth(self) -> int:
@@ -195,6 +213,31 @@ class AdapterBase:
         line, or stops the model at the next step, without waiting for the next yield.
         """
         raise NotImplementedError
+
+    # -- the one stop verb ---------------------------------------------------------------------
+    def abort(self, request_id: str, reason: str = "closed") -> bool:
+        """Stop one request by its id, waiting or running: the one way every stop reaches a request
+        (``STOP_REASONS``). A running job stops at its next step when nobody else is left in it.
+        The first reason is counted (``stops_total``); False if no such request is in flight.
+        Event loop only (from another thread: ``on_loop``)."""
+        held = self._abortable.get(request_id)
+        if held is None:
+            return False
+        if held.reason is None:
+            held.reason = reason
+            self.metrics.stops.labels(reason).inc()
+            held.stop()
+        return True
+
+    @contextlib.contextmanager
+    def abortable(self, request_id: str, stop: Callable[[], None]) -> Iterator[Abortable]:
+        """``request_id`` reachable by ``abort`` while the block runs (``stop`` stops it)."""
+        held = self._abortable[request_id] = Abortable(stop)
+        try:
+            yield held
+        finally:
+            if self._abortable.get(request_id) is held:  # not a later request that reused the id
+                del self._abortable[request_id]
 
     @contextlib.contextmanager
     def accounted(self) -> Iterator[Outcome]:

@@ -55,6 +55,7 @@ class GpuJobs:
         auto_floor: float = AUTO_LIMIT_FLOOR_SECONDS,
         on_leave: Callable[[], None] = lambda: None,
         memory: MemoryRoom | None = None,
+        abort: Callable[[str, str], bool] | None = None,
     ) -> None:
         self.streamer = streamer
         self.metrics = metrics
@@ -62,8 +63,8 @@ class GpuJobs:
         self.auto_floor = auto_floor
         self._closing = closing
         self._on_leave = on_leave  # an entry left its batch, or is on its last step: the scheduler may act
+        self._abort = abort  # the adapter's one stop verb (a time limit stops a job's requests through it)
         self.memory = memory if memory is not None else MemoryRoom()
-        self.running: dict[int, StopSignal] = {}  # id(stop) -> the stop of a job on the model side
         self.model_hung = False  # a job ran past its limit and the model side has not returned yet
         self.book = EtaBook()  # measured rates per shape, for the ETA (eta.py)
         self.clock: JobClock | None = None  # the job on the model side now, as the ETA follows it
@@ -82,10 +83,6 @@ class GpuJobs:
         if expected is None:
             return AUTO_LIMIT_UNMEASURED_SECONDS
         return round(self.auto_floor + AUTO_LIMIT_FACTOR * expected, 1)
-
-    def stop_all(self) -> None:
-        for stop in list(self.running.values()):
-            stop.set()
 
     # -- a batch -----------------------------------------------------------------------------
     async def run(self, batch: Batch) -> None:
@@ -159,6 +156,7 @@ class GpuJobs:
             entries[0].context,  # the head's user
             lambda event, clock: self._deliver_step(entries, offsets, event, clock, joinable),
             self.time_limit(job, batch.max_images if joinable else 0),
+            lambda: self._past_limit(entries, stop),
         )
         if not outcome.ok:
             return outcome
@@ -174,6 +172,15 @@ class GpuJobs:
             )
         return None
 
+    def _past_limit(self, entries: list[Entry], stop: StopSignal) -> None:
+        """A job past its time limit: its requests are stopped through ``abort`` (a closed call's
+        stop follows when all of them have stopped); without an adapter, the job's own stop."""
+        if self._abort is None:
+            stop.set()
+            return
+        for entry in entries:
+            self._abort(entry.request.request_id, "time_limit")
+
     async def _on_model(
         self,
         job: InferenceJob,
@@ -181,6 +188,7 @@ class GpuJobs:
         context: contextvars.Context | None,
         on_step: Callable[[StepEvent, JobClock], None],
         limit: float,
+        past_limit: Callable[[], None],
     ) -> InferenceResult:
         """Run ``job`` on the model side under the time limit; ``on_step`` gets each step on the event
         loop. Returns its result or its error only when the model side has left it (or, past the
@@ -197,8 +205,6 @@ class GpuJobs:
             except RuntimeError:  # the loop is closed: nobody is listening any more
                 stop.set()
 
-        key = id(stop)
-        self.running[key] = stop
         self.clock = clock
         if self._closing():
             stop.set()
@@ -210,12 +216,11 @@ class GpuJobs:
                 # Past the limit: stop at the next step (a loop member leaves it; the others go on).
                 # A model stuck inside one step cannot be interrupted; the callers are answered
                 # anyway, and the gate still keeps the next job from running beside the stuck one.
-                stop.set()
+                past_limit()
                 if not await wait_for_model(terminal, timeout=TIMEOUT_GRACE_SECONDS):
                     self._mark_hung(terminal)
                 return InferenceResult.ended_by("timed_out", f"past {limit:g} s", limit=limit)
         finally:
-            self.running.pop(key, None)
             if self.clock is clock:
                 self.clock = None
         event = terminal.result()

@@ -53,6 +53,7 @@ from ..request import (
     Limits,
     has_pictures,
     needs_token_count,
+    new_request_id,
     validate,
     with_pictures,
     with_token_notes,
@@ -119,10 +120,10 @@ class LocalAdapter(AdapterBase):
             auto_floor=auto_limit_floor,
             on_leave=self._line.notify,
             memory=self.scheduler.memory,
+            abort=self.abort,
         )
         self._job_tasks: set[asyncio.Task[None]] = set()  # the batch holding the gate (at most one)
         self._scheduling: asyncio.Task[None] | None = None  # the scheduler's owner task, started lazily
-        self._stops: dict[str, StopSignal] = {}  # request id -> its stop, while the request runs (event loop)
         self._preparing_now: collections.Counter[str] = collections.Counter()  # user -> requests preparing (loop)
 
     @staticmethod
@@ -164,18 +165,14 @@ class LocalAdapter(AdapterBase):
     def _recovering(self) -> bool:
         return self.model_side_state == "recovering"
 
-    def _stop_all(self) -> None:
-        self.jobs.stop_all()
-        self._line.notify()
+    def _stopped(self, stop: StopSignal) -> Callable[[], None]:
+        """How ``abort`` stops a request here: its stop is set (read at every step), the line looks again."""
 
-    def stop(self, request_id: str) -> bool:
-        """Stop one request by its id, waiting or running (its job stops at the next step when nobody
-        else is left in it); False if no such request is in flight. Event loop only."""
-        if (stop := self._stops.get(request_id)) is None:
-            return False
-        stop.set()
-        self._line.notify()
-        return True
+        def set_stop() -> None:
+            stop.set()
+            self._line.notify()
+
+        return set_stop
 
     @contextlib.contextmanager
     def _preparing(self, user: str | None) -> Iterator[None]:
@@ -195,10 +192,6 @@ class LocalAdapter(AdapterBase):
             self._preparing_now[user] -= 1
             if not self._preparing_now[user]:
                 del self._preparing_now[user]
-
-    def _forget_stop(self, request_id: str, stop: StopSignal) -> None:
-        if self._stops.get(request_id) is stop:  # not a later request that reused the id
-            del self._stops[request_id]
 
     def shutdown_model(self, timeout: float | None = None) -> None:
         """End the model side (after its current job, whose stop ``begin_shutdown`` has set)."""
@@ -221,13 +214,11 @@ class LocalAdapter(AdapterBase):
         with self.accounted() as outcome, contextlib.ExitStack() as cleanup:
             event_loop = asyncio.get_running_loop()
             t = Timings(received=self._clock())
+            rid = request_id or new_request_id()
             stop = StopSignal()  # set: this request leaves; its job stops when nobody is left in it
+            cleanup.enter_context(self.abortable(rid, self._stopped(stop)))  # ``abort(rid)`` from now on
 
-            def caller_gone() -> None:
-                stop.set()
-                self._line.notify()
-
-            with self.liveness.watching(alive, caller_gone):
+            with self.liveness.watching(alive, lambda: self.abort(rid, "gone")):
                 # 1. Prepare, gates before work. Every field but the pictures' bytes is checked on the
                 #    loop (microseconds); then the quota, then the waiting cap answer; only then are
                 #    the pictures decoded (``request.with_pictures``: up to a second of CPU at the caps),
@@ -235,15 +226,15 @@ class LocalAdapter(AdapterBase):
                 #    prompt's tokens (only one that might not fit its text encoders' windows:
                 #    ``request.fits_every_window``) may ask the model process, so it runs off the loop too.
                 t.prepare_start = self._clock()
-                request = validate(raw, self.limits, request_id=request_id, pictures_later=True)
+                request = validate(raw, self.limits, request_id=rid, pictures_later=True)
                 held = cleanup.enter_context(self.quota_held(account or user, request.num_images))
-                self._stops[request.request_id] = stop  # ``stop(request_id)`` reaches it from now on
-                cleanup.callback(self._forget_stop, request.request_id, stop)
                 with self._preparing(user):  # the waiting cap answers here, before any picture is decoded
                     if has_pictures(raw):
                         request = await self.decoder.run(user, with_pictures, request, raw, self.limits)
                     if needs_token_count(request, self.limits):
                         request = await event_loop.run_in_executor(self._pool, self._count_tokens, request)
+                if stop.is_set():  # stopped while it was prepared: it never enters the line
+                    raise ShuttingDown(SHUTDOWN_MESSAGE) if self.closing else Cancelled("stopped while prepared")
                 t.prepare_end = t.gpu_wait_start = self._clock()
 
                 # 2. Wait in line for the GPU, in a fair order across users (round-robin, ``WaitLine.order``).
@@ -263,7 +254,7 @@ class LocalAdapter(AdapterBase):
                             yield item
                         end = item
                     except BaseException:
-                        stop.set()  # this request leaves; its job stops if nobody else is left in it
+                        self.abort(rid, "closed")  # this request leaves; its job stops if nobody else is left in it
                         raise
                 finally:
                     self.scheduler.leave(entry)

@@ -32,6 +32,9 @@ class Metrics:
             buckets=(0, 1, 2, 5, 10),
             registry=r,
         )
+        self.stops = Counter(
+            "stops", "Requests stopped through Adapter.abort, by how they were stopped", ["reason"], registry=r
+        )
         self.batch_images = Histogram(
             "batch_images",
             "Images per inference job (requests batched together)",

@@ -56,7 +56,6 @@ from .peer_api import (
     request_caller,
     retry_headers,
     run_job,
-    watch_disconnect,
 )
 from .upload_route import UploadBook
 
@@ -295,8 +294,7 @@ class OpenAIImages:
         if answer["stream"]:
             return StreamingResponse(self._stream(request, raw, answer, event, caller), media_type="text/event-stream")
         try:
-            async with watch_disconnect(request) as alive:
-                ended = await run_job(self.adapter, raw, caller, self.jobs, alive)
+            ended = await run_job(self.adapter, raw, caller, self.jobs, request)
             if ended.done is None:
                 return error_response(InvalidRequest("interrupted", "the job was interrupted by its caller"))
             data = await self._images(request, ended.done, answer)
@@ -344,8 +342,8 @@ class OpenAIImages:
 
         async def produce() -> None:
             try:
-                async with watch_disconnect(request) as alive:  # gone while it waits: it leaves the line
-                    ended = await run_job(self.adapter, raw, caller, self.jobs, alive, on_step)
+                # gone while it waits: it leaves the line (``run_job`` watches the disconnect)
+                ended = await run_job(self.adapter, raw, caller, self.jobs, request, on_step)
                 if ended.done is None:
                     raise InvalidRequest("interrupted", "the job was interrupted by its caller")
                 for item in await self._images(request, ended.done, answer):

@@ -27,7 +27,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Mapping
+from typing import Any, AsyncGenerator, AsyncIterator, Callable, Mapping
 
 import orjson
 from fastapi import Request
@@ -79,11 +79,12 @@ class PeerJobs:
     def of(self, user: str) -> list[PeerJob]:
         return sorted(self.by_user.get(user, {}).values(), key=lambda job: job.started)
 
-    def interrupt(self, user: str) -> int:
-        """Stop ``user``'s own jobs at their next step (its liveness says gone); how many."""
+    def interrupt(self, user: str, abort: Callable[[str, str], bool]) -> int:
+        """Stop ``user``'s own jobs at their next step, through the adapter's ``abort``; how many."""
         jobs = self.of(user)
         for job in jobs:
-            job.interrupted = True
+            job.interrupted = True  # its end is an interrupt, not a failure (``run_job``)
+            abort(job.request_id, "interrupt")
         return len(jobs)
 
     @contextlib.contextmanager
@@ -110,21 +111,20 @@ def request_caller(request: Request) -> Caller:
 
 
 @contextlib.asynccontextmanager
-async def watch_disconnect(request: Request) -> AsyncIterator[Callable[[], bool]]:
-    """``alive()`` for a request whose body has been read: False once its client has gone (the
-    ASGI server's ``http.disconnect``), so its job stops at the next step rather than run for no one."""
-    gone = asyncio.Event()
+async def watch_disconnect(request: Request, on_gone: Callable[[], object]) -> AsyncIterator[None]:
+    """Call ``on_gone`` when the client of a request whose body has been read goes away (the ASGI
+    server's ``http.disconnect``), so its job stops at the next step rather than run for no one."""
 
     async def listen() -> None:
         while True:
             message = await request.receive()
             if message["type"] == "http.disconnect":
-                gone.set()
+                on_gone()
                 return
 
     task = asyncio.get_running_loop().create_task(listen(), name="api-disconnect-watch")
     try:
-        yield lambda: not gone.is_set()
+        yield
     finally:
         task.cancel()
 
@@ -143,36 +143,40 @@ async def run_job(
     raw: Mapping[str, Any],
     caller: Caller,
     jobs: PeerJobs,
-    alive: Callable[[], bool],
+    request: Request,
     on_step: Callable[[Output], Any] | None = None,
 ) -> Ended:
     """``raw`` through ``adapter.run`` as ``caller`` (the page's line, the page's rules) to its end.
+    Its client's disconnect and its identity's interrupt stop it through the adapter's ``abort``.
 
     Raises the ``ServingError`` that ended it, except an interrupt by its own caller (``Ended``)."""
     user = caller.key
     job = PeerJob(new_request_id(), time.time())
     with jobs.tracking(user, job):
-        events = adapter.run(
-            raw, request_id=job.request_id, alive=lambda: alive() and not job.interrupted, user=user,
-            account=caller.account,
-        )  # fmt: skip
+        events = adapter.run(raw, request_id=job.request_id, user=user, account=caller.account)
         try:
-            async with contextlib.aclosing(events):
-                async for event in events:
-                    if event.kind == "waiting":
-                        job.ahead, job.eta_seconds = event.ahead, event.eta_seconds
-                    elif event.kind == "step":
-                        job.ahead, job.step, job.total, job.eta_seconds = 0, event.step, event.total, event.eta_seconds
-                        if event.preview is not None:
-                            job.preview = event.preview.data
-                        if on_step is not None:
-                            await on_step(event)
-                    else:
-                        return Ended(event)
+            async with watch_disconnect(request, lambda: adapter.abort(job.request_id, "disconnect")):
+                return await _relay(events, job, on_step)
         except Cancelled as exc:
             if job.interrupted:
                 return Ended(None, interrupted=True, steps_done=exc.steps_done or job.step)
             raise
+
+
+async def _relay(events: AsyncGenerator[Output, None], job: PeerJob, on_step: Callable[[Output], Any] | None) -> Ended:
+    """A job's events into its ``PeerJob`` (what ``progress`` shows) until its end."""
+    async with contextlib.aclosing(events):
+        async for event in events:
+            if event.kind == "waiting":
+                job.ahead, job.eta_seconds = event.ahead, event.eta_seconds
+            elif event.kind == "step":
+                job.ahead, job.step, job.total, job.eta_seconds = 0, event.step, event.total, event.eta_seconds
+                if event.preview is not None:
+                    job.preview = event.preview.data
+                if on_step is not None:
+                    await on_step(event)
+            else:
+                return Ended(event)
     raise Cancelled("the request ended without its images")
 
 

@@ -48,7 +48,6 @@ from .peer_api import (
     request_caller,
     retry_headers,
     run_job,
-    watch_disconnect,
 )
 from .sdapi_fields import A1111_NAME, VERSION, a1111_info, a1111_raw, check_overrides, model_title, samplers_of
 from .upload_route import UploadBook
@@ -124,8 +123,7 @@ class SdApi:
                 else a1111_raw(*args, img2img=False)
             )
             charge_pictures(self.uploads, caller, raw, "init_images")
-            async with watch_disconnect(request) as alive:
-                ended = await run_job(self.adapter, raw, caller, self.jobs, alive)
+            ended = await run_job(self.adapter, raw, caller, self.jobs, request)
         except (ServingError, ValueError) as exc:
             return _error(exc)
         echo = {k: v for k, v in body.items() if k not in ("init_images", "mask")}
@@ -154,7 +152,7 @@ class SdApi:
         )
 
     async def interrupt(self, request: Request) -> JSONResponse:
-        stopped = self.jobs.interrupt(request_caller(request).key)
+        stopped = self.jobs.interrupt(request_caller(request).key, self.adapter.abort)
         return JSONResponse({"interrupted": stopped})
 
     async def sd_models(self) -> JSONResponse:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
 import socket
 import threading
 import time
@@ -197,6 +198,40 @@ def test_progress_and_interrupt_act_on_the_callers_own_job_only(app: tuple[str, 
     assert not runner.is_alive()
     result = ended["result"]
     assert result.images == [] and result.info["interrupted"] is True
+    # Issue 47: the interrupt called the one stop verb (counted by its reason), and the model stopped
+    # within one step of it.
+    assert stopped_by(url, "interrupt") == 1 and all_within_one_step(url)
+
+
+def stopped_by(url: str, reason: str) -> float:
+    """``stops_total`` for ``reason`` in the app's /metrics (``Adapter.abort``'s count)."""
+    found = re.search(rf'^stops_total{{reason="{reason}"}} (\S+)$', httpx.get(url + "metrics").text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def all_within_one_step(url: str) -> bool:
+    """Every stopped job on the model ran at most one step after its stop was set."""
+    text = httpx.get(url + "metrics").text
+    count = re.search(r"^steps_after_stop_count (\S+)$", text, re.M)
+    within = re.search(r'^steps_after_stop_bucket{le="1.0"} (\S+)$', text, re.M)
+    return bool(count and within and float(count.group(1)) >= 1 and within.group(1) == count.group(1))
+
+
+def test_a_dropped_openai_stream_stops_its_job_through_abort(app: tuple[str, Any]) -> None:
+    """Issue 47: an OpenAI client that drops its stream (the SDK's own iterator closed early) stops
+    its job: the disconnect calls ``abort`` at once, and the model stops within one step."""
+    url, _client = app
+    before = stopped_by(url, "disconnect")
+    body = {"prompt": "a red circle", "size": "256x256", "stream": True, "partial_images": 3,
+            "num_inference_steps": 100}  # fmt: skip
+    with httpx.Client(timeout=120) as http, http.stream("POST", url + "v1/images/generations", json=body) as answer:
+        assert answer.status_code == 200
+        for line in answer.iter_lines():
+            if "partial_image" in line:  # the job runs on the model: drop the stream here
+                break
+    wait_for(lambda: stopped_by(url, "disconnect") == before + 1, "the disconnect is counted", timeout=60)
+    wait_for(lambda: httpx.get(url + "health").json()["requests_in_flight"] == 0, "the job has ended", timeout=60)
+    assert all_within_one_step(url)
 
 
 def test_the_lists_options_and_png_info(app: tuple[str, Any]) -> None:

@@ -73,7 +73,7 @@ async def test_cancel_mid_inference_stops_within_one_step_and_holds_the_gate(mak
 
 
 async def test_a_request_is_stopped_by_its_id_waiting_or_running_and_no_other_with_it(make_adapter: Any) -> None:
-    """``LocalAdapter.stop(request_id)``: the running request stops within a step, a waiting one
+    """``LocalAdapter.abort(request_id)``: the running request stops within a step, a waiting one
     never reaches the model, the request beside them runs on, and an unknown id stops nothing."""
     from pipeline.errors import Cancelled
 
@@ -85,11 +85,11 @@ async def test_a_request_is_stopped_by_its_id_waiting_or_running_and_no_other_wi
     waiting = asyncio.create_task(collect(adapter, raw_request(num_inference_steps=2), request_id="waiting"))
     other = asyncio.create_task(collect(adapter, raw_request(num_inference_steps=2), request_id="other"))
     await wait_until(lambda: adapter.gpu_queue_depth == 2, "two requests wait")
-    assert not adapter.stop("nobody")
-    assert adapter.stop("waiting")
+    assert not adapter.abort("nobody")
+    assert adapter.abort("waiting")
     with pytest.raises(Cancelled):
         await asyncio.wait_for(waiting, 5)
-    assert adapter.stop("running")
+    assert adapter.abort("running")
     for _ in range(10):
         steps.release()
     with pytest.raises(Cancelled):
@@ -97,7 +97,7 @@ async def test_a_request_is_stopped_by_its_id_waiting_or_running_and_no_other_wi
     assert (await asyncio.wait_for(other, 20))[-1].kind == "done"
     assert model.steps_run["running"] <= 2, "more than one step ran after the stop"
     assert [job.request_id for job in model.calls] == ["running", "other"]
-    assert not adapter.stop("other")  # ended: its stop is forgotten
+    assert not adapter.abort("other")  # ended: its stop is forgotten
 
 
 async def test_close_at_a_yield_stops_the_model_thread(make_adapter: Any) -> None:

@@ -38,6 +38,7 @@ import threading
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Generator, Mapping
 
@@ -132,12 +133,17 @@ class _Child:
         return self.profile
 
     def send(self, message: wire.ToModel) -> bool:
-        """Send one message; False if the process has gone (its reader is telling everyone)."""
+        """Send one message; False if the process has gone (its reader is telling everyone).
+
+        Pickled before the lock (``multiprocessing``'s own format, as its ``send`` writes it, read by ``recv``): a stop sent from
+        the event loop waits at most for another message's bytes to be written, never for a large
+        job's pictures to be pickled."""
+        blob = ForkingPickler.dumps(message)
         with self.lock:
             if self.exited:
                 return False
             try:
-                self.conn.send(message)
+                self.conn.send_bytes(blob)
             except OSError:
                 return False
         return True
