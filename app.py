@@ -40,8 +40,8 @@ from pipeline.serving.quota import ImageQuota
 from pipeline.serving.sweeper import Sweeper
 from pipeline.web import lifecycle
 from pipeline.web.gradio_internals import forget_temp_files
-from pipeline.web.layout import build_demo
 from pipeline.web.lifecycle import launch, own_gradio_cache, shutdown
+from pipeline.web.page.layout import build_demo
 
 log = logging.getLogger("app")
 

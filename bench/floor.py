@@ -31,7 +31,7 @@ from bench.servers import serve_forever
 from pipeline import allocator
 from pipeline.engine.model.simulated import picture
 from pipeline.serving.postprocess import encode_png
-from pipeline.web.outputs import Postprocess
+from pipeline.web.page.outputs import Postprocess
 
 KEEP = 512  # files kept: a few seconds of requests, long past each one's answer
 

@@ -11,7 +11,7 @@ settings, and the server's CPU per request 12 % lower.
 The trim threshold keeps up to 128 MiB free at the top of each of glibc's arenas (one per thread
 that met contention, up to eight per core): after a burst of large bodies (six of 51 MiB) the
 server held 0.6-1.3 GB it no longer used. ``trim()`` gives every arena's free pages back; the front
-door calls it when a large body's request has ended (``web.frontdoor.FrontDoor._large``), which
+door calls it when a large body's request has ended (``web.door.frontdoor.FrontDoor._large``), which
 costs milliseconds once per large body, and nothing to the requests of ordinary size.
 
 Both processes call ``tune()`` once at start: the server in ``app.main`` and the model process in

@@ -17,7 +17,7 @@ from .loras import LoraSpec, parse_all, split_env
 
 ProxyNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 # ``--trusted-proxies auto``: loopback (``--share``'s tunnel connects from 127.0.0.1), and on Spaces also
-# the private ranges its proxy comes from (``web.identity`` says what a trusted proxy's header means).
+# the private ranges its proxy comes from (``web.door.identity`` says what a trusted proxy's header means).
 LOOPBACK: tuple[str, ...] = ("127.0.0.1/32", "::1/128")
 PRIVATE: tuple[str, ...] = (
     "10.0.0.0/8",

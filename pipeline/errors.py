@@ -82,7 +82,7 @@ class QuotaExceeded(RetryLater):
 
 
 class TooManyPictures(RetryLater):
-    """The upload route's rate (``web.upload_route.UPLOADS_PER_MINUTE``), for pictures sent inline
+    """The upload route's rate (``web.door.upload_route.UPLOADS_PER_MINUTE``), for pictures sent inline
     to the HTTP APIs (base64, multipart): counted before any of them is decoded."""
 
     def __init__(self, message: str, retry_after: float) -> None:

@@ -187,7 +187,7 @@ class EncodedPreview:
     The model side makes previews at display size (at most ``PREVIEW_MAX_SIDE`` on the longest
     side) and encodes them where the model runs (its own process, with its own GIL), so a step
     carries a few kilobytes, never a picture; the server writes the bytes as they are into
-    Gradio's cache (``web.outputs``), so it never encodes one either. The final images stay PNGs.
+    Gradio's cache (``web.page.outputs``), so it never encodes one either. The final images stay PNGs.
     """
 
     data: bytes

@@ -4,8 +4,8 @@ Uploads are how a hostile client reaches the server's decoder, so ``read_image``
 it can before the pixels are decoded, and answers anything else with an ``InvalidRequest`` that
 names the field and the limit:
 
-1. **Bytes only.** A value that is a URL or a server path is never fetched or opened (``web.guards``
-   and ``web.inputs`` refuse those before this runs); here only bytes arrive.
+1. **Bytes only.** A value that is a URL or a server path is never fetched or opened (``web.door.guards``
+   and ``web.door.inputs`` refuse those before this runs); here only bytes arrive.
 2. **A byte cap** (``max_bytes``), before anything is parsed.
 3. **The format, sniffed from the bytes** (never from the name): PNG, JPEG or WebP, and Pillow is
    told to try that decoder only, so an SVG, an HTML page, a GIF or a polyglot is refused by its

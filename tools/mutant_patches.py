@@ -164,7 +164,7 @@ def _restart_gives_up_at_once(self: Any) -> None:
 
 
 def _fills_nothing(pasted: Any, limits: Any, **kwargs: Any) -> Any:
-    from pipeline.web.a1111 import Fill
+    from pipeline.web.apis.a1111 import Fill
 
     return Fill({}, [])
 
@@ -346,11 +346,11 @@ MUTANTS: dict[str, list[Patch]] = (
         ),
         "one-cancel-stops-the-batch": attr("pipeline.serving.jobs", "_all_stopped", _one_stop_stops_the_call),
         "oom-no-retry": attr("pipeline.serving.jobs", "GpuJobs.retry_alone", staticmethod(lambda *a: False)),
-        "skip-in-progress": attr("pipeline.web.shown", "progress_gallery", lambda: __import__("gradio").skip()),
+        "skip-in-progress": attr("pipeline.web.page.shown", "progress_gallery", lambda: __import__("gradio").skip()),
         "ray-replica-without-a-gate": NO_GATE + THREAD_PER_JOB + on("pipeline.ray.cluster", _ray_replica_admits_eight),
         "ray-cancel-not-forwarded": attr("pipeline.ray.adapter", "_cancel", lambda call: None),
-        "no-disconnect-watch": attr("pipeline.web.handler", "caller_alive", lambda demo: None),
-        "stop-answers-at-once": attr("pipeline.web.handler", "PageJobs.wait_ended", _stopped_at_once),
+        "no-disconnect-watch": attr("pipeline.web.page.handler", "caller_alive", lambda demo: None),
+        "stop-answers-at-once": attr("pipeline.web.page.handler", "PageJobs.wait_ended", _stopped_at_once),
         "no-steps-validation": attr("pipeline.request", "_steps", lambda raw, limits: raw.get("num_inference_steps")),
         "no-sweeper": attr("pipeline.serving.sweeper", "Sweeper.start", lambda self: None),
         "plain-close-on-signal": attr(
@@ -375,24 +375,24 @@ MUTANTS: dict[str, list[Patch]] = (
         "early-joiner-not-held": attr("pipeline.engine.loop.joining", "waits_for", lambda job, in_loop: False),
         # Issue 37: the scheduler's fair order inside a running loop, skipped by joiners.
         "joiners-skip-the-fair-head": on("pipeline.serving.scheduler", _joiners_skip_the_head),
-        "swap-does-nothing": attr("pipeline.web.page_tools", "swapped", lambda width, height: (width, height)),
-        "history-restores-nothing": attr("pipeline.web.page_tools", "restore", lambda history, index: None),
-        "paste-fills-nothing": attr("pipeline.web.page_tools", "fill_from", _fills_nothing),
-        "escape-does-nothing": attr("pipeline.web.page_tools", "KEYS_JS", "() => {}"),
+        "swap-does-nothing": attr("pipeline.web.page.page_tools", "swapped", lambda width, height: (width, height)),
+        "history-restores-nothing": attr("pipeline.web.page.page_tools", "restore", lambda history, index: None),
+        "paste-fills-nothing": attr("pipeline.web.page.page_tools", "fill_from", _fills_nothing),
+        "escape-does-nothing": attr("pipeline.web.page.page_tools", "KEYS_JS", "() => {}"),
         # Issue 26: hostile clients. Each defence of the front door and below it, removed.
-        "one-login-one-user": attr("pipeline.web.identity", "Caller.key", property(_one_login_one_user)),
-        "forwarded-for-believed": attr("pipeline.web.identity", "client_address", _leftmost_forwarded),
+        "one-login-one-user": attr("pipeline.web.door.identity", "Caller.key", property(_one_login_one_user)),
+        "forwarded-for-believed": attr("pipeline.web.door.identity", "client_address", _leftmost_forwarded),
         "no-connection-limits": attr("pipeline.web.lifecycle", "limited_protocol", _plain_uvicorn),
         "full-disk-leaves-a-tmp": attr("pipeline.serving.postprocess", "write_then_rename", _rename_without_cleanup),
-        "notes-rendered": attr("pipeline.web.a1111", "notes_html", lambda fill: "<br>".join(fill.notes)),
-        "ui-events-unbounded": attr("pipeline.web.page_tools", "UI_CONCURRENCY", None)
+        "notes-rendered": attr("pipeline.web.apis.a1111", "notes_html", lambda fill: "<br>".join(fill.notes)),
+        "ui-events-unbounded": attr("pipeline.web.page.page_tools", "UI_CONCURRENCY", None)
         + attr(
-            "pipeline.web.page_tools",
+            "pipeline.web.page.page_tools",
             "UI",
             {"api_visibility": "private", "concurrency_id": "ui", "concurrency_limit": None, "show_progress": "hidden"},
         ),
         "auto-limit-off": attr("pipeline.serving.jobs", "GpuJobs.time_limit", lambda self, job: self.job_timeout),
-        "paste-regex-backtracks": attr("pipeline.web.a1111", "settings_pairs", _backtracking_pairs),
+        "paste-regex-backtracks": attr("pipeline.web.apis.a1111", "settings_pairs", _backtracking_pairs),
         # Issue 27: the guidance control sent as guidance_scale whatever the family reads (Qwen-Image's is
         # true_cfg_scale); packed latents previewed as they are (no unpacking: no preview for FLUX.2 and kin);
         # Z-Image's step-level loop without its classifier-free guidance.

@@ -47,13 +47,13 @@ def _unkeyed(owner: str | None, key: bytes) -> str:
 
 
 def _no_text_rules() -> list[Patch]:
-    return attr("pipeline.web.inputs", "text_problem", lambda value: None) + attr(
+    return attr("pipeline.web.door.inputs", "text_problem", lambda value: None) + attr(
         "pipeline.request", "text_problem", lambda value: None
     )
 
 
 def _traceback_through() -> None:
-    from pipeline.web.frontdoor import FrontDoor
+    from pipeline.web.door.frontdoor import FrontDoor
 
     async def call(self: Any, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -74,14 +74,14 @@ def _each_api_request_a_new_user() -> None:
     import dataclasses
     import secrets
 
-    import pipeline.web.peer_api as peer_api
+    import pipeline.web.apis.peer_api as peer_api
 
-    original = peer_api.run_job
+    original = peer_api.run_request
 
-    async def run_job(adapter: Any, raw: Any, caller: Any, *args: Any, **kwargs: Any) -> Any:
+    async def run_request(adapter: Any, raw: Any, caller: Any, *args: Any, **kwargs: Any) -> Any:
         return await original(adapter, raw, dataclasses.replace(caller, login=secrets.token_hex(4)), *args, **kwargs)
 
-    peer_api.run_job = run_job
+    peer_api.run_request = run_request
 
 
 def _interrupt_everyone(self: Any, user: str, abort: Any) -> int:
@@ -113,12 +113,12 @@ def _interrupt_by_poll(self: Any, user: str, abort: Any) -> int:
 
 def _quota_per_protocol() -> None:
     """The HTTP APIs count their images in a book of their own, apart from the page's."""
-    import pipeline.web.peer_api as peer_api
+    import pipeline.web.apis.peer_api as peer_api
     from pipeline.serving.quota import ImageQuota
 
-    original, books = peer_api.run_job, dict[int, Any]()
+    original, books = peer_api.run_request, dict[int, Any]()
 
-    async def run_job(adapter: Any, *args: Any, **kwargs: Any) -> Any:
+    async def run_request(adapter: Any, *args: Any, **kwargs: Any) -> Any:
         saved = adapter.quota
         if saved is not None:
             adapter.quota = books.setdefault(id(adapter), ImageQuota(saved.per_hour))
@@ -127,7 +127,7 @@ def _quota_per_protocol() -> None:
         finally:
             adapter.quota = saved
 
-    peer_api.run_job = run_job
+    peer_api.run_request = run_request
 
 
 # -- issue 46: hostile round three --------------------------------------------------------------------
@@ -179,59 +179,63 @@ async def _large_at_once(self: Any, scope: Any, receive: Any, send: Any, caller:
 OPEN = frozenset({"login-page", "login", "health", "startup"})  # guards.OPEN_UNDER_AUTH, as reviewed
 SECURITY: dict[str, list[Patch]] = {
     # Issue 26.
-    "unbounded-inputs": attr("pipeline.web.inputs", "_problem", lambda field, value: None),
-    "files-pass-the-door": attr("pipeline.web.inputs", "file_shaped", lambda value: False),
-    "every-route-open": attr("pipeline.web.frontdoor", "route_of", lambda method, path: ("page", None)),
-    "sessions-not-owned": attr("pipeline.web.admission", "SessionBook.claim", lambda self, identity, session: None),
-    "no-join-rate": attr("pipeline.web.admission", "TokenBucket.take", lambda self, key: 0.0),
-    "mcp-caller-unsealed": attr("pipeline.web.identity", "unseal", lambda value: None),
+    "unbounded-inputs": attr("pipeline.web.door.inputs", "_problem", lambda field, value: None),
+    "files-pass-the-door": attr("pipeline.web.door.inputs", "file_shaped", lambda value: False),
+    "every-route-open": attr("pipeline.web.door.frontdoor", "route_of", lambda method, path: ("page", None)),
+    "sessions-not-owned": attr(
+        "pipeline.web.door.admission", "SessionBook.claim", lambda self, identity, session: None
+    ),
+    "no-join-rate": attr("pipeline.web.door.admission", "TokenBucket.take", lambda self, key: 0.0),
+    "mcp-caller-unsealed": attr("pipeline.web.door.identity", "unseal", lambda value: None),
     "mcp-disconnect-ignored": attr("pipeline.web.site", "LiveCalls.alive", lambda self, call: True),
     "no-cost-budget": attr("pipeline.request", "_within_budget", lambda *args: None),
     "upload-pixel-cap-removed": attr("pipeline.uploads", "pixel_problem", lambda width, height, cap: None),
-    "upload-left-unswept": attr("pipeline.web.upload_route", "UploadBook._forget_old", lambda self, now: None),
-    "url-value-fetched": attr("pipeline.web.inputs", "_upload_problem", lambda field, value, owns: None),
-    "upload-any-session": attr("pipeline.web.upload_route", "UploadBook.owned", _any_session_owns),
+    "upload-left-unswept": attr("pipeline.web.door.upload_route", "UploadBook._forget_old", lambda self, now: None),
+    "url-value-fetched": attr("pipeline.web.door.inputs", "_upload_problem", lambda field, value, owns: None),
+    "upload-any-session": attr("pipeline.web.door.upload_route", "UploadBook.owned", _any_session_owns),
     "temp-files-kept": attr("pipeline.web.gradio_internals", "forget_temp_files", lambda demo, paths: 0),
     "shares-ignored": attr("pipeline.serving.sweeper", "_owner_of", lambda directory, top: ""),
     "prompt-lines-kept": attr("pipeline.serving.postprocess", "one_line", lambda text: text),
     # Issue 35.
-    "mcp-outside-the-login": attr("pipeline.web.frontdoor", "OPEN_UNDER_AUTH", OPEN | {"mcp"}),
-    "failed-logins-not-metered": attr("pipeline.web.admission", "LoginMeter.wait", lambda self, key: 0.0),
+    "mcp-outside-the-login": attr("pipeline.web.door.frontdoor", "OPEN_UNDER_AUTH", OPEN | {"mcp"}),
+    "failed-logins-not-metered": attr("pipeline.web.door.admission", "LoginMeter.wait", lambda self, key: 0.0),
     "heartbeat-outside-the-login": attr(
-        "pipeline.web.frontdoor",
+        "pipeline.web.door.frontdoor",
         "OPEN_UNDER_AUTH",
         frozenset({"login-page", "login", "health", "startup", "heartbeat"}),
     ),
     "owner-folders-unkeyed": attr("pipeline.serving.owners", "owner_folder", _unkeyed),
     "text-not-validated": _no_text_rules(),
-    "deep-json-parsed": attr("pipeline.web.asgi", "too_deep", lambda body, limit=64: False),
+    "deep-json-parsed": attr("pipeline.web.door.asgi", "too_deep", lambda body, limit=64: False),
     "cancels-not-rate-limited": attr(
-        "pipeline.web.frontdoor", "takes_a_token", lambda kind, method: kind in ("join", "call", "login", "mcp")
+        "pipeline.web.door.frontdoor", "takes_a_token", lambda kind, method: kind in ("join", "call", "login", "mcp")
     ),
-    "door-lets-tracebacks-through": on("pipeline.web.frontdoor", _traceback_through),
-    "call-results-unowned": attr("pipeline.web.admission", "EventBook.owned_by", lambda self, event, identity: True),
+    "door-lets-tracebacks-through": on("pipeline.web.door.frontdoor", _traceback_through),
+    "call-results-unowned": attr(
+        "pipeline.web.door.admission", "EventBook.owned_by", lambda self, event, identity: True
+    ),
     "disk-share-shrinks-with-identities": on("pipeline.serving.sweeper", _even_share),
     # Issue 39: the HTTP APIs (A1111's /sdapi/v1, OpenAI's /v1/images) in the page's line.
-    "api-requests-skip-the-fair-line": on("pipeline.web.peer_api", _each_api_request_a_new_user),
-    "interrupt-acts-globally": attr("pipeline.web.peer_api", "PeerJobs.interrupt", _interrupt_everyone),
+    "api-requests-skip-the-fair-line": on("pipeline.web.apis.peer_api", _each_api_request_a_new_user),
+    "interrupt-acts-globally": attr("pipeline.web.apis.peer_api", "PeerJobs.interrupt", _interrupt_everyone),
     # Issue 47: one stop verb; the old interrupt was a flag polled by the liveness watch.
-    "stop-by-poll": attr("pipeline.web.peer_api", "PeerJobs.interrupt", _interrupt_by_poll),
-    "quota-per-protocol": on("pipeline.web.peer_api", _quota_per_protocol),
+    "stop-by-poll": attr("pipeline.web.apis.peer_api", "PeerJobs.interrupt", _interrupt_by_poll),
+    "quota-per-protocol": on("pipeline.web.apis.peer_api", _quota_per_protocol),
     # Issue 46: nothing small holds the loop or a pool, the decoders bounded by work, gates before
     # work, a quota of work.
     "json-string-pattern-backtracks": attr(
-        "pipeline.web.asgi", "outside_strings", lambda body: _OLD_STRING.sub(b"", body)
+        "pipeline.web.door.asgi", "outside_strings", lambda body: _OLD_STRING.sub(b"", body)
     ),
     "lora-tag-backtracks": attr(
         "pipeline.loras", "TAG", re.compile(r"<lora:([^:<>]+)(?::(-?[0-9]*\.?[0-9]+))?>", re.IGNORECASE)
     ),
     "decode-work-uncapped": attr("pipeline.uploads", "work_problem", lambda data, kind: None),
-    "png-info-composes-frames": attr("pipeline.web.sdapi", "_picture_parameters", _pillow_png_parameters),
+    "png-info-composes-frames": attr("pipeline.web.apis.sdapi", "_picture_parameters", _pillow_png_parameters),
     "pictures-decoded-before-the-gates": attr("pipeline.serving.local", "validate", _decode_at_once),
     "decodes-in-the-shared-pool": attr("pipeline.serving.decoding", "Decoder.run", _decode_anywhere),
     "quota-given-back-after-steps": attr("pipeline.serving.quota", "Held.ran", lambda self: None),
-    "quota-per-address": attr("pipeline.web.identity", "Caller.account", property(lambda self: self.key)),
+    "quota-per-address": attr("pipeline.web.door.identity", "Caller.account", property(lambda self: self.key)),
     "api-success-counted-cancelled": attr("pipeline.serving.base", "Outcome", _NeverDelivered),
-    "large-bodies-read-at-once": attr("pipeline.web.frontdoor", "FrontDoor._large", _large_at_once),
-    "large-bodies-memory-kept": attr("pipeline.web.frontdoor", "_give_back", lambda: None),
+    "large-bodies-read-at-once": attr("pipeline.web.door.frontdoor", "FrontDoor._large", _large_at_once),
+    "large-bodies-memory-kept": attr("pipeline.web.door.frontdoor", "_give_back", lambda: None),
 }

@@ -203,8 +203,9 @@ class AdapterBase:
 
         Each adapter's ``run`` is one async generator whose body runs inside ``accounted``.
 
-        ``user`` (optional) says who asked (the web layer's ``request_caller``, its ``Caller.key``); the local line is
-        fair across users and caps each one's waiting requests. None: a user of its own. ``account``
+        ``user`` (optional) says who asked (the page's ``request_caller`` or the HTTP APIs'
+        ``http_caller``: its ``Caller.key``); the local line is fair across users and caps each one's
+        waiting requests. None: a user of its own. ``account``
         (optional) is who is charged for it, the quota's key (``Caller.account``: a login wherever it
         connects from); None: ``user``.
 

@@ -38,7 +38,7 @@ def yield_cpu() -> None:
     work whose size the client chooses, takes what the model and the event loop leave, so a flood of
     it slows the flood, not everyone's steps. Pillow decodes with the GIL released, so a thread put
     last by the OS holds nobody up (the ``big-body`` thread, which holds the GIL, keeps its priority:
-    ``web.asgi``). Where threads have no nice value of their own (not Linux), nothing changes."""
+    ``web.door.asgi``). Where threads have no nice value of their own (not Linux), nothing changes."""
     with contextlib.suppress(OSError, AttributeError):
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), CLIENT_WORK_NICE)
 

@@ -174,7 +174,7 @@ class Sweeper:
 
 def _owner_of(directory: Path, top: Path) -> str:
     """The identity folder (``u-...``) ``directory`` is in: below a day folder of ``top`` (outputs), or
-    at its top (uploads: ``u-.../uploads``, ``web.upload_route``); "" if none. An identity's uploads
+    at its top (uploads: ``u-.../uploads``, ``web.door.upload_route``); "" if none. An identity's uploads
     count in its share with its pictures."""
     try:
         parts = directory.relative_to(top).parts

@@ -14,19 +14,19 @@ from ..config import Settings
 from ..serving.base import Adapter
 from ..serving.owners import KEY_FILE
 from ..uploads import MAX_UPLOAD_BYTES
-from .frontdoor import DoorConfig, DoorLimits, FrontDoor
+from .apis.mcp_tool import call_back_as_internal
+from .apis.openai_images import OPENAI, OpenAIImages
+from .apis.peer_api import PeerJobs
+from .apis.sdapi import SDAPI, SdApi
+from .door.frontdoor import DoorConfig, DoorLimits, FrontDoor
+from .door.httplimits import ConnectionLimits, limited_protocol
+from .door.inputs import InputPolicy
+from .door.login import Login
+from .door.routes import service_routes
+from .door.upload_route import UPLOAD_BODY_BYTES, UPLOAD_PATH, UploadBook
 from .gradio_internals import queued, skip_matplotlib_probe, tune_queue, upload_folder, uvicorn_options
-from .httplimits import ConnectionLimits, limited_protocol
-from .inputs import InputPolicy
-from .login import Login
-from .mcp_tool import call_back_as_internal
-from .openai_images import OPENAI, OpenAIImages
-from .peer_api import PeerJobs
-from .routes import service_routes
-from .sdapi import SDAPI, SdApi
-from .shown import PROGRESS_INTERVAL
+from .page.shown import PROGRESS_INTERVAL
 from .site import site_of
-from .upload_route import UPLOAD_BODY_BYTES, UPLOAD_PATH, UploadBook
 
 
 def own_gradio_cache(settings: Settings, environ: MutableMapping[str, str]) -> Path:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import gradio as gr
 
-from .identity import TrustedProxies
-from .results import SessionResults
+from .door.identity import TrustedProxies
+from .page.results import SessionResults
 
 
 @dataclass

@@ -23,7 +23,7 @@ import pytest
 from PIL import Image
 
 from bench.probe import raw_http_predict
-from pipeline.web.a1111 import parse_parameters
+from pipeline.web.apis.a1111 import parse_parameters
 from pipeline.web.gradio_internals import temp_file_count
 from tests.fakes import FakeModel
 from tests.helpers import running_app, wait_for

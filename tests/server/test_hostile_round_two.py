@@ -46,14 +46,14 @@ def open_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, An
 def test_basic_bearer_and_form_guesses_are_metered_and_past_the_budget_nothing_is_compared(
     authed: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from pipeline.web.login import Login
+    from pipeline.web.door.login import Login
 
     url, _demo = authed
     compared: list[str] = []
     user_of, opens_metrics = Login.user_of, Login.opens_metrics
     monkeypatch.setattr(Login, "user_of", lambda self, h: compared.append(h) or user_of(self, h))
     monkeypatch.setattr(Login, "opens_metrics", lambda self, h: compared.append(h) or opens_metrics(self, h))
-    caplog.set_level(logging.WARNING, logger="pipeline.web.login")
+    caplog.set_level(logging.WARNING, logger="pipeline.web.door.login")
     with peer("127.0.0.41") as guesser, peer("127.0.0.42") as other, peer("127.0.0.43") as scraper:
         # Basic on login_check (and on /config, /gradio_api/info): 10 wrong guesses are answered 401 ...
         for k in range(10):

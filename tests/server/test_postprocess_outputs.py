@@ -19,8 +19,8 @@ from PIL import Image
 
 import app  # noqa: F401  (its Gradio settings: no analytics summary after each event)
 from bench.loadgen import sse_messages
-from pipeline.web.outputs import Postprocess
-from pipeline.web.shown import gallery_items, status_html
+from pipeline.web.page.outputs import Postprocess
+from pipeline.web.page.shown import gallery_items, status_html
 from tests.helpers import free_port
 
 

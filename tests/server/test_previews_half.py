@@ -75,7 +75,7 @@ def test_previews_that_are_off_say_why_at_start_in_health_and_on_the_page(
     off = FakeModel(profile=dataclasses.replace(FAKE_PROFILE, previews=False, preview_note=note))
     adapter, _ = make_adapter(off)
     assert adapter.health()["previews"] == f"off: {note}"
-    from pipeline.web.layout import build_demo
+    from pipeline.web.page.layout import build_demo
 
     demo = build_demo(adapter, Settings())
     box = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "live-preview")

@@ -208,7 +208,7 @@ def test_the_gradio_app_runs_unchanged_on_the_ray_backend(side: RayAdapter, tmp_
     from tests.helpers import free_port
 
     settings = Settings(backend="ray", port=free_port(), output_dir=side.output_dir)
-    from pipeline.web.layout import build_demo
+    from pipeline.web.page.layout import build_demo
 
     demo = build_demo(side, settings)
     app.launch(demo, side, settings)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from pipeline.request import MAX_SEED, Limits
 from pipeline.serving.postprocess import a1111_parameters, quote
-from pipeline.web.a1111 import fill_from, match_sampler, notes_html, parse_parameters, settings_pairs
+from pipeline.web.apis.a1111 import fill_from, match_sampler, notes_html, parse_parameters, settings_pairs
 from tests.fakes import FAKE_PROFILE
 from tests.helpers import ROOT
 
@@ -228,7 +228,7 @@ def test_the_parser_reads_a_megabyte_of_its_worst_cases_in_one_pass(shape: str) 
     import subprocess
     import sys
 
-    code = f"from pipeline.web.a1111 import parse_parameters; parse_parameters({shape})"
+    code = f"from pipeline.web.apis.a1111 import parse_parameters; parse_parameters({shape})"
     try:
         subprocess.run([sys.executable, "-c", code], check=True, timeout=30, cwd=ROOT)
     except subprocess.TimeoutExpired:

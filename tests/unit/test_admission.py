@@ -7,9 +7,9 @@ import base64
 
 import pytest
 
-from pipeline.web.admission import EventBook, InFlight, LoginMeter, SessionBook, TokenBucket
-from pipeline.web.asgi import MAX_JSON_DEPTH, too_deep
-from pipeline.web.login import Login, presents_credential
+from pipeline.web.door.admission import EventBook, InFlight, LoginMeter, SessionBook, TokenBucket
+from pipeline.web.door.asgi import MAX_JSON_DEPTH, too_deep
+from pipeline.web.door.login import Login, presents_credential
 
 
 class Clock:

@@ -45,7 +45,7 @@ says who, each member's `Mailbox` (`jobs.py`), a `NoSuchClass.run`, and pipeline
 
 CURRENT = """
 The real places: ``engine.hosting.runner.ModelRunner``, ``loop.joining.LoopDriver``, ``serving.scheduler``,
-`Sweeper.stop`, `Scheduler.fits`, `WaitLine.order`, `web/handler.request_caller`, each member's
+`Sweeper.stop`, `Scheduler.fits`, `WaitLine.order`, `web/page/handler.request_caller`, each member's
 `Mailbox` (`scheduler.py`), `LocalAdapter.run` (pipeline/serving/local.py), `engine/hosting/runner.py`,
 ``bench.harness.Server``, ``tests.helpers.run_loop``. Not ours: `torch.cuda.synchronize`, `gr.Blocks`,
 `job.steps`, `loop.run_in_executor`, `DiffusionPipeline.from_pretrained`, `Blocks` (`layout.py`).

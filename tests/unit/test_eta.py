@@ -116,7 +116,7 @@ async def test_once_warm_the_wait_estimate_is_within_a_factor_of_two_of_the_real
 
 
 def test_the_page_says_about_n_s_while_waiting_and_n_s_left_while_running() -> None:
-    from pipeline.web.shown import ProgressView, duration_text, step_text
+    from pipeline.web.page.shown import ProgressView, duration_text, step_text
 
     view = ProgressView(20)
     assert view.waiting(2, None) == "waiting for the GPU: 2 ahead"  # nothing measured yet

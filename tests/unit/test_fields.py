@@ -10,8 +10,8 @@ import pytest
 from pipeline import fields
 from pipeline.errors import InvalidRequest
 from pipeline.request import FIELDS, PICTURE_DEFAULTS
-from pipeline.web.handler import DOC, SIGNATURE
-from pipeline.web.sdapi_fields import A1111_NAME
+from pipeline.web.apis.sdapi_fields import A1111_NAME
+from pipeline.web.page.handler import DOC, SIGNATURE
 
 
 def test_the_handlers_signature_and_docstring_are_the_tables() -> None:
@@ -78,7 +78,7 @@ def test_a_table_field_is_checked_carried_written_and_read_back() -> None:
     """``step_cache``, the first table field (issue 47): checked by its row, carried to the model side,
     written to the PNG text only away from its default, read back from a paste."""
     from pipeline.request import Limits, validate
-    from pipeline.web.a1111 import fill_from, parse_parameters
+    from pipeline.web.apis.a1111 import fill_from, parse_parameters
     from tests.helpers import raw_request
 
     limits = Limits(64, 512, 8, 512 * 512, 1, 50, 0.0, 20.0, 4, 2000, (("clip", 77),))

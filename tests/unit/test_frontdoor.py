@@ -8,9 +8,9 @@ from typing import Any
 import gradio as gr
 import pytest
 
-from pipeline.web.frontdoor import DoorConfig, DoorLimits, FrontDoor
-from pipeline.web.identity import TrustedProxies
-from pipeline.web.inputs import InputPolicy
+from pipeline.web.door.frontdoor import DoorConfig, DoorLimits, FrontDoor
+from pipeline.web.door.identity import TrustedProxies
+from pipeline.web.door.inputs import InputPolicy
 
 
 def door(app: Any) -> FrontDoor:
@@ -42,7 +42,7 @@ async def test_a_fault_below_the_door_is_a_500_and_one_log_line_without_the_stac
     async def broken(scope: Any, receive: Any, send: Any) -> None:
         raise RecursionError("maximum recursion depth exceeded while decoding a JSON array")
 
-    caplog.set_level(logging.INFO, logger="pipeline.web.frontdoor")
+    caplog.set_level(logging.INFO, logger="pipeline.web.door.frontdoor")
     sent = await call(door(broken), "GET", "/gradio_api/info")
     assert sent[0]["status"] == 500 and b"Internal error." in sent[1]["body"]
     lines = [r for r in caplog.records if r.levelno >= logging.ERROR]

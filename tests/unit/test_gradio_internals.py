@@ -51,9 +51,9 @@ def test_the_context_variables_the_handler_reads() -> None:
 
 
 def test_the_mcp_servers_output_conversion_the_tool_wraps() -> None:
-    """``web/mcp_tool.py`` wraps ``GradioMCPServer.postprocess_output_data(self, data, root_url)``;
+    """``web/apis/mcp_tool.py`` wraps ``GradioMCPServer.postprocess_output_data(self, data, root_url)``;
     it raises at build time if the pinned Gradio lacks it, and this build is that check."""
-    from pipeline.web.mcp_tool import mcp_outputs, serve_images
+    from pipeline.web.apis.mcp_tool import mcp_outputs, serve_images
 
     serve_images(demo_with_queue())
     assert mcp_outputs([({"k": 1},)]) == ['{"k": 1}']

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.serving.owners import key_of, owner_folder
-from pipeline.web.results import (
+from pipeline.web.page.results import (
     HISTORY_SIZE,
     SessionResults,
     add_results,

@@ -33,10 +33,11 @@ from pipeline.request import Limits
 from pipeline.serving.decoding import Decoder
 from pipeline.serving.quota import ImageQuota
 from pipeline.uploads import MaskUpload, png_text, read_image, read_mask
-from pipeline.web import a1111, asgi
-from pipeline.web.identity import Caller
-from pipeline.web.openai_images import openai_raw
-from pipeline.web.sdapi_fields import a1111_raw
+from pipeline.web.apis import a1111
+from pipeline.web.apis.openai_images import openai_raw
+from pipeline.web.apis.sdapi_fields import a1111_raw
+from pipeline.web.door import asgi
+from pipeline.web.door.identity import Caller
 from tests import malformed
 from tests.fakes import FAKE_PROFILE, FakeModel
 from tests.helpers import collect, raw_request, wait_until
@@ -319,7 +320,7 @@ def test_a_pictures_header_is_held_to_what_the_cost_budget_leaves(decodes: list[
 
 @pytest.mark.anyio
 async def test_large_bodies_take_turns_one_per_identity_and_two_in_all() -> None:
-    from pipeline.web.admission import LargeBodies
+    from pipeline.web.door.admission import LargeBodies
 
     bodies = LargeBodies(at_once=2)
     first = await bodies.take("mallory")
@@ -349,7 +350,7 @@ async def test_large_bodies_take_turns_one_per_identity_and_two_in_all() -> None
 
 
 def test_a_body_is_large_by_its_length_or_when_chunked_and_a_bodiless_post_never_waits() -> None:
-    from pipeline.web.frontdoor import LARGE_BODY, declared_length
+    from pipeline.web.door.frontdoor import LARGE_BODY, declared_length
 
     assert declared_length([("content-length", str(2 * LARGE_BODY))]) > LARGE_BODY
     assert declared_length([("content-length", "12")]) == 12
@@ -371,7 +372,7 @@ def test_a_login_is_one_account_wherever_it_connects_from_and_ipv6_is_charged_by
 
 @pytest.mark.anyio
 async def test_an_api_caller_that_returns_at_its_images_is_counted_completed(make_adapter: Any) -> None:
-    """The HTTP APIs read to the done output and return (``peer_api.run_job``): a success, which
+    """The HTTP APIs read to the done output and return (``peer_api.run_request``): a success, which
     resets /health's count of failures in a row; only a leave before the images is a cancel."""
     adapter, _model = make_adapter(FakeModel())
     adapter.consecutive_failures = 5

@@ -5,8 +5,8 @@ from __future__ import annotations
 import gradio as gr
 import pytest
 
-from pipeline.web.handler import request_caller
-from pipeline.web.identity import SEAL_HEADER, Caller, TrustedProxies, caller_of, seal, unseal
+from pipeline.web.door.identity import SEAL_HEADER, Caller, TrustedProxies, caller_of, seal, unseal
+from pipeline.web.page.handler import request_caller
 
 AUTO = TrustedProxies.parse("auto")
 SPACES = TrustedProxies.parse("auto", on_spaces=True)

@@ -7,7 +7,7 @@ from typing import Any
 import gradio as gr
 import pytest
 
-from pipeline.web.inputs import SMALL_TEXT, InputPolicy, Refused, file_shaped, select_data
+from pipeline.web.door.inputs import SMALL_TEXT, InputPolicy, Refused, file_shaped, select_data
 
 
 @pytest.fixture(scope="module")

@@ -75,7 +75,7 @@ def test_serving_imports_only_the_default_models_public_surface() -> None:
         deep -= {f"pipeline.default_model.{name}" for name in public}
         assert not deep, f"{path.relative_to(ROOT)} reaches into {sorted(deep)}"
     code = (
-        "import sys, pipeline.default_model, pipeline.serving.local, pipeline.web.layout; "
+        "import sys, pipeline.default_model, pipeline.serving.local, pipeline.web.page.layout; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'diffusers', 'transformers')"
         " or m.startswith('pipeline.default_model.train')))"
     )
@@ -148,7 +148,7 @@ def _graph() -> dict[str, set[str]]:
 
 def test_no_import_cycle_not_even_a_type_only_or_a_deferred_one() -> None:
     """Issue 30: ``diffusers_model`` <-> ``loop_base`` was a type-only cycle; the loops now read the
-    model through ``loop_base.LoopHost``. Issue 37: ``config`` -> ``web.identity`` -> ``config`` was a
+    model through ``loop_base.LoopHost``. Issue 37: ``config`` -> ``web.door.identity`` -> ``config`` was a
     deferred one (an import inside ``_check``); ``config`` now parses ``--trusted-proxies`` itself. Any
     cycle, through whatever kind of import, fails here."""
     graph = _graph()

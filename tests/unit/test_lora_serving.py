@@ -17,7 +17,7 @@ from pipeline.loras import LoraSpec, parse_all, short_hash, strip_tags
 from pipeline.protocol import LoraInfo
 from pipeline.request import Limits, validate
 from pipeline.serving.postprocess import a1111_parameters
-from pipeline.web.a1111 import fill_from, parse_parameters
+from pipeline.web.apis.a1111 import fill_from, parse_parameters
 from tests.fakes import FAKE_PROFILE, FakeModel
 from tests.helpers import collect, raw_request, wait_until
 

@@ -1,4 +1,4 @@
-"""What Stop waits on: ``pipeline.web.handler.PageJobs`` counts each session's running jobs."""
+"""What Stop waits on: ``pipeline.web.page.handler.PageJobs`` counts each session's running jobs."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pytest
 
 @pytest.mark.anyio
 async def test_page_jobs_tells_stop_when_the_sessions_job_has_ended() -> None:
-    """Stop waits on this (see ``pipeline.web.handler.PageJobs``); the browser test drives it through the page."""
+    """Stop waits on this (see ``pipeline.web.page.handler.PageJobs``); the browser test drives it through the page."""
     import asyncio
 
-    from pipeline.web.handler import PageJobs
+    from pipeline.web.page.handler import PageJobs
 
     jobs = PageJobs()
     seen: list[Any] = [await jobs.wait_ended("a", 0.01)]  # nothing running: at once

@@ -8,7 +8,7 @@ import pytest
 
 from pipeline.protocol import ModelProfile
 from pipeline.request import Limits
-from pipeline.web.presets import ASPECT_TOLERANCE, RATIOS, parse_value, preset_value, size_presets
+from pipeline.web.page.presets import ASPECT_TOLERANCE, RATIOS, parse_value, preset_value, size_presets
 from tests.fakes import FAKE_PROFILE
 
 EMBEDDED = dataclasses.replace(FAKE_PROFILE, min_size=64, max_size=256)  # the embedded model's 64 px grid

@@ -17,7 +17,7 @@ from PIL import Image
 
 from pipeline.protocol import EncodedPreview, Output
 from pipeline.request import FIELDS
-from pipeline.web.handler import make_generate
+from pipeline.web.page.handler import make_generate
 from tests.helpers import raw_request
 
 NEVER = 1e9  # a progress interval no test outlives: only the steps that must be sent are sent
@@ -142,7 +142,7 @@ def test_the_handlers_are_introspected_once_and_gradio_still_finds_its_parameter
 
     from gradio import helpers
 
-    from pipeline.web.handler import make_validator
+    from pipeline.web.page.handler import make_validator
 
     with gr.Blocks() as demo:
         pass

@@ -18,7 +18,7 @@ import gradio as gr
 from pipeline.engine.hosting.runner import ModelRunner
 from pipeline.request import FIELDS, Limits
 from pipeline.serving.local import LocalAdapter
-from pipeline.web.handler import make_generate
+from pipeline.web.page.handler import make_generate
 from tests.fakes import FakeModel
 from tests.helpers import ROOT, raw_request
 

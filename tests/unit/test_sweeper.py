@@ -115,7 +115,7 @@ def test_an_empty_folder_goes_only_once_it_has_been_empty_a_while(tmp_path: Path
 
 
 def test_an_identitys_uploads_count_in_its_share_with_its_pictures(tmp_path: Path) -> None:
-    """Uploads live at ``u-.../uploads`` (``web.upload_route``), outputs at ``DAY/u-...``: one owner's
+    """Uploads live at ``u-.../uploads`` (``web.door.upload_route``), outputs at ``DAY/u-...``: one owner's
     files, swept oldest first together (not the uploads first, as files of no one's would be)."""
     owner = owner_folder("addr:198.51.100.1", KEY)
     picture = _file(tmp_path / "20261204" / owner / "r-0.png", 100, age=900)  # the oldest
@@ -125,7 +125,7 @@ def test_an_identitys_uploads_count_in_its_share_with_its_pictures(tmp_path: Pat
 
 
 def test_an_uploads_links_are_its_bytes_once(tmp_path: Path) -> None:
-    """The same bytes uploaded again are hard links to one file (``web.upload_route``): counted once,
+    """The same bytes uploaded again are hard links to one file (``web.door.upload_route``): counted once,
     so ten links of 100 bytes are within a budget of 300 and nothing is swept."""
     owner = owner_folder("addr:198.51.100.1", KEY)
     kept = _file(tmp_path / owner / "uploads" / "kept.png", 100, age=300)

@@ -1,4 +1,4 @@
-"""``web.upload_route.UploadBook``: whose upload is whose, each identity's rate and share, and the
+"""``web.door.upload_route.UploadBook``: whose upload is whose, each identity's rate and share, and the
 sweep of an upload once it has lived ``UPLOAD_KEEP_SECONDS``."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.web.upload_route import (
+from pipeline.web.door.upload_route import (
     NO_SESSION,
     UPLOAD_KEEP_SECONDS,
     UPLOAD_SHARE_BYTES,

@@ -12,7 +12,7 @@ import pytest
 from pipeline.errors import InvalidRequest
 from pipeline.request import FIELDS, Limits, validate
 from pipeline.serving.metrics import Metrics
-from pipeline.web.handler import make_validator
+from pipeline.web.page.handler import make_validator
 from tests.fakes import FAKE_PROFILE, FAKE_WIDTH_ERROR
 from tests.helpers import raw_request
 

@@ -135,9 +135,9 @@ class _Child:
     def send(self, message: wire.ToModel) -> bool:
         """Send one message; False if the process has gone (its reader is telling everyone).
 
-        Pickled before the lock (``multiprocessing``'s own format, as its ``send`` writes it, read by ``recv``): a stop sent from
-        the event loop waits at most for another message's bytes to be written, never for a large
-        job's pictures to be pickled."""
+        Pickled before the lock (``multiprocessing``'s own format, as its ``send`` writes it, read by
+        ``recv``): a stop sent from the event loop waits at most for another message's bytes to be
+        written, never for a large job's pictures to be pickled."""
         blob = ForkingPickler.dumps(message)
         with self.lock:
             if self.exited:

@@ -18,7 +18,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..serving.postprocess import output_folder, write_then_rename
+from ...serving.postprocess import output_folder, write_then_rename
 
 HISTORY_SIZE = 24  # images kept per tab, newest first
 MAX_SESSIONS = 10_000  # sessions whose results are kept (Gradio's own session capacity); the oldest go first

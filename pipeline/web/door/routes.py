@@ -13,8 +13,8 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from ..serving.base import Adapter
-from .gradio_internals import queued
+from ...serving.base import Adapter
+from ..gradio_internals import queued
 from .login import Login
 from .upload_route import UPLOAD_PATH, UploadBook, upload_route
 

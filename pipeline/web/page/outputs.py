@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence, TypeVar
 
 from PIL import Image
 
-from ..protocol import EncodedPreview
+from ...protocol import EncodedPreview
 
 
 class Postprocess:

@@ -7,7 +7,7 @@ who goes first.
 
 - ``PeerJobs``: each identity's HTTP API jobs in flight, what A1111's ``progress`` reports and
   ``interrupt`` stops: the caller's own, never anyone else's.
-- ``run_job``: one request through ``Adapter.run`` to its end, its progress kept in the book; a
+- ``run_request``: one request through ``Adapter.run`` to its end, its progress kept in the book; a
   client that disconnects stops its job at the next step (``watch_disconnect``).
 - ``http_error``: a ``ServingError`` as an HTTP status, message and ``Retry-After``.
 
@@ -32,7 +32,7 @@ from typing import Any, AsyncGenerator, AsyncIterator, Callable, Mapping
 import orjson
 from fastapi import Request
 
-from ..errors import (
+from ...errors import (
     Cancelled,
     InvalidRequest,
     JobTimedOut,
@@ -44,13 +44,13 @@ from ..errors import (
     TooManyPictures,
     TooManyWaiting,
 )
-from ..protocol import Output
-from ..request import new_request_id
-from ..serving.base import Adapter
-from ..uploads import MAX_UPLOAD_BYTES
-from . import asgi
-from .identity import Caller, TrustedProxies, caller_of
-from .upload_route import UploadBook, UploadRefused
+from ...protocol import Output
+from ...request import new_request_id
+from ...serving.base import Adapter
+from ...uploads import MAX_UPLOAD_BYTES
+from ..door import asgi
+from ..door.identity import Caller, TrustedProxies, caller_of
+from ..door.upload_route import UploadBook, UploadRefused
 
 B64_SLICE = 1 << 20  # base64 characters decoded in one call (a multiple of 4)
 LOGIN_STATE = "t2i_login"  # the front door's answer to "which --auth user is this" (``frontdoor``)
@@ -83,7 +83,7 @@ class PeerJobs:
         """Stop ``user``'s own jobs at their next step, through the adapter's ``abort``; how many."""
         jobs = self.of(user)
         for job in jobs:
-            job.interrupted = True  # its end is an interrupt, not a failure (``run_job``)
+            job.interrupted = True  # its end is an interrupt, not a failure (``run_request``)
             abort(job.request_id, "interrupt")
         return len(jobs)
 
@@ -99,7 +99,7 @@ class PeerJobs:
                 self.by_user.pop(user, None)
 
 
-def request_caller(request: Request) -> Caller:
+def http_caller(request: Request) -> Caller:
     """Who is asking: the front door's ``Caller`` with its ``--auth`` login; a request that did not
     pass the door (a test's direct call) is resolved the same way from its peer."""
     state = request.scope.get("state", {})
@@ -138,7 +138,7 @@ class Ended:
     steps_done: int = 0
 
 
-async def run_job(
+async def run_request(
     adapter: Adapter,
     raw: Mapping[str, Any],
     caller: Caller,

@@ -39,25 +39,25 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
 from PIL import Image
 
-from .. import fields
-from ..errors import InvalidRequest, ServingError
-from ..fields import number
-from ..protocol import ModelProfile, Output
-from ..request import DEFAULT_STRENGTH, Limits
-from ..serving.base import Adapter
-from ..uploads import MAX_UPLOAD_BYTES, MaskUpload
-from .gradio_internals import served_name
+from ... import fields
+from ...errors import InvalidRequest, ServingError
+from ...fields import number
+from ...protocol import ModelProfile, Output
+from ...request import DEFAULT_STRENGTH, Limits
+from ...serving.base import Adapter
+from ...uploads import MAX_UPLOAD_BYTES, MaskUpload
+from ..door.upload_route import UploadBook
+from ..gradio_internals import served_name
 from .peer_api import (
     PeerJobs,
     charge_pictures,
+    http_caller,
     http_error,
     json_body,
     read_pngs,
-    request_caller,
     retry_headers,
-    run_job,
+    run_request,
 )
-from .upload_route import UploadBook
 
 log = logging.getLogger(__name__)
 
@@ -245,7 +245,7 @@ class OpenAIImages:
             body, image, mask = await self._form(request)
             raw, answer = openai_raw(body, self.adapter.profile, self.adapter.limits, edit=True)
             raw["image"] = image
-            charge_pictures(self.uploads, request_caller(request), {"image": image, "mask": mask}, "image")
+            charge_pictures(self.uploads, http_caller(request), {"image": image, "mask": mask}, "image")
             if mask is not None:
                 raw["mask"] = MaskUpload(mask, transparent_edits=True)  # decoded with the request, after its gates
                 raw["mode"], raw["mask_blur"] = "inpaint", 0
@@ -287,14 +287,14 @@ class OpenAIImages:
     async def _answer(
         self, request: Request, raw: dict[str, Any], answer: dict[str, Any], event: str, body: Mapping[str, Any]
     ) -> Response:
-        caller = request_caller(request)
+        caller = http_caller(request)
         label = body.get("safety_identifier") or body.get("user")
         if label:
             log.info("openai images request from %s, user %.64r", caller.key, str(label))
         if answer["stream"]:
             return StreamingResponse(self._stream(request, raw, answer, event, caller), media_type="text/event-stream")
         try:
-            ended = await run_job(self.adapter, raw, caller, self.jobs, request)
+            ended = await run_request(self.adapter, raw, caller, self.jobs, request)
             if ended.done is None:
                 return error_response(InvalidRequest("interrupted", "the job was interrupted by its caller"))
             data = await self._images(request, ended.done, answer)
@@ -342,8 +342,8 @@ class OpenAIImages:
 
         async def produce() -> None:
             try:
-                # gone while it waits: it leaves the line (``run_job`` watches the disconnect)
-                ended = await run_job(self.adapter, raw, caller, self.jobs, request, on_step)
+                # gone while it waits: it leaves the line (``run_request`` watches the disconnect)
+                ended = await run_request(self.adapter, raw, caller, self.jobs, request, on_step)
                 if ended.done is None:
                     raise InvalidRequest("interrupted", "the job was interrupted by its caller")
                 for item in await self._images(request, ended.done, answer):

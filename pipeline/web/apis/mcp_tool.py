@@ -95,13 +95,13 @@ def call_back_as_internal(secret: str) -> None:
     A tool call runs through a ``gradio_client.Client`` that Gradio's MCP server makes for the app's
     own URL (``gradio.mcp.Client``, loopback); it sends the MCP caller's headers with the join, but
     its own requests (the config, the result stream) carry no login, so under ``--auth`` every call
-    failed. With ``front door.INTERNAL_HEADER`` (a secret of this process) on all its requests, the
+    failed. With ``frontdoor.INTERNAL_HEADER`` (a secret of this process) on all its requests, the
     front door lets that client in as itself; the join still carries the caller's login and the
     front door's seal of who the caller is. Installed once per process; the latest secret wins.
     """
     import gradio.mcp
 
-    from .frontdoor import INTERNAL_HEADER
+    from ..door.frontdoor import INTERNAL_HEADER
 
     current = gradio.mcp.Client
     original = getattr(current, "_t2i_original", current)

@@ -38,7 +38,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
-from ..config import ProxyNetwork, Settings, proxy_networks
+from ...config import ProxyNetwork, Settings, proxy_networks
 
 CHARGED_PREFIX = 56  # an IPv6 network charged as one (``wide_network_of``)
 SEAL_HEADER = "x-t2i-caller"  # set by the front door on MCP requests only; any client-sent one is dropped

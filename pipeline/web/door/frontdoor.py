@@ -52,19 +52,19 @@ from urllib.parse import quote, unquote
 
 import orjson
 
-from .. import allocator
+from ... import allocator
+from ..apis.peer_api import LOGIN_STATE
+from ..gradio_internals import cookie_user, login_cookie, upload_folder
+from ..page.outputs import RECENT_PREVIEWS
+from ..site import LiveCalls
 from . import asgi
 from .admission import EventBook, InFlight, LargeBodies, SessionBook, TokenBucket
 from .asgi import App, Message, Receive, Scope, Send
-from .gradio_internals import cookie_user, login_cookie, upload_folder
 from .guards import API, JSON_BODIES, OPEN_UNDER_AUTH, not_a_file_of_ours, route_of, takes_a_token
 from .httplimits import ConnectionLimits
 from .identity import SEAL_HEADER, Caller, TrustedProxies, caller_of, seal, unseal
 from .inputs import InputPolicy, Refused
 from .login import Login, presents_credential
-from .outputs import RECENT_PREVIEWS
-from .peer_api import LOGIN_STATE
-from .site import LiveCalls
 from .upload_route import NO_SESSION, UploadBook
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """What a person (or a program) sees change while a request runs: its place in line, its steps and
 previews (at most every ``PROGRESS_INTERVAL``), its images and info record, as the generate handler's
-outputs (``web.handler``). Pure functions and ``ProgressView``; no I/O."""
+outputs (``web.page.handler``). Pure functions and ``ProgressView``; no I/O."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any, Sequence
 
 import gradio as gr
 
-from ..protocol import Output
-from .site import Site
+from ...protocol import Output
+from ..site import Site
 
 PROGRESS_INTERVAL = 0.25  # seconds between streamed progress outputs of one request
 

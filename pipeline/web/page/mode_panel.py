@@ -13,8 +13,8 @@ from typing import Any
 
 import gradio as gr
 
-from ..protocol import ModelProfile
-from ..request import (
+from ...protocol import ModelProfile
+from ...request import (
     DEFAULT_HIRES_STRENGTH,
     DEFAULT_MASK_BLUR,
     DEFAULT_STRENGTH,

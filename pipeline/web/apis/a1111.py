@@ -24,11 +24,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from .. import fields
-from ..errors import InvalidRequest
-from ..fields import number
-from ..loras import NONE, SCALE_MAX, SCALE_MIN, strip_tags
-from ..request import HIRES_SCALES, HIRES_UPSCALER, MAX_MASK_BLUR, MAX_SEED, Limits
+from ... import fields
+from ...errors import InvalidRequest
+from ...fields import number
+from ...loras import NONE, SCALE_MAX, SCALE_MIN, strip_tags
+from ...request import HIRES_SCALES, HIRES_UPSCALER, MAX_MASK_BLUR, MAX_SEED, Limits
 
 _KEY = re.compile(r"\w[\w \-/+.]*")  # a settings key: checked with fullmatch on a short slice (linear)
 _SIZE = re.compile(r"^\s*(\d+)\s*[x×]\s*(\d+)\s*$")

@@ -12,14 +12,14 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping
 
-from .. import fields
-from ..errors import InvalidRequest
-from ..fields import number
-from ..loras import strip_tags
-from ..protocol import ModelProfile
-from ..request import DEFAULT_MASK_BLUR, HIRES_SCALES, Limits
-from ..serving.postprocess import sampler_name
-from ..uploads import MaskUpload
+from ... import fields
+from ...errors import InvalidRequest
+from ...fields import number
+from ...loras import strip_tags
+from ...protocol import ModelProfile
+from ...request import DEFAULT_MASK_BLUR, HIRES_SCALES, Limits
+from ...serving.postprocess import sampler_name
+from ...uploads import MaskUpload
 from . import a1111
 from .peer_api import b64_bytes
 

@@ -13,7 +13,7 @@ path; this app's route replaces it (listed before Gradio's routes, so it wins). 
   count against the same minute (``UploadBook.charge``), before any of them is decoded;
 - **kept as its sender's:** the file is written under a random name in the sender's own folder
   (``owners.owner_folder``: a name that reveals nobody), and ``UploadBook`` remembers whose it is.
-  A request may name only a file its own identity uploaded (``web.inputs`` checks at the join);
+  A request may name only a file its own identity uploaded (``web.door.inputs`` checks at the join);
   anyone else's path, a URL or any other server path is refused by name before Gradio touches it.
 - **and its session's:** an upload request carries no session (neither Gradio's page nor its
   clients send one), so an upload belongs to the session of the first request that names it
@@ -48,8 +48,8 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from ..serving.owners import key_of, owner_folder
-from ..uploads import MAX_UPLOAD_BYTES, sniff
+from ...serving.owners import key_of, owner_folder
+from ...uploads import MAX_UPLOAD_BYTES, sniff
 
 log = logging.getLogger(__name__)
 

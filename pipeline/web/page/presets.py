@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..request import Limits
+from ...request import Limits
 
 RATIOS: tuple[tuple[int, int], ...] = ((1, 1), (4, 3), (3, 4), (3, 2), (2, 3), (16, 9), (9, 16))
 ASPECT_TOLERANCE = 0.03  # a preset's aspect may be this far (relative) from its nominal one

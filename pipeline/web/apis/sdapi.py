@@ -32,25 +32,26 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from PIL import Image
 
-from ..errors import InvalidRequest, ServingError
-from ..protocol import ModelProfile
-from ..request import HIRES_UPSCALER
-from ..serving.base import Adapter
-from ..uploads import png_text, sniff, work_problem
-from . import a1111, asgi
+from ...errors import InvalidRequest, ServingError
+from ...protocol import ModelProfile
+from ...request import HIRES_UPSCALER
+from ...serving.base import Adapter
+from ...uploads import png_text, sniff, work_problem
+from ..door import asgi
+from ..door.upload_route import UploadBook
+from . import a1111
 from .peer_api import (
     PeerJobs,
     b64_bytes,
     charge_pictures,
+    http_caller,
     http_error,
     json_body,
     read_pngs,
-    request_caller,
     retry_headers,
-    run_job,
+    run_request,
 )
 from .sdapi_fields import A1111_NAME, VERSION, a1111_info, a1111_raw, check_overrides, model_title, samplers_of
-from .upload_route import UploadBook
 
 SDAPI = "/sdapi/v1"
 
@@ -112,7 +113,7 @@ class SdApi:
         return await self._generate(request, img2img=True)
 
     async def _generate(self, request: Request, *, img2img: bool) -> JSONResponse:
-        caller = request_caller(request)
+        caller = http_caller(request)
         try:
             body = await json_body(request)
             args = (body, self.profile, self.adapter.limits)
@@ -123,7 +124,7 @@ class SdApi:
                 else a1111_raw(*args, img2img=False)
             )
             charge_pictures(self.uploads, caller, raw, "init_images")
-            ended = await run_job(self.adapter, raw, caller, self.jobs, request)
+            ended = await run_request(self.adapter, raw, caller, self.jobs, request)
         except (ServingError, ValueError) as exc:
             return _error(exc)
         echo = {k: v for k, v in body.items() if k not in ("init_images", "mask")}
@@ -138,7 +139,7 @@ class SdApi:
 
     async def progress(self, request: Request) -> JSONResponse:
         """The caller's own jobs (oldest first): A1111's ``progress`` shape."""
-        jobs = self.jobs.of(request_caller(request).key)
+        jobs = self.jobs.of(http_caller(request).key)
         skip = request.query_params.get("skip_current_image", "false").lower() in ("1", "true", "yes")
         if not jobs:
             return JSONResponse(_progress_body(0.0, 0.0, 0, 0, 0, 0, None, ""))
@@ -152,7 +153,7 @@ class SdApi:
         )
 
     async def interrupt(self, request: Request) -> JSONResponse:
-        stopped = self.jobs.interrupt(request_caller(request).key, self.adapter.abort)
+        stopped = self.jobs.interrupt(http_caller(request).key, self.adapter.abort)
         return JSONResponse({"interrupted": stopped})
 
     async def sd_models(self) -> JSONResponse:
@@ -227,7 +228,7 @@ class SdApi:
     async def png_info(self, request: Request) -> JSONResponse:
         """A picture's ``parameters`` text, read from its chunks (``uploads.png_text``: no frame decoded),
         after the picture rate, on the decode threads at the caller's turn. Errors name ``image``."""
-        caller = request_caller(request)
+        caller = http_caller(request)
         try:
             body = await json_body(request)
             data = await asgi.off_loop(b64_bytes, body.get("image"), "image")

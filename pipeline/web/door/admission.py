@@ -15,7 +15,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
-from ..serving.decoding import Turns
+from ...serving.decoding import Turns
 
 MAX_IDENTITIES = 100_000  # identities remembered; the least recently seen is forgotten first
 SESSION_IDLE_SECONDS = 20 * 60.0  # a session unseen this long no longer counts as open
