@@ -45,7 +45,7 @@ EXTERNAL: dict[str, str] = {
     "loop.run_in_executor": "asyncio's event loop (a variable), not pipeline/engine/loop",
     "adapter.run": "an adapter object's run (the Adapter protocol's), not pipeline/ray/adapter.py",
     "app.tokens": "Gradio's App (the FastAPI app Gradio builds), not app.py",
-    "site.results": "a Site's results (the variable site), not a name of pipeline/web/site.py",
+    "site.results": "a Site's results (the variable site), not a name of pipeline/web/page/site.py",
     "base.config": "the base scheduler's config (a variable) in docs/design.md, not pipeline/serving/base.py",
     "scheduler.step": "a diffusers scheduler's step (a variable), not pipeline/serving/scheduler.py",
     "Class": "a placeholder, any scheduler class (Class.from_config) in docs/design.md",

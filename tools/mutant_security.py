@@ -187,7 +187,7 @@ SECURITY: dict[str, list[Patch]] = {
     ),
     "no-join-rate": attr("pipeline.web.door.admission", "TokenBucket.take", lambda self, key: 0.0),
     "mcp-caller-unsealed": attr("pipeline.web.door.identity", "unseal", lambda value: None),
-    "mcp-disconnect-ignored": attr("pipeline.web.site", "LiveCalls.alive", lambda self, call: True),
+    "mcp-disconnect-ignored": attr("pipeline.web.page.site", "LiveCalls.alive", lambda self, call: True),
     "no-cost-budget": attr("pipeline.request", "_within_budget", lambda *args: None),
     "upload-pixel-cap-removed": attr("pipeline.uploads", "pixel_problem", lambda width, height, cap: None),
     "upload-left-unswept": attr("pipeline.web.door.upload_route", "UploadBook._forget_old", lambda self, now: None),

@@ -26,7 +26,7 @@ from .door.routes import service_routes
 from .door.upload_route import UPLOAD_BODY_BYTES, UPLOAD_PATH, UploadBook
 from .gradio_internals import queued, skip_matplotlib_probe, tune_queue, upload_folder, uvicorn_options
 from .page.shown import PROGRESS_INTERVAL
-from .site import site_of
+from .page.site import site_of
 
 
 def own_gradio_cache(settings: Settings, environ: MutableMapping[str, str]) -> Path:

@@ -231,7 +231,7 @@ def test_a_flood_of_fresh_sessions_is_refused_and_a_waiting_users_job_and_histor
             waiting.join(30)
             assert results and results[0]["success"], results
             assert raw_http_predict(url, remember, [], http=user, session="u1")["success"]
-        from pipeline.web.site import site_of
+        from pipeline.web.page.site import site_of
 
         assert len(site_of(demo).results.history("u1")) == 1  # the user's history is intact
 

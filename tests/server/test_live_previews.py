@@ -51,7 +51,7 @@ def test_previews_go_only_to_the_caller_who_asked_at_display_size_as_jpeg(tmp_pa
         # with the bytes gradio_client downloaded.
         import httpx
 
-        from pipeline.web.page.outputs import RECENT_PREVIEWS
+        from pipeline.web.door.routes import RECENT_PREVIEWS
 
         path = next(p for p in reversed(RECENT_PREVIEWS._by_path) if RECENT_PREVIEWS.get(p) == shown[-1].read_bytes())
         got = httpx.get(f"{url}gradio_api/file={path}")

@@ -50,10 +50,10 @@ from ...serving.base import Adapter
 from ...uploads import MAX_UPLOAD_BYTES
 from ..door import asgi
 from ..door.identity import Caller, TrustedProxies, caller_of
+from ..door.login import LOGIN_STATE
 from ..door.upload_route import UploadBook, UploadRefused
 
 B64_SLICE = 1 << 20  # base64 characters decoded in one call (a multiple of 4)
-LOGIN_STATE = "t2i_login"  # the front door's answer to "which --auth user is this" (``frontdoor``)
 
 
 @dataclass

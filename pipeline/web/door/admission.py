@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from ...serving.decoding import Turns
@@ -266,3 +266,18 @@ class LargeBodies:
                 self.turns.give(identity)
 
         return give
+
+
+@dataclass
+class LiveCalls:
+    """MCP tool calls whose caller is still connected (the handler stops a call's job when it goes).
+
+    The front door adds a call when its request starts and drops it when the request ends or its
+    client disconnects; the handler's liveness check reads it. Event loop only.
+    """
+
+    open: set[str] = field(default_factory=set)
+
+    def alive(self, call: str) -> bool:
+        """Whether call ``call`` is still connected; "" (a call the door does not follow) always is."""
+        return not call or call in self.open

@@ -24,7 +24,7 @@ In order, for each HTTP request (``FrontDoor.__call__``):
 8. an event belongs to the identity that created it (``admission.EventBook``): a read of its
    results by id (``/call/<api>/<event_id>``) or a cancel naming it answers only that identity;
 9. a GET of a live preview the server has just written is answered from memory
-   (``outputs.RECENT_PREVIEWS``, to the login's caller under ``--auth``); any other file is Gradio's,
+   (``routes.RECENT_PREVIEWS``, to the login's caller under ``--auth``); any other file is Gradio's,
    a relative name read in Gradio's cache (the HTTP APIs' ``url`` answers: no disk path in them);
 10. an image input of an event names only a file its caller uploaded (``upload_route.UploadBook``,
    checked by ``inputs.InputPolicy``): a URL, a server path, another identity's upload or one that
@@ -53,18 +53,16 @@ from urllib.parse import quote, unquote
 import orjson
 
 from ... import allocator
-from ..apis.peer_api import LOGIN_STATE
 from ..gradio_internals import cookie_user, login_cookie, upload_folder
-from ..page.outputs import RECENT_PREVIEWS
-from ..site import LiveCalls
 from . import asgi
-from .admission import EventBook, InFlight, LargeBodies, SessionBook, TokenBucket
+from .admission import EventBook, InFlight, LargeBodies, LiveCalls, SessionBook, TokenBucket
 from .asgi import App, Message, Receive, Scope, Send
 from .guards import API, JSON_BODIES, OPEN_UNDER_AUTH, not_a_file_of_ours, route_of, takes_a_token
 from .httplimits import ConnectionLimits
 from .identity import SEAL_HEADER, Caller, TrustedProxies, caller_of, seal, unseal
 from .inputs import InputPolicy, Refused
-from .login import Login, presents_credential
+from .login import LOGIN_STATE, Login, presents_credential
+from .routes import RECENT_PREVIEWS
 from .upload_route import NO_SESSION, UploadBook
 
 log = logging.getLogger(__name__)

@@ -20,6 +20,10 @@ from .admission import LoginMeter
 
 log = logging.getLogger(__name__)
 
+# The front door's answer to "which --auth user is this", in the request's scope state (``frontdoor``
+# sets it; the HTTP APIs read it).
+LOGIN_STATE = "t2i_login"
+
 SCHEMES = ("basic", "bearer")  # the Authorization schemes that carry a credential here
 
 

@@ -7,6 +7,9 @@ the ``--metrics-token`` as a bearer token (``login.Login``).
 
 from __future__ import annotations
 
+import collections
+import threading
+
 import gradio as gr
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -51,3 +54,30 @@ def service_routes(
         APIRoute("/metrics", metrics, methods=["GET"], include_in_schema=False),
         APIRoute(UPLOAD_PATH, upload, methods=["POST"], include_in_schema=False),
     ]
+
+
+class RecentPreviews:
+    """The latest previews' bytes by their file's path, so the front door answers the browser's GET
+    of a preview from memory (``frontdoor``: no disk read on the event loop, none of Gradio's route
+    stack); an older one, past ``keep``, is served from its file by Gradio as any file is.
+
+    Owners: written by the postprocessing worker threads, read on the event loop (under the lock)."""
+
+    def __init__(self, keep: int = 256) -> None:
+        self.keep = keep
+        self._lock = threading.Lock()
+        self._by_path: collections.OrderedDict[str, bytes] = collections.OrderedDict()
+
+    def put(self, path: str, data: bytes) -> None:
+        with self._lock:
+            self._by_path[path] = data
+            self._by_path.move_to_end(path)
+            while len(self._by_path) > self.keep:
+                self._by_path.popitem(last=False)
+
+    def get(self, path: str) -> bytes | None:
+        with self._lock:
+            return self._by_path.get(path)
+
+
+RECENT_PREVIEWS = RecentPreviews()

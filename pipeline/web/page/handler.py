@@ -24,10 +24,10 @@ from ...uploads import MAX_UPLOAD_BYTES
 from ..door.identity import Caller, TrustedProxies, caller_of
 from ..door.upload_route import UPLOAD_FOLDER
 from ..gradio_internals import caller_alive, current_session, forget_temp_files, upload_folder
-from ..site import Site
 from .mode_panel import page_values
 from .outputs import Postprocess, introspected_once
 from .shown import PROGRESS_INTERVAL, ProgressView, done_output, step_output, waiting_output
+from .site import Site
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,6 @@ from ...serving.base import Adapter
 from ...serving.postprocess import sampler_name
 from ..apis.mcp_tool import serve_images
 from ..door.identity import TrustedProxies
-from ..site import Site, attach
 from .handler import PageJobs, make_generate, make_validator, selected_index
 from .mode_panel import GROUPS, mode_controls, visible_for
 from .page_tools import UI_CONCURRENCY, Controls, reuse_seed, wire_history, wire_keys, wire_paste, wire_sizes
@@ -25,6 +24,7 @@ from .presets import preset_value, size_presets
 from .results import HISTORY_SIZE
 from .send_to import before_after, send_buttons, wire_mask_upload, wire_send_to, wire_slider
 from .shown import status_html
+from .site import Site, attach
 
 log = logging.getLogger(__name__)
 

@@ -8,11 +8,9 @@ when they are built.
 from __future__ import annotations
 
 import asyncio
-import collections
 import hashlib
 import inspect
 import os
-import threading
 import typing
 import uuid
 from pathlib import Path
@@ -21,6 +19,7 @@ from typing import Any, Callable, Sequence, TypeVar
 from PIL import Image
 
 from ...protocol import EncodedPreview
+from ..door.routes import RECENT_PREVIEWS
 
 
 class Postprocess:
@@ -49,33 +48,6 @@ class Postprocess:
         if any(_holds_picture(v) for v in values):
             return await asyncio.to_thread(self.now, values)
         return self.now(values)
-
-
-class RecentPreviews:
-    """The latest previews' bytes by their file's path, so the front door answers the browser's GET
-    of a preview from memory (``frontdoor``: no disk read on the event loop, none of Gradio's route
-    stack); an older one, past ``keep``, is served from its file by Gradio as any file is.
-
-    Owners: written by the postprocessing worker threads, read on the event loop (under the lock)."""
-
-    def __init__(self, keep: int = 256) -> None:
-        self.keep = keep
-        self._lock = threading.Lock()
-        self._by_path: collections.OrderedDict[str, bytes] = collections.OrderedDict()
-
-    def put(self, path: str, data: bytes) -> None:
-        with self._lock:
-            self._by_path[path] = data
-            self._by_path.move_to_end(path)
-            while len(self._by_path) > self.keep:
-                self._by_path.popitem(last=False)
-
-    def get(self, path: str) -> bytes | None:
-        with self._lock:
-            return self._by_path.get(path)
-
-
-RECENT_PREVIEWS = RecentPreviews()
 
 
 def cached_preview(preview: EncodedPreview, cache_dir: str) -> str:

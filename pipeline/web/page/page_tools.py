@@ -14,9 +14,9 @@ import gradio as gr
 
 from ...request import Limits
 from ..apis.a1111 import fill_from, match_sampler, notes_html, parse_parameters
-from ..site import Site
 from .presets import SizePreset, parse_value, preset_value
 from .results import history_items, restore, summary_markdown
+from .site import Site
 
 # The page's small events share a few worker threads: each is bounded and quick (inputs.py caps
 # what it may be sent; the parsers are linear), and no client can hold more than these.

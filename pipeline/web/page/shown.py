@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import gradio as gr
 
 from ...protocol import Output
-from ..site import Site
+from .site import Site
 
 PROGRESS_INTERVAL = 0.25  # seconds between streamed progress outputs of one request
 
