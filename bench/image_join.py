@@ -72,13 +72,11 @@ def data(k: int, steps: int, picture: dict[str, Any] | None = None, strength: fl
     """``/generate``'s inputs: a text request, or image-to-image from ``picture``."""
     inputs = loadgen.generate_data(k, SIZE, steps)
     if picture is not None:
-        from pipeline.request import PICTURE_DEFAULTS
+        from pipeline.fields import NAMES
 
-        fields = [*PICTURE_DEFAULTS]
-        start = len(inputs) - len(fields)
-        inputs[start + fields.index("mode")] = "image"
-        inputs[start + fields.index("image")] = picture
-        inputs[start + fields.index("strength")] = strength
+        inputs[NAMES.index("mode")] = "image"
+        inputs[NAMES.index("image")] = picture
+        inputs[NAMES.index("strength")] = strength
     return inputs
 
 

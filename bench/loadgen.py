@@ -51,11 +51,14 @@ CLIENTS = ("async", "gradio")
 
 
 def generate_data(k: int, size: int, steps: int, lora: str = "none", lora_scale: float = 1.0) -> list[Any]:
-    """The ``/generate`` inputs, in the API's order, for the k-th request."""
-    from pipeline.request import PICTURE_DEFAULTS
+    """The ``/generate`` inputs, in the API's order (``pipeline.fields``), for the k-th request."""
+    from pipeline import fields
 
-    text = [f"a red circle {k}", "", k, False, size, size, steps, 7.5, 1, False, "default", lora, lora_scale]
-    return [*text, *PICTURE_DEFAULTS.values()]
+    values = {**fields.defaults(), "prompt": f"a red circle {k}", "negative_prompt": "", "seed": k,
+              "randomize_seed": False, "width": size, "height": size, "num_inference_steps": steps,
+              "guidance_scale": 7.5, "num_images": 1, "live_preview": False, "scheduler": "default",
+              "lora": lora, "lora_scale": lora_scale}  # fmt: skip
+    return [values[name] for name in fields.NAMES]
 
 
 @dataclasses.dataclass

@@ -208,11 +208,10 @@ class RayAdapter(AdapterBase):
                         except BaseException as exc:
                             if isinstance(exc, (GeneratorExit, asyncio.CancelledError)):
                                 self.abort(request.request_id, "closed")  # the caller closed its stream
+                                raise
                             _cancel(call)
                             if gone.is_set() and not self.closing:
                                 raise Cancelled("the caller went away") from None
-                            if isinstance(exc, (GeneratorExit, asyncio.CancelledError)):
-                                raise
                             error = classify(exc, request.request_id, self.queue_size)
                             if self.closing and not isinstance(error, ShuttingDown):
                                 raise ShuttingDown(SHUTDOWN_MESSAGE + " Your job was stopped.") from None

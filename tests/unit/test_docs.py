@@ -79,3 +79,14 @@ def test_the_benchmark_runs_live_in_bench_results_with_an_index_line_each() -> N
     assert len(rows) == len(runs) and all(re.match(r"\| \d{4}-\d\d-\d\d \| `", r) for r in rows)
     assert all(re.search(r"\| [0-9a-f]{7,} \| \d+ cores", r) for r in rows), "a run without its commit or machine"
     bench_index.main(["--check"])
+
+
+def test_the_testing_doc_lists_the_slowest_tests_in_its_format() -> None:
+    """``docs/testing.md``'s table of the 20 slowest tests, as ``python -m tools.slowest`` writes it."""
+    from tools import slowest
+
+    slowest.main(["--check"])
+    report = (
+        "== slowest ==\n12.50s call     tests/a.py::t\n0.30s setup    tests/b.py::u\n3.00s teardown tests/c.py::v\n"
+    )
+    assert slowest.slowest(report, 2) == [(12.5, "call", "tests/a.py::t"), (3.0, "teardown", "tests/c.py::v")]

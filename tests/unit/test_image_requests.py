@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import io
+import threading
 from typing import Any
 
 import numpy as np
@@ -17,7 +18,7 @@ from pipeline.errors import InvalidRequest
 from pipeline.request import Limits, validate
 from tests import malformed
 from tests.fakes import FAKE_PROFILE, FakeModel
-from tests.helpers import collect, raw_request
+from tests.helpers import collect, raw_request, wait_until
 
 LIMITS = Limits.for_model(FAKE_PROFILE, max_pixel_steps=10**9)
 
@@ -133,12 +134,18 @@ async def test_image_modes_run_their_steps_through_the_same_line_and_join_text_l
     make_adapter: Any,
 ) -> None:
     # A model whose loops take text only (FLUX's, SD3's...): image requests share whole calls among themselves.
-    adapter, model = make_adapter(FakeModel(joining=True, step_seconds=0.02), step_joining=True, max_batch_size=4)
-    results = await asyncio.gather(
+    # The text loop holds at its first step (a gate, not a sleep) until both image requests wait in line:
+    # their pictures are decoded first, which a loaded machine may take longer than the loop.
+    steps = threading.Semaphore(0)
+    adapter, model = make_adapter(FakeModel(joining=True, step_gate=steps), step_joining=True, max_batch_size=4)
+    running = asyncio.gather(
         collect(adapter, raw_request(num_inference_steps=8), request_id="text"),
         collect(adapter, image_raw(num_inference_steps=8, strength=0.5), request_id="image-a"),
         collect(adapter, image_raw(num_inference_steps=8, strength=0.5, seed=9), request_id="image-b"),
     )
+    await wait_until(lambda: adapter.gpu_queue_depth == 2, "both image requests wait beside the text loop")
+    steps.release(100)
+    results = await running
     done = {r[-1].info["request_id"]: r[-1].info for r in results}
     assert all(r[-1].kind == "done" for r in results)
     steps = {rid: [e.step for e in r if e.kind == "step"] for rid, r in zip(("text", "image-a", "image-b"), results)}
@@ -152,14 +159,20 @@ async def test_image_modes_run_their_steps_through_the_same_line_and_join_text_l
     # A model whose loops start members from pictures (the SD loop): image-to-image requests at other
     # strengths enter the running text loop, each for its own steps; inpainting still runs as a call.
     profile = dataclasses.replace(FAKE_PROFILE, loop_modes=("text", "image"))
-    adapter, model = make_adapter(FakeModel(profile, joining=True, step_seconds=0.02), step_joining=True,
+    steps = threading.Semaphore(0)
+    adapter, model = make_adapter(FakeModel(profile, joining=True, step_gate=steps), step_joining=True,
                                   max_batch_size=4)  # fmt: skip
-    results = await asyncio.gather(
+    running = asyncio.gather(
         collect(adapter, raw_request(num_inference_steps=8), request_id="text"),
         collect(adapter, image_raw(num_inference_steps=8, strength=0.5), request_id="image-a"),
         collect(adapter, image_raw(num_inference_steps=6, strength=1.0, seed=9), request_id="image-b"),
         collect(adapter, image_raw(mode="inpaint", num_inference_steps=8, strength=0.5), request_id="inpaint"),
     )
+    loop = lambda: adapter.scheduler.running  # noqa: E731
+    await wait_until(lambda: loop() is not None and len(loop().entries) == 3 and adapter.gpu_queue_depth == 1,
+                     "three in the text loop, the inpainting waits")  # fmt: skip
+    steps.release(100)
+    results = await running
     done = {r[-1].info["request_id"]: r[-1].info for r in results}
     assert all(r[-1].kind == "done" for r in results), [r[-1] for r in results]
     assert {rid: done[rid]["batching"] for rid in done} == {
