@@ -28,7 +28,7 @@ from __future__ import annotations
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Generator, Literal, Mapping, Protocol
+from typing import Any, Callable, Generator, Hashable, Literal, Mapping, Protocol
 
 from PIL import Image
 
@@ -95,6 +95,14 @@ class LoraUse:
     @classmethod
     def of(cls, name: str, scale: float) -> LoraUse:
         return cls(name, float(scale)) if name and name != NONE else cls()
+
+
+def loop_key(width: int, height: int, sampler: str, lora: LoraUse, *, per_lora: bool) -> tuple[Hashable, ...]:
+    """Whether two requests can share a step-level loop, computed once for both sides: the serving
+    side's scheduler from a request, the model side from a job (its family's loop kind prepended). The
+    same latent size and sampler (prompts, seeds, image counts, steps and guidance may differ), and the
+    same LoRA at one scale where the model's loops run one LoRA a loop (``per_lora``)."""
+    return (width, height, sampler, lora) if per_lora else (width, height, sampler)
 
 
 @dataclass(frozen=True)

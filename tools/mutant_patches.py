@@ -372,7 +372,9 @@ MUTANTS: dict[str, list[Patch]] = (
         "join-ignores-compatibility": attr("pipeline.serving.scheduler", "loop_key", lambda request, mixed: 0),
         "leave-drops-another-member": on("pipeline.engine.loop.joining", _leave_drops_another),
         "joiner-waits-for-the-end": on("pipeline.serving.jobs", _joiner_waits_for_the_end),
-        "early-joiner-not-held": attr("pipeline.engine.loop.joining", "waits_for", lambda job, in_loop: False),
+        "early-joiner-not-held": attr(
+            "pipeline.engine.loop.joining", "enters_after_members", lambda job, in_loop: False
+        ),
         # Issue 37: the scheduler's fair order inside a running loop, skipped by joiners.
         "joiners-skip-the-fair-head": on("pipeline.serving.scheduler", _joiners_skip_the_head),
         "swap-does-nothing": attr("pipeline.web.page.page_tools", "swapped", lambda width, height: (width, height)),

@@ -24,7 +24,7 @@ import contextvars
 import dataclasses
 import logging
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from ..protocol import InferenceJob, InferenceResult, ModelEvent, Output, StepEvent, StopSignal
 from .eta import EtaBook, JobClock, Shape
@@ -42,6 +42,14 @@ AUTO_LIMIT_FACTOR = 2.0
 AUTO_LIMIT_UNMEASURED_SECONDS = 600.0
 
 
+class Reports(Protocol):
+    """What the job runner tells the scheduler (``Scheduler``): the only changes to its entries and batches."""
+
+    def last_step(self, entry: Entry) -> None: ...
+
+    def left(self, batch: Batch, entries: list[Entry]) -> None: ...
+
+
 class GpuJobs:
     """Runs batches on the model side; the caller holds the gate around ``run``."""
 
@@ -53,7 +61,7 @@ class GpuJobs:
         job_timeout: float | None,
         closing: Callable[[], bool],
         auto_floor: float = AUTO_LIMIT_FLOOR_SECONDS,
-        on_leave: Callable[[], None] = lambda: None,
+        reports: Reports,
         memory: MemoryRoom | None = None,
         abort: Callable[[str, str], bool] | None = None,
     ) -> None:
@@ -62,7 +70,7 @@ class GpuJobs:
         self.job_timeout = job_timeout  # None: each job's limit follows the measured rate (time_limit)
         self.auto_floor = auto_floor
         self._closing = closing
-        self._on_leave = on_leave  # an entry left its batch, or is on its last step: the scheduler may act
+        self._reports = reports  # steps and endings, to the scheduler: it alone changes entries
         self._abort = abort  # the adapter's one stop verb (a time limit stops a job's requests through it)
         self.memory = memory if memory is not None else MemoryRoom()
         self.model_hung = False  # a job ran past its limit and the model side has not returned yet
@@ -99,18 +107,18 @@ class GpuJobs:
     def start(self, batch: Batch, joins: list[Join]) -> None:
         """Send these entries into the running (joinable) batch: each is its own job on the model side."""
         for join in joins:
-            self._start_part(batch, [join.entry], join.after)
+            self._start_part(batch, [join.entry], join.enters_after)
 
-    def _start_part(self, batch: Batch, entries: list[Entry], after: tuple[str, ...]) -> None:
-        task = asyncio.create_task(self._part(batch, entries, after), name="gpu-part")
+    def _start_part(self, batch: Batch, entries: list[Entry], enters_after: tuple[str, ...]) -> None:
+        task = asyncio.create_task(self._part(batch, entries, enters_after), name="gpu-part")
         parts = self._parts.setdefault(batch, set())
         parts.add(task)
         task.add_done_callback(parts.discard)
 
-    async def _part(self, batch: Batch, entries: list[Entry], after: tuple[str, ...]) -> None:
+    async def _part(self, batch: Batch, entries: list[Entry], enters_after: tuple[str, ...]) -> None:
         """One job on the model side and every entry's end; then they leave the batch. Never raises."""
         try:
-            error = await self._attempt(batch, entries, after, joinable=batch.joinable)
+            error = await self._attempt(batch, entries, enters_after, joinable=batch.joinable)
             if self.retry_alone(error, entries):
                 log.warning(
                     "out of memory in a batch of %d requests; retrying %s alone",
@@ -127,9 +135,7 @@ class GpuJobs:
                 for entry in entries:
                     entry.deliver(error)
         finally:
-            for entry in entries:
-                batch.leave(entry)
-            self._on_leave()  # room in the batch: the scheduler may take joiners, or end it
+            self._reports.left(batch, entries)  # room in the batch: the scheduler may take joiners, or end it
 
     @staticmethod
     def retry_alone(error: InferenceResult | None, entries: list[Entry]) -> bool:
@@ -139,14 +145,14 @@ class GpuJobs:
         return out_of_memory and shared and not all(e.stop.is_set() for e in entries)
 
     async def _attempt(
-        self, batch: Batch, entries: list[Entry], after: tuple[str, ...], *, joinable: bool
+        self, batch: Batch, entries: list[Entry], enters_after: tuple[str, ...], *, joinable: bool
     ) -> InferenceResult | None:
         """One job on the model side. On success every entry gets its images; else returns its failure."""
         if len(entries) == 1:
             entry = entries[0]
             job, stop = entry.request.to_job(), entry.stop
             if joinable:
-                job = dataclasses.replace(job, joinable=True, loop_id=batch.loop_id, enters_after=after)
+                job = dataclasses.replace(job, joinable=True, loop_id=batch.loop_id, enters_after=enters_after)
         else:
             job, stop = call_job(entries), _all_stopped(entries)
         offsets = image_offsets(entries)
@@ -256,9 +262,8 @@ class GpuJobs:
         for i, entry in enumerate(entries):
             rid, preview = entry.request.request_id, event.preview(offsets[i])
             entry.deliver(Output(rid, step=event.step, total=event.total, preview=preview, eta_seconds=eta))
-        if joinable and event.total - event.step <= 1 and not entries[0].last_step:
-            entries[0].last_step = True
-            self._on_leave()
+        if joinable and event.total - event.step <= 1:
+            self._reports.last_step(entries[0])
 
 
 def _all_stopped(entries: list[Entry]) -> StopSignal:

@@ -118,7 +118,7 @@ class LocalAdapter(AdapterBase):
             job_timeout=job_timeout,
             closing=lambda: self.closing,
             auto_floor=auto_limit_floor,
-            on_leave=self._line.notify,
+            reports=self.scheduler,
             memory=self.scheduler.memory,
             abort=self.abort,
         )

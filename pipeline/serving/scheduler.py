@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import AsyncGenerator, Callable, Collection, Generic, Hashable, Iterable, TypeVar
 
 from ..protocol import InferenceJob, InferenceResult, Output, StopSignal
+from ..protocol import loop_key as protocol_loop_key
 from ..request import GenerateRequest
 
 T = TypeVar("T")
@@ -93,11 +94,10 @@ def joins_loops(request: GenerateRequest, loop_modes: Collection[str] = ("text",
 
 
 def loop_key(request: GenerateRequest, mixed_loras: bool) -> tuple[Hashable, ...]:
-    """Requests with equal keys can share a step-level loop: the same size and sampler (they may
-    differ in prompt, seed, image count, steps and guidance), and the same LoRA adapter and scale
-    unless the model mixes adapters per row (then ``Batch.admits`` keeps one scale each)."""
+    """``protocol.loop_key`` of a request (the model side reads the same function on its jobs); where
+    the model mixes LoRAs per row, ``Batch.admits`` keeps one scale each."""
     r = request
-    return (r.width, r.height, r.scheduler) if mixed_loras else (r.width, r.height, r.scheduler, r.lora_use)
+    return protocol_loop_key(r.width, r.height, r.scheduler, r.lora_use, per_lora=not mixed_loras)
 
 
 class Batch:
@@ -146,8 +146,10 @@ class Batch:
         if not self.entries:
             self.open = False
 
-    def leaving(self) -> tuple[str, ...]:
-        """The request ids of the entries on their last step (a joiner sent now enters after them)."""
+    def enters_after(self) -> tuple[str, ...]:
+        """The request ids a joiner sent now enters after: the entries on their last step (the step-early
+        hand-off, one name across the scheduler, ``InferenceJob.enters_after`` and the model thread's
+        ``joining.enters_after_members``)."""
         return tuple(e.request.request_id for e in self.entries if e.last_step)
 
 
@@ -207,10 +209,10 @@ class MemoryRoom:
 
 @dataclass(frozen=True)
 class Join:
-    """An entry that enters the running batch now, after the entries named in ``after`` have left."""
+    """An entry that enters the running batch now, after the entries named in ``enters_after`` have left."""
 
     entry: Entry
-    after: tuple[str, ...] = ()
+    enters_after: tuple[str, ...] = ()
 
 
 class Scheduler:
@@ -275,6 +277,21 @@ class Scheduler:
         """Whether ``entry``'s images fit beside ``images`` in one batch (``max_batch_size``)."""
         return images + entry.images <= self.max_images
 
+    # -- what the job runner reports (``jobs.GpuJobs``): the only changes to entries and batches after
+    #    they are taken, so every decision reads state that this class alone writes
+    def last_step(self, entry: Entry) -> None:
+        """``entry``, in a joinable batch, is on its last step: its place may go to a joiner sent a step
+        early (``Batch.enters_after``)."""
+        if not entry.last_step:
+            entry.last_step = True
+            self.line.notify()
+
+    def left(self, batch: Batch, entries: list[Entry]) -> None:
+        """These entries' job has ended: they leave ``batch`` (room for joiners, or the batch's end)."""
+        for entry in entries:
+            batch.leave(entry)
+        self.line.notify()
+
     def ended(self, batch: Batch) -> None:
         """The batch's last entry has left and the model side is done with it: the gate opens."""
         if self.running is batch:
@@ -321,11 +338,11 @@ class Scheduler:
             if not self.memory.fits(r.width, r.height, staying, entry.images):
                 break
             # Room now, or a step early: the place of the entries on their last step.
-            after = () if self.fits(images, entry) else batch.leaving()
+            enters_after = () if self.fits(images, entry) else batch.enters_after()
             staying += entry.images
             images += entry.images
             self._enter(batch, entry, take)
-            joins.append(Join(entry, after))
+            joins.append(Join(entry, enters_after))
         if take and joins:
             self.line.served(j.entry.user for j in joins if j.entry.user is not None)
             self.line.notify()

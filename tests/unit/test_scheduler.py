@@ -40,7 +40,7 @@ def test_a_batch_opens_only_with_the_gate_free_and_joiners_follow_the_fair_order
     a1 = opened.entries[0]
     a1.last_step = True  # its place may go to a joiner a step early
     _, joins = s.schedule(closing=False, gate_free=False)
-    assert [(j.entry.request.request_id, j.after) for j in joins] == [("a2", ("a1",))]
+    assert [(j.entry.request.request_id, j.enters_after) for j in joins] == [("a2", ("a1",))]
     opened.leave(a1)
     assert s.schedule(closing=False, gate_free=False) == (None, [])  # a2 already holds the place
 

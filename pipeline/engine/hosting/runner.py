@@ -38,7 +38,7 @@ from ...protocol import (
     encoded,
 )
 from ..device_faults import fault_event
-from ..loop.joining import LoopDriver, in_a_loop, waits_for
+from ..loop.joining import LoopDriver, enters_after_members, in_a_loop
 
 log = logging.getLogger(__name__)
 
@@ -235,20 +235,20 @@ class ModelRunner:
         the loop: what arrives for another loop (or as one call) waits until this one is over."""
         loop_id = first.job.loop_id
         ours = [t for t in self._later if isinstance(t, Submission) and t.job.joinable and t.job.loop_id == loop_id]
-        held: deque[Submission] = deque(ours)  # tagged for this loop, in arrival order, not yet in it
+        joiners: deque[Submission] = deque(ours)  # tagged for this loop, in arrival order, not yet in it
         self._later = deque(t for t in self._later if t not in ours)
 
         def pull() -> Submission | None:  # at a step boundary: the next joiner whose place is free, or None
             while True:
-                if held:
+                if joiners:
                     in_loop = [m.task.job.request_id for m in driver.members]
-                    return None if waits_for(held[0].job, in_loop) else held.popleft()
+                    return None if enters_after_members(joiners[0].job, in_loop) else joiners.popleft()
                 try:
                     task = self._tasks.get_nowait()
                 except queue.Empty:
                     return None
                 if isinstance(task, Submission) and task.job.joinable and task.job.loop_id == loop_id:
-                    held.append(task)
+                    joiners.append(task)
                 else:
                     self._later.append(task)
 
@@ -260,7 +260,7 @@ class ModelRunner:
             return
         driver = LoopDriver(loop, pull)
         driver.run(first)
-        self._later.extendleft(reversed(held))  # the loop emptied first: they open the next one
+        self._later.extendleft(reversed(joiners))  # the loop emptied first: they open the next one
 
     def _run(self, task: Submission) -> None:
         """One job; exactly one terminal event, whatever happens."""

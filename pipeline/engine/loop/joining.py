@@ -97,7 +97,7 @@ def in_a_loop(model: object, job: InferenceJob) -> bool:
     return bool(job.joinable and job.loop_id and key_of is not None and key_of(job) is not None)
 
 
-def waits_for(job: InferenceJob, in_loop: Sequence[str]) -> bool:
+def enters_after_members(job: InferenceJob, in_loop: Sequence[str]) -> bool:
     """Whether ``job`` must wait at this boundary: members it was sent to replace (``job.enters_after``,
     a step early) are still in the loop (``in_loop``: their request ids)."""
     return any(rid in job.enters_after for rid in in_loop)

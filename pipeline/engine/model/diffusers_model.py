@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 
 from ...errors import Cancelled, OutOfMemory
-from ...protocol import InferenceJob, InferenceResult, ModelProfile, StepCallback, StopFlag
+from ...protocol import InferenceJob, InferenceResult, ModelProfile, StepCallback, StopFlag, loop_key
 from ..device_faults import kind_of
 from ..loop.loop_base import MemberLoop, loop_kind
 from . import samplers
@@ -228,9 +228,8 @@ class DiffusersModel:
         kind = loop_kind(self.pipe)
         if kind is None or not self.profile.step_joining or job.mode not in self.profile.loop_modes or job.hires_width:
             return None
-        if self.loras is not None and self.profile.lora_batching != "mixed":  # a loop per adapter and scale
-            return (kind, job.width, job.height, job.scheduler, use_of(job))
-        return (kind, job.width, job.height, job.scheduler)
+        per_lora = self.loras is not None and self.profile.lora_batching != "mixed"  # a loop per LoRA and scale
+        return (kind, *loop_key(job.width, job.height, job.scheduler, use_of(job), per_lora=per_lora))
 
     def open_loop(self, job: InferenceJob) -> MemberLoop:
         """A new, empty loop for jobs with ``job``'s key (the family's ``loop_sd``/``loop_flow`` loop)."""

@@ -31,8 +31,9 @@ from typing import Any, Callable, Hashable, Sequence
 import numpy as np
 from PIL import Image
 
+from ... import protocol
 from ...errors import Cancelled
-from ...protocol import InferenceJob, InferenceResult, ModelProfile, StepCallback, StopFlag, display_size
+from ...protocol import InferenceJob, InferenceResult, LoraUse, ModelProfile, StepCallback, StopFlag, display_size
 
 PREFIX = "sim:"
 POOL = 8  # distinct pictures per size (by seed)
@@ -124,7 +125,7 @@ class SimulatedModel:
         )
 
     def loop_key(self, job: InferenceJob) -> Hashable | None:
-        return (job.width, job.height, job.scheduler)
+        return protocol.loop_key(job.width, job.height, job.scheduler, LoraUse(), per_lora=False)
 
     def open_loop(self, job: InferenceJob) -> SimLoop:
         return SimLoop(self)
