@@ -97,7 +97,7 @@ class Settings:
     replica_cpus: float | None = None  # Ray backend: CPUs per replica; None: the cluster's CPUs split evenly
     replica_gpus: float | None = None  # Ray backend: GPUs per replica; None: 1 where the cluster has a GPU per replica
     loras: tuple[str, ...] = ()  # --lora NAME=PATH_OR_HUB_ID[:SCALE] specs (pipeline.loras), in order
-    lora_batching: str = "auto"  # auto | mixed | separate: requests with different adapters in one loop or not
+    lora_batching: str = "auto"  # auto | mixed | separate: requests with different LoRAs in one loop or not
 
     def lora_specs(self) -> tuple[LoraSpec, ...]:
         return parse_all(self.loras)
@@ -343,15 +343,15 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=None,
         metavar="NAME=PATH_OR_HUB_ID[:SCALE]",
-        help="a LoRA adapter loaded at start that requests may pick by NAME (repeatable; SCALE: the scale "
+        help="a LoRA loaded at start that requests may pick by NAME (repeatable; SCALE: the scale "
         "the page suggests for it, default 1) [T2I_LORAS: specs separated by commas or line breaks]",
     )
     parser.add_argument(
         "--lora-batching",
         dest="lora_batching",
         default=None,
-        help="auto, mixed or separate: requests with different LoRA adapters share a step-level loop's "
-        "denoiser calls, a LoRA per row (mixed), or run a loop per adapter (separate); auto: mixed "
+        help="auto, mixed or separate: requests with different LoRAs share a step-level loop's "
+        "denoiser calls, a LoRA per row (mixed), or run a loop per LoRA (separate); auto: mixed "
         "where the model's loop can, separate under --compile [T2I_LORA_BATCHING]",
     )
     for dest, env, kind, text in OPTIONS:

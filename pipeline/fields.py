@@ -154,9 +154,9 @@ TABLE: tuple[Field, ...] = (
     Field("scheduler", str, REQUIRED, 'The sampler: "default" (the model\'s own) or one of the names the model '
           "offers\n(Euler, Euler a, DPM++ 2M Karras, DDIM, UniPC where its family supports them).",
           a1111="sampler_name", openai="extra_body", png="Sampler"),
-    Field("lora", str, "none", 'A LoRA adapter the server loaded (--lora), by name, or "none".',
+    Field("lora", str, "none", 'A LoRA the server loaded (--lora), by name, or "none".',
           a1111="prompt", openai="extra_body", png="Lora hashes"),
-    Field("lora_scale", float, 1.0, "How strongly the adapter applies, from -2 to 2 (1: as trained).",
+    Field("lora_scale", float, 1.0, "How strongly the LoRA applies, from -2 to 2 (1: as trained).",
           a1111="prompt", openai="extra_body"),
     Field("mode", str, "text", '"text" (text-to-image), or, where the model has them, "image" (image-to-image),'
           '\n"inpaint" or "outpaint".', a1111="init_images"),

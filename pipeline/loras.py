@@ -1,9 +1,9 @@
-"""LoRA adapters as the app names them: ``--lora NAME=PATH_OR_HUB_ID[:SCALE]``, free of torch.
+"""LoRAs as the app names them: ``--lora NAME=PATH_OR_HUB_ID[:SCALE]``, free of torch.
 
 The specs are parsed here (by ``config``, at start, so a bad one stops the app with its reason);
-``engine.model.lora`` loads them into the pipeline. A request names an adapter by ``NAME`` (``"none"``:
-no adapter) and a ``lora_scale``; ``:SCALE`` is the adapter's own recommended scale, the one the
-page's slider moves to when the adapter is picked.
+``engine.model.lora`` loads them into the pipeline. A request names a LoRA by ``NAME`` (``"none"``:
+no LoRA) and a ``lora_scale``; ``:SCALE`` is the LoRA's own recommended scale, the one the
+page's slider moves to when the LoRA is picked.
 
 The PNG metadata follows AUTOMATIC1111: ``<lora:NAME:SCALE>`` in the prompt line, and Civitai's
 ``Lora hashes: "NAME: HASH"``, where HASH is the first 12 hex digits of the SHA-256 of the
@@ -66,7 +66,7 @@ def parse_all(texts: tuple[str, ...] | list[str]) -> tuple[LoraSpec, ...]:
     seen: set[str] = set()
     for spec in specs:
         if spec.name.lower() in seen:
-            raise ValueError(f"--lora name {spec.name!r} is given twice; each adapter needs its own name")
+            raise ValueError(f"--lora name {spec.name!r} is given twice; each LoRA needs its own name")
         seen.add(spec.name.lower())
     return specs
 

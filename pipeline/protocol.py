@@ -69,8 +69,8 @@ class ModelProfile:
     previews: bool = True  # whether live previews can be drawn for this model
     preview_note: str = ""  # why not, where they cannot (the start log, /health and the page say it)
     cfg_above: float = 1.0  # classifier-free guidance (and so a negative prompt) runs above this guidance
-    loras: tuple[LoraInfo, ...] = ()  # the LoRA adapters loaded at start (``--lora``), in flag order
-    # how jobs with different adapters batch: "mixed" (one denoiser call, a LoRA per row: step-level
+    loras: tuple[LoraInfo, ...] = ()  # the LoRAs loaded at start (``--lora``), in flag order
+    # how jobs with different LoRAs batch: "mixed" (one denoiser call, a LoRA per row: step-level
     # loops), "separate" (a job or loop per adapter and scale)
     lora_batching: str = "separate"
     # The modes this model serves (``engine.model.modes``), and why each other one is not served.
@@ -82,7 +82,7 @@ class ModelProfile:
     loop_modes: tuple[str, ...] = ("text",)
 
 
-NONE = "none"  # a request's LoRA value for no adapter
+NONE = "none"  # a request's LoRA value for no LoRA
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ def loop_key(width: int, height: int, sampler: str, lora: LoraUse, *, per_lora: 
 
 @dataclass(frozen=True)
 class LoraInfo:
-    """A LoRA adapter the model side loaded: its name, recommended scale, A1111 short hash and where it went."""
+    """A LoRA the model side loaded: its name, recommended scale, A1111 short hash and where it went."""
 
     name: str
     scale: float = 1.0
@@ -142,7 +142,7 @@ class InferenceJob:
     # The request ids of members of that loop on their last step: the server sends a joiner a step
     # early, for their place, and the model side holds it until they have left.
     enters_after: tuple[str, ...] = ()
-    # The LoRA adapter the job runs with (a name from ModelProfile.loras; "": none) and its scale.
+    # The LoRA the job runs with (a name from ModelProfile.loras; "": none) and its scale.
     lora: str = ""
     lora_scale: float = 0.0
     # The mode (``engine.model.modes``): "text"; "image" (image-to-image: ``images``, one per image of

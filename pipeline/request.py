@@ -89,7 +89,7 @@ class Limits:
     step_choices: tuple[int, ...] = ()  # only these step counts run (Sana Sprint); empty: the whole range
     size_choices: tuple[tuple[int, int], ...] = ()  # only these sizes run (Kandinsky 5, HiDream); empty: any
     cfg_above: float = 1.0  # a negative prompt is read only above this guidance
-    loras: tuple[str, ...] = ()  # the LoRA adapters' names (``--lora``); a request may pick one or "none"
+    loras: tuple[str, ...] = ()  # the LoRAs' names (``--lora``); a request may pick one or "none"
     modes: tuple[str, ...] = ("text",)  # the pipeline modes the model serves (``engine.model.modes``)
     mode_notes: tuple[tuple[str, str], ...] = ()  # why each other mode is not served
 
@@ -446,7 +446,7 @@ def _lora(value: Any, limits: Limits) -> str:
     if isinstance(value, str) and value.strip().lower() in by_lower:
         return by_lower[value.strip().lower()]
     choices = html.escape(", ".join((NONE, *limits.loras)))
-    loaded = "" if limits.loras else " (this server loaded no LoRA adapters: start it with --lora NAME=PATH)"
+    loaded = "" if limits.loras else " (this server loaded no LoRAs: start it with --lora NAME=PATH)"
     raise InvalidRequest("lora", f"lora must be one of: {choices}{loaded}; got {show(value)}")
 
 

@@ -1,4 +1,4 @@
-"""Tiny random LoRA adapters made with peft, saved the way diffusers' trainers save them.
+"""Tiny random LoRAs made with peft, saved the way diffusers' trainers save them.
 
 ``make_lora(folder, out_dir, seed)`` loads the pipeline at ``folder``, adds a peft ``LoraConfig``
 adapter with random A and B (``init_lora_weights=False``, so it changes the picture) to the
@@ -40,7 +40,7 @@ def _adapter_state(module: Any, targets: list[str], seed: int, rank: int, streng
     torch.manual_seed(seed)
     config = LoraConfig(r=rank, lora_alpha=rank, target_modules=targets, init_lora_weights=False)
     inject_adapter_in_model(config, module, adapter_name="made")  # peft's own (transformers' asks a newer peft)
-    with torch.no_grad():  # random B, scaled so the adapter changes the picture without drowning it
+    with torch.no_grad():  # random B, scaled so the LoRA changes the picture without drowning it
         for name, p in module.named_parameters():
             if "lora_B" in name:
                 p.mul_(strength)
@@ -54,7 +54,7 @@ def make_lora(
     its B matrices: a tiny random-weight transformer barely reacts to its inputs, so it needs more."""
     from diffusers import DiffusionPipeline
 
-    pipe = DiffusionPipeline.from_pretrained(str(folder))  # a fresh copy: the adapter stays in it
+    pipe = DiffusionPipeline.from_pretrained(str(folder))  # a fresh copy: the LoRA stays in it
     component = "unet" if getattr(pipe, "unet", None) is not None else "transformer"
     layers = {f"{component}_lora_layers": _adapter_state(getattr(pipe, component), ATTENTION, seed, rank, strength)}
     if text_encoder and getattr(pipe, "text_encoder", None) is not None:
@@ -94,7 +94,7 @@ def loras_of(family: str) -> dict[str, Path]:
 
         out = Path(tempfile.mkdtemp(prefix=f"loras-{family}-"))
         src = source_of(family)
-        k = 0.5 if family == "default" else 4.0  # the tiny random builds barely react to a small adapter
+        k = 0.5 if family == "default" else 4.0  # the tiny random builds barely react to a small LoRA
         _CACHE["loras", family] = {
             "a": make_lora(src, out / "a", 1, strength=k),
             "b": make_lora(src, out / "b", 2, text_encoder=family == "default", strength=k),
@@ -113,7 +113,7 @@ def model_of(family: str, *, hotswap: bool = False, loras: bool = True) -> Diffu
     if key not in _CACHE:
         specs = tuple(f"{n}={p}" for n, p in loras_of(family).items() if not (hotswap and n == "b")) if loras else ()
         source = None if family == "default" else str(source_of(family))
-        if hotswap:  # --compile's path, without compiling (CPU): the adapters hotswap into one slot
+        if hotswap:  # --compile's path, without compiling (CPU): the LoRAs hotswap into one slot
             from pipeline.engine.model.loading import lora_batching
             from pipeline.engine.model.lora import load_loras
 

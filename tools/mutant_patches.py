@@ -418,7 +418,7 @@ MUTANTS: dict[str, list[Patch]] = (
             "ZImageLoop._guided",
             staticmethod(lambda pos, neg, scale, normalization: pos),
         ),
-        # Every job runs without its LoRA adapter (the request's choice never reaches the weights).
+        # Every job runs without its LoRA (the request's choice never reaches the weights).
         "lora-adapter-ignored": attr(
             "pipeline.engine.model.lora", "use_of", lambda job: import_module("pipeline.protocol").LoraUse()
         ),

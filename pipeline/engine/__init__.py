@@ -3,7 +3,7 @@
 - ``hosting``: what owns the model and how the server reaches it: the model thread (``runner``), the
   model process (``process``, ``child``, its socket's messages ``wire``) and ZeroGPU (``zerogpu``);
 - ``model``: the diffusers model itself: ``loading``, ``diffusers_model``, the families, samplers,
-  previews, LoRA adapters, speedups, and the benchmarks' ``simulated`` device;
+  previews, LoRAs, speedups, and the benchmarks' ``simulated`` device;
 - ``loop``: step-level joining: the driver (``joining``) and each family's denoising loop.
 
 ``hosting`` drives the other two; the loops read the model through ``loop.loop_base.LoopHost`` (so no

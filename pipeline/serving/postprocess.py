@@ -73,7 +73,7 @@ def sampler_name(scheduler_class: str) -> str:
 
 
 def lora_fields(request: GenerateRequest, p: ModelProfile) -> dict[str, Any]:
-    """The adapter's A1111 short hash, for the PNG's ``Lora hashes`` and the info record ({} for none)."""
+    """The LoRA's A1111 short hash, for the PNG's ``Lora hashes`` and the info record ({} for none)."""
     info = next((i for i in p.loras if i.name == request.lora), None) if request.lora else None
     return {"lora_hash": info.hash} if info is not None else {}
 
@@ -93,7 +93,7 @@ def a1111_parameters(params: dict[str, Any], seed: int, model: str, scheduler_cl
     """
     lines = [one_line(params["prompt"])]
     lora = params.get("lora")
-    if lora and lora != NONE:  # A1111 writes the adapter into the prompt, and Civitai reads its hash
+    if lora and lora != NONE:  # A1111 writes the LoRA into the prompt, and Civitai reads its hash
         lines[0] += f" {prompt_tag(lora, params.get('lora_scale', 1.0))}"
     if params.get("negative_prompt"):
         lines.append(f"Negative prompt: {one_line(params['negative_prompt'])}")

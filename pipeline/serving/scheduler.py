@@ -10,7 +10,7 @@ only place that decides what happens to it, the way vLLM's ``Scheduler.schedule`
   of entries from the head of the fair line that can share it enters at the next step boundary. A
   request that cannot join stops the run, so compatible requests from others never overtake it: it
   waits for the members already in the loop, then runs next. An entry joins only while its images
-  fit the batch (``max_images``) and the device's memory (``MemoryRoom``), its LoRA adapter at one scale.
+  fit the batch (``max_images``) and the device's memory (``MemoryRoom``), its LoRA at one scale.
 - **Who waits,** how many are ahead and, through ``plan_until``, which batches run before it (the
   ETA), all from the same state and the same rules.
 
@@ -77,7 +77,7 @@ class Entry:
 
 def batch_key(request: GenerateRequest) -> tuple[Hashable, ...]:
     """Requests with equal keys can share one whole-pipeline call: the same size, steps, guidance,
-    scheduler and LoRA adapter (at one scale), and a negative prompt on all or none (SDXL zeroes an
+    scheduler and LoRA (at one scale), and a negative prompt on all or none (SDXL zeroes an
     all-empty one; one empty among others is encoded as ""); the same mode and strength (each
     picture its own), and the same hires fix."""
     r, p = request, request.pictures
@@ -128,7 +128,7 @@ class Batch:
         return sum(e.images for e in self.entries if not e.last_step)
 
     def admits(self, entry: Entry) -> bool:
-        """Whether ``entry``'s LoRA adapter can share this batch's calls: each adapter at one scale."""
+        """Whether ``entry``'s LoRA can share this batch's calls: each LoRA at one scale."""
         use = entry.request.lora_use
         return not use.name or all(
             e.request.lora_use.name != use.name or e.request.lora_use == use for e in self.entries
@@ -230,7 +230,7 @@ class Scheduler:
         self.max_images = max_images
         self.joining = joining  # step-level loops on the model side
         self.loop_modes = frozenset(loop_modes)  # the modes whose requests enter them (ModelProfile.loop_modes)
-        self.mixed_loras = mixed_loras  # the model's loops take entries with different LoRA adapters
+        self.mixed_loras = mixed_loras  # the model's loops take entries with different LoRAs
         self.line = line
         self.running: Batch | None = None
         self.memory = MemoryRoom()

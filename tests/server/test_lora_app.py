@@ -1,4 +1,4 @@
-"""Per-request LoRA adapters through the launched app (the embedded model in its model process, two tiny
+"""Per-request LoRAs through the launched app (the embedded model in its model process, two tiny
 peft LoRAs loaded with ``--lora``), answered by the real ``gradio_client``:
 
 - a LoRA changes the image and equals a plain diffusers call with that adapter at that scale; "none"

@@ -1,14 +1,14 @@
-"""Per-request LoRA adapters on the model side (``engine.lora``): tiny random peft LoRAs (``tests/loras.py``)
+"""Per-request LoRAs on the model side (``engine.lora``): tiny random peft LoRAs (``tests/loras.py``)
 on the embedded model, on a UNet family (SDXL, job-level) and on a transformer family (FLUX dev, step-level).
 
 - loaded once at start with ``load_lora_weights(adapter_name=NAME)``; a file that is not a LoRA for the
   model is refused at start, naming the file and why;
 - a job's adapter changes the picture and equals a plain diffusers call with ``set_adapters([NAME],
-  [SCALE])``; "none" equals a model with no adapters; the previous job's adapter never leaks;
+  [SCALE])``; "none" equals a model with no LoRAs; the previous job's adapter never leaks;
 - a step-level loop holds members with different adapters in one denoiser call (peft's mixed-adapter
-  batches), each member's pixels as alone (that an adapter runs at one scale per call, the scheduler's
-  ``Batch.admits``, is tested through the adapter in ``tests/unit/test_lora_serving.py``);
-- under ``--compile`` the adapters hotswap into one slot (no recompiling), with the same pixels.
+  batches), each member's pixels as alone (that a LoRA runs at one scale per call, the scheduler's
+  ``Batch.admits``, is tested through the LoRA in ``tests/unit/test_lora_serving.py``);
+- under ``--compile`` the LoRAs hotswap into one slot (no recompiling), with the same pixels.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def test_a_lora_made_for_another_model_is_refused(tmp_path: Path) -> None:
     assert str(flux) in message and "is not a LoRA for this model" in message
 
 
-# -- one adapter per job ----------------------------------------------------------------------------------
+# -- one LoRA per job ----------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("family", ["default", "sdxl", "flux-dev"])
@@ -126,7 +126,7 @@ def test_none_equals_no_adapters_and_the_last_adapter_never_leaks(family: str) -
     a_first = run(with_adapters, job("a"))
     run(with_adapters, job("c", 1.5))
     assert mad(run(with_adapters, job("a")), a_first) == 0.0  # a after c is a, not a + c
-    assert run(with_adapters, job("a", 0.5))  # another scale of the same adapter is a switch too
+    assert run(with_adapters, job("a", 0.5))  # another scale of the same LoRA is a switch too
     assert mad(run(with_adapters, job("a")), a_first) == 0.0
 
 
@@ -137,12 +137,12 @@ def test_a_switch_is_timed_and_never_reloads_the_model() -> None:
     again = model.generate(job("a", 0.9), threading.Event(), lambda *_: None)
     other = model.generate(job("b", 0.9), threading.Event(), lambda *_: None)
     assert first.lora_switch_ms > 0 and other.lora_switch_ms > 0
-    assert again.lora_switch_ms == 0.0  # the same adapter and scale: nothing to switch
+    assert again.lora_switch_ms == 0.0  # the same LoRA and scale: nothing to switch
     assert first.model_loads == again.model_loads == other.model_loads == loads == model.loads
 
 
 def test_an_unknown_adapter_on_the_model_side_fails_the_job_not_the_model() -> None:
-    with pytest.raises(ValueError, match="no LoRA adapter named 'zzz'"):
+    with pytest.raises(ValueError, match="no LoRA named 'zzz'"):
         run(model_of("default"), job("zzz"))
     assert run(model_of("default"), job("a"))
 
@@ -175,12 +175,12 @@ def test_members_with_different_adapters_share_each_denoiser_call_with_their_own
     assert calls == 3  # one call a step for all four members (the longest runs 3 steps)
     for i, j in enumerate(jobs):
         assert mad(pictures[i], run(model, j)) <= BOUND, f"member {i} ({j.lora or 'none'})"
-    assert mad(pictures[0], pictures[2]) > 1.0  # and the adapters did apply
+    assert mad(pictures[0], pictures[2]) > 1.0  # and the LoRAs did apply
 
 
 def test_an_image_to_image_member_with_its_adapter_shares_the_calls_with_its_own_pixels() -> None:
     """The SD loop takes image-to-image members (``loop_sd``): with their own adapter, beside text members
-    with others, each as alone (the family's image-to-image pipeline with the adapter set)."""
+    with others, each as alone (the family's image-to-image pipeline with the LoRA set)."""
     import numpy as np
 
     model = model_of("default")
@@ -192,7 +192,7 @@ def test_an_image_to_image_member_with_its_adapter_shares_the_calls_with_its_own
     assert calls == 3  # the image member runs int(5 × 0.6) = 3 steps, in the same calls as the text members
     for i, j in enumerate(jobs):
         assert mad(shared[i], run(model, j)) <= BOUND, f"member {i} ({j.mode}, {j.lora or 'none'})"
-    assert mad(shared[1], run(model, replace(jobs[1], lora="", lora_scale=0.0))) > 1.0  # the adapter applied
+    assert mad(shared[1], run(model, replace(jobs[1], lora="", lora_scale=0.0))) > 1.0  # the LoRA applied
 
 
 def test_separate_batching_puts_the_adapter_in_the_loop_key() -> None:

@@ -1,4 +1,4 @@
-"""Per-request LoRA adapters on the serving side, with the fake model: the ``--lora`` specs, the
+"""Per-request LoRAs on the serving side, with the fake model: the ``--lora`` specs, the
 ``lora``/``lora_scale`` checks at join time, which requests share a job or a loop, and the PNG metadata
 (``<lora:NAME:SCALE>`` in the prompt, ``Lora hashes``) that Paste parameters reads back."""
 
@@ -106,9 +106,7 @@ def test_a_bad_adapter_or_scale_names_the_field_and_the_choices(raw: dict[str, A
 def test_on_a_server_without_adapters_only_none_is_accepted_and_it_says_how_to_load_one() -> None:
     plain = Limits.for_model(FAKE_PROFILE)
     assert validate(raw_request(lora="none"), plain).lora == ""
-    with pytest.raises(
-        InvalidRequest, match="one of: none \\(this server loaded no LoRA adapters: start it with --lora"
-    ):
+    with pytest.raises(InvalidRequest, match="one of: none \\(this server loaded no LoRAs: start it with --lora"):
         validate(raw_request(lora="ink"), plain)
 
 
@@ -207,7 +205,7 @@ def test_paste_notes_an_unknown_adapter_a_changed_file_and_a_second_tag() -> Non
     notes = "\n".join(fill.notes)
     assert fill.values["prompt"] == "castle" and fill.values["lora"] == "ink" and fill.values["lora_scale"] == 1.5
     assert "LoRA 'watercolor' not applied: this app has none, ink, Pixel-Art." in notes
-    assert "Only LoRA 'ink' applied: this app runs one adapter per image." in notes
+    assert "Only LoRA 'ink' applied: this app runs one LoRA per image." in notes
     assert "the text's file hash is ffffffffffff, this app's is 0123456789ab" in notes
     assert "Lora hashes" not in notes  # read, not "not used"
     assert strip_tags("a <lora:x:0.5> b") == ("a  b", [("x", 0.5)])

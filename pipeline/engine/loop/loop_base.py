@@ -224,7 +224,7 @@ class MemberLoop:
         active = [(slot, m) for slot, m in self.members.items() if m.done < m.total]
         if not active:
             return {}
-        # 1. One denoiser call for all rows, each member at its own timestep, guidance and LoRA adapter.
+        # 1. One denoiser call for all rows, each member at its own timestep, guidance and LoRA.
         members = [m for _, m in active]
         loras = self.model.loras
         if loras is None:

@@ -1,1 +1,1 @@
-"""The diffusers model: loading, families, samplers, previews, LoRA adapters, speedups, and the simulated device."""
+"""The diffusers model: loading, families, samplers, previews, LoRAs, speedups, and the simulated device."""

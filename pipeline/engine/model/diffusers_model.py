@@ -42,7 +42,7 @@ class DiffusersModel:
     ) -> None:
         self.pipe = pipe
         self.modes = modes or {}  # mode -> its pipeline, sharing pipe's components (``engine.model.modes``)
-        self.loras = loras  # the --lora adapters (engine.model.lora), or None
+        self.loras = loras  # the --LoRAs (engine.model.lora), or None
         self.loads = 0  # how many times this process has loaded a model (engine.model.loading sets it)
         self.profile = profile
         self.preview_map = preview_map
@@ -133,9 +133,9 @@ class DiffusersModel:
         return pipe
 
     def use_adapter(self, job: InferenceJob) -> float:
-        """Set ``job``'s LoRA adapter for the next call; the milliseconds the switch took (0: none needed)."""
+        """Set ``job``'s LoRA for the next call; the milliseconds the switch took (0: none needed)."""
         if job.lora and (self.loras is None or job.lora not in self.loras.names):
-            raise ValueError(f"no LoRA adapter named {job.lora!r} is loaded")
+            raise ValueError(f"no LoRA named {job.lora!r} is loaded")
         return self.loras.use(use_of(job)) if self.loras is not None else 0.0
 
     def _job_guiders(self, job: InferenceJob) -> dict[str, Any]:
@@ -222,7 +222,7 @@ class DiffusersModel:
 
         Members of one loop share the latent shape (width, height) and the sampler name; prompts,
         negative prompts, seeds, image counts, steps and guidance (with or without CFG) may differ,
-        and so may LoRA adapters where the profile's ``lora_batching`` is "mixed" (else the adapter
+        and so may LoRAs where the profile's ``lora_batching`` is "mixed" (else the LoRA
         and its scale are part of the key).
         """
         kind = loop_kind(self.pipe)

@@ -149,7 +149,7 @@ def load_model(settings: Settings, *, warmup: bool = True) -> DiffusersModel | S
         preview_map: Previewer | None = load_decoder(settings.preview_decoder, device, dtype)
     else:
         preview_map, preview_off = load_preview_map(pipe, folder, fit=not zero_gpu_active())
-    # LoRA adapters, once, before any compile (hotswap under --compile, so a switch never recompiles).
+    # LoRAs, once, before any compile (hotswap under --compile, so a switch never recompiles).
     hotswap = settings.compile and not zero_gpu_active()
     loras = load_loras(pipe, settings.lora_specs(), hotswap=hotswap)
     batching = lora_batching(pipe, loras, settings.lora_batching, device)

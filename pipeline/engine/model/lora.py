@@ -1,20 +1,20 @@
-"""LoRA adapters in a loaded pipeline: loaded once at start, switched per job, mixed per row in a loop.
+"""LoRAs in a loaded pipeline: loaded once at start, switched per job, mixed per row in a loop.
 
 ``load_loras`` loads every ``--lora`` spec through diffusers' ``load_lora_weights(...,
 adapter_name=NAME)`` and refuses, naming the file and why, one that is not a LoRA for this model
 (no weight matches a layer, the shapes do not fit, not a weights file). The model is never loaded
 again: a job's adapter is set with ``set_adapters`` / ``disable_lora`` (``LoadedLoras.use``), and only
-when it differs from the last job's, which costs a few milliseconds (README, "LoRA adapters").
+when it differs from the last job's, which costs a few milliseconds (README, "LoRAs").
 
-Under ``--compile`` the adapters go through diffusers' hotswap instead (``enable_lora_hotswap``
-before the first load): one adapter slot, its weights copied in place from the chosen adapter's
+Under ``--compile`` the LoRAs go through diffusers' hotswap instead (``enable_lora_hotswap``
+before the first load): one LoRA slot, its weights copied in place from the chosen LoRA's
 state dict, its scale written into the scaling tensors in place, "none" as scale 0, so the
 compiled graph never sees a changed module and never recompiles.
 
-A step-level loop may hold members with different adapters (``LoadedLoras.rows``): one denoiser call
+A step-level loop may hold members with different LoRAs (``LoadedLoras.rows``): one denoiser call
 in which each row goes through its own adapter, through peft's mixed-adapter batches (the
-``adapter_names`` argument of every LoRA layer, ``"__base__"`` for no adapter), with each adapter's
-scale set on its layers. An adapter has one scale at a time, so a loop holds each adapter at one
+``adapter_names`` argument of every LoRA layer, ``"__base__"`` for no LoRA), with each LoRA's
+scale set on its layers. An adapter has one scale at a time, so a loop holds each LoRA at one
 scale: the serving side's scheduler admits joiners so (``serving.scheduler.Batch.admits``).
 Everything here runs on the model thread.
 """
@@ -34,8 +34,8 @@ from ...protocol import InferenceJob, LoraInfo, LoraUse
 
 log = logging.getLogger(__name__)
 
-BASE = "__base__"  # peft's name for "no adapter" in a mixed batch
-SLOT = "t2i_hotswap"  # the one adapter slot under --compile
+BASE = "__base__"  # peft's name for "no LoRA" in a mixed batch
+SLOT = "t2i_hotswap"  # the one LoRA slot under --compile
 
 
 def use_of(job: InferenceJob) -> LoraUse:
@@ -93,14 +93,14 @@ def _refused(spec: LoraSpec, why: str) -> ModelRefused:
 
 
 class LoadedLoras:
-    """The adapters of one pipeline and which one is set now (model thread only)."""
+    """The LoRAs of one pipeline and which one is set now (model thread only)."""
 
     def __init__(self, pipe: Any, infos: tuple[LoraInfo, ...], *, hotswap: bool = False,
                  states: dict[str, tuple[Any, dict[str, Any]]] | None = None) -> None:  # fmt: skip
         self.pipe = pipe
         self.infos = infos
         self.hotswap = hotswap
-        self._states = states or {}  # hotswap: each adapter's source, loaded into the slot on a switch
+        self._states = states or {}  # hotswap: each LoRA's source, loaded into the slot on a switch
         self._current: object = None  # what is set now: a LoraUse, or ("rows", scales)
         self._slot_holds = ""  # hotswap: whose weights are in the slot
         self._unit: dict[int, float] = {}  # hotswap: each layer's scaling at scale 1 (by id)
@@ -122,7 +122,7 @@ class LoadedLoras:
         kwargs["adapter_names"] = self._rows
         return args, kwargs
 
-    # -- one adapter for the whole call ------------------------------------------------------------
+    # -- one LoRA for the whole call ------------------------------------------------------------
 
     def use(self, use: LoraUse) -> float:
         """Set ``use`` for the next call (nothing if it is set already); returns the milliseconds it took."""
@@ -163,7 +163,7 @@ class LoadedLoras:
 
     @contextlib.contextmanager
     def rows(self, per_row: Sequence[LoraUse]) -> Iterator[None]:
-        """The next denoiser call with a LoRA per row (one adapter for all rows: ``use``)."""
+        """The next denoiser call with a LoRA per row (one LoRA for all rows: ``use``)."""
         distinct = set(per_row)
         if len(distinct) == 1 or self.hotswap:
             self.use(per_row[0])
@@ -174,7 +174,7 @@ class LoadedLoras:
         if self._current != state:
             t0 = time.perf_counter()
             self.pipe.enable_lora()
-            self.pipe.set_adapters(list(scales), list(scales.values()))  # each adapter's scale on its layers
+            self.pipe.set_adapters(list(scales), list(scales.values()))  # each LoRA's scale on its layers
             self._current = state
             self.switches += 1
             self.switch_seconds += time.perf_counter() - t0
@@ -194,9 +194,7 @@ def load_loras(pipe: Any, specs: Sequence[LoraSpec], *, hotswap: bool = False) -
     if not specs:
         return None
     if not hasattr(pipe, "load_lora_weights"):
-        raise ModelRefused(
-            f"--lora: {type(pipe).__name__} cannot load LoRA adapters (diffusers has no LoRA loader for it)"
-        )
+        raise ModelRefused(f"--lora: {type(pipe).__name__} cannot load LoRAs (diffusers has no LoRA loader for it)")
     infos: list[LoraInfo] = []
     states: dict[str, tuple[Any, dict[str, Any]]] = {}
     keys: dict[str, set[str]] = {}
@@ -208,14 +206,14 @@ def load_loras(pipe: Any, specs: Sequence[LoraSpec], *, hotswap: bool = False) -
         before = _adapter_layers(pipe)
         source, kwargs = _load_arguments(spec)
         try:
-            if hotswap:  # every adapter goes through the slot once now, so a misfit is refused at start
+            if hotswap:  # every LoRA goes through the slot once now, so a misfit is refused at start
                 states[spec.name] = (source, kwargs)
                 keys[spec.name] = set(_state_of(pipe, spec))
                 if any(not k.startswith(("unet.", "transformer.")) for k in keys[spec.name]):
                     raise ModelRefused(
                         f"--lora {spec.name}: {spec.source} adapts a text encoder too, and under --compile adapters "
                         "are hotswapped, which diffusers cannot do for text encoders: drop --compile, or use "
-                        "an adapter of the denoiser only"
+                        "a LoRA of the denoiser only"
                     )
                 pipe.load_lora_weights(source, adapter_name=SLOT, hotswap=i > 0, **kwargs)
             else:
@@ -239,7 +237,7 @@ def load_loras(pipe: Any, specs: Sequence[LoraSpec], *, hotswap: bool = False) -
         log.info("LoRA %s from %s (%s) loaded in %.2fs", spec.name, spec.source, ", ".join(components),
                  time.perf_counter() - t0)  # fmt: skip
     loras = LoadedLoras(pipe, tuple(infos), hotswap=hotswap, states=states)
-    loras.use(LoraUse())  # no adapter until a job asks for one
+    loras.use(LoraUse())  # no LoRA until a job asks for one
     loras.switches, loras.switch_seconds = 0, 0.0
     return loras
 
@@ -256,7 +254,7 @@ def _adapter_layers(pipe: Any) -> dict[str, set[str]]:
 
 
 def _state_of(pipe: Any, spec: LoraSpec) -> dict[str, Any]:
-    """The adapter's state dict as diffusers reads it (``lora_state_dict``), or the refusal."""
+    """The LoRA's state dict as diffusers reads it (``lora_state_dict``), or the refusal."""
     source, kwargs = _load_arguments(spec)
     try:
         state = pipe.lora_state_dict(source, **kwargs)
@@ -266,7 +264,7 @@ def _state_of(pipe: Any, spec: LoraSpec) -> dict[str, Any]:
 
 
 def _rank(pipe: Any, spec: LoraSpec) -> int:
-    """The adapter's rank (the largest lora_A's output size), for hotswap's padding."""
+    """The LoRA's rank (the largest lora_A's output size), for hotswap's padding."""
     state = _state_of(pipe, spec)
     ranks = [int(v.shape[0]) for k, v in state.items() if any(d in k for d in ("lora_A", "lora_down", "lora.down"))]
     if not ranks:

@@ -2,7 +2,7 @@
 
 diffusers' ``AutoPipelineForImage2Image.from_pipe`` / ``AutoPipelineForInpainting.from_pipe`` build
 the family's mode pipeline around the loaded pipeline's own components: no second load, no copy of
-a weight, the LoRA adapters already in them. A mode is offered only where that pipeline is a
+a weight, the LoRAs already in them. A mode is offered only where that pipeline is a
 strength-based one (it takes ``image`` and ``strength``; ``mask_image`` for inpainting): FLUX.2's
 and Kontext's "image-to-image" classes edit by reference instead, so the mode is refused there,
 naming the class and why. Outpainting is inpainting on a wider canvas and hires fix is text, then

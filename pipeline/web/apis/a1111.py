@@ -316,10 +316,10 @@ def _lora(
     values: dict[str, Any],
     notes: list[str],
 ) -> None:
-    """The pasted ``<lora:NAME:SCALE>`` selects that adapter; none in the text selects none."""
+    """The pasted ``<lora:NAME:SCALE>`` selects that LoRA; none in the text selects none."""
     if not limits.loras:
         if tags:
-            notes.append(f"LoRA {tags[0][0]!r} not applied: this app loaded no LoRA adapters.")
+            notes.append(f"LoRA {tags[0][0]!r} not applied: this app loaded no LoRAs.")
         return
     by_lower = {name.lower(): name for name in limits.loras}
     known = [(by_lower[n.lower()], s) for n, s in tags if n.lower() in by_lower]
@@ -333,7 +333,7 @@ def _lora(
         return
     name, scale = known[0]
     if len(tags) > 1:
-        notes.append(f"Only LoRA {name!r} applied: this app runs one adapter per image.")
+        notes.append(f"Only LoRA {name!r} applied: this app runs one LoRA per image.")
     values["lora"] = name
     if SCALE_MIN <= scale <= SCALE_MAX:
         values["lora_scale"] = scale

@@ -112,7 +112,7 @@ def a1111_raw(
     raw["scheduler"], note = sampler_choice(sampler, body.get("scheduler"), profile, limits)
     notes += [note] if note else []
     if len(tags) > 1:
-        raise InvalidRequest("prompt", "prompt: this app runs one LoRA adapter per image; the prompt has several")
+        raise InvalidRequest("prompt", "prompt: this app runs one LoRA per image; the prompt has several")
     if tags:
         name, scale = tags[0]
         known = {n.lower(): n for n in limits.loras}

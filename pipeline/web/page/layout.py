@@ -238,7 +238,7 @@ def _advanced_settings(p: ModelProfile, lim: Limits) -> dict[str, Any]:
         elem_id="sampler",
         visible=len(lim.schedulers) > 1,
     )
-    # The LoRA adapter (the API's `lora`, `lora_scale`): "none" or a name loaded with
+    # The LoRA (the API's `lora`, `lora_scale`): "none" or a name loaded with
     # --lora; picking one moves the scale to the one its spec suggests. Hidden without any.
     with gr.Row(visible=bool(p.loras)):
         lora = gr.Dropdown([NONE, *(info.name for info in p.loras)], value=NONE, label="LoRA", elem_id="lora")
