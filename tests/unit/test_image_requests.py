@@ -17,7 +17,7 @@ from PIL import Image
 from pipeline.errors import InvalidRequest
 from pipeline.request import Limits, validate
 from tests import malformed
-from tests.fakes import FAKE_PROFILE, FakeModel
+from tests.fakes import FAKE_PROFILE, WAIT, FakeModel
 from tests.helpers import collect, raw_request, wait_until
 
 LIMITS = Limits.for_model(FAKE_PROFILE, max_pixel_steps=10**9)
@@ -135,15 +135,19 @@ async def test_image_modes_run_their_steps_through_the_same_line_and_join_text_l
 ) -> None:
     # A model whose loops take text only (FLUX's, SD3's...): image requests share whole calls among themselves.
     # The text loop holds at its first step (a gate, not a sleep) until both image requests wait in line:
-    # their pictures are decoded first, which a loaded machine may take longer than the loop.
+    # their pictures are decoded first, on the decode threads at a lower priority, which a loaded machine
+    # may take longer than a loop (or a step permit's usual wait).
     steps = threading.Semaphore(0)
-    adapter, model = make_adapter(FakeModel(joining=True, step_gate=steps), step_joining=True, max_batch_size=4)
+    adapter, model = make_adapter(FakeModel(joining=True, step_gate=steps, permit_wait=4 * WAIT), step_joining=True,
+                                  max_batch_size=4)  # fmt: skip
     running = asyncio.gather(
         collect(adapter, raw_request(num_inference_steps=8), request_id="text"),
         collect(adapter, image_raw(num_inference_steps=8, strength=0.5), request_id="image-a"),
         collect(adapter, image_raw(num_inference_steps=8, strength=0.5, seed=9), request_id="image-b"),
     )
-    await wait_until(lambda: adapter.gpu_queue_depth == 2, "both image requests wait beside the text loop")
+    await wait_until(
+        lambda: adapter.gpu_queue_depth == 2, "both image requests wait beside the text loop", timeout=3 * WAIT
+    )
     steps.release(100)
     results = await running
     done = {r[-1].info["request_id"]: r[-1].info for r in results}
@@ -160,8 +164,8 @@ async def test_image_modes_run_their_steps_through_the_same_line_and_join_text_l
     # strengths enter the running text loop, each for its own steps; inpainting still runs as a call.
     profile = dataclasses.replace(FAKE_PROFILE, loop_modes=("text", "image"))
     steps = threading.Semaphore(0)
-    adapter, model = make_adapter(FakeModel(profile, joining=True, step_gate=steps), step_joining=True,
-                                  max_batch_size=4)  # fmt: skip
+    adapter, model = make_adapter(FakeModel(profile, joining=True, step_gate=steps, permit_wait=4 * WAIT),
+                                  step_joining=True, max_batch_size=4)  # fmt: skip
     running = asyncio.gather(
         collect(adapter, raw_request(num_inference_steps=8), request_id="text"),
         collect(adapter, image_raw(num_inference_steps=8, strength=0.5), request_id="image-a"),
@@ -170,7 +174,7 @@ async def test_image_modes_run_their_steps_through_the_same_line_and_join_text_l
     )
     loop = lambda: adapter.scheduler.running  # noqa: E731
     await wait_until(lambda: loop() is not None and len(loop().entries) == 3 and adapter.gpu_queue_depth == 1,
-                     "three in the text loop, the inpainting waits")  # fmt: skip
+                     "three in the text loop, the inpainting waits", timeout=3 * WAIT)  # fmt: skip
     steps.release(100)
     results = await running
     done = {r[-1].info["request_id"]: r[-1].info for r in results}
