@@ -5,7 +5,7 @@ API declares, its default (``REQUIRED``: the caller always sends it), the line t
 show, the modes that read it, how AUTOMATIC1111 and OpenAI name it, and its key in the PNG
 ``parameters`` text. Derived from the table:
 
-- the generate handler's signature, annotations and docstring (``signature``, ``field_types``,
+- the generate handler's signature (its annotations read from it) and docstring (``signature``,
   ``docstring``: Gradio reads them for the API page, ``gradio_client`` and MCP) and the raw request
   it builds (``raw_from``);
 - ``request.FIELDS``, the unknown-field check and the picture fields' defaults (``defaults``);
@@ -244,10 +244,6 @@ def signature(extra: list[inspect.Parameter]) -> inspect.Signature:
     kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
     params = [inspect.Parameter(f.name, kind, default=f.default, annotation=f.type) for f in TABLE]
     return inspect.Signature([*params, *extra])
-
-
-def field_types() -> dict[str, Any]:
-    return {f.name: f.type for f in TABLE}
 
 
 def docstring(summary: str) -> str:

@@ -179,13 +179,15 @@ def make_generate(
                 raise _user_error(exc, request_id) from None
 
     generate.__signature__ = SIGNATURE  # type: ignore[attr-defined]
-    generate.__annotations__ = {**fields.field_types(), **INJECTED, "return": AsyncGenerator[tuple[Any, ...], None]}
+    generate.__annotations__ = {
+        **{name: p.annotation for name, p in SIGNATURE.parameters.items()},
+        "return": AsyncGenerator[tuple[Any, ...], None],
+    }
     generate.__doc__ = DOC
     return introspected_once(generate)
 
 
-# What Gradio injects after the fields: the progress tracker, the request, the logged-in HF user.
-INJECTED: dict[str, Any] = {"progress": gr.Progress, "request": gr.Request | None, "profile": gr.OAuthProfile | None}
+# The fields (``fields.TABLE``), then what Gradio injects: the progress tracker, the request, the logged-in HF user.
 SIGNATURE = fields.signature([
     inspect.Parameter("progress", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=gr.Progress(),
                       annotation=gr.Progress),
