@@ -1,4 +1,6 @@
-"""Every model family a user can pick, served correctly, through the launched app and ``gradio_client``.
+"""Every model family a user can pick, served correctly: one family of each build group through the
+launched app and ``gradio_client``, the others' engine in process with the same calls
+(``tests/inprocess.py``).
 
 Each family is a tiny random-weight pipeline built from configs (``tests/builds/``) with the
 family's real VAE factor, latent channels, default size, schedulers and text encoders, loaded by the
@@ -20,7 +22,8 @@ import pytest
 from PIL import Image
 
 from tests.families import built_family, mode_files, plain_diffusers_images, plain_mode_images
-from tests.helpers import ROOT, raw_request, running_app, wait_for
+from tests.helpers import ROOT, gate_held, raw_request, wait_for
+from tests.inprocess import handle_file, refused, served_family
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -37,6 +40,9 @@ EXPECTED: dict[str, tuple[int, float, int, bool, str]] = {
     "sana": (20, 4.5, 32, True, "Gemma"),
 }
 FAMILIES = list(EXPECTED)
+# One family of each build group (tests/builds/) through the launched app and gradio_client; the
+# others' engine in process (tests/inprocess.py), the same tests.
+LAUNCHED = ("sdxl", "flux-dev", "sana")
 RESULTS: dict[str, dict[str, str]] = {}
 SERVED_MAX_GUIDANCE = [1.5]  # the family being served's top guidance (the fixture sets it)
 ROWS = (
@@ -54,21 +60,15 @@ ROWS = (
 
 @pytest.fixture(scope="module", params=FAMILIES)
 def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any, Any]]:
-    from gradio_client import Client
-
     family = str(request.param)
     folder = built_family(family)
     tmp = tmp_path_factory.mktemp(family)
     # The model on a thread of the test process: the family is under test here, not the model process
     # (tests/unit/test_model_process.py), which would cost each family ~8 s to start.
-    with running_app(tmp, "--model", str(folder), "--model-side", "thread", "--max-batch-size", "4") as (
-        url,
-        _demo,
-        adapter,
-    ):
+    with served_family(tmp, folder, family in LAUNCHED, "--max-batch-size", "4") as (client, adapter):
         RESULTS.setdefault(family, {})["starts"] = "yes"
         SERVED_MAX_GUIDANCE[0] = adapter.profile.max_guidance
-        yield family, Client(url, verbose=False, download_files=str(tmp / "dl")), adapter
+        yield family, client, adapter
 
 
 def record(family: str, row: str, text: str = "yes") -> None:
@@ -110,8 +110,6 @@ def test_defaults_and_limits_come_from_the_model(served: tuple[str, Any, Any]) -
 
 
 def test_the_negative_prompt_changes_the_image_or_is_refused(served: tuple[str, Any, Any]) -> None:
-    from gradio_client.exceptions import ValidationError
-
     family, client, adapter = served
     size = max(64, adapter.profile.size_multiple * 4)
     gs = min(5.0, adapter.profile.max_guidance)
@@ -122,14 +120,12 @@ def test_the_negative_prompt_changes_the_image_or_is_refused(served: tuple[str, 
         assert np.abs(pixels(without) - pixels(with_negative)).mean() > 1e-3
         record(family, "negative prompt", "changes the image")
     else:
-        with pytest.raises(ValidationError, match="negative_prompt must be empty"):
+        with pytest.raises(refused(), match="negative_prompt must be empty"):
             generate(client, negative_prompt="a blue square", **plain)
         record(family, "negative prompt", "hidden; refused by the API")
 
 
 def test_every_offered_size_works_and_a_wrong_one_names_the_multiple(served: tuple[str, Any, Any]) -> None:
-    from gradio_client.exceptions import ValidationError
-
     family, client, adapter = served
     m = adapter.profile.size_multiple
     width, height = max(64, m * 2), max(64, m * 2) + m  # not square, each a multiple
@@ -137,7 +133,7 @@ def test_every_offered_size_works_and_a_wrong_one_names_the_multiple(served: tup
     with Image.open(gallery[0]["image"]) as image:
         assert image.size == (width, height)
     if m > 8:
-        with pytest.raises(ValidationError, match=f"height must be a multiple of {m}"):
+        with pytest.raises(refused(), match=f"height must be a multiple of {m}"):
             generate(client, width=width, height=height + 8, num_inference_steps=steps_for(family))
     record(family, "sizes", f"multiples of {m}")
 
@@ -204,22 +200,15 @@ def test_batching_keeps_each_image_and_a_seed_repeats(served: tuple[str, Any, An
     alone, _ = generate(client, seed=21, **common)
     again, _ = generate(client, seed=21, **common)
     assert np.array_equal(pixels(alone), pixels(again))
-    # The blocker needs only to outlast two submissions (milliseconds). PixArt draws at its binned size
-    # whatever the request's, about 0.8 s a step here: 4 steps (3 s), where 30 took 25 s.
-    blocker_steps = 4 if family.startswith("pixart") else min(30, adapter.profile.max_steps)
-    blocker = client.submit(
-        **request(adapter, width=256, height=256, num_inference_steps=blocker_steps, seed=1),
-        api_name="/generate",
-    )
-    wait_for(lambda: any(o[1].get("status") == "running" for o in blocker.outputs()), "the blocker runs", 120)
-    jobs = [
-        client.submit(**request(seed=s, prompt=p, **common), api_name="/generate")
-        for s, p in ((21, "a red circle"), (22, "a green star"))
-    ]
+    with gate_held(adapter):  # the GPU busy: both requests line up behind it
+        jobs = [
+            client.submit(**request(seed=s, prompt=p, **common), api_name="/generate")
+            for s, p in ((21, "a red circle"), (22, "a green star"))
+        ]
+        wait_for(lambda: adapter.gpu_queue_depth == 2, "both requests wait at the gate", timeout=60)
     results = [job.result(timeout=300) for job in jobs]
-    blocker.result(timeout=300)
     sizes = [info["batch_size"] for _, info in results]
-    assert sizes == [2, 2], sizes  # both waited behind the blocker and shared one job
+    assert sizes == [2, 2], sizes  # both waited at the gate and shared one job
     diff = float(np.abs(pixels(results[0][0]) - pixels(alone)).mean())
     assert diff <= 1 / 255, diff
     record(family, "batching + seed", f"batch of {max(sizes)}, {diff * 255:.2f}/255 from alone")
@@ -228,11 +217,9 @@ def test_batching_keeps_each_image_and_a_seed_repeats(served: tuple[str, Any, An
 def test_image_modes_give_the_plain_pipelines_pixels_or_are_refused_by_name(
     served: tuple[str, Any, Any], tmp_path: Path
 ) -> None:
-    """Image-to-image and inpainting through ``gradio_client`` (``handle_file``) equal the family's own
+    """Image-to-image and inpainting (uploads: ``handle_file``) equal the family's own
     mode pipeline (``AutoPipelineFor*.from_pipe``) within 1/255; where the family has none, the API
     refuses the mode naming the reason (the class and the diffusers version)."""
-    from gradio_client import handle_file
-
     family, client, adapter = served
     size = max(64, adapter.profile.size_multiple * 4)
     gs = min(4.0, adapter.profile.max_guidance)
@@ -241,8 +228,8 @@ def test_image_modes_give_the_plain_pipelines_pixels_or_are_refused_by_name(
     shown = []
     for mode in ("image", "inpaint"):
         args = dict(width=size, height=size, num_inference_steps=4, guidance_scale=gs, seed=5, mode=mode,
-                    image=handle_file(str(source)), strength=0.75,
-                    mask=handle_file(str(mask)) if mode == "inpaint" else None, mask_blur=0)  # fmt: skip
+                    image=handle_file(client, source), strength=0.75,
+                    mask=handle_file(client, mask) if mode == "inpaint" else None, mask_blur=0)  # fmt: skip
         if mode not in adapter.profile.modes:
             with pytest.raises(Exception, match="this model does not serve") as refused:
                 generate(client, **args)

@@ -2,8 +2,9 @@
 
 Each family is a tiny random-weight build of the exact diffusers class, made from diffusers' own
 test components (``tests/builds/``, a module per group of families), saved and loaded by the
-app through ``from_pretrained``, and driven through the launched app and ``gradio_client``. The
-checks per family: the defaults match the pipeline and the model card; the size step is the
+app through ``from_pretrained``, and driven through the launched app and ``gradio_client`` (one family
+of each build group) or, for the others, the engine in process with the same calls
+(``tests/inprocess.py``). The checks per family: the defaults match the pipeline and the model card; the size step is the
 family's and an off-step size is refused naming it; the pixels equal a plain diffusers call that
 sends the family's own guidance argument; the guidance control and the negative prompt each change
 the image where offered (and are refused, with the reason, where not); progress, a cancel within
@@ -23,7 +24,8 @@ import pytest
 from PIL import Image
 
 from tests.families import built_family
-from tests.helpers import ROOT, gate_held, raw_request, running_app, wait_for
+from tests.helpers import ROOT, gate_held, raw_request, wait_for
+from tests.inprocess import handle_file, refused, served_family
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -53,6 +55,9 @@ EXPECTED: dict[str, tuple[int, float, str | None, int, int, bool, str, dict[str,
     "sdxl-lcm": (4, 8.0, GS, 8, 1024, False, "CLIP", {}),  # card: 4 steps, guidance 8 through the UNet
 }
 FAMILIES = list(EXPECTED)
+# One family of each build group (tests/builds/) not launched by test_family_matrix.py goes through the
+# launched app and gradio_client; the others' engine in process (tests/inprocess.py), the same tests.
+LAUNCHED = ("z-image", "lumina2")
 # Tiny builds whose text path does not reach the pixels (diffusers' dummy components zero-initialise it):
 # neither a guidance change nor a negative prompt can show there, in the app or in diffusers.
 INERT_TEXT = ("ernie-image", "kandinsky5")
@@ -73,25 +78,14 @@ ROWS = (
 
 @pytest.fixture(scope="module", params=FAMILIES)
 def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any, Any]]:
-    from gradio_client import Client
-
     family = str(request.param)
     folder = built_family(family)
     tmp = tmp_path_factory.mktemp(family)
     # The model on a thread of the test process: the family is what is under test here, and a model
     # process of its own (tests/unit/test_model_process.py) would cost each family ~8 s to start.
-    with running_app(
-        tmp,
-        "--model",
-        str(folder),
-        "--model-side",
-        "thread",
-        "--max-prompt-chars",
-        "20000",
-        "--max-pixel-steps",
-        str(2048 * 2048 * 200),
-    ) as (url, _demo, adapter):
-        yield family, Client(url, verbose=False, download_files=str(tmp / "dl")), adapter
+    flags = ("--max-prompt-chars", "20000", "--max-pixel-steps", str(2048 * 2048 * 200))
+    with served_family(tmp, folder, family in LAUNCHED, *flags) as (client, adapter):
+        yield family, client, adapter
 
 
 def record(family: str, row: str, text: str) -> None:
@@ -130,8 +124,6 @@ def generate(client: Any, adapter: Any, **over: Any) -> tuple[list[dict[str, Any
 
 
 def test_defaults_and_the_size_step(served: tuple[str, Any, Any]) -> None:
-    from gradio_client.exceptions import ValidationError
-
     family, client, adapter = served
     steps, guidance, arg, step, size, negative, _, _ = EXPECTED[family]
     p = adapter.profile
@@ -146,11 +138,11 @@ def test_defaults_and_the_size_step(served: tuple[str, Any, Any]) -> None:
     record(family, "defaults", f"{steps} steps, " + (f"{arg} {guidance:g}" if arg else "no guidance"))
     width, height = size_of(adapter)
     if p.size_choices:
-        with pytest.raises(ValidationError, match=r"width × height must be one of 1024×1024"):
+        with pytest.raises(refused(), match=r"width × height must be one of 1024×1024"):
             generate(client, adapter, width=width - step)
         record(family, "size step", f"{step}; only {len(p.size_choices)} sizes (the pipeline redraws others)")
     else:
-        with pytest.raises(ValidationError, match=f"height must be a multiple of {step}"):
+        with pytest.raises(refused(), match=f"height must be a multiple of {step}"):
             generate(client, adapter, height=height + step // 2)
         record(family, "size step", f"{step}; an off-step size is refused")
 
@@ -158,7 +150,6 @@ def test_defaults_and_the_size_step(served: tuple[str, Any, Any]) -> None:
 def test_the_same_pixels_as_a_plain_diffusers_call_and_the_controls(served: tuple[str, Any, Any]) -> None:
     import torch
     from diffusers import DiffusionPipeline
-    from gradio_client.exceptions import ValidationError
 
     family, client, adapter = served
     _, _, arg, _, _, negative, _, fixed = EXPECTED[family]
@@ -187,7 +178,7 @@ def test_the_same_pixels_as_a_plain_diffusers_call_and_the_controls(served: tupl
     record(family, "same pixels", f"yes ({diff * 255:.2f}/255)")
     # The guidance control drives what the family reads, or is refused where the model has none.
     if arg is None:
-        with pytest.raises(ValidationError, match="guidance_scale must be"):
+        with pytest.raises(refused(), match="guidance_scale must be"):
             generate(client, adapter, seed=5, guidance_scale=1.5)
         record(family, "guidance", "none (distilled); refused")
     else:  # the app at another guidance equals diffusers at it; it changes the image where diffusers' does
@@ -223,7 +214,7 @@ def test_the_same_pixels_as_a_plain_diffusers_call_and_the_controls(served: tupl
             "changes the image" if changed_by > 1e-4 else "sent (no effect in the tiny build)",
         )
     else:
-        with pytest.raises(ValidationError, match="negative_prompt must be empty: "):
+        with pytest.raises(refused(), match="negative_prompt must be empty: "):
             generate(client, adapter, seed=5, negative_prompt="a blue square")
         record(family, "negative prompt", f"hidden; refused: {p.negative_prompt_reason}")
 
@@ -328,10 +319,8 @@ def test_image_modes_give_the_plain_pipelines_pixels_or_are_refused_by_name(
     served: tuple[str, Any, Any], tmp_path: Path
 ) -> None:
     """Where diffusers gives the family a strength-based image-to-image or inpainting pipeline (Qwen-Image,
-    Z-Image, SD-Turbo, SDXL-LCM), it through ``gradio_client`` equals the plain pipeline within 1/255;
+    Z-Image, SD-Turbo, SDXL-LCM), it equals the plain pipeline within 1/255;
     elsewhere the API refuses the mode with the reason (the class, and why)."""
-    from gradio_client import handle_file
-
     from tests.families import mode_files, plain_mode_images
 
     family, client, adapter = served
@@ -342,8 +331,9 @@ def test_image_modes_give_the_plain_pipelines_pixels_or_are_refused_by_name(
     source, mask = mode_files(tmp_path, width, height)
     notes, shown = dict(adapter.profile.mode_notes), []
     for mode in ("image", "inpaint"):
-        args = dict(num_inference_steps=steps, seed=5, mode=mode, image=handle_file(str(source)), strength=strength,
-                    mask=handle_file(str(mask)) if mode == "inpaint" else None, mask_blur=0)  # fmt: skip
+        args = dict(num_inference_steps=steps, seed=5, mode=mode, image=handle_file(client, source),
+                    strength=strength, mask=handle_file(client, mask) if mode == "inpaint" else None,
+                    mask_blur=0)  # fmt: skip
         if mode not in adapter.profile.modes:
             with pytest.raises(Exception, match="this model does not serve") as refused:
                 generate(client, adapter, **args)

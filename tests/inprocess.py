@@ -1,0 +1,153 @@
+"""The engine in process, called the way ``gradio_client`` calls the launched app: ``predict`` and ``submit``.
+
+The family matrices check the engine (defaults, refusals, pixels, progress, cancel, batching), which
+does not need a server between the test and ``LocalAdapter.run``: launching one per family cost
+most of the suite's time. ``Engine`` is the app's own backend (``app.start_backend``, the model on
+its named thread) driven from an event loop of its own, on a thread, with the raw request the
+handler builds (uploads as bytes, as ``handler.with_upload_bytes`` reads them). A call's outputs
+are what the API's are: ``(gallery, record)``, the gallery ``[{"image": path}]``, the record's
+``status`` waiting, running or done (the done record is the info record). A refusal raises the
+engine's ``InvalidRequest``, whose text is what gradio_client's ``ValidationError`` carries.
+
+    with engine_for(tmp, "--model", folder) as (client, adapter):
+        gallery, info = client.predict(**raw_request(), api_name="/generate")
+
+Each matrix keeps one family per build group launched (``served``): the same tests through the
+real server and ``gradio_client``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import threading
+from pathlib import Path
+from typing import Any, Iterator
+
+from pipeline.errors import InvalidRequest
+from pipeline.serving.local import LocalAdapter
+
+Outputs = tuple[list[dict[str, Any]] | None, dict[str, Any]]
+
+
+class EngineJob:
+    """One submitted request, as ``gradio_client.Job``: ``outputs()``, ``done()``, ``cancel()``, ``result()``."""
+
+    def __init__(self, engine: Engine, raw: dict[str, Any]) -> None:
+        self._adapter = engine.adapter
+        self._outputs: list[Outputs] = []
+        self._future = asyncio.run_coroutine_threadsafe(self._run(raw), engine.loop)
+
+    async def _run(self, raw: dict[str, Any]) -> Outputs:
+        events = self._adapter.run(raw)
+        async with contextlib.aclosing(events):  # a cancel closes it, as Gradio's cancel closes the handler
+            async for event in events:
+                out: Outputs
+                if event.kind == "waiting":
+                    out = (None, {"status": "waiting", "ahead": event.ahead})
+                elif event.kind == "step":
+                    shown = [{"image": event.preview}] if event.preview is not None else None
+                    out = (shown, {"status": "running", "step": event.step, "total": event.total})
+                else:
+                    out = ([{"image": str(path)} for path in event.paths], {"status": "done", **event.info})
+                self._outputs.append(out)
+        return self._outputs[-1]
+
+    def outputs(self) -> list[Outputs]:
+        return list(self._outputs)
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def cancel(self) -> bool:
+        return self._future.cancel()
+
+    def result(self, timeout: float | None = None) -> Outputs:
+        return self._future.result(timeout)
+
+
+class Engine:
+    """``LocalAdapter.run`` on a loop thread of its own, with gradio_client's ``predict`` and ``submit``."""
+
+    def __init__(self, adapter: LocalAdapter) -> None:
+        self.adapter = adapter
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="engine-client-loop", daemon=True)
+        self._thread.start()
+
+    def submit(self, *, api_name: str = "/generate", **raw: Any) -> EngineJob:
+        assert api_name == "/generate", api_name
+        return EngineJob(self, {name: upload(value) for name, value in raw.items()})
+
+    def predict(self, *, api_name: str = "/generate", **raw: Any) -> Outputs:
+        try:
+            return self.submit(api_name=api_name, **raw).result(timeout=600)
+        except concurrent.futures.CancelledError:
+            raise AssertionError("the request was cancelled") from None
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+        self.loop.close()
+
+
+class File:
+    """A file to send, as ``gradio_client.handle_file`` names one: the engine reads its bytes."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+
+def upload(value: Any) -> Any:
+    return value.path.read_bytes() if isinstance(value, File) else value
+
+
+def handle_file(client: Any, path: str | Path) -> Any:
+    """The upload the client sends: gradio_client's ``handle_file`` for a launched app, bytes in process."""
+    if isinstance(client, Engine):
+        return File(path)
+    from gradio_client import handle_file as gradio_handle_file
+
+    return gradio_handle_file(str(path))
+
+
+def refused() -> tuple[type[Exception], ...]:
+    """What a field-named refusal raises: the engine's ``InvalidRequest``, or gradio_client's ``ValidationError``."""
+    from gradio_client.exceptions import ValidationError
+
+    return (InvalidRequest, ValidationError)
+
+
+@contextlib.contextmanager
+def engine_for(tmp: Path, *args: str) -> Iterator[tuple[Engine, LocalAdapter]]:
+    """The app's backend for these flags (``--model-side thread``), without a server, and its client."""
+    import app
+    from pipeline.config import load_settings
+
+    settings = load_settings(["--model-side", "thread", "--output-dir", str(tmp / "outputs"), *args], environ={})
+    adapter = app.start_backend(settings)
+    assert isinstance(adapter, LocalAdapter)
+    engine = Engine(adapter)
+    try:
+        yield engine, adapter
+    finally:  # as a launched app closes: the model and the adapter first, while the loop still runs
+        adapter.shutdown_model(timeout=10)
+        adapter.close()
+        engine.close()
+
+
+@contextlib.contextmanager
+def served_family(tmp: Path, folder: Path, launched: bool, *args: str) -> Iterator[tuple[Any, LocalAdapter]]:
+    """A family's model behind the launched app and ``gradio_client`` (``launched``), or in process."""
+    flags = ("--model", str(folder), "--model-side", "thread", *args)
+    if not launched:
+        with engine_for(tmp, *flags) as (engine, adapter):
+            yield engine, adapter
+        return
+    from gradio_client import Client
+
+    from tests.helpers import running_app
+
+    with running_app(tmp, *flags) as (url, _demo, adapter):
+        yield Client(url, verbose=False, download_files=str(tmp / "dl")), adapter
