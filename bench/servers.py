@@ -81,7 +81,7 @@ def naive_demo(design: str, settings: Any) -> Any:
             request.request_id,
             request.parameters(),
             model.profile.name,
-            model.profile.scheduler,
+            model.profile.sampler,
         )
         return [str(p) for p in paths], {
             "status": "done",

@@ -39,7 +39,7 @@ class ModelProfile:
 
     name: str
     pipeline_class: str
-    scheduler: str
+    sampler: str  # the model's own sampler: its diffusers scheduler class
     device: str
     dtype: str
     default_width: int
@@ -59,8 +59,8 @@ class ModelProfile:
     family: str = "sd"  # sd, sdxl, sd3, flux, pixart, sana, other (see engine.model.families)
     # Whether jobs may run step-level: enter a running denoising loop at a step boundary (engine.loop.joining)
     step_joining: bool = False
-    # Sampler names a request may ask for ("default": the model's own scheduler; see engine.model.samplers)
-    schedulers: tuple[str, ...] = ("default",)
+    # Sampler names a request may ask for ("default": the model's own; see engine.model.samplers)
+    samplers: tuple[str, ...] = ("default",)
     # The __call__ argument the guidance control drives (None: guidance is baked into the model)
     guidance_arg: str | None = "guidance_scale"
     step_choices: tuple[int, ...] = ()  # only these step counts run (empty: any in [min_steps, max_steps])
@@ -133,7 +133,7 @@ class InferenceJob:
     guidance_scale: float
     preview_every: int = 0  # 0: no previews; k: a cheap latent preview every k steps
     preview_images: tuple[int, ...] = (0,)  # which images get previews (the first of each request)
-    scheduler: str = "default"  # a name from ModelProfile.schedulers; each job gets its own instance
+    sampler: str = "default"  # a name from ModelProfile.samplers; each job gets its own instance
     # True: the job enters the running denoising loop ``loop_id`` at a step boundary (it opens that
     # loop when none runs), step-level batching (``engine.loop.joining``); False: it runs as one call.
     # The serving side's scheduler decides which jobs share a loop; the model side only follows the tags.

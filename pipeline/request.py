@@ -65,7 +65,7 @@ IMAGE_FIELDS = ("mode", "image", "mask", "strength", *SIDES, "mask_blur", "hires
 # The picture fields' defaults, as the API declares them (``fields.TABLE``): a text-to-image request's values.
 PICTURE_DEFAULTS: dict[str, Any] = {name: fields.BY_NAME[name].default for name in IMAGE_FIELDS}
 FIELDS = fields.NAMES  # the request's fields in the API's order (``fields.TABLE``)
-DEFAULT_SCHEDULER = "default"  # the model's own scheduler
+DEFAULT_SAMPLER = "default"  # the model's own sampler
 BUDGET_DEFAULT_JOBS = 8  # the default cost budget: this many of the model's default job (one image)
 
 
@@ -83,7 +83,7 @@ class Limits:
     max_prompt_chars: int
     text_encoders: tuple[tuple[str, int], ...]
     negative_prompt: bool = True  # False: the model does not use one (FLUX), so a non-empty one is refused
-    schedulers: tuple[str, ...] = (DEFAULT_SCHEDULER,)  # the sampler names this model offers
+    samplers: tuple[str, ...] = (DEFAULT_SAMPLER,)  # the sampler names this model offers
     max_pixel_steps: int = 0  # width × height × steps × images one request may cost; 0: no budget
     negative_reason: str = ""  # why the model reads no negative prompt (where ``negative_prompt`` is False)
     step_choices: tuple[int, ...] = ()  # only these step counts run (Sana Sprint); empty: the whole range
@@ -120,7 +120,7 @@ class Limits:
             max_prompt_chars=max_prompt_chars,
             text_encoders=profile.text_encoders,
             negative_prompt=profile.supports_negative_prompt,
-            schedulers=profile.schedulers,
+            samplers=profile.samplers,
             max_pixel_steps=max_pixel_steps or BUDGET_DEFAULT_JOBS * default_job,
             negative_reason=profile.negative_prompt_reason,
             step_choices=profile.step_choices,
@@ -329,7 +329,7 @@ class GenerateRequest:
     num_images: int
     warnings: tuple[str, ...] = ()
     live_preview: bool = False
-    scheduler: str = DEFAULT_SCHEDULER
+    sampler: str = DEFAULT_SAMPLER  # the API's field ``scheduler``
     lora: str = ""  # a loaded adapter's name; "": none
     lora_scale: float = 1.0
     pictures: ImageFields = dataclasses.field(default_factory=ImageFields)  # the mode, its pictures, hires fix
@@ -367,7 +367,7 @@ class GenerateRequest:
             num_inference_steps=self.num_inference_steps,
             guidance_scale=self.guidance_scale,
             preview_every=max(1, self.num_inference_steps // 8) if self.live_preview else 0,
-            scheduler=self.scheduler,
+            sampler=self.sampler,
             lora=self.lora_use.name,
             lora_scale=self.lora_use.scale,
             mode=p.pipeline_mode,
@@ -393,7 +393,7 @@ class GenerateRequest:
             "num_inference_steps": self.num_inference_steps,
             "guidance_scale": self.guidance_scale,
             "num_images": self.num_images,
-            "scheduler": self.scheduler,
+            "scheduler": self.sampler,
             "lora": self.lora or NONE,
             "lora_scale": self.lora_scale,
             **self.pictures.parameters(),
@@ -428,12 +428,12 @@ def _size(field: str, value: Any, limits: Limits) -> int:
     return number
 
 
-def _scheduler(value: Any, limits: Limits) -> str:
+def _sampler(value: Any, limits: Limits) -> str:
     """One of the model's sampler names; None or "" means the model's own."""
     if value is None or value == "":
-        return DEFAULT_SCHEDULER
-    if not isinstance(value, str) or value not in limits.schedulers:
-        choices = html.escape(", ".join(limits.schedulers))
+        return DEFAULT_SAMPLER
+    if not isinstance(value, str) or value not in limits.samplers:
+        choices = html.escape(", ".join(limits.samplers))
         raise InvalidRequest("scheduler", f"scheduler must be one of: {choices}; got {show(value)}")
     return value
 
@@ -573,7 +573,7 @@ def validate(
     live_preview = raw.get("live_preview", False)
     if not isinstance(live_preview, bool):
         raise InvalidRequest("live_preview", f"live_preview must be true or false; got {show(live_preview)}")
-    scheduler = _scheduler(raw.get("scheduler"), limits)
+    sampler = _sampler(raw.get("scheduler"), limits)
     lora = _lora(raw.get("lora"), limits)
     scale_value = raw.get("lora_scale")
     lora_scale = 1.0 if scale_value is None else real_number("lora_scale", scale_value, SCALE_MIN, SCALE_MAX)
@@ -595,7 +595,7 @@ def validate(
         guidance_scale=guidance,
         num_images=num_images,
         live_preview=live_preview,
-        scheduler=scheduler,
+        sampler=sampler,
         lora=lora,
         lora_scale=lora_scale,
         pictures=pictures,

@@ -20,7 +20,7 @@ from pipeline.protocol import InferenceJob, InferenceResult, ModelProfile, StepC
 FAKE_PROFILE = ModelProfile(
     name="fake-model",
     pipeline_class="FakePipeline",
-    scheduler="EulerDiscreteScheduler",
+    sampler="EulerDiscreteScheduler",
     device="cpu",
     dtype="float32",
     default_width=64,
@@ -30,7 +30,7 @@ FAKE_PROFILE = ModelProfile(
     max_steps=50,
     max_size=512,
     text_encoders=(("CLIP", 75),),
-    schedulers=("default", "Euler", "Euler a", "DPM++ 2M Karras", "DDIM", "UniPC"),  # a UNet family's
+    samplers=("default", "Euler", "Euler a", "DPM++ 2M Karras", "DDIM", "UniPC"),  # a UNet family's
     modes=("text", "image", "inpaint"),  # an image mode runs its steps_run (steps × strength), like diffusers
 )
 
@@ -78,7 +78,7 @@ class FakeModel:
         """As ``DiffusersModel.loop_key``: the modes the profile's loops take, no hires fix."""
         if not self.joining or job.mode not in self.profile.loop_modes or job.hires_width:
             return None
-        return (job.width, job.height, job.scheduler)
+        return (job.width, job.height, job.sampler)
 
     def open_loop(self, job: InferenceJob) -> FakeLoop:
         return FakeLoop(self)

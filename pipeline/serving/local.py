@@ -62,7 +62,7 @@ from .base import SHUTDOWN_MESSAGE, AdapterBase
 from .eta import Shape
 from .jobs import AUTO_LIMIT_FLOOR_SECONDS, GpuJobs
 from .metrics import Metrics
-from .postprocess import encode_pngs, info_record, lora_fields, scheduler_used
+from .postprocess import encode_pngs, info_record, lora_fields, sampler_used
 from .scheduler import REPORT_INTERVAL, Batch, Entry, Scheduler, WaitLine
 from .streamer import ModelStreamer
 
@@ -377,7 +377,7 @@ class LocalAdapter(AdapterBase):
 
     def _encode(self, request: GenerateRequest, result: InferenceResult, user: str | None) -> list[Path]:
         p = self.profile
-        params, sampler = {**request.parameters(), **lora_fields(request, p)}, scheduler_used(request, p)
+        params, sampler = {**request.parameters(), **lora_fields(request, p)}, sampler_used(request, p)
         return self._encode_pngs(result.images, self.output_dir, request.request_id, params, p.name, sampler, user)
 
     def _observe(self, info: dict[str, Any], images: int) -> None:

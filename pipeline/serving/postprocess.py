@@ -45,7 +45,7 @@ from .. import fields
 from ..errors import StorageFull
 from ..loras import NONE, prompt_tag
 from ..protocol import InferenceResult, ModelProfile, Timings
-from ..request import DEFAULT_SCHEDULER, HIRES_UPSCALER, GenerateRequest
+from ..request import DEFAULT_SAMPLER, HIRES_UPSCALER, GenerateRequest
 from .owners import key_of, owner_folder
 
 try:
@@ -78,9 +78,9 @@ def lora_fields(request: GenerateRequest, p: ModelProfile) -> dict[str, Any]:
     return {"lora_hash": info.hash} if info is not None else {}
 
 
-def scheduler_used(request: GenerateRequest, p: ModelProfile) -> str:
+def sampler_used(request: GenerateRequest, p: ModelProfile) -> str:
     """The sampler a request ran with: the one it chose, or the model's own for "default"."""
-    return sampler_name(p.scheduler) if request.scheduler == DEFAULT_SCHEDULER else request.scheduler
+    return sampler_name(p.sampler) if request.sampler == DEFAULT_SAMPLER else request.sampler
 
 
 def a1111_parameters(params: dict[str, Any], seed: int, model: str, scheduler_class: str) -> str:
@@ -146,7 +146,7 @@ def encode_pngs(
 ) -> list[Path]:
     """Write each image as ``<out_dir>/<YYYYMMDD>/<owner folder>/<request_id>-<i>.png`` with its metadata.
 
-    ``scheduler_class``: the sampler used, as a diffusers class or A1111 name (``scheduler_used``).
+    ``scheduler_class``: the sampler used, as a diffusers class or A1111 name (``sampler_used``).
     ``owner``: the identity that asked (``owner_folder``), whose share of the disk budget it counts in.
     """
     day = output_folder(out_dir, owner)
@@ -234,7 +234,7 @@ def info_record(
         "request_id": request.request_id,
         "model": p.name,
         **params,
-        "scheduler": scheduler_used(request, p),
+        "scheduler": sampler_used(request, p),
         **lora_fields(request, p),
         "lora_switch_ms": round(result.lora_switch_ms, 3),
         "model_loads": result.model_loads,

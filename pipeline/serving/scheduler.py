@@ -81,7 +81,7 @@ def batch_key(request: GenerateRequest) -> tuple[Hashable, ...]:
     all-empty one; one empty among others is encoded as ""); the same mode and strength (each
     picture its own), and the same hires fix."""
     r, p = request, request.pictures
-    return (*r.job_size, r.num_inference_steps, r.guidance_scale, bool(r.negative_prompt), r.scheduler,
+    return (*r.job_size, r.num_inference_steps, r.guidance_scale, bool(r.negative_prompt), r.sampler,
             r.lora_use, p.pipeline_mode, p.strength, p.hires)  # fmt: skip
 
 
@@ -97,7 +97,7 @@ def loop_key(request: GenerateRequest, mixed_loras: bool) -> tuple[Hashable, ...
     """``protocol.loop_key`` of a request (the model side reads the same function on its jobs); where
     the model mixes LoRAs per row, ``Batch.admits`` keeps one scale each."""
     r = request
-    return protocol_loop_key(r.width, r.height, r.scheduler, r.lora_use, per_lora=not mixed_loras)
+    return protocol_loop_key(r.width, r.height, r.sampler, r.lora_use, per_lora=not mixed_loras)
 
 
 class Batch:

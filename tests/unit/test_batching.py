@@ -112,7 +112,7 @@ async def test_only_requests_with_the_same_scheduler_share_a_job(make_adapter: A
 
     results = await _run_lined_up(adapter, model, requests)
     assert _jobs(model) == [["blocker"], ["a", "c"], ["b"], ["d"]]
-    assert [job.scheduler for job in model.calls] == ["default", "DDIM", "Euler a", "default"]
+    assert [job.sampler for job in model.calls] == ["default", "DDIM", "Euler a", "default"]
     # The info record names the sampler each request ran with ("default": the model's own, Euler here).
     assert [r[-1].info["scheduler"] for r in results[1:]] == ["DDIM", "Euler a", "DDIM", "Euler"]
 

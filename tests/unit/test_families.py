@@ -125,15 +125,15 @@ def test_every_offered_sampler_runs_with_progress_and_previews(family: tuple[Fam
     spec, _, pipe = family
     profile = build_profile(pipe, spec.name, "cpu", torch.float32)
     flow = spec.prediction_type == "flow"
-    assert profile.schedulers == (
+    assert profile.samplers == (
         ("default",) if flow else ("default", "Euler", "Euler a", "DPM++ 2M Karras", "DDIM", "UniPC")
     )
     channels = pipe.vae.config.latent_channels
     model = DiffusersModel(pipe, profile, PreviewMap([(torch.zeros(3, channels), torch.full((3,), 0.5))]))
     base, base_config = pipe.scheduler, dict(pipe.scheduler.config)
     # PixArt-alpha runs PixArt-Sigma's code path (and binning draws it at 1024 px): its own scheduler only.
-    for name in profile.schedulers if spec.name != "pixart-alpha" else ("default",):
-        job = InferenceJob("s", (PROMPT,), ("",), (0,), 64, 64, 2, 4.0, preview_every=1, scheduler=name)
+    for name in profile.samplers if spec.name != "pixart-alpha" else ("default",):
+        job = InferenceJob("s", (PROMPT,), ("",), (0,), 64, 64, 2, 4.0, preview_every=1, sampler=name)
         seen: list[tuple[int, int, bool]] = []
         result = model.generate(job, threading.Event(), lambda k, n, shown: seen.append((k, n, 0 in shown)))
         total = seen[-1][1]  # 2; PNDM (SD 1.5's own) runs one more scheduler step than it was asked for

@@ -195,7 +195,7 @@ UNET_SAMPLERS = ("default", "Euler", "Euler a", "DPM++ 2M Karras", "DDIM", "UniP
 )
 def test_samplers_are_offered_where_the_family_supports_them(case: str, pipe: Any, expected: tuple[str, ...]) -> None:
     """UNet families and PixArt: A1111's five; flow matching and consistency models: their own only."""
-    assert traits(pipe(), "x").schedulers == expected, case
+    assert traits(pipe(), "x").samplers == expected, case
 
 
 def test_flux_offers_no_negative_prompt_and_sdxl_sends_none_for_an_empty_one() -> None:

@@ -70,7 +70,7 @@ def assert_same(label: str, got: tuple[Image.Image, ...], expected: tuple[Image.
     return value
 
 
-def job_a(scheduler: str = "default", guidance: float = 3.0, **over: Any) -> InferenceJob:
+def job_a(sampler: str = "default", guidance: float = 3.0, **over: Any) -> InferenceJob:
     """Two images, classifier-free guidance (guidance > 1), 4 steps, a negative prompt on the second."""
     fields: dict[str, Any] = dict(
         request_id="A",
@@ -81,13 +81,13 @@ def job_a(scheduler: str = "default", guidance: float = 3.0, **over: Any) -> Inf
         height=64,
         num_inference_steps=4,
         guidance_scale=guidance,
-        scheduler=scheduler,
+        sampler=sampler,
         joinable=True,
     )
     return InferenceJob(**{**fields, **over})
 
 
-def job_b(scheduler: str = "default", **over: Any) -> InferenceJob:
+def job_b(sampler: str = "default", **over: Any) -> InferenceJob:
     """One image, no classifier-free guidance (guidance 1), 3 steps: another prompt, seed and step count."""
     fields: dict[str, Any] = dict(
         request_id="B",
@@ -98,7 +98,7 @@ def job_b(scheduler: str = "default", **over: Any) -> InferenceJob:
         height=64,
         num_inference_steps=3,
         guidance_scale=1.0,
-        scheduler=scheduler,
+        sampler=sampler,
         joinable=True,
     )
     return InferenceJob(**{**fields, **over})
@@ -169,21 +169,21 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("name", "scheduler"), CASES, ids=[f"{n}-{s}" for n, s in CASES])
-def test_the_same_images_alone_and_after_joining_mid_run(name: str, scheduler: str) -> None:
+@pytest.mark.parametrize(("name", "sampler"), CASES, ids=[f"{n}-{s}" for n, s in CASES])
+def test_the_same_images_alone_and_after_joining_mid_run(name: str, sampler: str) -> None:
     """A (2 images, guidance 3.5, 4 steps) starts; C (1 image, guidance 2, 3 steps) joins after 1 step and
     leaves with A, decoded together; B (1 image, guidance 1: no CFG, 3 steps) joins after 2 and ends alone."""
     model = model_of(name)
-    a, b = job_a(scheduler, guidance=3.5), job_b(scheduler)
-    c = job_b(scheduler, request_id="C", prompts=("a purple square",), seeds=(5,), guidance_scale=2.0)
+    a, b = job_a(sampler, guidance=3.5), job_b(sampler)
+    c = job_b(sampler, request_id="C", prompts=("a purple square",), seeds=(5,), guidance_scale=2.0)
     assert model.profile.step_joining and model.loop_key(a) == model.loop_key(b) == model.loop_key(c) is not None
     run = drive(model, [(0, a), (1, c), (2, b)])
-    extra = 1 if (name, scheduler) == ("sd1", "default") else 0  # PNDM runs one step more than asked for
+    extra = 1 if (name, sampler) == ("sd1", "default") else 0  # PNDM runs one step more than asked for
     assert run.decoded == [(4 + extra, ["A", "C"]), (5 + extra, ["B"])]
     for job in (a, b, c):
-        assert_same(f"{name}/{scheduler} {job.request_id}", run.images[job.request_id], alone(name, job))
+        assert_same(f"{name}/{sampler} {job.request_id}", run.images[job.request_id], alone(name, job))
     assert [len(run.images[r]) for r in "ABC"] == [2, 1, 1]
-    assert model.pipe.scheduler is model.base_scheduler  # never stepped, never swapped by a loop
+    assert model.pipe.scheduler is model.base_sampler  # never stepped, never swapped by a loop
     assert all(im.size == (64, 64) and im.mode == "RGB" for r in "ABC" for im in run.images[r])
     # The pictures are not trivially equal (flat or alike): the prompts and seeds differ.
     assert mad(run.images["A"][:1], run.images["B"]) > 5.0 and mad(run.images["C"], run.images["B"]) > 5.0
@@ -199,25 +199,25 @@ def picture(seed: int) -> Image.Image:
 IMAGE_CASES = [("default", "default"), ("default", "DPM++ 2M Karras"), ("sd1", "default"), ("sd2-v", "default")]
 
 
-@pytest.mark.parametrize(("name", "scheduler"), IMAGE_CASES, ids=[f"{n}-{s}" for n, s in IMAGE_CASES])
-def test_image_to_image_members_join_a_text_loop_at_their_own_first_timestep(name: str, scheduler: str) -> None:
+@pytest.mark.parametrize(("name", "sampler"), IMAGE_CASES, ids=[f"{n}-{s}" for n, s in IMAGE_CASES])
+def test_image_to_image_members_join_a_text_loop_at_their_own_first_timestep(name: str, sampler: str) -> None:
     """A (text, 4 steps) starts; I (image-to-image, 8 steps at strength 0.5: its last 4) joins after 1 step;
     J (two pictures, no guidance, 4 steps at strength 0.75: its last 3) joins after 2. Each gives the
     pictures of the family's own image-to-image pipeline run alone (``DiffusersModel.generate``)."""
     model = model_of(name)
     assert model.profile.loop_modes == ("text", "image"), model.profile
-    a = job_a(scheduler, guidance=3.5)
-    i = job_b(scheduler, request_id="I", mode="image", images=(picture(1),), strength=0.5, num_inference_steps=8,
+    a = job_a(sampler, guidance=3.5)
+    i = job_b(sampler, request_id="I", mode="image", images=(picture(1),), strength=0.5, num_inference_steps=8,
               guidance_scale=4.0)  # fmt: skip
-    j = job_b(scheduler, request_id="J", mode="image", images=(picture(2), picture(3)), prompts=("a", "b"),
+    j = job_b(sampler, request_id="J", mode="image", images=(picture(2), picture(3)), prompts=("a", "b"),
               negative_prompts=("", ""), seeds=(4, 5), strength=0.75, num_inference_steps=4)  # fmt: skip
     assert model.loop_key(a) == model.loop_key(i) == model.loop_key(j) is not None
     run = drive(model, [(0, a), (1, i), (2, j)])
-    extra = 1 if (name, scheduler) == ("sd1", "default") else 0  # PNDM: one scheduler step more
+    extra = 1 if (name, sampler) == ("sd1", "default") else 0  # PNDM: one scheduler step more
     assert run.progress["I"][-1] == (4 + extra, 4 + extra) and run.progress["J"][-1] == (3 + extra, 3 + extra)
     for job in (a, i, j):
         expected = model.generate(job, threading.Event(), lambda *_: None).images
-        assert_same(f"{name}/{scheduler} {job.request_id}", run.images[job.request_id], expected)
+        assert_same(f"{name}/{sampler} {job.request_id}", run.images[job.request_id], expected)
     # Not trivially equal: the member started from its own picture, not from noise nor from another's.
     assert mad(run.images["J"][:1], run.images["J"][1:]) > 5.0
 
@@ -246,14 +246,14 @@ def test_a_member_leaves_when_its_own_steps_are_done(name: str) -> None:
     assert_same(f"leave {name} B", run.images["B"], alone(name, b))
 
 
-@pytest.mark.parametrize(("name", "scheduler"), [("default", "Euler a"), ("flux-dev", "default")])
-def test_removing_a_member_leaves_the_others_images_unchanged(name: str, scheduler: str) -> None:
+@pytest.mark.parametrize(("name", "sampler"), [("default", "Euler a"), ("flux-dev", "default")])
+def test_removing_a_member_leaves_the_others_images_unchanged(name: str, sampler: str) -> None:
     model = model_of(name)
-    a, b = job_a(scheduler), job_b(scheduler, num_inference_steps=4)
+    a, b = job_a(sampler), job_b(sampler, num_inference_steps=4)
     run = drive(model, [(0, a), (1, b)], remove_at={"B": 2})
     assert run.progress["B"] == [(1, 4)] and "B" not in run.images
     assert run.decoded == [(4, ["A"])]
-    assert_same(f"remove {name}/{scheduler} A", run.images["A"], alone(name, a))
+    assert_same(f"remove {name}/{sampler} A", run.images["A"], alone(name, a))
 
 
 @pytest.mark.parametrize("name", ["default", "flux-dev", "sd3", "chroma", "z-image"])

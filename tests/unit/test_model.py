@@ -38,7 +38,7 @@ def test_default_model_build_is_deterministic(tmp_path: Path) -> None:
 
 def test_default_model_profile_and_speed_settings(model: Any) -> None:
     p = model.profile
-    assert (p.pipeline_class, p.scheduler, p.device, p.dtype) == (
+    assert (p.pipeline_class, p.sampler, p.device, p.dtype) == (
         "StableDiffusionPipeline",
         "EulerDiscreteScheduler",
         "cpu",
@@ -278,7 +278,7 @@ def test_each_job_gets_its_own_scheduler_and_the_pipelines_own_is_never_stepped(
     before = (base.timesteps.clone(), base.step_index, dict(base.config), pipe.config["scheduler"])
     used = []
     for name in ("DDIM", "Euler a", "default", "default"):
-        job = InferenceJob(name, ("a red circle",), ("",), (1,), 64, 64, 4, 4.0, scheduler=name)
+        job = InferenceJob(name, ("a red circle",), ("",), (1,), 64, 64, 4, 4.0, sampler=name)
         during: list[Any] = []
         model.generate(job, threading.Event(), lambda *_: during.append(pipe.scheduler))
         assert len(during) == 4 and all(s is during[0] for s in during), name  # one instance for the whole job
@@ -307,7 +307,7 @@ def test_every_sampler_draws_the_prompt_and_its_previews_announce_the_picture(mo
 
     prompt = "a large yellow circle in the center on a blue background"
     previews: dict[int, Any] = {}
-    job = InferenceJob("p", (prompt,), ("",), (3,), 64, 64, 20, 4.0, preview_every=2, scheduler=scheduler)
+    job = InferenceJob("p", (prompt,), ("",), (3,), 64, 64, 20, 4.0, preview_every=2, sampler=scheduler)
     result = model.generate(
         job, threading.Event(), lambda step, total, shown: previews.update({step: shown[0]} if 0 in shown else {})
     )

@@ -58,11 +58,11 @@ def test_user_text_in_errors_is_escaped() -> None:
 
 
 def test_scheduler_is_one_of_the_models_names_and_defaults_to_its_own() -> None:
-    assert validate(raw_request(scheduler="DPM++ 2M Karras"), LIMITS).to_job().scheduler == "DPM++ 2M Karras"
+    assert validate(raw_request(scheduler="DPM++ 2M Karras"), LIMITS).to_job().sampler == "DPM++ 2M Karras"
     for unset in ({}, {"scheduler": None}):
         raw = {k: v for k, v in raw_request().items() if k != "scheduler"} | unset
-        assert validate(raw, LIMITS).scheduler == "default"
-    own_only = Limits.for_model(dataclasses.replace(FAKE_PROFILE, schedulers=("default",)))  # FLUX, SD3
+        assert validate(raw, LIMITS).sampler == "default"
+    own_only = Limits.for_model(dataclasses.replace(FAKE_PROFILE, samplers=("default",)))  # FLUX, SD3
     with pytest.raises(InvalidRequest, match="^scheduler must be one of: default; got &#x27;DDIM&#x27;$"):
         validate(raw_request(scheduler="DDIM"), own_only)
 

@@ -5,13 +5,13 @@ and a request that arrives one step into a job waits for the whole job. Here the
 the denoising loop instead of calling the pipeline once per job:
 
 - **Members.** Every job in the loop (an ``InferenceJob`` with ``joinable=True``) keeps its own
-  timestep or sigma index, its own scheduler instance, its own generators and its own guidance, so
+  timestep or sigma index, its own sampler (a scheduler instance), its own generators and its own guidance, so
   it can enter at any step boundary and leave when its own steps are done. Members share what the
   loop's key says (size and sampler); they may differ in prompt, negative prompt, seed, image
   count, steps and guidance.
 - **One step.** ``Loop.step`` runs one denoiser call for every member, each at its own timestep,
-  then each member's own scheduler ``step`` on its own slice: the per-sample arithmetic is the
-  scheduler's own, so a member's pixels are the same as alone (within batch arithmetic).
+  then each member's own sampler's ``step`` on its own slice: the per-sample arithmetic is the
+  sampler's own, so a member's pixels are the same as alone (within batch arithmetic).
 - **Joining.** Between steps, ``LoopDriver`` takes every waiting task that the serving side's
   scheduler (``serving.scheduler.Scheduler``, the one place that decides who shares a loop: fair
   order, ``max_batch_size``, device memory, LoRA scales) tagged for this loop; the text encoders
@@ -46,7 +46,7 @@ class Loop(Protocol):
 
     def add(self, job: InferenceJob) -> int:
         """Take ``job`` in: encode its prompts, draw its starting latents from its seeds (one CPU
-        generator per image, as the pipeline does), build its own scheduler (``job.scheduler``,
+        generator per image, as the pipeline does), build its own scheduler (``job.sampler``,
         ``job.num_inference_steps``). Returns its slot; its first step runs at the next ``step``."""
         ...
 

@@ -1,16 +1,16 @@
 """What every step-level denoising loop of a real diffusers pipeline shares (``engine.loop.joining.Loop``).
 
 A loop holds *members*, one per job, each with everything the pipeline's own ``__call__`` keeps
-for one call: its own scheduler instance (built from the model's config by ``samplers.build`` and
+for one call: its own sampler (a diffusers scheduler instance, built from the model's config by ``samplers.build`` and
 ``set_timesteps`` exactly as the pipeline does), its own timesteps and step index, its own per-image
-CPU generators (initial noise, then ancestral noise in ``scheduler.step``), its own guidance and
+CPU generators (initial noise, then ancestral noise in ``sampler.step``), its own guidance and
 text conditioning. Members share only what the loop key says (size and sampler) and the weights.
 
 One ``step`` (``MemberLoop._step``):
 
 1. Every member not yet done takes its rows of the denoiser input at its own timestep
    (the family's ``_predict``: one denoiser call for all rows, then each member's own guidance).
-2. Each member's own ``scheduler.step`` advances its own slice, with its own generators.
+2. Each member's own ``sampler.step`` advances its own slice, with its own generators.
 3. Members on a preview step get small previews of their denoised estimate, the way
    ``stepping.StepWatch`` makes them.
 
@@ -43,11 +43,11 @@ if TYPE_CHECKING:
 
 class LoopHost(Protocol):
     """What a loop reads of the model that opened it (``DiffusersModel`` is one): the pipeline and its
-    own scheduler, the profile, the preview map, the adapters; a typed seam, so that this module does
+    own sampler, the profile, the preview map, the adapters; a typed seam, so that this module does
     not import the model's (which imports the loops)."""
 
     pipe: Any
-    base_scheduler: Any
+    base_sampler: Any
     profile: ModelProfile
     preview_map: Previewer | None
     loras: LoadedLoras | None
@@ -86,9 +86,9 @@ def generators_of(job: InferenceJob) -> list[torch.Generator]:
     return [torch.Generator("cpu").manual_seed(seed) for seed in job.seeds]
 
 
-def step_kwargs(scheduler: Any, generators: list[torch.Generator], eta: float = 0.0) -> dict[str, Any]:
-    """The pipeline's ``prepare_extra_step_kwargs``, for this member's own scheduler."""
-    accepted = set(inspect.signature(scheduler.step).parameters)
+def step_kwargs(sampler: Any, generators: list[torch.Generator], eta: float = 0.0) -> dict[str, Any]:
+    """The pipeline's ``prepare_extra_step_kwargs``, for this member's own sampler."""
+    accepted = set(inspect.signature(sampler.step).parameters)
     kwargs: dict[str, Any] = {}
     if "eta" in accepted:
         kwargs["eta"] = eta
@@ -102,7 +102,7 @@ class LoopMember:
     """One job in the loop: what the pipeline's ``__call__`` keeps for one call."""
 
     job: InferenceJob
-    scheduler: Any
+    sampler: Any  # the member's own diffusers scheduler instance
     timesteps: torch.Tensor
     latents: torch.Tensor  # (images, ...), as the pipeline holds them (FLUX: packed)
     cfg: bool  # classifier-free guidance: rows [uncond, cond], else [cond]
@@ -153,7 +153,7 @@ class MemberLoop:
     # -- family hooks ------------------------------------------------------------------------------
 
     def _enter(self, job: InferenceJob) -> LoopMember:
-        """Encode the prompts, build the scheduler and timesteps, draw the starting latents."""
+        """Encode the prompts, build the sampler and timesteps, draw the starting latents."""
         raise NotImplementedError
 
     def _predict(self, members: list[LoopMember]) -> list[torch.Tensor]:
@@ -236,7 +236,7 @@ class MemberLoop:
         for (slot, m), prediction in zip(active, predictions):
             # 2. The member's own scheduler on its own slice (its own generators for ancestral noise).
             t, sample = m.timestep, m.latents
-            out = m.scheduler.step(prediction, t, sample, **m.step_kwargs, return_dict=False)
+            out = m.sampler.step(prediction, t, sample, **m.step_kwargs, return_dict=False)
             m.latents = out[0]
             m.done += 1
             # 3. Previews on the member's preview steps, as StepWatch makes them.
@@ -251,7 +251,7 @@ class MemberLoop:
         every, job = m.job.preview_every, m.job
         if self.preview_map is None or not every or m.done % every or m.done >= m.total:
             return {}
-        x0 = denoised(m.scheduler, out, prediction, t, sample)
+        x0 = denoised(m.sampler, out, prediction, t, sample)
         latents = unpack(self.pipe, x0, job.width, job.height)
         shown: dict[int, Image.Image] = {}
         for index in job.preview_images:

@@ -40,10 +40,10 @@ so members with prompts of any length share one call; classifier-free guidance w
 2. Latents through ``prepare_latents`` (float32) with the member's generators.
 3. ``get_default_z_image_sigmas`` and the dynamic shift from the token count, ``set_begin_index(0)``.
 4. Per step the timestep ``(1000 - t) / 1000`` per row, the member's guidance (0 once its
-   ``cfg_truncation`` is passed), and the negated prediction to its own scheduler.
+   ``cfg_truncation`` is passed), and the negated prediction to its own sampler.
 
 One step runs the transformer once on every member's rows, each at its own timestep, then each
-member's own ``scheduler.step``. The decode is the pipeline's: (unpack,) ``latents /
+member's own ``sampler.step``. The decode is the pipeline's: (unpack,) ``latents /
 scaling_factor + shift_factor``, the VAE, ``image_processor.postprocess(..., output_type="pil")``.
 """
 
@@ -133,21 +133,21 @@ class FluxLoop(_FlowLoop):
         # 2. Packed latents and their image ids from the member's own generators.
         latents, image_ids = packed_latents(pipe, job, embeds.dtype, device)
         # 3. The member's own scheduler: the pipeline's sigmas and dynamic shift.
-        scheduler = samplers.build(self.model.base_scheduler, job.scheduler)
+        sampler = samplers.build(self.model.base_sampler, job.sampler)
         steps = job.num_inference_steps
         sigmas: Any = np.linspace(1.0, 1 / steps, steps)
-        if getattr(scheduler.config, "use_flow_sigmas", False):
+        if getattr(sampler.config, "use_flow_sigmas", False):
             sigmas = None
-        mu = _shift(scheduler.config, latents.shape[1], flux_shift)
-        timesteps, _ = retrieve_timesteps(scheduler, steps, device, sigmas=sigmas, mu=mu)
-        scheduler.set_begin_index(0)
+        mu = _shift(sampler.config, latents.shape[1], flux_shift)
+        timesteps, _ = retrieve_timesteps(sampler, steps, device, sigmas=sigmas, mu=mu)
+        sampler.set_begin_index(0)
         rows_of = {"encoder_hidden_states": embeds, "pooled_projections": pooled}
         # 4. Guidance-distilled (dev): the member's scale as rows of a vector.
         if pipe.transformer.config.guidance_embeds:
             rows_of["guidance"] = torch.full([job.num_images], job.guidance_scale, device=device, dtype=torch.float32)
         return LoopMember(
             job=job,
-            scheduler=scheduler,
+            sampler=sampler,
             timesteps=timesteps,
             latents=latents,
             cfg=False,
@@ -212,8 +212,8 @@ class SD3Loop(_FlowLoop):
             None,
         )
         # 3. The member's own scheduler (a dynamic shift only where its config asks for one).
-        scheduler = samplers.build(self.model.base_scheduler, job.scheduler)
-        config, extra = scheduler.config, {}
+        sampler = samplers.build(self.model.base_sampler, job.sampler)
+        config, extra = sampler.config, {}
         if config.get("use_dynamic_shifting", None):
             patch = transformer_config.patch_size
             extra["mu"] = sd3_shift(
@@ -223,10 +223,10 @@ class SD3Loop(_FlowLoop):
                 config.get("base_shift", 0.5),
                 config.get("max_shift", 1.16),
             )
-        timesteps, _ = retrieve_timesteps(scheduler, job.num_inference_steps, device, sigmas=None, **extra)
+        timesteps, _ = retrieve_timesteps(sampler, job.num_inference_steps, device, sigmas=None, **extra)
         return LoopMember(
             job=job,
-            scheduler=scheduler,
+            sampler=sampler,
             timesteps=timesteps,
             latents=latents,
             cfg=cfg,
@@ -268,19 +268,19 @@ class ChromaLoop(_FlowLoop):
             return pipe._prepare_attention_mask(batch_size=latents.shape[0], sequence_length=tokens,
                                                 dtype=latents.dtype, attention_mask=m)  # fmt: skip
 
-        scheduler = samplers.build(self.model.base_scheduler, job.scheduler)
+        sampler = samplers.build(self.model.base_sampler, job.sampler)
         steps = job.num_inference_steps
         sigmas: Any = np.linspace(1.0, 1 / steps, steps)
-        mu = _shift(scheduler.config, tokens, flux_shift)
-        timesteps, _ = retrieve_timesteps(scheduler, steps, device, sigmas=sigmas, mu=mu)
-        scheduler.set_begin_index(0)
+        mu = _shift(sampler.config, tokens, flux_shift)
+        timesteps, _ = retrieve_timesteps(sampler, steps, device, sigmas=sigmas, mu=mu)
+        sampler.set_begin_index(0)
         rows = {"encoder_hidden_states": embeds, "attention_mask": extended(mask)}
         if cfg:
             rows = {
                 "encoder_hidden_states": torch.cat([negative_embeds, embeds]),
                 "attention_mask": torch.cat([extended(negative_mask), rows["attention_mask"]]),
             }
-        return LoopMember(job=job, scheduler=scheduler, timesteps=timesteps, latents=latents, cfg=cfg, rows_of=rows,
+        return LoopMember(job=job, sampler=sampler, timesteps=timesteps, latents=latents, cfg=cfg, rows_of=rows,
                       shared={"txt_ids": text_ids, "img_ids": image_ids})  # fmt: skip
 
     def _predict(self, members: list[LoopMember]) -> list[torch.Tensor]:
@@ -343,16 +343,16 @@ class ZImageLoop(_FlowLoop):
             generators_of(job),
             None,
         )
-        scheduler = samplers.build(self.model.base_scheduler, job.scheduler)
+        sampler = samplers.build(self.model.base_sampler, job.sampler)
         tokens = (latents.shape[2] // 2) * (latents.shape[3] // 2)
-        mu = _shift(scheduler.config, tokens, z_shift)
+        mu = _shift(sampler.config, tokens, z_shift)
         sigmas = get_default_z_image_sigmas(job.num_inference_steps)
-        timesteps, _ = retrieve_timesteps(scheduler, job.num_inference_steps, device, sigmas=sigmas, mu=mu)
-        scheduler.set_begin_index(0)
+        timesteps, _ = retrieve_timesteps(sampler, job.num_inference_steps, device, sigmas=sigmas, mu=mu)
+        sampler.set_begin_index(0)
         truncation = float(signature["cfg_truncation"].default)
         normalization = float(signature["cfg_normalization"].default or 0.0)
         t_norms = ((1000 - timesteps.float()) / 1000).tolist() if cfg and truncation <= 1 else None
-        return ZImageMember(job=job, scheduler=scheduler, timesteps=timesteps, latents=latents, cfg=cfg, rows_of={},
+        return ZImageMember(job=job, sampler=sampler, timesteps=timesteps, latents=latents, cfg=cfg, rows_of={},
                        embeds=list(embeds), negative=list(negative) if cfg else [], t_norms=t_norms,
                        truncation=truncation, normalization=normalization)  # fmt: skip
 

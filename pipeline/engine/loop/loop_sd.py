@@ -7,9 +7,9 @@ Each member is what one ``StableDiffusionPipeline.__call__`` keeps (diffusers 0.
    their guidance as ``timestep_cond`` per row instead).
 2. **Prompts** through the pipeline's own ``encode_prompt`` (the negative prompt as
    ``DiffusersModel`` passes it); rows ``[uncond, cond]`` with guidance, ``[cond]`` without.
-3. **Scheduler** ``samplers.build`` from the model's config, then ``retrieve_timesteps``.
+3. **Sampler** ``samplers.build`` from the model's config, then ``retrieve_timesteps``.
 4. **Latents** ``randn_tensor`` with the member's list of per-image CPU generators, times its
-   scheduler's ``init_noise_sigma`` (the pipeline's ``prepare_latents``, which reads
+   sampler's ``init_noise_sigma`` (the pipeline's ``prepare_latents``, which reads
    ``pipe.scheduler``: never used here, so the pipeline's own scheduler stays untouched).
 5. **Step kwargs** the pipeline's ``prepare_extra_step_kwargs`` (eta 0, the same generators).
 
@@ -23,8 +23,8 @@ Members need not share the negative prompt or whether they use guidance: the loo
 and the sampler name.
 
 An image-to-image member (``job.mode == "image"``) is what ``StableDiffusionImg2ImgPipeline.__call__``
-keeps: the last ``int(steps × strength)`` of its scheduler's timesteps (``get_timesteps``, with the
-scheduler's begin index), and its pictures' VAE latents noised to the first of them
+keeps: the last ``int(steps × strength)`` of its sampler's timesteps (``get_timesteps``, with the
+sampler's begin index), and its pictures' VAE latents noised to the first of them
 (``prepare_latents``: each picture encoded with its own generator, then the noise from the same
 generators). It then steps beside text members, each at its own timestep: it enters a running
 loop at its own first timestep as a text member enters at its step 0.
@@ -64,17 +64,17 @@ class SDLoop(MemberLoop):
             embeds = torch.cat([negative_embeds, embeds])
         rows_of = {"encoder_hidden_states": embeds}
         # 3. The member's own scheduler and timesteps.
-        scheduler = samplers.build(self.model.base_scheduler, job.scheduler)
-        timesteps, _ = retrieve_timesteps(scheduler, job.num_inference_steps, device)
+        sampler = samplers.build(self.model.base_sampler, job.sampler)
+        timesteps, _ = retrieve_timesteps(sampler, job.num_inference_steps, device)
         # 4. Starting latents from the member's own generators (prepare_latents, with its scheduler).
         generators = generators_of(job)
         if job.mode == "image":  # image-to-image: its picture, noised to its own first timestep
-            timesteps, latents = self._from_pictures(job, scheduler, generators, embeds.dtype)
+            timesteps, latents = self._from_pictures(job, sampler, generators, embeds.dtype)
         else:
             scale = pipe.vae_scale_factor
             shape = (job.num_images, unet_config.in_channels, int(job.height) // scale, int(job.width) // scale)
             latents = randn_tensor(shape, generator=generators, device=device, dtype=embeds.dtype)
-            latents = latents * scheduler.init_noise_sigma
+            latents = latents * sampler.init_noise_sigma
         # 5. Guidance embedding of guidance-distilled UNets (rows [cond] only: no CFG there).
         if unet_config.time_cond_proj_dim is not None:
             scales = torch.tensor(job.guidance_scale - 1).repeat(job.num_images)
@@ -83,40 +83,40 @@ class SDLoop(MemberLoop):
             ).to(device=device, dtype=latents.dtype)
         return LoopMember(
             job=job,
-            scheduler=scheduler,
+            sampler=sampler,
             timesteps=timesteps,
             latents=latents,
             cfg=cfg,
             rows_of=rows_of,
-            step_kwargs=step_kwargs(scheduler, generators),
+            step_kwargs=step_kwargs(sampler, generators),
         )
 
     def _from_pictures(
-        self, job: InferenceJob, scheduler: Any, generators: list[torch.Generator], dtype: torch.dtype
+        self, job: InferenceJob, sampler: Any, generators: list[torch.Generator], dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``StableDiffusionImg2ImgPipeline``'s ``get_timesteps`` and ``prepare_latents``: the last
         ``int(steps × strength)`` timesteps, and each picture's VAE latents (sampled with its own
         generator) noised to the first of them with noise from the same generators."""
         pipe, device = self.pipe, self.device
         steps = job.num_inference_steps
-        start = max(steps - min(int(steps * job.strength), steps), 0) * scheduler.order
-        timesteps = scheduler.timesteps[start:]
-        if hasattr(scheduler, "set_begin_index"):
-            scheduler.set_begin_index(start)
+        start = max(steps - min(int(steps * job.strength), steps), 0) * sampler.order
+        timesteps = sampler.timesteps[start:]
+        if hasattr(sampler, "set_begin_index"):
+            sampler.set_begin_index(start)
         pixels = pipe.image_processor.preprocess(list(job.images)).to(device=device, dtype=dtype)
         encoded = torch.cat(
             [retrieve_latents(pipe.vae.encode(pixels[i : i + 1]), generator=gen) for i, gen in enumerate(generators)]
         )
         encoded = pipe.vae.config.scaling_factor * encoded
         noise = randn_tensor(encoded.shape, generator=generators, device=device, dtype=dtype)
-        return timesteps, scheduler.add_noise(encoded, noise, timesteps[:1].repeat(encoded.shape[0]))
+        return timesteps, sampler.add_noise(encoded, noise, timesteps[:1].repeat(encoded.shape[0]))
 
     def _predict(self, members: list[LoopMember]) -> list[torch.Tensor]:
         inputs, times = [], []
         for m in members:
             x = torch.cat([m.latents] * 2) if m.cfg else m.latents
-            if hasattr(m.scheduler, "scale_model_input"):
-                x = m.scheduler.scale_model_input(x, m.timestep)
+            if hasattr(m.sampler, "scale_model_input"):
+                x = m.sampler.scale_model_input(x, m.timestep)
             inputs.append(x)
             times.append(m.timestep.reshape(1).expand(x.shape[0]))
         conditioning = {name: torch.cat([m.rows_of[name] for m in members]) for name in members[0].rows_of}

@@ -48,7 +48,7 @@ class DiffusersModel:
         self.preview_map = preview_map
         self._device = profile.device
         # The model's own scheduler: never stepped, only the config every job's scheduler is built from.
-        self.base_scheduler = pipe.scheduler
+        self.base_sampler = pipe.scheduler
         # Private copies for prepare-time token counting, so no other thread touches the tokenizers
         # the model thread uses (fast tokenizers raise "Already borrowed" under concurrent use).
         self.traits = traits(pipe, profile.name)
@@ -78,11 +78,11 @@ class DiffusersModel:
         index, multistep history), built from the model's config on this thread, is put in the
         pipeline for this call only."""
         pipe = self._pipe_for(job)
-        pipe.scheduler = samplers.build(self.base_scheduler, job.scheduler)
+        pipe.scheduler = samplers.build(self.base_sampler, job.sampler)
         try:
             return self._generate(job, stop, on_step, pipe)
         finally:
-            pipe.scheduler = self.base_scheduler
+            pipe.scheduler = self.base_sampler
 
     def _hires(self, job: InferenceJob, stop: StopFlag, on_step: StepCallback) -> InferenceResult:
         """Hires fix, one job in two passes with one progress over both: the text pass, each picture
@@ -229,7 +229,7 @@ class DiffusersModel:
         if kind is None or not self.profile.step_joining or job.mode not in self.profile.loop_modes or job.hires_width:
             return None
         per_lora = self.loras is not None and self.profile.lora_batching != "mixed"  # a loop per LoRA and scale
-        return (kind, *loop_key(job.width, job.height, job.scheduler, use_of(job), per_lora=per_lora))
+        return (kind, *loop_key(job.width, job.height, job.sampler, use_of(job), per_lora=per_lora))
 
     def open_loop(self, job: InferenceJob) -> MemberLoop:
         """A new, empty loop for jobs with ``job``'s key (the family's ``loop_sd``/``loop_flow`` loop)."""

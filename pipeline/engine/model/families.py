@@ -55,7 +55,7 @@ class FamilyTraits:
     negative_prompt: bool
     encoders: tuple[tuple[str, int], ...]  # (encoder, text tokens it reads), in the pipeline's order
     distilled: bool
-    schedulers: tuple[str, ...] = ("default",)  # the sampler names offered (engine.model.samplers)
+    samplers: tuple[str, ...] = ("default",)  # the sampler names offered (engine.model.samplers)
     guidance_kind: str = "cfg"  # family_table's guidance kinds
     cfg_above: float = 1.0  # CFG, and with it the negative prompt, runs above this guidance
     guidance_arg: str | None = "guidance_scale"  # the __call__ argument the guidance control drives
@@ -307,7 +307,7 @@ def traits(pipe: Any, name: str) -> FamilyTraits:
         negative_prompt=negative,
         encoders=_encoders(pipe),
         distilled=distilled,
-        schedulers=samplers.offered(family.key if family and family.samplers else "other", pipe.scheduler),
+        samplers=samplers.offered(family.key if family and family.samplers else "other", pipe.scheduler),
         guidance_kind=kind,
         cfg_above=cfg_above,
         guidance_arg=arg,

@@ -86,7 +86,7 @@ def build_profile(
     return ModelProfile(
         name=name,
         pipeline_class=type(pipe).__name__,
-        scheduler=type(pipe.scheduler).__name__,
+        sampler=type(pipe.scheduler).__name__,
         device=device,
         dtype=str(dtype).removeprefix("torch."),
         default_width=default_size,
@@ -102,7 +102,7 @@ def build_profile(
         text_encoders=t.encoders or (("CLIP", 75),),
         supports_negative_prompt=t.negative_prompt,
         family=t.family,
-        schedulers=t.schedulers,
+        samplers=t.samplers,
         step_joining=loop_kind(pipe) is not None,  # SD 1.x/2.x, FLUX, SD3, Chroma, Z-Image
         guidance_arg=t.guidance_arg,
         step_choices=t.step_choices,

@@ -110,7 +110,7 @@ class SimulatedModel:
         self.profile = ModelProfile(
             name=name,
             pipeline_class="SimulatedDevice",
-            scheduler="Simulated",
+            sampler="Simulated",
             device="sim",
             dtype="none",
             default_width=spec.size,
@@ -125,7 +125,7 @@ class SimulatedModel:
         )
 
     def loop_key(self, job: InferenceJob) -> Hashable | None:
-        return protocol.loop_key(job.width, job.height, job.scheduler, LoraUse(), per_lora=False)
+        return protocol.loop_key(job.width, job.height, job.sampler, LoraUse(), per_lora=False)
 
     def open_loop(self, job: InferenceJob) -> SimLoop:
         return SimLoop(self)

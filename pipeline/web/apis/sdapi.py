@@ -177,7 +177,7 @@ class SdApi:
 
     async def schedulers(self) -> JSONResponse:
         names: list[tuple[str, str, float]] = [("automatic", "Automatic", -1.0)]
-        if any(s.endswith("Karras") for s in self.adapter.limits.schedulers):
+        if any(s.endswith("Karras") for s in self.adapter.limits.samplers):
             names.append(("karras", "Karras", 7.0))
         keys = ("name", "label", "default_rho")
         return JSONResponse([{**dict(zip(keys, n)), "aliases": None, "need_inner_model": False} for n in names])

@@ -48,16 +48,16 @@ def model_title(profile: ModelProfile) -> str:
 
 def samplers_of(profile: ModelProfile, limits: Limits) -> list[str]:
     """A1111's sampler names this model offers: its own scheduler's first, then the choices."""
-    own = sampler_name(profile.scheduler)
-    return list(dict.fromkeys([own, *(s for s in limits.schedulers if s != "default")]))
+    own = sampler_name(profile.sampler)
+    return list(dict.fromkeys([own, *(s for s in limits.samplers if s != "default")]))
 
 
 def sampler_choice(name: Any, schedule: Any, profile: ModelProfile, limits: Limits) -> tuple[str, str]:
     """(the app's ``scheduler`` value, a note or "") for A1111's ``sampler_name`` and ``scheduler``."""
-    choices = [s for s in limits.schedulers if s != "default"]
+    choices = [s for s in limits.samplers if s != "default"]
     if not isinstance(name, str) or not name:
         return "default", ""
-    own = sampler_name(profile.scheduler)
+    own = sampler_name(profile.sampler)
     if not choices:  # the model takes no sampler choice (flow matching, distilled): its own runs
         same = a1111.sampler_key(name) == a1111.sampler_key(own)
         return "default", "" if same else f"sampler_name {name!r} not applied: this model runs only its own ({own})"

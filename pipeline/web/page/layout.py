@@ -231,12 +231,12 @@ def _advanced_settings(p: ModelProfile, lim: Limits) -> dict[str, Any]:
     # where its family supports them (engine/model/samplers.py). Pasted parameters and
     # history restore fill it. Hidden where the model offers only its own.
     sampler = gr.Dropdown(
-        [(f"default ({sampler_name(p.scheduler)})", "default")]
-        + [(name, name) for name in lim.schedulers if name != "default"],
+        [(f"default ({sampler_name(p.sampler)})", "default")]
+        + [(name, name) for name in lim.samplers if name != "default"],
         value="default",
         label="Sampler",
         elem_id="sampler",
-        visible=len(lim.schedulers) > 1,
+        visible=len(lim.samplers) > 1,
     )
     # The LoRA (the API's `lora`, `lora_scale`): "none" or a name loaded with
     # --lora; picking one moves the scale to the one its spec suggests. Hidden without any.
