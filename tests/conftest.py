@@ -13,6 +13,7 @@ A test's tier is its folder, and the folder gives its marks (no module marks its
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -26,6 +27,20 @@ from tests.fakes import FakeModel
 
 TESTS = Path(__file__).resolve().parent
 TIERS: dict[str, tuple[str, ...]] = {"unit": (), "server": ("server",), "browser": ("server", "browser")}
+
+
+def _threads_per_worker() -> None:
+    """Under pytest-xdist, each worker's torch takes its share of the cores (not every core each: two
+    workers with two threads each on two cores ran every tensor op at half speed and then waited on
+    each other). The apps a test launches in a subprocess choose their own threads."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
+_threads_per_worker()
 
 
 def tier_of(path: Path) -> str:
@@ -47,6 +62,23 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 
         if not Path(CHROMIUM).exists():
             item.add_marker(pytest.mark.skip(reason="Debian's chromium is not installed (.ci/run installs it)"))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The modules longest first (``tests/durations.json``, written by ``python -m tools.slowest``).
+
+    pytest-xdist (``--dist loadfile``, ``pyproject.toml``) hands a worker a whole module at a time in
+    collection order; a long module handed out last runs alone while the other worker idles. Longest
+    first, the many short modules fill the end. A module the file does not know goes last; within a
+    module the order is pytest's own (its module-scoped apps start once).
+    """
+    known: dict[str, float] = json.loads((TESTS / "durations.json").read_text())
+
+    def module(item: pytest.Item) -> str:
+        return item.path.resolve().relative_to(TESTS.parent).as_posix()
+
+    place = {name: i for i, name in enumerate(dict.fromkeys(module(item) for item in items))}
+    items.sort(key=lambda item: (-known.get(module(item), 0.0), place[module(item)]))
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -185,7 +185,21 @@ def run(name: str) -> bool:
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(ROOT / "tools" / "mutant_site"), str(ROOT), os.environ.get("PYTHONPATH", "")) if p
     )
-    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "", *TESTS[name].split()]
+    # -n 0: the few tests in this process (pytest-xdist's workers would cost more than they run)
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-x",
+        "-n",
+        "0",
+        "-p",
+        "no:cacheprovider",
+        "-m",
+        "",
+        *TESTS[name].split(),
+    ]
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     last = (result.stdout.strip().splitlines() or ["(no output)"])[-1]
     # Caught: a test failed. A crash before any test ran (exit 2-5) catches nothing: it is a broken harness.

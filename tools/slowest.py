@@ -1,15 +1,20 @@
 """The suite's slowest tests in ``docs/testing.md``, from pytest's own ``--durations`` report.
 
-    python -m tools.slowest               # run the whole suite with --durations=20 and rewrite the table
-    python -m tools.slowest LOG           # rewrite it from a saved run's output (``pytest --durations=N``)
+    python -m tools.slowest               # run the whole suite with --durations=0 and rewrite both
+    python -m tools.slowest LOG           # rewrite them from a saved run's output (``pytest --durations=0``)
     python -m tools.slowest --check       # exit 1 if the table's rows are not in the doc's own format
 
 The table sits between ``<!-- slowest -->`` and ``<!-- /slowest -->``: one row a test phase (setup,
 call or teardown, as pytest reports it), its seconds and its node id, the slowest 20.
+
+``tests/durations.json`` holds each test module's seconds from the same report: ``tests/conftest.py``
+hands the modules to pytest-xdist's workers longest first, so that no long module starts last and
+runs alone while the other workers idle. A module missing from it (a new one) goes last, in its place.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -17,6 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "testing.md"
+MODULES = ROOT / "tests" / "durations.json"
 START, END = "<!-- slowest -->", "<!-- /slowest -->"
 LINE = re.compile(r"^\s*(\d+(?:\.\d+)?)s (setup|call|teardown)\s+(\S+)\s*$")
 COUNT = 20
@@ -26,6 +32,16 @@ def slowest(report: str, count: int = COUNT) -> list[tuple[float, str, str]]:
     """(seconds, phase, node id) of the slowest ``count`` phases in a pytest ``--durations`` report."""
     rows = [(float(m[1]), m[2], m[3]) for line in report.splitlines() if (m := LINE.match(line))]
     return sorted(rows, key=lambda row: -row[0])[:count]
+
+
+def module_seconds(report: str) -> dict[str, float]:
+    """Each test module's seconds (every phase of every test summed) in a ``--durations=0`` report, longest first."""
+    seconds: dict[str, float] = {}
+    for line in report.splitlines():
+        if m := LINE.match(line):
+            module = m[3].split("::", 1)[0]
+            seconds[module] = seconds.get(module, 0.0) + float(m[1])
+    return {module: round(s, 1) for module, s in sorted(seconds.items(), key=lambda item: -item[1])}
 
 
 def table(rows: list[tuple[float, str, str]]) -> str:
@@ -53,13 +69,18 @@ def main(argv: list[str] | None = None) -> None:
     if args:
         report = Path(args[0]).read_text()
     else:
-        run = [sys.executable, "-m", "pytest", "-q", f"--durations={COUNT}"]
+        run = [sys.executable, "-m", "pytest", "-q", "--durations=0"]
         report = subprocess.run(run, cwd=ROOT, capture_output=True, text=True, check=False).stdout
     found = slowest(report)
     if not found:
         raise SystemExit("no durations in the report: run pytest with --durations=N")
     rewrite(found)
-    print(f"wrote the {len(found)} slowest tests into {DOC.relative_to(ROOT)}")
+    modules = module_seconds(report)
+    MODULES.write_text(json.dumps(modules, indent=1) + "\n")
+    print(
+        f"wrote the {len(found)} slowest tests into {DOC.relative_to(ROOT)}, {len(modules)} modules' seconds into "
+        f"{MODULES.relative_to(ROOT)}"
+    )
 
 
 if __name__ == "__main__":

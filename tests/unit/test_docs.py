@@ -90,3 +90,17 @@ def test_the_testing_doc_lists_the_slowest_tests_in_its_format() -> None:
         "== slowest ==\n12.50s call     tests/a.py::t\n0.30s setup    tests/b.py::u\n3.00s teardown tests/c.py::v\n"
     )
     assert slowest.slowest(report, 2) == [(12.5, "call", "tests/a.py::t"), (3.0, "teardown", "tests/c.py::v")]
+
+
+def test_the_modules_seconds_sum_their_phases_and_name_modules_that_exist() -> None:
+    """``tests/durations.json`` (the order pytest-xdist's workers take the modules in) names only
+    modules that exist, longest first, as ``tools.slowest.module_seconds`` sums a report."""
+    import json
+
+    from tools import slowest
+
+    report = "1.50s call     tests/a.py::t\n0.50s setup    tests/a.py::t\n3.00s call     tests/b.py::u[x]\n"
+    assert list(slowest.module_seconds(report).items()) == [("tests/b.py", 3.0), ("tests/a.py", 2.0)]
+    known = json.loads((ROOT / "tests" / "durations.json").read_text())
+    assert known and all((ROOT / module).is_file() for module in known), [m for m in known if not (ROOT / m).is_file()]
+    assert list(known.values()) == sorted(known.values(), reverse=True)
