@@ -105,3 +105,34 @@ def generate(page: Any, prompt: str, *, steps: int | None = None) -> None:
     wait_for(lambda: page.locator("#history img").count() > kept, f"the images of {prompt!r} in the history", 60)
     wait_for(lambda: page.locator(SUMMARY).inner_text() not in ("", summary), "the summary", timeout=30)
     page.locator("#status").get_by_text(DONE).wait_for(timeout=30_000)
+
+
+# Each picture an ``<img>`` under the selector draws: its drawn rectangle (the element's box, less what
+# ``object-fit: contain`` leaves empty) and the fraction of it inside every box that clips it (the
+# scroll boxes and hidden overflows around it), with its natural size.
+_SHOWN_JS = r"""(selector) => [...document.querySelectorAll(selector)].map((img) => {
+  const r = img.getBoundingClientRect();
+  const fit = getComputedStyle(img).objectFit;
+  const scale = fit === 'contain' ? Math.min(r.width / img.naturalWidth, r.height / img.naturalHeight) : null;
+  const w = scale ? img.naturalWidth * scale : r.width, h = scale ? img.naturalHeight * scale : r.height;
+  const x = r.x + (r.width - w) / 2, y = r.y + (r.height - h) / 2;
+  let box = {left: -Infinity, top: -Infinity, right: Infinity, bottom: Infinity};
+  for (let e = img.parentElement; e; e = e.parentElement) {
+    const s = getComputedStyle(e);
+    if (/(auto|scroll|hidden|clip)/.test(s.overflowX + ' ' + s.overflowY)) {
+      const c = e.getBoundingClientRect();
+      box = {left: Math.max(box.left, c.left), top: Math.max(box.top, c.top),
+             right: Math.min(box.right, c.right), bottom: Math.min(box.bottom, c.bottom)};
+    }
+  }
+  const seenW = Math.max(0, Math.min(x + w, box.right) - Math.max(x, box.left));
+  const seenH = Math.max(0, Math.min(y + h, box.bottom) - Math.max(y, box.top));
+  return {src: img.getAttribute('src'), natural: [img.naturalWidth, img.naturalHeight], drawn: [w, h],
+          shown: w * h > 0 ? (seenW * seenH) / (w * h) : 0};
+})"""
+
+
+def pictures_shown(page: Any, selector: str) -> list[dict[str, Any]]:
+    """Each picture under ``selector``: ``src``, ``natural`` size, ``drawn`` size and the fraction ``shown``
+    (1.0: whole; less: cropped by a box around it)."""
+    return list(page.evaluate(_SHOWN_JS, selector))

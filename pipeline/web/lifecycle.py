@@ -27,6 +27,7 @@ from .door.upload_route import UPLOAD_BODY_BYTES, UPLOAD_PATH, UploadBook
 from .gradio_internals import queued, skip_matplotlib_probe, tune_queue, upload_folder, uvicorn_options
 from .page.shown import PROGRESS_INTERVAL
 from .page.site import site_of
+from .page.style import PAGE_CSS
 
 
 def own_gradio_cache(settings: Settings, environ: MutableMapping[str, str]) -> Path:
@@ -101,6 +102,7 @@ def launch(demo: gr.Blocks, adapter: Adapter, settings: Settings) -> DoorConfig:
             server_port=settings.port,
             share=settings.share,
             ssr_mode=False,
+            css=PAGE_CSS,
             show_error=False,
             max_file_size=UPLOAD_BODY_BYTES,  # gradio_client checks it before it uploads
             prevent_thread_lock=True,

@@ -61,8 +61,8 @@ _SLIDER_JS = """
   const list = Array.isArray(items) ? items : [];
   const first = list.length ? (list[0].image || list[0]) : null;
   const before = mode === 'inpaint' ? (editor && editor.background) : image;
-  if (!first || !before || mode === 'text') { return null; }
-  return [before, first];
+  if (!first || !before || mode === 'text') { return [null]; }
+  return [[before, first]];  // the one output's value: a js function returns the list of its outputs' values
 }
 """
 

@@ -1,0 +1,104 @@
+"""The page as a person sees it (issue 48), at a laptop's, a desktop's and a phone's window: every result
+and history picture whole inside its box (scaled down, never cropped), and the before/after slider
+showing both pictures, loaded, after image-to-image and inpainting.
+
+What is measured is what is drawn: each ``<img>``'s picture (its box less what ``object-fit: contain``
+leaves empty) against every box that clips it (``pages.pictures_shown``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.helpers import wait_for
+from tests.pages import DONE, PHONE, open_accordion, pictures_shown, shot
+
+WINDOWS = {
+    "1280x900": dict(viewport={"width": 1280, "height": 900}),
+    "1920x1080": dict(viewport={"width": 1920, "height": 1080}),
+    "390x844": PHONE,
+}
+
+
+@pytest.fixture(scope="module")
+def app_url(launch: Any) -> str:
+    # Several generations a window, each with its history and slider events: over the default join rate.
+    return str(launch("--rate-limit", "50", name="whole-pictures")[0])
+
+
+@pytest.fixture(scope="module")
+def picture(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("pictures") / "circle.png"
+    rng = np.random.default_rng(7)
+    Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(path)
+    return path
+
+
+@pytest.fixture(params=list(WINDOWS))
+def window(request: pytest.FixtureRequest, browser: Any, app_url: str) -> Iterator[Any]:
+    page = browser.new_page(**WINDOWS[request.param])
+    page.goto(app_url)
+    page.locator("#prompt textarea").wait_for(timeout=60_000)
+    page.window_name = request.param
+    yield page
+    page.close()
+
+
+def generate(page: Any, prompt: str) -> None:
+    """Generate and wait for this request's picture in the history (a status line can read the same
+    "done in 0.31 s" after two quick jobs)."""
+    kept = page.locator("#history img").count()
+    page.locator("#prompt textarea").fill(prompt)
+    page.locator("#generate").click()
+    wait_for(lambda: page.locator("#history img").count() > kept, "this request's picture in the history", 60)
+    page.locator("#status").get_by_text(DONE).wait_for(timeout=60_000)
+
+
+def loaded(page: Any, selector: str, count: int) -> list[dict[str, Any]]:
+    """The pictures under ``selector`` once ``count`` of them have loaded (a natural width)."""
+    wait_for(
+        lambda: sum(p["natural"][0] > 0 for p in pictures_shown(page, selector)) >= count,
+        f"{count} loaded pictures in {selector}",
+        timeout=30,
+    )
+    return pictures_shown(page, selector)
+
+
+def test_every_result_and_history_picture_is_whole(window: Any) -> None:
+    generate(window, "a red circle on a blue background")
+    generate(window, "a yellow star on a purple background")
+    (result,) = loaded(window, "#gallery img", 1)
+    assert result["shown"] > 0.99, result  # the whole picture inside the gallery's box
+    assert min(result["drawn"]) >= 250, result  # and large enough to look at
+    open_accordion(window, "history-panel")
+    history = loaded(window, "#history img", 2)
+    assert all(p["shown"] > 0.99 for p in history[:2]), history
+    shot(window, f"whole-pictures-{window.window_name}", full_page=False)
+
+
+@pytest.mark.parametrize("mode", ["image", "inpaint"])
+def test_the_slider_shows_the_input_and_the_result_loaded_at_one_size(window: Any, picture: Path, mode: str) -> None:
+    if mode == "image":
+        window.locator("#mode").get_by_text("Image to image", exact=True).click()
+        window.locator("#input-image input[type=file]").set_input_files(str(picture))
+        window.locator("#input-image img").first.wait_for(timeout=15_000)
+    else:  # a result sent to inpaint, and a mask as a file (white: redrawn)
+        generate(window, "a red circle on a blue background")
+        window.locator("#send-gallery-inpaint").click()
+        wait_for(lambda: window.locator("#mask-editor canvas").count() >= 1, "the editor holds the sent picture")
+        hole = np.zeros((64, 64), np.uint8)
+        hole[16:48, 16:48] = 255
+        mask = picture.with_name("hole.png")
+        Image.fromarray(hole).save(mask)
+        window.locator("#mask-upload input[type=file]").set_input_files(str(mask))
+        window.locator("#mask-upload img").first.wait_for(timeout=15_000)
+    generate(window, "a green triangle on a yellow background")
+    before, after = loaded(window, "#before-after img", 2)
+    assert before["src"] and after["src"] and before["src"] != after["src"], (before, after)
+    assert before["natural"] == after["natural"] == [64, 64], (before, after)
+    assert before["drawn"] == after["drawn"] and min(after["drawn"]) >= 150, (before, after)
