@@ -1,6 +1,7 @@
 """The page as a person sees it (issue 48), at a laptop's, a desktop's and a phone's window: every result
-and history picture whole inside its box (scaled down, never cropped), and the before/after slider
-showing both pictures, loaded, after image-to-image and inpainting.
+and history picture whole inside its box (scaled down, never cropped), the before/after slider
+showing both pictures, loaded, after image-to-image and inpainting, and a refused request said in the
+status line with the last results left in place.
 
 What is measured is what is drawn: each ``<img>``'s picture (its box less what ``object-fit: contain``
 leaves empty) against every box that clips it (``pages.pictures_shown``).
@@ -102,3 +103,25 @@ def test_the_slider_shows_the_input_and_the_result_loaded_at_one_size(window: An
     assert before["src"] and after["src"] and before["src"] != after["src"], (before, after)
     assert before["natural"] == after["natural"] == [64, 64], (before, after)
     assert before["drawn"] == after["drawn"] and min(after["drawn"]) >= 150, (before, after)
+
+
+def test_a_refused_request_says_so_in_the_status_and_keeps_the_last_results(window: Any) -> None:
+    generate(window, "a red circle on a blue background")
+    (kept,) = loaded(window, "#gallery img", 1)
+    status = window.locator("#status")
+    # Refused when it joins (the validator), then by the handler (inpainting without a picture).
+    for refuse, said in ((None, "prompt must not be empty"), (inpaint, "inpainting needs an image")):
+        if refuse is not None:
+            refuse(window)
+        window.locator("#prompt textarea").fill("   " if said.startswith("prompt") else "a blue square")
+        window.locator("#generate").click()
+        wait_for(lambda: said in status.inner_text(), f"the status says {said!r}", timeout=30)
+        assert "done" not in status.inner_text(), status.inner_text()  # no old "done in ..." beside it
+        (now,) = pictures_shown(window, "#gallery img")
+        assert now["src"] == kept["src"] and now["shown"] > 0.99, (now, kept)  # the last result, whole
+        assert "Error" not in window.locator("#gallery").inner_text()  # nothing drawn over it
+
+
+def inpaint(page: Any) -> None:
+    page.locator("#mode").get_by_text("Inpaint", exact=True).click()
+    page.locator("#mask-editor").wait_for(state="visible")

@@ -26,7 +26,7 @@ from ..door.upload_route import UPLOAD_FOLDER
 from ..gradio_internals import caller_alive, current_session, forget_temp_files, upload_folder
 from .mode_panel import page_values
 from .outputs import Postprocess, introspected_once
-from .shown import PROGRESS_INTERVAL, ProgressView, done_output, step_output, waiting_output
+from .shown import PROGRESS_INTERVAL, ProgressView, done_output, status_html, step_output, waiting_output
 from .site import Site
 
 log = logging.getLogger(__name__)
@@ -176,7 +176,14 @@ def make_generate(
                 log.info("request %s cancelled", request_id)
                 return
             except Exception as exc:
-                raise _user_error(exc, request_id) from None
+                error = _user_error(exc, request_id)
+                if not ui:
+                    raise error from None
+                # The page keeps what it shows (the last results, their record) and says what went
+                # wrong where the status is; a raised error would put Gradio's "Error" over them.
+                gr.Warning(error.message, title=error.title or "Error")
+                out = (gr.skip(), gr.skip(), status_html(f"Error: {error.message}"))
+                yield await postprocess(out) if postprocess is not None else out
 
     generate.__signature__ = SIGNATURE  # type: ignore[attr-defined]
     generate.__annotations__ = {

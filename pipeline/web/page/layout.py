@@ -294,6 +294,28 @@ def _history_panel() -> tuple[gr.Gallery, gr.Button, gr.File]:
     return history_gallery, download_button, history_zip
 
 
+# The status line of a request refused at the join: watched from the click for a few seconds, it
+# takes the fields' new messages (as text) while it still shows what it showed before the click.
+# Gradio redraws the line at the request's first output, so an accepted request is never touched.
+_REFUSED_JS = """
+() => {
+  const line = document.querySelector('#status .t2i-status span');
+  if (!line) { return; }
+  const before = line.textContent, old = new Set(document.querySelectorAll('.validation-error'));
+  const until = Date.now() + 5000;
+  const look = () => {
+    const now = document.querySelector('#status .t2i-status span');
+    if (!now || now.textContent !== before) { return; }
+    const said = [...document.querySelectorAll('.validation-error')].filter((e) => !old.has(e))
+      .map((e) => e.textContent.trim()).filter(Boolean);
+    if (said.length) { now.textContent = 'Error: ' + said.join('; '); return; }
+    if (Date.now() < until) { setTimeout(look, 50); }
+  };
+  setTimeout(look, 50);
+}
+"""
+
+
 def _wire_generate(
     adapter: Adapter,
     demo: gr.Blocks,
@@ -334,8 +356,15 @@ def _wire_generate(
         api_name="generate_ui",
         api_visibility="private",
         validator=make_validator(adapter, ui=True),  # the page's values as its mode reads them
+        # The page's own status line shows the progress and what went wrong; Gradio's tracker
+        # would put its pending overlay, or its "Error", over the last results.
+        show_progress="hidden",
         **shared,
     )
+    # Refused when it joins (the validator: Gradio shows the message at the field, and neither the
+    # event's outputs nor its .failure() hear of it), the status line says so too, instead of the
+    # last "done in ..." beside a new error.
+    gr.on(triggers=triggers, fn=None, js=_REFUSED_JS, api_visibility="private", show_progress="hidden")
     api_button = gr.Button(visible=False)  # the API-only trigger: never shown, never clicked
     api_button.click(
         fn=make_generate(adapter, demo, outputs=[gallery, info], site=site),

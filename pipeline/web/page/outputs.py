@@ -42,7 +42,11 @@ class Postprocess:
     def now(self, values: Sequence[Any]) -> tuple[Any, ...]:
         # Gradio's data models as they are, as its own step hands them on (its diff of two
         # messages replaces a model whole, where it would diff two dicts key by key)
-        return tuple(c.postprocess(_files_of(v, c.GRADIO_CACHE)) for c, v in zip(self.components, values, strict=True))
+        # an update (``gr.skip()``: this output stays as it is) goes as it is; Gradio applies it
+        return tuple(
+            v if _is_update(v) else c.postprocess(_files_of(v, c.GRADIO_CACHE))
+            for c, v in zip(self.components, values, strict=True)
+        )
 
     async def __call__(self, values: Sequence[Any]) -> tuple[Any, ...]:
         if any(_holds_picture(v) for v in values):
@@ -65,6 +69,10 @@ def cached_preview(preview: EncodedPreview, cache_dir: str) -> str:
 
     RECENT_PREVIEWS.put(str(abspath(path)), preview.data)  # the path Gradio's URL names (file=...)
     return str(path)
+
+
+def _is_update(value: Any) -> bool:
+    return isinstance(value, dict) and value.get("__type__") == "update"
 
 
 def _files_of(value: Any, cache_dir: str) -> Any:

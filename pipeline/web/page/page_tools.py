@@ -25,16 +25,16 @@ UI: dict[str, Any] = dict(
     api_visibility="private", concurrency_id="ui", concurrency_limit=UI_CONCURRENCY, show_progress="hidden"
 )
 
-# Escape stops the running job: it clicks Stop while the page's generate event runs (Gradio marks
-# its outputs "pending" or "generating" then), unless the key is meant for a gallery's own preview
-# (Escape closes it). Installed once, on load.
+# Escape stops the running job: it clicks Stop while the page's request is in flight (the status
+# line marks it ``data-running``: ``shown.status_html``), unless the key is meant for a gallery's own
+# preview (Escape closes it). Installed once, on load.
 KEYS_JS = """() => {
   if (window.__t2iKeys) return;
   window.__t2iKeys = true;
   document.addEventListener("keydown", (event) => {
     if (event.key !== "Escape" || event.defaultPrevented) return;
     if (event.target instanceof Element && event.target.closest("#gallery, #history")) return;
-    const running = document.querySelector("#status .pending, #status .generating, #gallery .generating");
+    const running = document.querySelector("#status .t2i-status[data-running]");
     const stop = document.querySelector("#stop");
     if (running && stop) { stop.click(); event.preventDefault(); }
   });

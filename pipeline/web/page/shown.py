@@ -92,10 +92,14 @@ def step_text(event: Output) -> str:
     return text
 
 
-def status_html(text: str, step: int | None = None, total: int | None = None) -> str:
-    """The UI's own progress line: Gradio hides its progress bar once a handler streams outputs."""
+def status_html(text: str, step: int | None = None, total: int | None = None, *, running: bool = False) -> str:
+    """The UI's own progress line: Gradio hides its progress bar once a handler streams outputs.
+
+    ``running``: a request in flight (waiting or stepping), marked ``data-running`` for the page's
+    Escape (``page_tools.KEYS_JS``): the page's event hides Gradio's own pending marks."""
     bar = f'<progress max="{total}" value="{step}" style="width:100%"></progress>' if total else ""
-    return f'<div class="t2i-status">{bar}<span>{html.escape(text)}</span></div>'
+    mark = ' data-running="1"' if running else ""
+    return f'<div class="t2i-status"{mark}>{bar}<span>{html.escape(text)}</span></div>'
 
 
 def gallery_items(paths: Sequence[Path], info: dict[str, Any]) -> list[tuple[str, str]]:
@@ -114,7 +118,7 @@ def waiting_output(
     if progress is not None:  # API callers: a progress message
         progress(0.0, desc=text)
     record = {"status": "waiting", "ahead": event.ahead, "eta_seconds": event.eta_seconds, "request_id": request_id}
-    return (progress_gallery(), record, status_html(text))
+    return (progress_gallery(), record, status_html(text, running=True))
 
 
 def step_output(
@@ -138,7 +142,7 @@ def step_output(
     preview = [shown if as_file else shown.image()] if shown is not None else progress_gallery()
     record = {"status": "running", "step": event.step, "total": event.total, "eta_seconds": event.eta_seconds,
               "request_id": request_id}  # fmt: skip
-    return (preview, record, status_html(text, event.step, event.total))
+    return (preview, record, status_html(text, event.step, event.total, running=True))
 
 
 def done_output(event: Output, site: Site | None, session: str | None) -> tuple[Any, ...]:
