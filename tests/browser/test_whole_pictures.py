@@ -125,3 +125,22 @@ def test_a_refused_request_says_so_in_the_status_and_keeps_the_last_results(wind
 def inpaint(page: Any) -> None:
     page.locator("#mode").get_by_text("Inpaint", exact=True).click()
     page.locator("#mask-editor").wait_for(state="visible")
+
+
+def test_a_first_look_heading_hint_footer_and_a_history_folded_until_it_holds_something(
+    window: Any, picture: Path
+) -> None:
+    heading, prompt = window.locator("#heading"), window.locator("#prompt textarea")
+    assert heading.inner_text().strip() == "Text to image"
+    assert prompt.input_value() == "" and (prompt.get_attribute("placeholder") or "").startswith("Describe the picture")
+    assert "the CPU draws one job at a time" in window.locator("#about").inner_text()  # this app runs on the CPU
+    assert window.locator("#history img").count() == 0 and not window.locator("#history").is_visible()
+    generate(window, "a red circle on a blue background")  # waits for its picture in the history
+    assert window.locator("#history").is_visible()
+    window.locator("#mode").get_by_text("Image to image", exact=True).click()
+    wait_for(lambda: heading.inner_text().strip() == "Image to image", "the heading follows the mode")
+    window.locator("#input-image input[type=file]").set_input_files(str(picture))
+    window.locator("#input-image img").first.wait_for(timeout=15_000)
+    generate(window, "a yellow star on a purple background")
+    wait_for(lambda: "Strength 0.75" in window.locator("#summary").inner_text(), "the summary's mode and strength")
+    assert window.locator("#summary").inner_text().startswith("Image to image"), window.locator("#summary").inner_text()

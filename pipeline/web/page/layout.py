@@ -21,9 +21,9 @@ from .handler import PageJobs, make_generate, make_validator, selected_index
 from .mode_panel import GROUPS, mode_controls, visible_for
 from .page_tools import UI_CONCURRENCY, Controls, reuse_seed, wire_history, wire_keys, wire_paste, wire_sizes
 from .presets import preset_value, size_presets
-from .results import HISTORY_SIZE
+from .results import HISTORY_SIZE, MODE_NAMES
 from .send_to import before_after, send_buttons, wire_mask_upload, wire_send_to, wire_slider
-from .shown import status_html
+from .shown import REFUSED_JS, status_html
 from .site import Site, attach
 
 log = logging.getLogger(__name__)
@@ -37,18 +37,27 @@ PASTED_CONTROLS = ("prompt", "negative_prompt", "seed", "randomize_seed", "width
                    "guidance_scale", "scheduler", "lora", "lora_scale", *PASTED_MODE_CONTROLS)  # fmt: skip
 
 
+def device_words(device: str) -> str:
+    """The footer's name for what draws: "the CPU", "the GPU" (CUDA), "the Apple GPU" (MPS)."""
+    kind = device.split(":", 1)[0].lower()
+    return {"cpu": "the CPU", "cuda": "the GPU", "mps": "the Apple GPU"}.get(kind, f"the {device}")
+
+
 def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
     p, lim = adapter.profile, adapter.limits
     presets = size_presets(p.default_width, p.default_height, lim)
     with gr.Blocks(title="Text to image") as demo:
         site = attach(demo, Site(settings.output_dir, TrustedProxies.from_settings(settings)))
-        gr.Markdown("## Text to image")  # one line: on a phone the result must be in view under the prompt
+        # one line: on a phone the result must be in view under the prompt; it follows the mode
+        heading = gr.Markdown(f"## {MODE_NAMES['text']}", elem_id="heading")
         # Like the best-liked Spaces: the prompt and its buttons in one row, the result large under
         # it, the settings folded away. On a phone the columns stack, result first.
         with gr.Row(equal_height=True, elem_id="prompt-row"):
             prompt = gr.Textbox(
                 label="Prompt",
-                placeholder=EXAMPLE_PROMPTS[0] if settings.model is None else GENERIC_PROMPTS[0],
+                # a hint, not a value: an example in a placeholder read as a prompt already typed
+                placeholder="Describe the picture, e.g. "
+                + (EXAMPLE_PROMPTS[0] if settings.model is None else GENERIC_PROMPTS[0]),
                 lines=1,  # one line, so Enter submits (Gradio inserts a newline when lines > 1)
                 max_lines=4,
                 max_length=lim.max_prompt_chars,
@@ -101,11 +110,15 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
                     label="Example prompts",
                     elem_id="examples",
                 )
-        with gr.Accordion(f"History: this tab's last {HISTORY_SIZE} images", open=True, elem_id="history-panel"):
+        # Folded until it holds something (the first result opens it: page_tools.wire_history).
+        with gr.Accordion(
+            f"History: this tab's last {HISTORY_SIZE} images", open=False, elem_id="history-panel"
+        ) as history_panel:
             history_gallery, download_button, history_zip = _history_panel()
             send_history = send_buttons("history", p.modes)
         gr.Markdown(
-            f"Model: `{p.name}` on {p.device} ({p.dtype}). Many people can queue; the GPU draws one job at a time.",
+            f"Model: `{p.name}` on {p.device} ({p.dtype}). Many people can queue; {device_words(p.device)} draws "
+            "one job at a time.",
             elem_id="about",
         )
         # The events' inputs: one control a field, in the table's order (``fields.TABLE``); a field the
@@ -131,9 +144,9 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
         ui: dict[str, Any] = dict(api_visibility="private", concurrency_id="ui", concurrency_limit=UI_CONCURRENCY)
         # Through the queue like every page event: the front door serves no /run/predict (queue=False).
         picture["mode"].change(
-            fn=lambda mode: visible_for(mode, "image" in p.modes),
+            fn=lambda mode: [*visible_for(mode, "image" in p.modes), f"## {MODE_NAMES.get(mode, MODE_NAMES['text'])}"],
             inputs=[picture["mode"]],
-            outputs=[groups[name] for name in GROUPS],
+            outputs=[*(groups[name] for name in GROUPS), heading],
             **ui,
         )
         gallery.select(fn=selected_index, inputs=None, outputs=[selected], **ui)
@@ -143,7 +156,8 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
         suggested = {info.name: info.scale for info in p.loras}
         lora.input(fn=lambda name: suggested.get(name, gr.skip()), inputs=[lora], outputs=[lora_scale], **ui)
         wire_sizes(presets, size_preset, swap_button, width, height)
-        wire_history(generate_event, site, summary, history_gallery, download_button, history_zip, controls)
+        wire_history(generate_event, site, summary, (history_panel, history_gallery), download_button, history_zip,
+                     controls)  # fmt: skip
         wire_send_to(gallery, "gallery", send_results, picture)
         wire_send_to(history_gallery, "history", send_history, picture)
         wire_slider(slider, gallery, picture)
@@ -294,28 +308,6 @@ def _history_panel() -> tuple[gr.Gallery, gr.Button, gr.File]:
     return history_gallery, download_button, history_zip
 
 
-# The status line of a request refused at the join: watched from the click for a few seconds, it
-# takes the fields' new messages (as text) while it still shows what it showed before the click.
-# Gradio redraws the line at the request's first output, so an accepted request is never touched.
-_REFUSED_JS = """
-() => {
-  const line = document.querySelector('#status .t2i-status span');
-  if (!line) { return; }
-  const before = line.textContent, old = new Set(document.querySelectorAll('.validation-error'));
-  const until = Date.now() + 5000;
-  const look = () => {
-    const now = document.querySelector('#status .t2i-status span');
-    if (!now || now.textContent !== before) { return; }
-    const said = [...document.querySelectorAll('.validation-error')].filter((e) => !old.has(e))
-      .map((e) => e.textContent.trim()).filter(Boolean);
-    if (said.length) { now.textContent = 'Error: ' + said.join('; '); return; }
-    if (Date.now() < until) { setTimeout(look, 50); }
-  };
-  setTimeout(look, 50);
-}
-"""
-
-
 def _wire_generate(
     adapter: Adapter,
     demo: gr.Blocks,
@@ -364,7 +356,7 @@ def _wire_generate(
     # Refused when it joins (the validator: Gradio shows the message at the field, and neither the
     # event's outputs nor its .failure() hear of it), the status line says so too, instead of the
     # last "done in ..." beside a new error.
-    gr.on(triggers=triggers, fn=None, js=_REFUSED_JS, api_visibility="private", show_progress="hidden")
+    gr.on(triggers=triggers, fn=None, js=REFUSED_JS, api_visibility="private", show_progress="hidden")
     api_button = gr.Button(visible=False)  # the API-only trigger: never shown, never clicked
     api_button.click(
         fn=make_generate(adapter, demo, outputs=[gallery, info], site=site),

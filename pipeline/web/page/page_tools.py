@@ -121,7 +121,7 @@ def wire_history(
     finished: Any,
     site: Site,
     summary: gr.Markdown,
-    history_gallery: gr.Gallery,
+    history: tuple[gr.Accordion, gr.Gallery],
     download: gr.Button,
     archive: gr.File,
     controls: Controls,
@@ -132,9 +132,15 @@ def wire_history(
     filed by the generate handler); none takes a path, a gallery or a record from the client.
     """
 
-    def remember(request: gr.Request) -> tuple[Any, Any]:
+    panel, history_gallery = history
+
+    def remember(request: gr.Request) -> tuple[Any, Any, Any]:
         session = request.session_hash
-        return history_items(site.results.history(session)), summary_markdown(site.results.last(session)) or gr.skip()
+        kept, last = site.results.history(session), site.results.last(session)
+        # the panel opens with the tab's first result (folded until then); a person may fold it again
+        first = len(kept) == len((last or {}).get("seeds") or [None])
+        opened = gr.Accordion(open=True) if first else gr.skip()
+        return opened, history_items(kept), summary_markdown(last) or gr.skip()
 
     def restore_selected(event: gr.SelectData, request: gr.Request) -> list[Any]:
         params = restore(site.results.history(request.session_hash), event.index)
@@ -154,7 +160,7 @@ def wire_history(
             return gr.skip()
         return gr.update(value=str(path), visible=True)
 
-    finished.success(fn=remember, inputs=None, outputs=[history_gallery, summary], **UI)
+    finished.success(fn=remember, inputs=None, outputs=[panel, history_gallery, summary], **UI)
     history_gallery.select(fn=restore_selected, inputs=None, outputs=controls.components(), **UI)
     download.click(
         fn=zipped,

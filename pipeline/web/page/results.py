@@ -29,8 +29,13 @@ PARAMETERS = (
 )  # fmt: skip
 
 
+# A mode as the page names it (its heading, the summary).
+MODE_NAMES = {"text": "Text to image", "image": "Image to image", "inpaint": "Inpaint", "outpaint": "Outpaint"}
+
+
 def summary_markdown(info: Any) -> str:
-    """The info record as one readable line: seed, size, steps, guidance, sampler, time taken."""
+    """The info record as one readable line: the mode (and strength) where it is not text to image,
+    seed, size, steps, guidance, sampler, time taken."""
     if not isinstance(info, dict) or info.get("status") != "done":
         return ""
     seeds = info.get("seeds") or [info.get("seed")]
@@ -46,6 +51,10 @@ def summary_markdown(info: Any) -> str:
     ]
     if info.get("scheduler"):
         parts.append(f"**Sampler** {html.escape(str(info['scheduler']))}")
+    mode = info.get("mode") or "text"
+    if mode != "text":  # what the picture came from, and (where it applies) how far it was redrawn
+        strength = f" · **Strength** {info['strength']:g}" if isinstance(info.get("strength"), (int, float)) else ""
+        parts.insert(0, f"**{MODE_NAMES.get(mode, html.escape(str(mode)))}**{strength}")
     if info.get("lora") not in (None, "", "none"):
         parts.append(f"**LoRA** {html.escape(str(info['lora']))} × {info.get('lora_scale', 1):g}")
     parts.append(f"**Time** {took:.2f} s" + (f" (waited {waited:.2f} s)" if waited >= 0.01 else ""))

@@ -154,3 +154,25 @@ def done_output(event: Output, site: Site | None, session: str | None) -> tuple[
     took = event.info["durations_ms"]["total"] / 1000
     return (gallery_items(event.paths, event.info), {"status": "done", **event.info},
             status_html(f"done in {took:.2f} s"))  # fmt: skip
+
+
+# The status line of a request refused at the join: watched from the click for a few seconds, it
+# takes the fields' new messages (as text) while it still shows what it showed before the click.
+# Gradio redraws the line at the request's first output, so an accepted request is never touched.
+REFUSED_JS = """
+() => {
+  const line = document.querySelector('#status .t2i-status span');
+  if (!line) { return; }
+  const before = line.textContent, old = new Set(document.querySelectorAll('.validation-error'));
+  const until = Date.now() + 5000;
+  const look = () => {
+    const now = document.querySelector('#status .t2i-status span');
+    if (!now || now.textContent !== before) { return; }
+    const said = [...document.querySelectorAll('.validation-error')].filter((e) => !old.has(e))
+      .map((e) => e.textContent.trim()).filter(Boolean);
+    if (said.length) { now.textContent = 'Error: ' + said.join('; '); return; }
+    if (Date.now() < until) { setTimeout(look, 50); }
+  };
+  setTimeout(look, 50);
+}
+"""
