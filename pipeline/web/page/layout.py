@@ -22,7 +22,7 @@ from .mode_panel import GROUPS, mode_controls, visible_for
 from .page_tools import UI_CONCURRENCY, Controls, reuse_seed, wire_history, wire_keys, wire_paste, wire_sizes
 from .presets import preset_value, size_presets
 from .results import HISTORY_SIZE, MODE_NAMES
-from .send_to import before_after, send_buttons, wire_mask_upload, wire_send_to, wire_slider
+from .send_to import before_after, remember_before_js, send_buttons, wire_mask_upload, wire_send_to, wire_slider
 from .shown import REFUSED_JS, status_html
 from .site import Site, attach
 
@@ -160,7 +160,7 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
                      controls)  # fmt: skip
         wire_send_to(gallery, "gallery", send_results, picture)
         wire_send_to(history_gallery, "history", send_history, picture)
-        wire_slider(slider, gallery, picture)
+        wire_slider(slider, generate_event, gallery)
         wire_mask_upload(picture)
         wire_paste(paste_button, paste_text, paste_notes, controls, lim, p.name, {i.name: i.hash for i in p.loras})
         wire_keys(demo)
@@ -348,6 +348,7 @@ def _wire_generate(
         api_name="generate_ui",
         api_visibility="private",
         validator=make_validator(adapter, ui=True),  # the page's values as its mode reads them
+        js=remember_before_js(FIELDS),  # the inputs as they are; the slider's "before" kept in the page
         # The page's own status line shows the progress and what went wrong; Gradio's tracker
         # would put its pending overlay, or its "Error", over the last results.
         show_progress="hidden",

@@ -13,7 +13,7 @@ image-mode generation.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import gradio as gr
 
@@ -55,16 +55,34 @@ async (items, image, editor, mode) => {
 }
 """
 
-# After a generation in an image mode: the input picture against the first result.
-_SLIDER_JS = """
-(items, image, editor, mode) => {
-  const list = Array.isArray(items) ? items : [];
-  const first = list.length ? (list[0].image || list[0]) : null;
-  const before = mode === 'inpaint' ? (editor && editor.background) : image;
-  if (!first || !before || mode === 'text') { return [null]; }
-  return [[before, first]];  // the one output's value: a js function returns the list of its outputs' values
+# The page's generate event's own js (``remember_before_js``): it passes the inputs on as they are and
+# keeps the request's "before" picture (the mask editor's picture in inpaint mode, else the input
+# image), as the event already uploaded them. The slider reads it after the request: taking the
+# editor as an input of its own made the editor upload its picture, composite and layers again at
+# every gallery change (each live preview), 39 to 133 uploads for one inpaint.
+_BEFORE_JS = """
+(...values) => {
+  const mode = values[%(mode)d], editor = values[%(mask)d];
+  window.__t2iBefore = { mode: mode, picture: mode === 'inpaint' ? (editor && editor.background) : values[%(image)d] };
+  return values;
 }
 """
+
+# After a request in an image mode: its input picture against the first result.
+_SLIDER_JS = """
+(items) => {
+  const list = Array.isArray(items) ? items : [];
+  const first = list.length ? (list[0].image || list[0]) : null;
+  const kept = window.__t2iBefore || {};
+  if (!first || !kept.picture || !kept.mode || kept.mode === 'text') { return [null]; }
+  return [[kept.picture, first]];  // the one output's value: a js function returns the list of its outputs' values
+}
+"""
+
+
+def remember_before_js(fields: Sequence[str]) -> str:
+    """The js of the page's generate event, for its inputs in ``fields``' order (``_BEFORE_JS``)."""
+    return _BEFORE_JS % {name: fields.index(name) for name in ("mode", "mask", "image")}
 
 
 # An uploaded mask becomes the editor's one layer, over its picture (``uploads.read_mask``: an opaque
@@ -107,6 +125,8 @@ def wire_send_to(gallery: gr.Gallery, elem_id: str, buttons: dict[str, gr.Button
                      js=_SEND_JS % {"mode": mode, "gallery": elem_id})  # fmt: skip
 
 
-def wire_slider(slider: gr.ImageSlider, gallery: gr.Gallery, picture: dict[str, Any]) -> None:
-    gallery.change(fn=None, inputs=[gallery, picture["image"], picture["mask"], picture["mode"]], outputs=[slider],
-                   api_visibility="private", js=_SLIDER_JS)  # fmt: skip
+def wire_slider(slider: gr.ImageSlider, generated: Any, gallery: gr.Gallery) -> None:
+    """The slider after each of the page's requests (``generated``: its generate event), once: not at
+    each gallery change, and with no picture input of its own (``_BEFORE_JS``)."""
+    generated.success(fn=None, inputs=[gallery], outputs=[slider], api_visibility="private", js=_SLIDER_JS,
+                      show_progress="hidden")  # fmt: skip
