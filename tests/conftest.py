@@ -82,6 +82,27 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(autouse=True, scope="session")
+def _patient_gradio_client() -> Iterator[None]:
+    """gradio_client waits for a loaded machine: httpx's default timeouts are 5 s, and on 2 cores shared
+    by two pytest-xdist workers a launched app's config fetch once took longer (a ``ReadTimeout`` in
+    ``Client(url)``). Connecting, writing and the pool wait up to 60 s; reads as long as they take
+    (the event stream's own default; a hung server still meets pytest-timeout). A test's own
+    ``httpx_kwargs`` win."""
+    import httpx
+    from gradio_client import Client
+
+    original = Client.__init__
+    patient = httpx.Timeout(60.0, read=None)
+
+    def init(self: Any, *args: Any, httpx_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        original(self, *args, httpx_kwargs={"timeout": patient, **(httpx_kwargs or {})}, **kwargs)
+
+    Client.__init__ = init
+    yield
+    Client.__init__ = original
+
+
+@pytest.fixture(autouse=True, scope="session")
 def _isolated_dirs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Gradio's cache and the app's output folder live in this run's tmp dir, never in /tmp/gradio.
 

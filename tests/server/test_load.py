@@ -33,7 +33,10 @@ def test_queue_full_rejects_exactly_the_excess_at_once(tmp_path: Path) -> None:
     args = ("--queue-size", "2", "--concurrency", "2", "--max-waiting-per-user", "10")
     with running_app(tmp_path, *args, load=lambda: model) as (url, _d, _a):
         health = lambda: httpx.get(url + "health").json()  # noqa: E731
-        admitted = [Client(url, verbose=False).submit(**raw_request(seed=i), api_name="/generate") for i in range(4)]
+        # One client for all (a fresh one per request fetched the app's config each time; under the other
+        # worker's load one such fetch ran past httpx's 5 s: conftest's _patient_gradio_client).
+        client = Client(url, verbose=False)
+        admitted = [client.submit(**raw_request(seed=i), api_name="/generate") for i in range(4)]
         wait_for(lambda: health()["requests_in_flight"] == 4, "four requests are in the handler")
         wait_for(lambda: health()["gpu_queue_depth"] == 3, "one runs and three wait in the fair line")
         assert health()["queue_depth"] == 3  # nothing in Gradio's own queue
@@ -41,7 +44,7 @@ def test_queue_full_rejects_exactly_the_excess_at_once(tmp_path: Path) -> None:
         for i in range(4, 7):
             started = time.monotonic()
             with pytest.raises(Exception, match="(?i)queue is full") as info:
-                Client(url, verbose=False).predict(**raw_request(seed=i), api_name="/generate")
+                client.predict(**raw_request(seed=i), api_name="/generate")
             rejected.append((type(info.value).__name__, time.monotonic() - started))
         assert len(model.calls) == 1  # the rejections never touched the model
         for _ in range(4):
