@@ -6,6 +6,7 @@ A module's page is 1280 x 1080 unless the module sets ``VIEWPORT``.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
@@ -21,6 +22,18 @@ def browser() -> Iterator[Any]:
         chromium = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         yield chromium
         chromium.close()
+
+
+@pytest.fixture(scope="module")
+def picture(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 64 px picture of seeded noise, for the image modes' inputs."""
+    import numpy as np
+    from PIL import Image
+
+    path = tmp_path_factory.mktemp("pictures") / "photo.png"
+    rng = np.random.default_rng(4)
+    Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(path)
+    return path
 
 
 @pytest.fixture(scope="module")

@@ -23,14 +23,6 @@ def app_url(launch: Any) -> str:
     return str(launch("--rate-limit", "50", name="image-modes-page")[0])
 
 
-@pytest.fixture(scope="module")
-def picture(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("pictures") / "photo.png"
-    rng = np.random.default_rng(4)
-    Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(path)
-    return path
-
-
 def mode_of(page: Any) -> str | None:
     return page.evaluate("() => document.querySelector('#mode input:checked')?.value ?? null")
 

@@ -32,14 +32,6 @@ def app_url(launch: Any) -> str:
     return str(launch("--rate-limit", "50", name="whole-pictures")[0])
 
 
-@pytest.fixture(scope="module")
-def picture(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("pictures") / "circle.png"
-    rng = np.random.default_rng(7)
-    Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(path)
-    return path
-
-
 @pytest.fixture(params=list(WINDOWS))
 def window(request: pytest.FixtureRequest, browser: Any, app_url: str) -> Iterator[Any]:
     page = browser.new_page(**WINDOWS[request.param])
