@@ -57,9 +57,10 @@ async (items, image, editor, mode) => {
 
 # The page's generate event's own js (``remember_before_js``): it passes the inputs on as they are and
 # keeps the request's "before" picture (the mask editor's picture in inpaint mode, else the input
-# image), as the event already uploaded them. The slider reads it after the request: taking the
-# editor as an input of its own made the editor upload its picture, composite and layers again at
-# every gallery change (each live preview), 39 to 133 uploads for one inpaint.
+# image), as the event already uploaded them. The slider reads it after the request: with the
+# editor as an input of its own, the slider's event made the editor produce (and upload) its value
+# again at every gallery change, each live preview. (The many uploads one inpaint's Generate still
+# posts come from elsewhere: issue 48 §3.)
 _BEFORE_JS = """
 (...values) => {
   const mode = values[%(mode)d], editor = values[%(mask)d];
