@@ -136,3 +136,18 @@ def pictures_shown(page: Any, selector: str) -> list[dict[str, Any]]:
     """Each picture under ``selector``: ``src``, ``natural`` size, ``drawn`` size and the fraction ``shown``
     (1.0: whole; less: cropped by a box around it)."""
     return list(page.evaluate(_SHOWN_JS, selector))
+
+
+def paint(page: Any) -> None:
+    """A stroke across the middle of the mask editor's picture, with its brush: it starts at the centre,
+    where the picture is at any window size (a stroke that starts off the picture draws nothing)."""
+    editor = page.locator("#mask-editor")
+    editor.get_by_role("button", name="Brush", exact=True).click()
+    box = editor.locator("canvas").first.bounding_box()
+    assert box is not None
+    y = box["y"] + box["height"] / 2
+    page.mouse.move(box["x"] + box["width"] * 0.5, y)
+    page.mouse.down()
+    for x in (0.55, 0.6, 0.55, 0.5, 0.45, 0.4):
+        page.mouse.move(box["x"] + box["width"] * x, y, steps=3)
+    page.mouse.up()

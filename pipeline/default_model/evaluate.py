@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import time
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,25 @@ def guidance_of(model: str | Path, default: float = 4.0) -> float:
         return float(stamp["defaults"]["guidance"])
     except (OSError, ValueError, KeyError):
         return default
+
+
+def round_trip(vae: Any, size: int, per_combo: int = 2) -> dict[str, float]:
+    """The VAE's encode and decode of held-out shapes (never drawn in training) at ``size`` px: the mean
+    and the worst picture's mean absolute difference, in 0-255 units (issue 48's aim: under 6)."""
+    import numpy as np
+    import torch
+
+    rng = random.Random(0)
+    specs = [shapes.random_spec(rng, combo) for combo in sorted(shapes.HELD_OUT) for _ in range(per_combo)]
+    pictures = np.stack([np.asarray(shapes.render(spec, size), dtype=np.float32) for spec in specs])
+    x = torch.from_numpy(pictures).permute(0, 3, 1, 2) / 127.5 - 1.0
+    errors = []
+    with torch.no_grad():
+        for i in range(0, len(x), 8):
+            back = vae.decode(vae.encode(x[i : i + 8]).latent_dist.mean).sample.clamp(-1, 1)
+            errors.append(((back - x[i : i + 8]).abs() * 127.5).mean(dim=(1, 2, 3)))
+    per_picture = torch.cat(errors)
+    return {"mean": round(float(per_picture.mean()), 2), "worst": round(float(per_picture.max()), 2)}
 
 
 def generate(
@@ -156,7 +176,9 @@ def main(argv: list[str] | None = None) -> None:
     guidance = args.guidance if args.guidance is not None else guidance_of(args.model)
     result = evaluate(pipe, guidance)
     result["model"] = str(args.model)
+    result["round_trip"] = {f"{size}px": round_trip(pipe.vae, size) for size in (shapes.SIZE, 256)}
     print(render_table(result))
+    print("VAE round trip on held-out shapes (0-255, mean / worst):", result["round_trip"])
     print(
         f"guidance {guidance}, {STEPS} steps, 64 px, "
         f"{result['seconds_per_image'] * 1000:.0f} ms per image (batches of 16)"

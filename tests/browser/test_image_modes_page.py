@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from tests.helpers import wait_for
-from tests.pages import DONE, PHONE, open_ready, shot
+from tests.pages import DONE, PHONE, open_ready, paint, shot
 
 
 @pytest.fixture(scope="module")
@@ -47,20 +47,6 @@ def generate_here(page: Any, prompt: str) -> dict[str, Any]:
     page.locator("#status").get_by_text(DONE).wait_for(timeout=60_000)
     assert record(page).get("prompt") == prompt, record(page)
     return record(page)
-
-
-def paint(page: Any) -> None:
-    """A stroke across the middle of the mask editor's picture, with its brush."""
-    editor = page.locator("#mask-editor")
-    editor.get_by_role("button", name="Brush", exact=True).click()
-    box = editor.locator("canvas").first.bounding_box()
-    assert box is not None
-    y = box["y"] + box["height"] / 2
-    page.mouse.move(box["x"] + box["width"] * 0.3, y)
-    page.mouse.down()
-    for k in range(1, 11):
-        page.mouse.move(box["x"] + box["width"] * (0.3 + 0.04 * k), y, steps=2)
-    page.mouse.up()
 
 
 def test_image_to_image_from_a_file_shows_before_and_after(page: Any, picture: Path) -> None:

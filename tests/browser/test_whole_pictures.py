@@ -1,7 +1,7 @@
 """The page as a person sees it (issue 48), at a laptop's, a desktop's and a phone's window: every result
 and history picture whole inside its box (scaled down, never cropped), the before/after slider
-showing both pictures, loaded, after image-to-image and inpainting, and a refused request said in the
-status line with the last results left in place.
+showing both pictures, loaded, after image-to-image and inpainting, a refused request said in the
+status line with the last results left in place, and an inpaint's picture and mask uploaded once.
 
 What is measured is what is drawn: each ``<img>``'s picture (its box less what ``object-fit: contain``
 leaves empty) against every box that clips it (``pages.pictures_shown``).
@@ -9,6 +9,7 @@ leaves empty) against every box that clips it (``pages.pictures_shown``).
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -17,7 +18,7 @@ import pytest
 from PIL import Image
 
 from tests.helpers import wait_for
-from tests.pages import DONE, PHONE, open_accordion, pictures_shown, shot
+from tests.pages import DONE, PHONE, open_accordion, paint, pictures_shown, shot
 
 WINDOWS = {
     "1280x900": dict(viewport={"width": 1280, "height": 900}),
@@ -48,7 +49,9 @@ def generate(page: Any, prompt: str) -> None:
     kept = page.locator("#history img").count()
     page.locator("#prompt textarea").fill(prompt)
     page.locator("#generate").click()
-    wait_for(lambda: page.locator("#history img").count() > kept, "this request's picture in the history", 60)
+    status = page.locator("#status")
+    wait_for(lambda: page.locator("#history img").count() > kept or "Error" in status.inner_text(), "an answer", 60)
+    assert page.locator("#history img").count() > kept, status.inner_text()  # this request's picture
     page.locator("#status").get_by_text(DONE).wait_for(timeout=60_000)
 
 
@@ -136,3 +139,54 @@ def test_a_first_look_heading_hint_footer_and_a_history_folded_until_it_holds_so
     generate(window, "a yellow star on a purple background")
     wait_for(lambda: "Strength 0.75" in window.locator("#summary").inner_text(), "the summary's mode and strength")
     assert window.locator("#summary").inner_text().startswith("Image to image"), window.locator("#summary").inner_text()
+
+
+class Uploads:
+    """Every upload the page posts from now on (the network's count) with its files' names (read from the
+    form the page hands to ``fetch``), and every answer 429."""
+
+    _NAMES_JS = """() => {
+      window.__t2iUploads = [];
+      const send = window.fetch;
+      window.fetch = (url, options) => {
+        if (String(url).split('?')[0].endsWith('/gradio_api/upload') && options && options.body instanceof FormData) {
+          window.__t2iUploads.push(options.body.getAll('files').map((file) => file.name));
+        }
+        return send(url, options);
+      };
+    }"""
+
+    def __init__(self, page: Any) -> None:
+        self.page, self.posted, self.refused = page, 0, 0
+        page.evaluate(self._NAMES_JS)
+        page.on("request", self._sent)
+        page.on("response", self._answered)
+
+    def _sent(self, request: Any) -> None:
+        self.posted += request.method == "POST" and request.url.split("?")[0].endswith("/gradio_api/upload")
+
+    def _answered(self, response: Any) -> None:
+        self.refused += response.status == 429
+
+    def names(self) -> list[list[str]]:
+        return list(self.page.evaluate("() => window.__t2iUploads"))
+
+
+def test_an_inpaint_uploads_its_picture_and_mask_once(window: Any) -> None:
+    """Painting uploads nothing; Generate uploads the picture and the painted mask once each (Gradio's editor
+    adds its composite), however many progress updates the run sends; the rate limit never answers."""
+    generate(window, "a red circle on a blue background")
+    uploads = Uploads(window)
+    window.locator("#send-gallery-inpaint").click()
+    wait_for(lambda: window.locator("#mask-editor canvas").count() >= 1, "the editor holds the sent picture")
+    window.wait_for_timeout(500)
+    assert uploads.posted == 1, uploads.names()  # the sent picture, once
+    paint(window)
+    window.wait_for_timeout(1000)
+    assert uploads.posted == 1, uploads.names()  # nothing while painting
+    generate(window, "a blue square on a red background")
+    window.wait_for_timeout(1000)  # anything the run's last progress updates would still send
+    names = [name for files in uploads.names()[1:] for name in files]
+    assert uploads.posted - 1 == len(uploads.names()) - 1 <= 3, (uploads.posted, uploads.names())
+    assert {"background.png", "layer_0.png"} <= set(names) and max(Counter(names).values()) == 1, names
+    assert uploads.refused == 0

@@ -18,7 +18,7 @@ from ...serving.postprocess import sampler_name
 from ..apis.mcp_tool import serve_images
 from ..door.identity import TrustedProxies
 from .handler import PageJobs, make_generate, make_validator, selected_index
-from .mode_panel import GROUPS, mode_controls, visible_for
+from .mode_panel import hold_mask, mode_controls, wire_modes
 from .page_tools import UI_CONCURRENCY, Controls, reuse_seed, wire_history, wire_keys, wire_paste, wire_sizes
 from .presets import preset_value, size_presets
 from .results import HISTORY_SIZE, MODE_NAMES
@@ -139,16 +139,11 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
             (inputs, api_inputs),
             (gallery, info, status),
             stop_button,
+            picture,
         )
-        groups = {**picture["_groups"], "slider": slider}
         ui: dict[str, Any] = dict(api_visibility="private", concurrency_id="ui", concurrency_limit=UI_CONCURRENCY)
         # Through the queue like every page event: the front door serves no /run/predict (queue=False).
-        picture["mode"].change(
-            fn=lambda mode: [*visible_for(mode, "image" in p.modes), f"## {MODE_NAMES.get(mode, MODE_NAMES['text'])}"],
-            inputs=[picture["mode"]],
-            outputs=[*(groups[name] for name in GROUPS), heading],
-            **ui,
-        )
+        wire_modes(picture, heading)
         gallery.select(fn=selected_index, inputs=None, outputs=[selected], **ui)
         reuse_button.click(fn=reuse_seed(site), inputs=[selected], outputs=[seed, randomize_seed], **ui)
         # Size presets and swap, the tab's history (restore, zip), pasted parameters, Escape.
@@ -317,11 +312,16 @@ def _wire_generate(
     inputs: tuple[list[Any], list[Any]],
     outputs: tuple[gr.Gallery, gr.JSON, gr.HTML],
     stop_button: gr.Button,
+    picture: dict[str, Any],
 ) -> Any:
     """The page's and the API's generate events, and Stop; returns the page's event (for the history).
-    ``inputs``: the page's (its mask painted in an editor) and the API's (its mask an uploaded image)."""
+    ``inputs``: the page's (its mask painted in an editor) and the API's (its mask an uploaded image).
+    The page's event reads the editor's value from the hidden input Generate's first step fills
+    (``mode_panel.hold_mask``): the editor is no input of an event with a handler."""
     gallery, info, status = outputs
-    page_inputs, api_inputs = inputs
+    held_step, held = hold_mask(triggers, picture)
+    page_inputs = [held if i == FIELDS.index("mask") else block for i, block in enumerate(inputs[0])]
+    api_inputs = inputs[1]
     # Two events, one handler, one shared concurrency limit: the page's (with a progress bar
     # as a third output) and the API's `/generate` (images + info, as documented). Gradio admits
     # handlers in arrival order, so whatever waited for a slot would wait in front of the app's fair
@@ -340,8 +340,7 @@ def _wire_generate(
         postprocess=False,  # the handler postprocesses its own yields (outputs.Postprocess)
     )
     page_jobs = PageJobs()
-    generate_event = gr.on(
-        triggers=triggers,
+    generate_event = held_step.then(
         fn=make_generate(adapter, demo, ui=True, page_jobs=page_jobs, outputs=[gallery, info, status], site=site),
         inputs=page_inputs,
         outputs=[gallery, info, status],

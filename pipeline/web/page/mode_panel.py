@@ -4,11 +4,23 @@ Built from the profile: a mode the model lacks (``ModelProfile.modes``) is not o
 image takes a file, a drag-and-drop and a paste from the clipboard (``gr.Image``'s upload and
 clipboard sources); the mask is painted on the picture (``gr.ImageEditor``, its brush layer is the
 mask) on the page, while the API's ``mask`` is a plain uploaded image. Each control shows only in
-the modes that read it (``visible_for``), so a person never sets a value the request would refuse.
+the modes that read it, so a person never sets a value the request would refuse.
+
+**The mode's controls show by the page's CSS, not by Gradio's visibility** (``MODE_CSS``: the mode
+change's js marks ``<body data-t2i-mode>``). Gradio 6.31's frontend asks every component under a
+container for its value whenever the container gets a value-less update (a visibility, or the
+loading status each event's progress message sends to its inputs and outputs: ``update_state``,
+``#h``), and the image editor answers by uploading its picture, mask and composite again: with the
+editor's group an output of the mode change and the editor an input of Generate, one inpaint posted
+39 to 133 uploads, and the app's own rate limit refused half of them (issue 48). So no event with a
+handler has the editor, or a container around it, among its inputs or outputs: the mode change is
+the browser's alone, and Generate takes the editor's value once, in a js step of its own
+(``hold_mask``), before the handler's event.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import gradio as gr
@@ -32,7 +44,35 @@ _SHOWN = {
     "inpaint": {"editor", "strength", "mask_blur", "slider"},
     "outpaint": {"image", "strength", "mask_blur", "outpaint", "slider"},
 }
-GROUPS = ("image", "editor", "strength", "mask_blur", "outpaint", "hires", "slider")  # visible_for's order
+# each group's element ("slider": the result's before/after, made beside the gallery)
+GROUP_IDS = {"image": "image-group", "editor": "editor-group", "strength": "strength", "mask_blur": "mask-blur",
+             "outpaint": "outpaint-row", "hires": "hires", "slider": "before-after"}  # fmt: skip
+
+
+def _mode_css() -> str:
+    """Each group hidden unless ``<body data-t2i-mode>`` names a mode that reads it (no mark: text to image)."""
+    rules = []
+    for name, elem_id in GROUP_IDS.items():
+        modes = [mode for mode, shown in _SHOWN.items() if name in shown]
+        shown_in = "".join(f':not([data-t2i-mode="{mode}"])' for mode in modes)
+        body = "body[data-t2i-mode]" if "text" in modes else "body"
+        rules.append(f"{body}{shown_in} #{elem_id} {{ display: none !important; }}")
+    return "\n".join(rules) + "\n"
+
+
+MODE_CSS = _mode_css()
+
+# The mode change, in the browser alone: the mark the CSS reads, and the heading's text.
+MODE_JS = (
+    "(mode) => {\n  const names = "
+    + json.dumps(MODE_LABELS)
+    + ";\n  document.body.dataset.t2iMode = names[mode] ? mode : 'text';\n"
+    "  return '## ' + (names[mode] || names.text);\n}"
+)
+
+# Generate's first step (no handler, so no progress message ever reaches the editor): the editor's value,
+# which Gradio uploads as it gathers it, in inpaint mode; nothing otherwise. The handler's event reads it.
+HOLD_JS = "(mode, editor) => mode === 'inpaint' ? editor : null"
 
 
 def offered_modes(p: ModelProfile) -> list[str]:
@@ -47,7 +87,7 @@ def mode_controls(p: ModelProfile, lim: Limits) -> dict[str, Any]:
     c["mode"] = gr.Radio(
         [(MODE_LABELS[m], m) for m in modes], value="text", label="Mode", elem_id="mode", visible=len(modes) > 1
     )
-    with gr.Group(visible=False, elem_id="image-group") as image_group:
+    with gr.Group(elem_id=GROUP_IDS["image"]):
         c["image"] = gr.Image(
             label="Input image (drop, upload or paste)",
             type="filepath",
@@ -56,7 +96,7 @@ def mode_controls(p: ModelProfile, lim: Limits) -> dict[str, Any]:
             elem_id="input-image",
             height=280,
         )
-    with gr.Group(visible=False, elem_id="editor-group") as editor_group:
+    with gr.Group(elem_id=GROUP_IDS["editor"]):
         c["mask"] = gr.ImageEditor(
             label="Paint where the picture changes",
             type="filepath",
@@ -74,31 +114,36 @@ def mode_controls(p: ModelProfile, lim: Limits) -> dict[str, Any]:
                                    sources=["upload", "clipboard"], format="png", elem_id="mask-upload",
                                    height=140)  # fmt: skip
     c["strength"] = gr.Slider(0.05, 1.0, value=DEFAULT_STRENGTH, step=0.05, label="Denoising strength",
-                              elem_id="strength", visible=False)  # fmt: skip
+                              elem_id=GROUP_IDS["strength"])  # fmt: skip
     c["mask_blur"] = gr.Slider(0, MAX_MASK_BLUR, value=DEFAULT_MASK_BLUR, step=1, label="Mask blur (px)",
-                               elem_id="mask-blur", visible=False)  # fmt: skip
+                               elem_id=GROUP_IDS["mask_blur"])  # fmt: skip
     step, most = lim.size_multiple, max(lim.size_multiple, lim.max_size // 2)
-    with gr.Row(visible=False, elem_id="outpaint-row") as outpaint_row:
+    with gr.Row(elem_id=GROUP_IDS["outpaint"]):
         for side in ("left", "top", "right", "bottom"):
             c[f"outpaint_{side}"] = gr.Slider(0, most, value=0, step=step, label=f"Extend {side} (px)",
                                               elem_id=f"outpaint-{side}", min_width=80)  # fmt: skip
-    with gr.Accordion("Hires fix", open=False, visible="image" in p.modes, elem_id="hires") as hires:
+    with gr.Accordion("Hires fix", open=False, visible="image" in p.modes, elem_id=GROUP_IDS["hires"]):
         c["hires_fix"] = gr.Checkbox(False, label="Upscale and redraw at the larger size", elem_id="hires-fix")
         c["hires_scale"] = gr.Radio(list(HIRES_SCALES), value=2.0, label="Upscale by", elem_id="hires-scale")
         c["hires_strength"] = gr.Slider(0.05, 1.0, value=DEFAULT_HIRES_STRENGTH, step=0.05,
                                         label="Hires denoising strength", elem_id="hires-strength")  # fmt: skip
         c["hires_steps"] = gr.Slider(0, lim.max_steps, value=0, step=1, label="Hires steps (0: the same)",
                                      elem_id="hires-steps")  # fmt: skip
-    c["_groups"] = {"image": image_group, "editor": editor_group, "strength": c["strength"],
-                    "mask_blur": c["mask_blur"], "outpaint": outpaint_row, "hires": hires}  # fmt: skip
     return c
 
 
-def visible_for(mode: str, has_hires: bool) -> list[Any]:
-    """The groups' visibility for ``mode``, in ``GROUPS`` order (an event's outputs; "slider" is the
-    result's before/after, made beside the gallery)."""
-    shown = _SHOWN.get(mode, set())
-    return [gr.update(visible=name in shown and (name != "hires" or has_hires)) for name in GROUPS]
+def wire_modes(picture: dict[str, Any], heading: gr.Markdown) -> None:
+    """The mode's controls and heading follow the mode, in the browser (``MODE_CSS``, ``MODE_JS``)."""
+    picture["mode"].change(fn=None, inputs=[picture["mode"]], outputs=[heading], js=MODE_JS, api_visibility="private")
+
+
+def hold_mask(triggers: list[Any], picture: dict[str, Any]) -> tuple[Any, gr.ImageEditor]:
+    """Generate's first step (``HOLD_JS``) and the hidden input that holds the editor's value for the
+    handler's event (never drawn: Gradio asks it for nothing); the handler's event goes ``.then``."""
+    held = gr.ImageEditor(type="filepath", visible=False, layers=False, elem_id="held-mask")
+    step = gr.on(triggers=triggers, fn=None, inputs=[picture["mode"], picture["mask"]], outputs=[held],
+                 js=HOLD_JS, api_visibility="private", show_progress="hidden")  # fmt: skip
+    return step, held
 
 
 def page_values(raw: dict[str, Any]) -> dict[str, Any]:

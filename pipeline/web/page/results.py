@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ...serving.postprocess import output_folder, write_then_rename
+from .mode_panel import MODE_LABELS
 
 HISTORY_SIZE = 24  # images kept per tab, newest first
 MAX_SESSIONS = 10_000  # sessions whose results are kept (Gradio's own session capacity); the oldest go first
@@ -30,7 +31,7 @@ PARAMETERS = (
 
 
 # A mode as the page names it (its heading, the summary).
-MODE_NAMES = {"text": "Text to image", "image": "Image to image", "inpaint": "Inpaint", "outpaint": "Outpaint"}
+MODE_NAMES = MODE_LABELS  # the page's words for the modes
 
 
 def summary_markdown(info: Any) -> str:

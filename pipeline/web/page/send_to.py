@@ -104,8 +104,8 @@ def wire_mask_upload(picture: dict[str, Any]) -> None:
 
 
 def before_after() -> gr.ImageSlider:
-    """The slider under the results, shown in the image modes (``mode_panel.visible_for``)."""
-    return gr.ImageSlider(label="Before / after", type="filepath", interactive=False, visible=False,
+    """The slider under the results, shown in the image modes (``mode_panel.MODE_CSS``)."""
+    return gr.ImageSlider(label="Before / after", type="filepath", interactive=False,
                           elem_id="before-after", max_height=360)  # fmt: skip
 
 

@@ -8,9 +8,12 @@ components leave to the page.
   two rows half each) and each picture is scaled down into its cell at its own aspect ratio, never
   cropped; a click still opens it at full size (Gradio's preview). The history keeps one row of
   thumbnails in view, each whole, and scrolls to the rest.
+- **The mode's controls** show by CSS (``mode_panel.MODE_CSS``: why not by Gradio's visibility).
 """
 
 from __future__ import annotations
+
+from .mode_panel import MODE_CSS
 
 PAGE_CSS = """
 #gallery .grid-container { height: 100%; grid-auto-rows: minmax(0, 1fr); }
@@ -19,3 +22,4 @@ PAGE_CSS = """
 #history .thumbnail-item { height: 150px; aspect-ratio: auto; }
 #history .thumbnail-item img { width: 100%; height: 100%; object-fit: contain; }
 """
+PAGE_CSS += MODE_CSS
