@@ -66,7 +66,7 @@ IMAGE_FIELDS = ("mode", "image", "mask", "strength", *SIDES, "mask_blur", "hires
 PICTURE_DEFAULTS: dict[str, Any] = {name: fields.BY_NAME[name].default for name in IMAGE_FIELDS}
 FIELDS = fields.NAMES  # the request's fields in the API's order (``fields.TABLE``)
 DEFAULT_SAMPLER = "default"  # the model's own sampler
-BUDGET_DEFAULT_JOBS = 8  # the default cost budget: this many of the model's default job (one image)
+BUDGET_DEFAULT_JOBS = 8  # the default cost budget: at least this many of the model's default job (one image)
 
 
 @dataclass(frozen=True)
@@ -106,14 +106,15 @@ class Limits:
         max_pixel_steps: int | None = None,
     ) -> Limits:
         top = max_size or profile.max_size
-        default_job = profile.default_width * profile.default_height * profile.default_steps
+        pixels = max_pixels or top * top
+        steps = max_steps or profile.max_steps
         return cls(
             min_size=profile.min_size,
             max_size=top,
             size_multiple=profile.size_multiple,
-            max_pixels=max_pixels or top * top,
+            max_pixels=pixels,
             min_steps=profile.min_steps,
-            max_steps=max_steps or profile.max_steps,
+            max_steps=steps,
             min_guidance=profile.min_guidance,
             max_guidance=profile.max_guidance,
             max_images=max_images,
@@ -121,7 +122,7 @@ class Limits:
             text_encoders=profile.text_encoders,
             negative_prompt=profile.supports_negative_prompt,
             samplers=profile.samplers,
-            max_pixel_steps=max_pixel_steps or BUDGET_DEFAULT_JOBS * default_job,
+            max_pixel_steps=max_pixel_steps or default_budget(profile, pixels, steps),
             negative_reason=profile.negative_prompt_reason,
             step_choices=profile.step_choices,
             size_choices=profile.size_choices,
@@ -130,6 +131,19 @@ class Limits:
             modes=profile.modes,
             mode_notes=profile.mode_notes,
         )
+
+
+def default_budget(profile: ModelProfile, max_pixels: int, max_steps: int) -> int:
+    """The cost budget with no ``--max-pixel-steps``: what the page offers by default always fits (issue 48:
+    the embedded model's own largest size at its default steps was refused): the largest size at the
+    default steps, the default size at the most steps, and at least ``BUDGET_DEFAULT_JOBS`` default jobs
+    (four images at the default size and steps, and then some)."""
+    default_pixels = profile.default_width * profile.default_height
+    return max(
+        BUDGET_DEFAULT_JOBS * default_pixels * profile.default_steps,
+        max_pixels * profile.default_steps,
+        default_pixels * max_steps,
+    )
 
 
 # -- the picture fields: the image modes and hires fix (see the module docstring) -------------------

@@ -122,6 +122,17 @@ def inpaint(page: Any) -> None:
     page.locator("#mask-editor").wait_for(state="visible")
 
 
+STOP_SEEN_JS = """() => {
+  window.__t2iStopSeen = false;
+  new MutationObserver(() => {
+    const stop = document.querySelector("#stop");
+    if (stop && !stop.disabled && document.querySelector("#status .t2i-status[data-running]")) {
+      window.__t2iStopSeen = true;
+    }
+  }).observe(document.body, { childList: true, subtree: true, attributes: true });
+}"""
+
+
 def test_a_first_look_heading_hint_footer_and_a_history_folded_until_it_holds_something(
     window: Any, picture: Path
 ) -> None:
@@ -130,7 +141,22 @@ def test_a_first_look_heading_hint_footer_and_a_history_folded_until_it_holds_so
     assert prompt.input_value() == "" and (prompt.get_attribute("placeholder") or "").startswith("Describe the picture")
     assert "the CPU draws one job at a time" in window.locator("#about").inner_text()  # this app runs on the CPU
     assert window.locator("#history img").count() == 0 and not window.locator("#history").is_visible()
-    generate(window, "a red circle on a blue background")  # waits for its picture in the history
+    # Nothing to stop, reuse or send yet: disabled until they can act.
+    idle = ("#stop", "#reuse-seed", "#send-gallery-image", "#send-gallery-inpaint")
+    wait_for(lambda: all(window.locator(b).is_disabled() for b in idle), "the idle buttons disabled")
+    brush = window.evaluate(
+        "() => gradio_config.components.find((c) => c.props.elem_id === 'mask-editor').props.brush.default_size"
+    )
+    assert brush == 4, brush  # a sixteenth of the model's 64 px pictures
+    window.evaluate(STOP_SEEN_JS)  # a job runs for a fraction of a second: the page notes Stop enabled
+    window.locator("#prompt textarea").fill("a red circle on a blue background")
+    window.locator("#generate").click()
+    window.locator("#history img").first.wait_for(state="attached", timeout=60_000)
+    window.locator("#status").get_by_text(DONE).wait_for(timeout=60_000)
+    wait_for(lambda: window.locator("#stop").is_disabled(), "Stop disabled again once it is done")
+    assert window.evaluate("() => window.__t2iStopSeen"), "Stop was never enabled while the job ran"
+    assert all(window.locator(b).is_enabled() for b in idle[1:]), "a result to reuse and send"
+    assert window.locator("#send-history-image").is_enabled()
     assert window.locator("#history").is_visible()
     window.locator("#mode").get_by_text("Image to image", exact=True).click()
     wait_for(lambda: heading.inner_text().strip() == "Image to image", "the heading follows the mode")

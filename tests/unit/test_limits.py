@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 from pathlib import Path
 from typing import Any
@@ -21,9 +22,12 @@ from tests.helpers import collect, raw_request
 pytestmark = pytest.mark.anyio
 
 
-async def test_the_cost_budget_is_a_few_default_jobs_and_a_request_over_it_is_refused_naming_it() -> None:
-    limits = Limits.for_model(FAKE_PROFILE)  # the default job: 64 x 64 px, 4 steps, one image
-    assert limits.max_pixel_steps == 8 * 64 * 64 * 4
+async def test_the_cost_budget_admits_what_the_page_offers_and_a_request_over_it_is_refused_naming_it() -> None:
+    small = dataclasses.replace(FAKE_PROFILE, max_size=128, max_steps=20)  # the default job: 64 x 64 px, 4 steps
+    limits = Limits.for_model(small)
+    assert (
+        limits.max_pixel_steps == 8 * 64 * 64 * 4
+    )  # the largest size at 4 steps, or 20 steps at 64 px: fewer than 8 jobs
     validate(raw_request(num_inference_steps=8, num_images=4), limits)  # 8 default jobs: at the budget
     with pytest.raises(InvalidRequest) as refused:
         validate(raw_request(width=128, height=128, num_inference_steps=8, num_images=2), limits)
@@ -33,6 +37,12 @@ async def test_the_cost_budget_is_a_few_default_jobs_and_a_request_over_it_is_re
         "pixel-steps (the cost budget, --max-pixel-steps); got 128×128×8×2 = 262144"
     )
     assert Limits.for_model(FAKE_PROFILE, max_pixel_steps=10**9).max_pixel_steps == 10**9
+    # The page's defaults always fit: the largest size at the default steps, the default size at the most steps.
+    limits = Limits.for_model(FAKE_PROFILE)  # 512 px at most, 50 steps at most
+    validate(raw_request(width=512, height=512, num_inference_steps=4), limits)
+    assert limits.max_pixel_steps == 512 * 512 * 4
+    tall = dataclasses.replace(FAKE_PROFILE, max_size=64, max_steps=500)
+    validate(raw_request(num_inference_steps=500), Limits.for_model(tall))
 
 
 def _job(steps: int, images: int = 1) -> InferenceJob:

@@ -30,7 +30,9 @@ CASES: dict[str, tuple[ModelProfile, Limits]] = {
 def test_every_preset_is_on_the_grid_within_the_limits_and_near_its_aspect(name: str) -> None:
     p, limits = CASES[name]
     presets = size_presets(p.default_width, p.default_height, limits)
-    assert [preset.ratio for preset in presets] == [f"{w}:{h}" for w, h in RATIOS]
+    ratios = [f"{w}:{h}" for w, h in RATIOS]
+    assert [preset.ratio for preset in presets][: len(RATIOS)] == ratios
+    assert all(preset.ratio == "1:1" for preset in presets[len(RATIOS) :])  # the larger squares
     for preset in presets:
         w, h = preset.width, preset.height
         assert w % limits.size_multiple == 0 and h % limits.size_multiple == 0, preset
@@ -39,7 +41,7 @@ def test_every_preset_is_on_the_grid_within_the_limits_and_near_its_aspect(name:
         nominal_w, nominal_h = map(int, preset.ratio.split(":"))
         assert abs((w / h) / (nominal_w / nominal_h) - 1) <= ASPECT_TOLERANCE, preset
         assert preset.label == f"{preset.ratio} · {w}×{h}" and parse_value(preset.value) == (w, h)
-    by_ratio = {preset.ratio: (preset.width, preset.height) for preset in presets}
+    by_ratio = {preset.ratio: (preset.width, preset.height) for preset in presets[: len(RATIOS)]}
     for landscape, portrait in (("4:3", "3:4"), ("3:2", "2:3"), ("16:9", "9:16")):
         assert by_ratio[portrait] == by_ratio[landscape][::-1]  # turned, not computed apart
 
@@ -47,13 +49,23 @@ def test_every_preset_is_on_the_grid_within_the_limits_and_near_its_aspect(name:
 def test_presets_keep_about_the_default_pixel_count() -> None:
     for name in ("embedded 64 px", "SD 1.5", "SDXL", "FLUX, step 16"):
         p, limits = CASES[name]
-        presets = size_presets(p.default_width, p.default_height, limits)
+        presets = size_presets(p.default_width, p.default_height, limits)[: len(RATIOS)]
         assert presets[0].value == f"{p.default_width}x{p.default_height}"
         target = p.default_width * p.default_height
         for preset in presets:  # the embedded model's minimum size (64) makes its 16:9 larger
             assert 0.75 <= preset.width * preset.height / target <= 1.8, (name, preset)
     sd = {x.ratio: x.value for x in size_presets(512, 512, CASES["SD 1.5"][1])}
     assert sd["16:9"] == "680x384" and sd["3:2"] == "624x416"
+
+
+def test_the_larger_squares_follow_the_models_size_range() -> None:
+    def squares(case: str) -> list[str]:
+        p, limits = CASES[case]
+        return [x.value for x in size_presets(p.default_width, p.default_height, limits)[len(RATIOS) :]]
+
+    assert squares("embedded 64 px") == ["128x128", "256x256"]  # up to the embedded model's 256 px
+    assert squares("SD 1.5") == ["1024x1024"] and squares("SDXL") == ["2048x2048"]
+    assert squares("SDXL, --max-size 1024") == [] and squares("SDXL, --max-pixels 512x512") == []
 
 
 def test_narrowed_limits_narrow_the_presets() -> None:

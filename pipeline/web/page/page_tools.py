@@ -41,6 +41,35 @@ KEYS_JS = """() => {
 }"""
 
 
+# Buttons that cannot act are disabled until they can (issue 48): Stop while nothing of this tab's runs
+# (the status line's ``data-running``, the same mark Escape reads), "Reuse this image's seed" and
+# "Send to ..." while their gallery holds no picture. The page's own state decides, in the browser,
+# at every change of the page: Gradio's own ``interactive`` updates would need an event at every
+# end of a request, and a request refused at the join ends with none.
+READY_JS = """() => {
+  if (window.__t2iReady) return;
+  window.__t2iReady = true;
+  const rules = [
+    ["#stop", () => document.querySelector("#status .t2i-status[data-running]")],
+    ["#reuse-seed, [id^=send-gallery-]", () => document.querySelector("#gallery img")],
+    ["[id^=send-history-]", () => document.querySelector("#history img")],
+  ];
+  let queued = false;
+  const apply = () => {
+    queued = false;
+    for (const [buttons, ready] of rules) {
+      const off = !ready();
+      for (const button of document.querySelectorAll(buttons)) {
+        if (button.tagName === "BUTTON" && button.disabled !== off) { button.disabled = off; }
+      }
+    }
+  };
+  new MutationObserver(() => { if (!queued) { queued = true; requestAnimationFrame(apply); } })
+    .observe(document.body, { childList: true, subtree: true });
+  apply();
+}"""
+
+
 @dataclass
 class Controls:
     """The controls a set of parameters fills, under the API's names (``scheduler``: the sampler, if any)."""
@@ -216,5 +245,7 @@ def wire_paste(
 
 
 def wire_keys(demo: gr.Blocks) -> None:
-    """Escape stops the running job (Enter in the prompt already generates: the prompt's submit)."""
+    """Escape stops the running job (Enter in the prompt already generates: the prompt's submit); buttons
+    that cannot act are disabled until they can (``READY_JS``)."""
     demo.load(fn=None, js=KEYS_JS, api_visibility="private")
+    demo.load(fn=None, js=READY_JS, api_visibility="private")

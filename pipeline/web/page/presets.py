@@ -1,8 +1,10 @@
 """Size presets (1:1, 4:3, ... 9:16) built from the model's default size, its size step and its limits.
 
-Each preset keeps about the default size's pixel count (so a 16:9 image costs what a square one
-does) at its nominal aspect ratio, on the model's size grid. Pure functions; the page shows them
-as a radio next to the exact sliders.
+Each ratio's preset keeps about the default size's pixel count (so a 16:9 image costs what a square
+one does) at its nominal aspect ratio, on the model's size grid; then the larger squares the model's
+range allows (twice and four times the default side, issue 48: the embedded model draws up to 256 px,
+and its presets stopped at 64). Pure functions; the page shows them as a radio, in view, next to the
+exact sliders.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 from ...request import Limits
 
 RATIOS: tuple[tuple[int, int], ...] = ((1, 1), (4, 3), (3, 4), (3, 2), (2, 3), (16, 9), (9, 16))
+LARGER = (2, 4)  # the larger squares: these multiples of the default square's side, where the limits allow
 ASPECT_TOLERANCE = 0.03  # a preset's aspect may be this far (relative) from its nominal one
 
 
@@ -56,6 +59,12 @@ def size_presets(default_width: int, default_height: int, limits: Limits) -> lis
             best = _best_size(w_ratio / h_ratio, target, step, lo, hi, limits.max_pixels)
         if best is not None:
             presets.append(SizePreset(f"{w_ratio}:{h_ratio}", best[0], best[1]))
+    if presets and presets[0].width == presets[0].height:
+        side = presets[0].width
+        for factor in LARGER:
+            larger = side * factor
+            if larger <= hi and larger * larger <= limits.max_pixels:
+                presets.append(SizePreset("1:1", larger, larger))
     return presets
 
 
