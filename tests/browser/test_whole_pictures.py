@@ -77,12 +77,18 @@ def test_every_result_and_history_picture_is_whole(window: Any) -> None:
     shot(window, f"whole-pictures-{window.window_name}", full_page=False)
 
 
-@pytest.mark.parametrize("mode", ["image", "inpaint"])
+@pytest.mark.parametrize("mode", ["image", "inpaint", "outpaint"])
 def test_the_slider_shows_the_input_and_the_result_loaded_at_one_size(window: Any, picture: Path, mode: str) -> None:
-    if mode == "image":
-        window.locator("#mode").get_by_text("Image to image", exact=True).click()
+    if mode in ("image", "outpaint"):
+        window.locator("#mode").get_by_text(
+            {"image": "Image to image", "outpaint": "Outpaint"}[mode], exact=True
+        ).click()
         window.locator("#input-image input[type=file]").set_input_files(str(picture))
         window.locator("#input-image img").first.wait_for(timeout=15_000)
+        if mode == "outpaint":  # the canvas grows 16 px on the right: the before is drawn where it sits on it
+            right = window.locator("#outpaint-right input[type=number]")
+            right.fill("16")
+            right.press("Enter")
     else:  # a result sent to inpaint, and a mask as a file (white: redrawn)
         generate(window, "a red circle on a blue background")
         window.locator("#send-gallery-inpaint").click()
@@ -96,8 +102,22 @@ def test_the_slider_shows_the_input_and_the_result_loaded_at_one_size(window: An
     generate(window, "a green triangle on a yellow background")
     before, after = loaded(window, "#before-after img", 2)
     assert before["src"] and after["src"] and before["src"] != after["src"], (before, after)
-    assert before["natural"] == after["natural"] == [64, 64], (before, after)
+    size = [80, 64] if mode == "outpaint" else [64, 64]
+    assert before["natural"] == after["natural"] == size, (before, after)
     assert before["drawn"] == after["drawn"] and min(after["drawn"]) >= 150, (before, after)
+    # A request the handler refuses (a picture over what the cost budget leaves for uploads) leaves the slider
+    # as it was, like the results: not its picture against the last result.
+    window.locator("#mode").get_by_text("Image to image", exact=True).click()
+    large = picture.with_name("large.png")
+    Image.new("RGB", (1200, 1200), "white").save(large)
+    window.locator("#input-image input[type=file]").set_input_files(str(large))
+    window.locator("#input-image img").first.wait_for(timeout=15_000)
+    window.locator("#prompt textarea").fill("a blue square on a white background")
+    window.locator("#generate").click()
+    wait_for(lambda: "cost budget" in window.locator("#status").inner_text(), "the refusal in the status", 30)
+    window.wait_for_timeout(500)
+    again = pictures_shown(window, "#before-after img")
+    assert [p["src"] for p in again] == [before["src"], after["src"]], again
 
 
 def test_a_refused_request_says_so_in_the_status_and_keeps_the_last_results(window: Any) -> None:

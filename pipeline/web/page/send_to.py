@@ -57,33 +57,67 @@ async (items, image, editor, mode) => {
 
 # The page's generate event's own js (``remember_before_js``): it passes the inputs on as they are and
 # keeps the request's "before" picture (the mask editor's picture in inpaint mode, else the input
-# image), as the event already uploaded them. The slider reads it after the request: with the
-# editor as an input of its own, the slider's event made the editor produce (and upload) its value
-# again at every gallery change, each live preview. (The many uploads one inpaint's Generate still
-# posts come from elsewhere: issue 48 §3.)
+# image, as Generate's first step already uploaded them) and, for outpainting, the sides it grows.
+# The slider reads it after the request, with no picture input of its own (an input of an event is
+# asked for its value at every progress message: ``mode_panel``'s docstring).
 _BEFORE_JS = """
 (...values) => {
   const mode = values[%(mode)d], editor = values[%(mask)d];
-  window.__t2iBefore = { mode: mode, picture: mode === 'inpaint' ? (editor && editor.background) : values[%(image)d] };
+  window.__t2iBefore = {
+    mode: mode,
+    picture: mode === 'inpaint' ? (editor && editor.background) : values[%(image)d],
+    sides: [values[%(outpaint_left)d], values[%(outpaint_top)d],
+            values[%(outpaint_right)d], values[%(outpaint_bottom)d]],
+  };
   return values;
 }
 """
 
-# After a request in an image mode: its input picture against the first result.
+# After a request in an image mode: its input picture against the first result, at the result's size.
+# An outpainted result is larger than its input: the input is drawn where it sits on the grown canvas
+# (the new border left grey), so the two line up. A request that ended in an error (the status line)
+# leaves the slider as it was, like the results.
 _SLIDER_JS = """
-(items) => {
+async (items) => {
+  const line = document.querySelector('#status .t2i-status span');
+  if (line && line.textContent.startsWith('Error')) { return [undefined]; }
   const list = Array.isArray(items) ? items : [];
   const first = list.length ? (list[0].image || list[0]) : null;
   const kept = window.__t2iBefore || {};
   if (!first || !kept.picture || !kept.mode || kept.mode === 'text') { return [null]; }
-  return [[kept.picture, first]];  // the one output's value: a js function returns the list of its outputs' values
+  if (kept.mode !== 'outpaint') { return [[kept.picture, first]]; }
+  const load = (url) => new Promise((done, fail) => {
+    const img = new Image();
+    img.onload = () => done(img);
+    img.onerror = fail;
+    img.src = url;
+  });
+  try {
+    const [input, result] = await Promise.all([load(kept.picture.url), load(first.url)]);
+    const [left, top, right, bottom] = kept.sides.map((side) => Number(side) || 0);
+    const scale = result.naturalWidth / (input.naturalWidth + left + right);
+    const canvas = document.createElement('canvas');
+    canvas.width = result.naturalWidth;
+    canvas.height = result.naturalHeight;
+    const pen = canvas.getContext('2d');
+    pen.fillStyle = '#808080';
+    pen.fillRect(0, 0, canvas.width, canvas.height);
+    pen.drawImage(input, left * scale, top * scale, input.naturalWidth * scale, input.naturalHeight * scale);
+    const url = canvas.toDataURL('image/png');
+    const before = { url: url, path: null, orig_name: 'before.png', mime_type: 'image/png',
+                     meta: { _type: 'gradio.FileData' } };
+    return [[before, first]];
+  } catch (error) {
+    return [[kept.picture, first]];
+  }
 }
 """
 
 
 def remember_before_js(fields: Sequence[str]) -> str:
     """The js of the page's generate event, for its inputs in ``fields``' order (``_BEFORE_JS``)."""
-    return _BEFORE_JS % {name: fields.index(name) for name in ("mode", "mask", "image")}
+    names = ("mode", "mask", "image", "outpaint_left", "outpaint_top", "outpaint_right", "outpaint_bottom")
+    return _BEFORE_JS % {name: fields.index(name) for name in names}
 
 
 # An uploaded mask becomes the editor's one layer, over its picture (``uploads.read_mask``: an opaque
