@@ -4,29 +4,16 @@ download). The tier's marks and its skip without chromium come from the folder (
 from __future__ import annotations
 
 import os
-import re
-import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 from tests.helpers import ROOT, wait_for
+from tools.screenshot import CHROMIUM, CHROMIUM_ARGS, DONE, PHONE  # noqa: F401 (the browser tests' names)
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # Screenshots are kept as test artifacts (CI can upload the folder); git ignores it.
 ARTIFACTS = Path(os.environ.get("T2I_TEST_ARTIFACTS", ROOT / "test-artifacts"))
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-DONE = re.compile(r"done in \d+\.\d\d s")  # the status line once a generation has ended
 SUMMARY = "#summary [data-testid=markdown]"  # the text alone (the status tracker beside it has a timer)
-PHONE = dict(viewport={"width": 390, "height": 844}, device_scale_factor=2, is_mobile=True, has_touch=True)
 
 
 def open_accordion(page: Any, elem_id: str) -> None:

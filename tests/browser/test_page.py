@@ -1,7 +1,7 @@
 """The page people expect from a text-to-image Space (issue 18), in headless chromium: size presets and
 swap, the tab's history (restore, download all), pasted parameters, keys, the ETA while waiting behind
-another job, the sampler in the PNG, labels, the phone layout, and the README's screenshot
-(``docs/screenshot.png``, refreshed here mid-generation)."""
+another job, the sampler in the PNG, labels, the phone layout, and the script that makes the README's
+screenshots (``tools.screenshot``)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import io
 import json
 import re
 import zipfile
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,7 +20,6 @@ from tests.helpers import wait_for
 from tests.pages import (
     DONE,
     PHONE,
-    ROOT,
     SUMMARY,
     generate,
     open_accordion,
@@ -30,6 +30,7 @@ from tests.pages import (
     shot,
     wait_value,
 )
+from tools.screenshot import shoot
 
 STATUS = "#status .t2i-status"  # the app's own status line (Gradio's tracker repeats its progress text)
 
@@ -300,25 +301,9 @@ def test_on_a_phone_the_result_is_in_view_after_generate(browser: Any, app_url: 
         phone.close()
 
 
-def test_the_readme_screenshot_shows_the_page_mid_generation(page: Any) -> None:
-    """``docs/screenshot.png``, the README's first picture: the page as a newcomer finds it, mid-generation."""
-    page.goto(page.url)  # a fresh tab: its own history
-    open_ready(page, page.url, panels=("advanced",))
-    for prompt in (
-        "a yellow star on a purple background",
-        "a small white square in the top left on a black background",
-    ):
-        generate(page, prompt)
-    set_steps(page, 100)
-    set_size(page, 160)
-    page.locator("#advanced > button.label-wrap").click()  # the settings folded, as a newcomer finds them
-    page.locator("#prompt textarea").fill("a large orange circle in the center on a green background")
-    page.locator("#generate").click()
-    page.get_by_text(re.compile(r"step (\d\d)/100")).first.wait_for(timeout=60_000)
-    wait_for(lambda: page.locator("#gallery img").count() > 0, "a live preview", timeout=30)
-    # a second preview: for the event's first half second Gradio's tracker still covers the gallery
-    page.locator(STATUS).get_by_text(re.compile(r"step ([3-9]\d)/100")).wait_for(timeout=60_000)
-    page.wait_for_timeout(300)
-    path = shot(page, "page-7-mid-generation", full_page=False)
-    (ROOT / "docs" / "screenshot.png").write_bytes(path.read_bytes())
-    page.locator("#status").get_by_text(DONE).wait_for(timeout=120_000)
+def test_the_readme_screenshots_come_from_the_page(app_url: str, tmp_path: Path) -> None:
+    """``tools.screenshot`` (``python -m tools.screenshot`` writes the README's ``docs/screenshot.png`` and
+    ``docs/screenshot-phone.png``) runs on this app: each shot once its pictures have loaded."""
+    paths = shoot(app_url, tmp_path)
+    assert Image.open(paths["desktop"]).size == (1280, 1180)
+    assert Image.open(paths["phone"]).size == (780, 1688)  # 390 x 844 at twice the pixels
