@@ -10,7 +10,8 @@ Two stages, both deterministic given ``--seed`` (same torch version and thread c
    inpainting and hires fix too (``evaluate.round_trip``);
 2. the UNet and the tiny CLIP text encoder learn together, on the VAE's latents of a fixed set of
    captioned pictures: v-prediction on a zero-terminal-SNR schedule, 10% of captions dropped for
-   classifier-free guidance, an exponential moving average of the weights saved.
+   classifier-free guidance, another picture's caption at low noise levels (so that image-to-image
+   follows its input), an exponential moving average of the weights saved.
 
 The result is a ``save_pretrained`` folder that the app loads through ``from_pretrained`` like any
 other model. Held-out colour x shape x background combinations (``shapes.HELD_OUT``) are never
@@ -46,6 +47,7 @@ LARGE_SHARE = 0.25
 GUIDANCE = 4.0  # the default guidance scale written next to the weights (see evaluate)
 CAPTION_DROP = 0.1
 MIN_SNR_GAMMA = 5.0
+MISMATCH, MISMATCH_BELOW = 0.8, 400  # another caption: with this chance at t = 0, falling to none at t = 400
 
 
 def _pictures(specs: list[shapes.Spec], size: int = shapes.SIZE) -> torch.Tensor:
@@ -144,6 +146,13 @@ def train_unet(
         tokens[drop] = empty
         noise = torch.randn(x0.shape, generator=gen)
         t = torch.randint(0, noise_schedule.config.num_train_timesteps, (batch,), generator=gen)
+        # Another picture's caption at low noise (issue 48): every caption here names its picture
+        # exactly, so a model trained on them alone lets the prompt override what the latents
+        # already show at any noise level, and image-to-image drew the prompt at strength 0.1.
+        # Taught that the picture wins where little noise is left, guidance has nothing to push
+        # there, and the prompt acts where the noise leaves room: the layout and colours.
+        swap = torch.rand(batch, generator=gen) < MISMATCH * (1 - t / MISMATCH_BELOW).clamp(min=0)
+        tokens[swap] = ids[torch.randint(0, len(ids), (batch,), generator=gen)][swap]
         noisy = noise_schedule.add_noise(x0, noise, t)
         target = noise_schedule.get_velocity(x0, noise, t)
         context = text_encoder(tokens)[0]
