@@ -62,36 +62,42 @@ def _loaded(page: Any, selector: str, count: int) -> None:
     page.wait_for_function(f"() => ({LOADED_JS})({selector!r}) >= {count}", timeout=30_000)
 
 
-def shoot(url: str, out: Path) -> dict[str, Path]:
-    """The two screenshots of the page at ``url``, written into ``out``."""
-    from playwright.sync_api import sync_playwright
+def shoot(url: str, out: Path, browser: Any = None) -> dict[str, Path]:
+    """The two screenshots of the page at ``url``, written into ``out``, with ``browser`` (a Playwright
+    chromium: a test's own) or one of its own."""
+    if browser is None:
+        from playwright.sync_api import sync_playwright
 
+        with sync_playwright() as p:
+            own = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+            try:
+                return shoot(url, out, own)
+            finally:
+                own.close()
     out.mkdir(parents=True, exist_ok=True)
     paths = {"desktop": out / "screenshot.png", "phone": out / "screenshot-phone.png"}
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(**DESKTOP)
-            page.goto(url)
-            page.locator("#prompt textarea").wait_for(timeout=60_000)
-            _generate(page, "a large orange circle in the center on a green background")
-            page.locator("#send-gallery-image").click()
-            page.locator("#input-image img").first.wait_for(timeout=15_000)
-            _generate(page, "a large yellow star in the center on a purple background")
-            _loaded(page, "#gallery img", 1)
-            _loaded(page, "#before-after img", 2)
-            page.mouse.move(0, 0)  # no hover marks
-            page.evaluate("() => window.scrollTo(0, 0)")
-            page.screenshot(path=str(paths["desktop"]), full_page=False)
-            phone = browser.new_page(**PHONE)
-            phone.goto(url)
-            phone.locator("#prompt textarea").wait_for(timeout=60_000)
-            _generate(phone, "a red circle on a blue background")
-            _loaded(phone, "#gallery img", 1)
-            phone.evaluate("() => window.scrollTo(0, 0)")
-            phone.screenshot(path=str(paths["phone"]), full_page=False)
-        finally:
-            browser.close()
+    desktop, phone = browser.new_page(**DESKTOP), browser.new_page(**PHONE)
+    try:
+        desktop.goto(url)
+        desktop.locator("#prompt textarea").wait_for(timeout=60_000)
+        _generate(desktop, "a large orange circle in the center on a green background")
+        desktop.locator("#send-gallery-image").click()
+        desktop.locator("#input-image img").first.wait_for(timeout=15_000)
+        _generate(desktop, "a large yellow star in the center on a purple background")
+        _loaded(desktop, "#gallery img", 1)
+        _loaded(desktop, "#before-after img", 2)
+        desktop.mouse.move(0, 0)  # no hover marks
+        desktop.evaluate("() => window.scrollTo(0, 0)")
+        desktop.screenshot(path=str(paths["desktop"]), full_page=False)
+        phone.goto(url)
+        phone.locator("#prompt textarea").wait_for(timeout=60_000)
+        _generate(phone, "a red circle on a blue background")
+        _loaded(phone, "#gallery img", 1)
+        phone.evaluate("() => window.scrollTo(0, 0)")
+        phone.screenshot(path=str(paths["phone"]), full_page=False)
+    finally:
+        desktop.close()
+        phone.close()
     return paths
 
 

@@ -301,9 +301,9 @@ def test_on_a_phone_the_result_is_in_view_after_generate(browser: Any, app_url: 
         phone.close()
 
 
-def test_the_readme_screenshots_come_from_the_page(app_url: str, tmp_path: Path) -> None:
+def test_the_readme_screenshots_come_from_the_page(browser: Any, app_url: str, tmp_path: Path) -> None:
     """``tools.screenshot`` (``python -m tools.screenshot`` writes the README's ``docs/screenshot.png`` and
     ``docs/screenshot-phone.png``) runs on this app: each shot once its pictures have loaded."""
-    paths = shoot(app_url, tmp_path)
+    paths = shoot(app_url, tmp_path, browser)
     assert Image.open(paths["desktop"]).size == (1280, 1180)
     assert Image.open(paths["phone"]).size == (780, 1688)  # 390 x 844 at twice the pixels

@@ -183,7 +183,9 @@ def test_soak_memory_and_files_level_off(server: tuple[str, psutil.Process, list
     produced = sum(i["num_images"] for i in warmup + infos)
     wait_for(lambda: _disk(folders)[1] <= OUTPUT_BUDGET_MB * 2**20, "the sweeper brings the disk within budget", 15)
     files, _bytes = _disk(folders)
-    assert files < produced  # without the sweeper: two copies of every image stay
+    # Without the sweeper two copies of every image stay (Gradio's and the output folder's); how many fit
+    # the budget depends on the PNGs' size (the retrained model's flat colours compress to about 4 KB).
+    assert files < 2 * produced, (files, produced)
     metrics = httpx.get(url + "metrics", timeout=10).text
     assert float(re.search(r"^output_bytes (\S+)$", metrics, re.M).group(1)) <= OUTPUT_BUDGET_MB * 2**20
 
