@@ -142,8 +142,8 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
             picture,
         )
         ui: dict[str, Any] = dict(api_visibility="private", concurrency_id="ui", concurrency_limit=UI_CONCURRENCY)
+        wire_modes(picture, heading)  # in the browser alone (mode_panel's docstring says why)
         # Through the queue like every page event: the front door serves no /run/predict (queue=False).
-        wire_modes(picture, heading)
         gallery.select(fn=selected_index, inputs=None, outputs=[selected], **ui)
         reuse_button.click(fn=reuse_seed(site), inputs=[selected], outputs=[seed, randomize_seed], **ui)
         # Size presets and swap, the tab's history (restore, zip), pasted parameters, Escape.
