@@ -297,6 +297,8 @@ class InferenceResult:
     limit: float = 0.0  # timed_out: the time limit, in seconds
     # cancelled in a model process: the model's own step count when the stop reached it (None: unknown)
     steps_at_stop: int | None = None
+    # Hires fix: each image's first pass, at the text pass's size (what it upscaled and redrew); else ().
+    first_pass: tuple[Image.Image, ...] = ()
 
     @classmethod
     def ended_by(
@@ -434,8 +436,10 @@ class Output:
     None until a job has been measured. The last one has ``finish`` "done" with the images'
     ``paths`` and the ``info`` record; any other ending is raised as a ``ServingError`` in the user's
     words (``serving.local.LocalAdapter._outcome``), so a caller never reads a failure as a picture.
-    Across a Ray hop a replica sends its PNGs as ``files`` (name, bytes), and its first output (ahead
-    0) names the replica in ``info``.
+    A hires fix's ``done`` also has ``first_pass``: each image's text pass as a PNG (the page's
+    before/after slider shows it against the result). Across a Ray hop a replica sends its PNGs as
+    ``files`` and ``first_pass_files`` (name, bytes), and its first output (ahead 0) names the
+    replica in ``info``.
     """
 
     request_id: str = ""
@@ -448,6 +452,8 @@ class Output:
     paths: tuple[Path, ...] = ()
     info: dict[str, Any] = field(default_factory=dict)
     files: tuple[tuple[str, bytes], ...] = ()
+    first_pass: tuple[Path, ...] = ()
+    first_pass_files: tuple[tuple[str, bytes], ...] = ()
 
     @property
     def kind(self) -> Literal["waiting", "step", "done"]:

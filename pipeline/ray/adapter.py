@@ -20,7 +20,7 @@ import logging
 import threading
 from functools import partial
 from pathlib import Path
-from typing import Any, AsyncGenerator, Callable, Mapping
+from typing import Any, AsyncGenerator, Callable, Mapping, Sequence
 
 from ..config import Settings
 from ..errors import (
@@ -239,14 +239,15 @@ class RayAdapter(AdapterBase):
             if done is None:
                 raise GenerationFailed(request.request_id)
             # 4. Finalize on the front end: write the replica's PNGs where the app serves files from.
-            paths = await event_loop.run_in_executor(self._pool, self._write, done, user)
+            paths = await event_loop.run_in_executor(self._pool, self._write, done.files, user)
+            first_pass = await event_loop.run_in_executor(self._pool, self._write, done.first_pass_files, user)
             info = dict(done.info)
             info["backend"] = "ray"
             self.metrics.images.inc(len(paths))
             self.metrics.inference.observe(info["durations_ms"]["inference"] / 1000)
             held.keep()
             outcome.delivered = True
-            yield Output(request.request_id, finish="done", paths=tuple(paths), info=info)
+            yield Output(request.request_id, finish="done", paths=tuple(paths), info=info, first_pass=tuple(first_pass))
 
     async def _relay(self, call: Any, ticket: int) -> AsyncGenerator[Output, None]:
         """The remote stream; until the replica starts the request, its place as the line moves."""
@@ -271,9 +272,9 @@ class RayAdapter(AdapterBase):
                 self.metrics.denoise_steps.inc()
             yield item
 
-    def _write(self, done: Output, user: str | None) -> list[Path]:
+    def _write(self, files: Sequence[tuple[str, bytes]], user: str | None) -> list[Path]:
         folder = output_folder(self.output_dir, user)
-        return [write_then_rename(folder / name, partial(_write_bytes, png)) for name, png in done.files]
+        return [write_then_rename(folder / name, partial(_write_bytes, png)) for name, png in files]
 
 
 def _write_bytes(data: bytes, path: Path) -> None:

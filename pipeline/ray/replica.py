@@ -91,7 +91,7 @@ class ModelReplica:
 
     async def generate(self, raw: dict[str, Any], request_id: str) -> AsyncGenerator[Output, None]:
         """Stream one request as ``Output``s: the first names this replica (``started_by_replica``), then
-        its steps, then its end with the PNGs as ``files`` (or raise a ``ServingError``).
+        its steps, then its end with the PNGs as ``files`` and ``first_pass_files`` (or raise a ``ServingError``).
 
         When the caller cancels, Ray cancels this task; closing ``adapter.run`` sets the job's stop
         event, and the model thread stops at the end of the step in progress.
@@ -104,11 +104,10 @@ class ModelReplica:
                 if event.kind == "step":
                     yield event
                 elif event.kind == "done":
-                    pngs = await event_loop.run_in_executor(self._pool, _take_files, event.paths)
+                    files = await event_loop.run_in_executor(self._pool, _take_files, event.paths)
+                    first_pass = await event_loop.run_in_executor(self._pool, _take_files, event.first_pass)
                     info = {**event.info, "replica": self.name}
-                    yield Output(
-                        request_id, finish="done", info=info, files=tuple(zip((p.name for p in event.paths), pngs))
-                    )
+                    yield Output(request_id, finish="done", info=info, files=files, first_pass_files=first_pass)
                 # Waiting: the front end reports the line it can see (see RayAdapter).
 
     def shutdown(self) -> None:
@@ -117,12 +116,13 @@ class ModelReplica:
         self.adapter.close()
 
 
-def _take_files(paths: Sequence[Path]) -> tuple[bytes, ...]:
-    blobs = []
+def _take_files(paths: Sequence[Path]) -> tuple[tuple[str, bytes], ...]:
+    """Each file's name and bytes, the file removed (the front end writes it where it serves files)."""
+    taken = []
     for path in paths:
-        blobs.append(path.read_bytes())
+        taken.append((path.name, path.read_bytes()))
         path.unlink(missing_ok=True)
-    return tuple(blobs)
+    return tuple(taken)
 
 
 def _replica_identity() -> tuple[str, str]:

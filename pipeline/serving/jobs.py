@@ -170,10 +170,14 @@ class GpuJobs:
         self.metrics.batch_images.observe(images)
         self.memory.learn(job.width, job.height, images, outcome)
         for i, entry in enumerate(entries):
-            share = outcome.images[offsets[i] : offsets[i + 1]]
+            share = slice(offsets[i], offsets[i + 1])
             entry.deliver(
                 dataclasses.replace(
-                    outcome, images=share, batch_images=images, batch_jobs=outcome.batch_jobs or len(entries)
+                    outcome,
+                    images=outcome.images[share],
+                    first_pass=outcome.first_pass[share],
+                    batch_images=images,
+                    batch_jobs=outcome.batch_jobs or len(entries),
                 )
             )
         return None

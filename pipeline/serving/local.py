@@ -264,14 +264,14 @@ class LocalAdapter(AdapterBase):
 
             # 4. Finalize: concurrent, off the loop.
             t.finalize_start = self._clock()
-            paths = await event_loop.run_in_executor(self._pool, self._encode, request, result, user)
+            paths, first_pass = await event_loop.run_in_executor(self._pool, self._encode, request, result, user)
             t.finalize_end = self._clock()
             p = self.profile
             info = info_record(request, result, t, p)
             self._observe(info, len(paths))
             held.keep()
             outcome.delivered = True
-            yield Output(request.request_id, finish="done", paths=tuple(paths), info=info)
+            yield Output(request.request_id, finish="done", paths=tuple(paths), info=info, first_pass=tuple(first_pass))
 
     async def _wait_turn(self, entry: Entry) -> AsyncGenerator[Output, None]:
         """Report "k ahead" until the scheduler takes ``entry`` into a batch (or it stops, or we close)."""
@@ -375,10 +375,19 @@ class LocalAdapter(AdapterBase):
             case _:  # failed: the model side's detail is in the log (jobs.GpuJobs._on_model)
                 raise GenerationFailed(rid)
 
-    def _encode(self, request: GenerateRequest, result: InferenceResult, user: str | None) -> list[Path]:
-        p = self.profile
+    def _encode(
+        self, request: GenerateRequest, result: InferenceResult, user: str | None
+    ) -> tuple[list[Path], list[Path]]:
+        """The PNGs of its images, and of a hires fix's first pass (named ``<id>-first-<i>.png``, with
+        the parameters that draw it again: the same request without the hires fix)."""
+        p, rid = self.profile, request.request_id
         params, sampler = {**request.parameters(), **lora_fields(request, p)}, sampler_used(request, p)
-        return self._encode_pngs(result.images, self.output_dir, request.request_id, params, p.name, sampler, user)
+        paths = self._encode_pngs(result.images, self.output_dir, rid, params, p.name, sampler, user)
+        if not result.first_pass:
+            return paths, []
+        first = {key: value for key, value in params.items() if not key.startswith("hires_")}
+        out = self.output_dir
+        return paths, self._encode_pngs(result.first_pass, out, f"{rid}-first", first, p.name, sampler, user)
 
     def _observe(self, info: dict[str, Any], images: int) -> None:
         d = info["durations_ms"]

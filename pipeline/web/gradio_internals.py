@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import gradio as gr
 
@@ -176,6 +176,11 @@ def served_name(path: Path) -> str:
     """``path`` as the HTTP APIs name it to clients: its served copy's name relative to Gradio's cache
     (the front door reads a relative ``file=`` name there), never its place on the disk."""
     return served_path(path).resolve().relative_to(upload_folder().resolve()).as_posix()
+
+
+def served_names(paths: Sequence[Path]) -> list[str]:
+    """``served_name`` of each (blocking where Gradio copies a file into its cache: off the loop)."""
+    return [served_name(path) for path in paths]
 
 
 def served_path(path: Path) -> Path:

@@ -1,6 +1,6 @@
 """The page as a person sees it (issue 48), at a laptop's, a desktop's and a phone's window: every result
 and history picture whole inside its box (scaled down, never cropped), the before/after slider
-showing both pictures, loaded, after image-to-image and inpainting, a refused request said in the
+showing both pictures, loaded, after image-to-image, inpainting, outpainting and a hires fix, a refused request said in the
 status line with the last results left in place, and an inpaint's picture and mask uploaded once.
 
 What is measured is what is drawn: each ``<img>``'s picture (its box less what ``object-fit: contain``
@@ -77,9 +77,12 @@ def test_every_result_and_history_picture_is_whole(window: Any) -> None:
     shot(window, f"whole-pictures-{window.window_name}", full_page=False)
 
 
-@pytest.mark.parametrize("mode", ["image", "inpaint", "outpaint"])
+@pytest.mark.parametrize("mode", ["image", "inpaint", "outpaint", "hires"])
 def test_the_slider_shows_the_input_and_the_result_loaded_at_one_size(window: Any, picture: Path, mode: str) -> None:
-    if mode in ("image", "outpaint"):
+    if mode == "hires":  # text to image with hires fix: its first pass (64 px) against the result (128 px)
+        open_accordion(window, "hires")
+        window.locator("#hires-fix input[type=checkbox]").check()
+    elif mode in ("image", "outpaint"):
         window.locator("#mode").get_by_text(
             {"image": "Image to image", "outpaint": "Outpaint"}[mode], exact=True
         ).click()
@@ -102,8 +105,12 @@ def test_the_slider_shows_the_input_and_the_result_loaded_at_one_size(window: An
     generate(window, "a green triangle on a yellow background")
     before, after = loaded(window, "#before-after img", 2)
     assert before["src"] and after["src"] and before["src"] != after["src"], (before, after)
-    size = [80, 64] if mode == "outpaint" else [64, 64]
-    assert before["natural"] == after["natural"] == size, (before, after)
+    if mode == "hires":  # the first pass the server kept beside the result, drawn in the same box
+        assert "-first-0.png" in before["src"], before
+        assert (before["natural"], after["natural"]) == ([64, 64], [128, 128]), (before, after)
+    else:
+        size = [80, 64] if mode == "outpaint" else [64, 64]
+        assert before["natural"] == after["natural"] == size, (before, after)
     assert before["drawn"] == after["drawn"] and min(after["drawn"]) >= 150, (before, after)
     # A request the handler refuses (a picture over what the cost budget leaves for uploads) leaves the slider
     # as it was, like the results: not its picture against the last result.

@@ -142,6 +142,18 @@ async def test_progress_and_images_cross_the_boundary(side: RayAdapter) -> None:
 
 
 @pytest.mark.anyio
+async def test_a_hires_fixs_first_pass_crosses_the_boundary_beside_its_result(side: RayAdapter) -> None:
+    from PIL import Image
+
+    _, done = await collect(side, req(3, steps=4, hires_fix=True, hires_steps=2, hires_strength=0.5))
+    (result,), (first,) = done.paths, done.first_pass
+    assert Path(first).name.endswith("-first-0.png") and Path(first).parent == Path(result).parent
+    with Image.open(result) as big, Image.open(first) as small:
+        assert (big.size, small.size) == ((128, 128), (64, 64))
+        assert "Hires upscale" in big.text["parameters"] and "Hires" not in small.text["parameters"]
+
+
+@pytest.mark.anyio
 async def test_bad_input_is_answered_by_the_front_end(side: RayAdapter) -> None:
     with pytest.raises(InvalidRequest) as err:
         await collect(side, req(0, size=65))

@@ -119,7 +119,10 @@ def test_hires_fix_is_one_job_in_two_passes_with_the_pixels_of_the_plain_calls(m
 
     j = job("text", strength=1.0, steps=6, images=(), hires_width=2 * SIZE, hires_height=2 * SIZE,
             hires_steps=4, hires_strength=0.5)  # fmt: skip
-    ours, steps = run(model, j)
+    steps: list[tuple[int, int]] = []
+    result = model.generate(j, threading.Event(), lambda step, total, previews: steps.append((step, total)))
+    assert result.ok, result
+    ours = np.asarray(result.images[0]).astype(int)
     assert ours.shape == (2 * SIZE, 2 * SIZE, 3)
     assert steps == [(k, 8) for k in range(1, 9)], steps  # 6 text steps, then 2 of 4 at strength 0.5: one count
     seeds = lambda: [torch.Generator("cpu").manual_seed(s) for s in j.seeds]  # noqa: E731
@@ -131,6 +134,36 @@ def test_hires_fix_is_one_job_in_two_passes_with_the_pixels_of_the_plain_calls(m
         second.set_progress_bar_config(disable=True)
         plain_out = second(**common, image=upscaled, strength=0.5, num_inference_steps=4, generator=seeds()).images
     assert np.abs(ours - np.asarray(plain_out[0]).astype(int)).max() <= 1
+    # the first pass comes back beside it (the page's slider shows it): the text pass's own pixels
+    (drawn,) = result.first_pass
+    assert drawn.size == (SIZE, SIZE)
+    assert np.abs(np.asarray(drawn).astype(int) - np.asarray(first[0]).astype(int)).max() <= 1
+
+
+@pytest.mark.anyio
+async def test_through_the_adapter_a_hires_fix_keeps_its_first_pass_with_the_parameters_that_draw_it(
+    model: Any, make_adapter: Any
+) -> None:
+    import json
+
+    from tests.helpers import collect, raw_request
+
+    adapter, _ = make_adapter(model)
+    common = dict(prompt="a red circle", num_inference_steps=6, guidance_scale=5.0, seed=7, num_images=2)
+    hires = (await collect(adapter, raw_request(**common, hires_fix=True, hires_steps=4, hires_strength=0.5)))[-1]
+    plain_text = (await collect(adapter, raw_request(**common)))[-1]
+    assert len(hires.paths) == len(hires.first_pass) == 2 and not plain_text.first_pass
+    for i, (first, again) in enumerate(zip(hires.first_pass, plain_text.paths)):
+        assert first.name.endswith(f"-first-{i}.png")
+        with Image.open(first) as a, Image.open(again) as b:
+            assert a.size == (SIZE, SIZE)
+            assert (
+                np.abs(np.asarray(a.convert("RGB")).astype(int) - np.asarray(b.convert("RGB")).astype(int)).max() <= 1
+            )
+            text = a.text["parameters"]
+            assert "Hires" not in text and "Denoising strength" not in text, text
+            drawn, plain_record = json.loads(a.text["generation"]), json.loads(b.text["generation"])
+            assert "hires_fix" not in drawn and (drawn["seed"], drawn["width"]) == (plain_record["seed"], SIZE)
 
 
 def test_a_stop_in_the_second_pass_counts_the_steps_of_both(model: Any) -> None:

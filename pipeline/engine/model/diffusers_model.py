@@ -115,6 +115,7 @@ class DiffusersModel:
         peaks = [p for p in (drawn.peak_memory_bytes, final.peak_memory_bytes) if p is not None]
         return dataclasses.replace(
             final,
+            first_pass=drawn.images,
             steps_done=drawn.steps_done + final.steps_done,
             started=drawn.started,
             peak_memory_bytes=max(peaks, default=None),

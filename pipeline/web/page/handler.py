@@ -23,7 +23,7 @@ from ...serving.base import Adapter
 from ...uploads import MAX_UPLOAD_BYTES
 from ..door.identity import Caller, TrustedProxies, caller_of
 from ..door.upload_route import UPLOAD_FOLDER
-from ..gradio_internals import caller_alive, current_session, forget_temp_files, upload_folder
+from ..gradio_internals import caller_alive, current_session, forget_temp_files, served_names, upload_folder
 from .mode_panel import page_values
 from .outputs import Postprocess, introspected_once
 from .shown import PROGRESS_INTERVAL, ProgressView, done_output, status_html, step_output, waiting_output
@@ -167,7 +167,8 @@ def make_generate(
                                 event, view, request_id, None if ui else progress, postprocess is not None
                             )
                         else:
-                            out = done_output(event, site if ui else None, session)
+                            first_pass = await asyncio.to_thread(served_names, event.first_pass)
+                            out = done_output(event, site if ui else None, session, first_pass)
                         if out is None:
                             continue
                         out = out[:width_of_output]

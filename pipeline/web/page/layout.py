@@ -155,7 +155,7 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
                      controls)  # fmt: skip
         wire_send_to(gallery, "gallery", send_results, picture)
         wire_send_to(history_gallery, "history", send_history, picture)
-        wire_slider(slider, generate_event, gallery)
+        wire_slider(slider, generate_event, gallery, info)
         wire_mask_upload(picture)
         wire_paste(paste_button, paste_text, paste_notes, controls, lim, p.name, {i.name: i.hash for i in p.loras})
         wire_keys(demo)

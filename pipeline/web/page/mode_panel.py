@@ -50,11 +50,15 @@ GROUP_IDS = {"image": "image-group", "editor": "editor-group", "strength": "stre
 
 
 def _mode_css() -> str:
-    """Each group hidden unless ``<body data-t2i-mode>`` names a mode that reads it (no mark: text to image)."""
+    """Each group hidden unless ``<body data-t2i-mode>`` names a mode that reads it (no mark: text to image).
+    The slider shows in any mode while it holds a hires fix's first pass (``<body data-t2i-first-pass>``,
+    ``send_to._SLIDER_JS``)."""
     rules = []
     for name, elem_id in GROUP_IDS.items():
         modes = [mode for mode, shown in _SHOWN.items() if name in shown]
         shown_in = "".join(f':not([data-t2i-mode="{mode}"])' for mode in modes)
+        if name == "slider":
+            shown_in += ":not([data-t2i-first-pass])"
         body = "body[data-t2i-mode]" if "text" in modes else "body"
         rules.append(f"{body}{shown_in} #{elem_id} {{ display: none !important; }}")
     return "\n".join(rules) + "\n"

@@ -8,7 +8,7 @@ share, as if the person had dropped the file), and puts it in the mode's input: 
 for image-to-image, the mask editor's picture for inpainting; then picks the mode, whose change
 shows its controls. The value names the caller's own upload, so the front door takes it on
 Generate like any other. The slider shows the input picture against the first result after an
-image-mode generation.
+image-mode generation, and a hires fix's first pass against its result.
 """
 
 from __future__ import annotations
@@ -75,15 +75,28 @@ _BEFORE_JS = """
 
 # After a request in an image mode: its input picture against the first result, at the result's size.
 # An outpainted result is larger than its input: the input is drawn where it sits on the grown canvas
-# (the new border left grey), so the two line up. A request that ended in an error (the status line)
-# leaves the slider as it was, like the results.
+# (the new border left grey), so the two line up. After a hires fix: its first pass (the record's
+# ``first_pass``, as the file route names it) against the result; the slider then shows in text mode
+# too (``<body data-t2i-first-pass>``, ``mode_panel.MODE_CSS``). A request that ended in an error
+# (the status line) leaves the slider as it was, like the results.
 _SLIDER_JS = """
-async (items) => {
+async (items, record) => {
   const line = document.querySelector('#status .t2i-status span');
   if (line && line.textContent.startsWith('Error')) { return [undefined]; }
   const list = Array.isArray(items) ? items : [];
   const first = list.length ? (list[0].image || list[0]) : null;
   const kept = window.__t2iBefore || {};
+  const passes = (record && Array.isArray(record.first_pass)) ? record.first_pass : [];
+  if (first && passes.length) {
+    const root = ((window.gradio_config && window.gradio_config.root) || '').replace(/\\/$/, '');
+    const path = 'gradio_api/file=' + encodeURI(passes[0]);
+    const url = root ? root + '/' + path : new URL(path, document.baseURI).href;
+    const before = { url: url, path: null, orig_name: 'first-pass.png', mime_type: 'image/png',
+                     meta: { _type: 'gradio.FileData' } };
+    document.body.dataset.t2iFirstPass = '1';
+    return [[before, first]];
+  }
+  delete document.body.dataset.t2iFirstPass;
   if (!first || !kept.picture || !kept.mode || kept.mode === 'text') { return [null]; }
   if (kept.mode !== 'outpaint') { return [[kept.picture, first]]; }
   const load = (url) => new Promise((done, fail) => {
@@ -160,8 +173,8 @@ def wire_send_to(gallery: gr.Gallery, elem_id: str, buttons: dict[str, gr.Button
                      js=_SEND_JS % {"mode": mode, "gallery": elem_id})  # fmt: skip
 
 
-def wire_slider(slider: gr.ImageSlider, generated: Any, gallery: gr.Gallery) -> None:
+def wire_slider(slider: gr.ImageSlider, generated: Any, gallery: gr.Gallery, info: gr.JSON) -> None:
     """The slider after each of the page's requests (``generated``: its generate event), once: not at
-    each gallery change, and with no picture input of its own (``_BEFORE_JS``)."""
-    generated.success(fn=None, inputs=[gallery], outputs=[slider], api_visibility="private", js=_SLIDER_JS,
+    each gallery change, and with no picture input of its own (``_BEFORE_JS``); ``info``: the record."""
+    generated.success(fn=None, inputs=[gallery, info], outputs=[slider], api_visibility="private", js=_SLIDER_JS,
                       show_progress="hidden")  # fmt: skip

@@ -145,15 +145,20 @@ def step_output(
     return (preview, record, status_html(text, event.step, event.total, running=True))
 
 
-def done_output(event: Output, site: Site | None, session: str | None) -> tuple[Any, ...]:
-    """The images, the info record and the time taken; on the page, filed in the tab's history."""
+def done_output(
+    event: Output, site: Site | None, session: str | None, first_pass: Sequence[str] = ()
+) -> tuple[Any, ...]:
+    """The images, the info record and the time taken; on the page, filed in the tab's history.
+
+    ``first_pass``: a hires fix's first pass per image, as the file route names them (``served_name``);
+    the record lists them (the page's slider shows the first against the result)."""
     for warning in event.info["warnings"]:
         gr.Warning(warning)
     if site is not None:  # the tab's history: the server's own record
         site.results.add(session, event.paths, event.info)
     took = event.info["durations_ms"]["total"] / 1000
-    return (gallery_items(event.paths, event.info), {"status": "done", **event.info},
-            status_html(f"done in {took:.2f} s"))  # fmt: skip
+    record = {"status": "done", **event.info, **({"first_pass": list(first_pass)} if first_pass else {})}
+    return gallery_items(event.paths, event.info), record, status_html(f"done in {took:.2f} s")
 
 
 # The status line of a request refused at the join: watched from the click for a few seconds, it
