@@ -77,6 +77,19 @@ def test_every_result_and_history_picture_is_whole(window: Any) -> None:
     shot(window, f"whole-pictures-{window.window_name}", full_page=False)
 
 
+def test_a_result_is_whole_on_the_widest_screen_too(browser: Any, app_url: str) -> None:
+    """2560 px, the widest the issue names (the other tests run at the three windows above)."""
+    page = browser.new_page(viewport={"width": 2560, "height": 1440})
+    try:
+        page.goto(app_url)
+        page.locator("#prompt textarea").wait_for(timeout=60_000)
+        generate(page, "a yellow star on a purple background")
+        (result,) = loaded(page, "#gallery img", 1)
+        assert result["shown"] > 0.99 and min(result["drawn"]) >= 250, result
+    finally:
+        page.close()
+
+
 @pytest.mark.parametrize("mode", ["image", "inpaint", "outpaint", "hires"])
 def test_the_slider_shows_the_input_and_the_result_loaded_at_one_size(window: Any, picture: Path, mode: str) -> None:
     if mode == "hires":  # text to image with hires fix: its first pass (64 px) against the result (128 px)
