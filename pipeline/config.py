@@ -69,6 +69,7 @@ class Settings:
     max_size: int | None = None  # None: follows the model
     max_steps: int | None = None  # None: follows the model
     max_prompt_chars: int = 2000
+    prompt_syntax: str = "a1111"  # a1111: AUTOMATIC1111's weights, BREAK and long prompts; plain: as written
     max_pixels: int | None = None  # None: max_size squared
     job_timeout: float | None = None  # seconds a job may run on the model; None: derived from the measured rate
     max_pixel_steps: int | None = None  # width × height × steps × images per request; None: 8 default jobs
@@ -193,6 +194,13 @@ OPTIONS: tuple[tuple[str, str, type, str], ...] = (
     ("max_size", "T2I_MAX_SIZE", int, "largest width/height in pixels (default: follows the model)"),
     ("max_steps", "T2I_MAX_STEPS", int, "most denoising steps (default: follows the model)"),
     ("max_prompt_chars", "T2I_MAX_PROMPT_CHARS", int, "longest prompt in characters (default 2000)"),
+    (
+        "prompt_syntax",
+        "T2I_PROMPT_SYNTAX",
+        str,
+        "a1111 (AUTOMATIC1111's (word:1.2), [word], BREAK, and CLIP prompts past 75 tokens in chunks) or plain "
+        "(every prompt read as written); a request's emphasis field overrides it (default a1111)",
+    ),
     ("max_pixels", "T2I_MAX_PIXELS", int, "most width × height pixels (default: max size squared)"),
     (
         "job_timeout",
@@ -424,6 +432,8 @@ def _check(s: Settings) -> None:
         raise SystemExit(f"--backend must be local or ray; got {s.backend!r}")
     if s.model_side not in {"auto", "process", "thread"}:
         raise SystemExit(f"--model-side must be auto, process or thread; got {s.model_side!r}")
+    if s.prompt_syntax not in {"a1111", "plain"}:
+        raise SystemExit(f"--prompt-syntax must be a1111 or plain; got {s.prompt_syntax!r}")
     if s.step_joining not in {"on", "off"}:
         raise SystemExit(f"--step-joining must be on or off; got {s.step_joining!r}")
     if s.replicas < 1:

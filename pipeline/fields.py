@@ -41,6 +41,13 @@ MODES = ("text", "image", "inpaint", "outpaint")
 IMAGE_MODES = ("image", "inpaint", "outpaint")
 SIDES = ("outpaint_left", "outpaint_top", "outpaint_right", "outpaint_bottom")
 STEP_CACHES = ("off",)  # the step-cache methods (the step-cache issue adds the model's own)
+# AUTOMATIC1111's prompt syntax (``prompt_syntax``): its ``emphasis`` option's names, in its order, and
+# "default": the server's (``--prompt-syntax``) and the family's. The families whose CLIP tokens are
+# weighted (``engine.model.prompt_weights``) with their default emphasis; every other family reads the
+# text with the syntax removed (``prompt_syntax.plain``).
+EMPHASES = ("Original", "No norm", "None")
+DEFAULT_EMPHASIS = "default"
+WEIGHING = {"sd": "Original"}
 
 
 # -- the number parsers ----------------------------------------------------------------------------
@@ -131,6 +138,28 @@ def _step_cache(value: Any, limits: Any) -> str:
     return choice("step_cache", value, STEP_CACHES)
 
 
+def family_emphasis(family: str) -> str:
+    """The emphasis ``DEFAULT_EMPHASIS`` means for ``family`` (A1111's "Original" for SD 1.x/2.x)."""
+    return WEIGHING.get(family, "No norm")
+
+
+def resolved_emphasis(emphasis: str, family: str) -> str:
+    """A request's ``emphasis`` (``DEFAULT_EMPHASIS`` or one of ``EMPHASES``) as ``family`` applies it."""
+    return family_emphasis(family) if emphasis == DEFAULT_EMPHASIS else emphasis
+
+
+def _emphasis(value: Any, limits: Any) -> str:
+    """AUTOMATIC1111's emphasis, or "default": the server's (``--prompt-syntax plain``: "None") or else the
+    family's; the family's own name is kept as "default" (the PNG text names only another)."""
+    value = choice("emphasis", value, (DEFAULT_EMPHASIS, *EMPHASES))
+    syntax, family = getattr(limits, "prompt_syntax", "a1111"), getattr(limits, "family", "")
+    if value == DEFAULT_EMPHASIS and syntax == "plain":
+        return "None"
+    if syntax == "a1111" and value == family_emphasis(family):
+        return DEFAULT_EMPHASIS
+    return value
+
+
 TABLE: tuple[Field, ...] = (
     Field("prompt", str, REQUIRED, 'What to draw, in plain English (for the default model, e.g. "a red circle on a '
           'blue background").', a1111="prompt", openai="prompt"),
@@ -184,6 +213,10 @@ TABLE: tuple[Field, ...] = (
           a1111="hr_second_pass_steps", png="Hires steps"),
     Field("step_cache", str, "off", 'Step caching: "off" (every step computed in full).',
           a1111="override_settings.step_cache", openai="extra_body", png="Step cache", check=_step_cache),
+    Field("emphasis", str, DEFAULT_EMPHASIS, "How AUTOMATIC1111's prompt syntax reads: \"default\" (the server's: "
+          "(word:1.2), [word] and BREAK read, CLIP prompts of any length in chunks of 75 tokens), \"Original\" "
+          "(weights, the mean restored), \"No norm\" (weights alone) or \"None\" (the prompt as written).",
+          a1111="override_settings.emphasis", openai="extra_body", png="Emphasis", check=_emphasis),
 )  # fmt: skip
 BY_NAME: dict[str, Field] = {f.name: f for f in TABLE}
 NAMES: tuple[str, ...] = tuple(f.name for f in TABLE)

@@ -43,8 +43,9 @@ from PIL import Image
 
 from . import fields
 from .errors import InvalidRequest
-from .fields import MODES, SIDES, flag, real_number, show, whole_number
+from .fields import DEFAULT_EMPHASIS, MODES, SIDES, WEIGHING, flag, real_number, show, whole_number
 from .loras import SCALE_MAX, SCALE_MIN
+from .prompt_syntax import BREAK, plain
 from .protocol import NONE, InferenceJob, LoraUse, ModelProfile
 from .uploads import MAX_UPLOAD_PIXELS, outpaint_canvas, read_image, read_mask
 
@@ -92,6 +93,8 @@ class Limits:
     loras: tuple[str, ...] = ()  # the LoRAs' names (``--lora``); a request may pick one or "none"
     modes: tuple[str, ...] = ("text",)  # the pipeline modes the model serves (``engine.model.modes``)
     mode_notes: tuple[tuple[str, str], ...] = ()  # why each other mode is not served
+    family: str = ""  # the model's family (``ModelProfile.family``): how its prompts are read (``prompt_syntax``)
+    prompt_syntax: str = "a1111"  # ``--prompt-syntax``: a1111 or plain
 
     @classmethod
     def for_model(
@@ -104,6 +107,7 @@ class Limits:
         max_steps: int | None = None,
         max_pixels: int | None = None,
         max_pixel_steps: int | None = None,
+        prompt_syntax: str = "a1111",
     ) -> Limits:
         top = max_size or profile.max_size
         pixels = max_pixels or top * top
@@ -130,6 +134,8 @@ class Limits:
             loras=tuple(info.name for info in profile.loras),
             modes=profile.modes,
             mode_notes=profile.mode_notes,
+            family=profile.family,
+            prompt_syntax=prompt_syntax,
         )
 
 
@@ -348,6 +354,8 @@ class GenerateRequest:
     lora_scale: float = 1.0
     pictures: ImageFields = dataclasses.field(default_factory=ImageFields)  # the mode, its pictures, hires fix
     options: tuple[tuple[str, Any], ...] = ()  # the table fields (``fields.checked``), by name
+    family: str = ""  # the model's family: how the job carries the prompts (``_read_text``)
+    prompt_chunks: int = 1  # CLIP chunks of 75 tokens its longest text takes (``with_token_notes``)
 
     @property
     def mode(self) -> str:
@@ -368,13 +376,19 @@ class GenerateRequest:
         """One seed per image: image i uses ``seed + i``, so it can be reproduced on its own."""
         return tuple((self.seed + i) % (MAX_SEED + 1) for i in range(self.num_images))
 
+    @property
+    def emphasis(self) -> str:
+        """Its ``emphasis`` field: "default" or one of A1111's (``fields.EMPHASES``)."""
+        return str(dict(self.options).get("emphasis", DEFAULT_EMPHASIS))
+
     def to_job(self) -> InferenceJob:
         p, n = self.pictures, self.num_images
         hires = p.hires
+        emphasis, family = self.emphasis, self.family
         return InferenceJob(
             request_id=self.request_id,
-            prompts=(self.prompt,) * n,
-            negative_prompts=(self.negative_prompt,) * n,
+            prompts=(_read_text(self.prompt, emphasis, family),) * n,
+            negative_prompts=(_read_text(self.negative_prompt, emphasis, family),) * n,
             seeds=self.seeds,
             width=self.job_size[0],
             height=self.job_size[1],
@@ -413,6 +427,13 @@ class GenerateRequest:
             **self.pictures.parameters(),
             **dict(self.options),
         }
+
+
+def _read_text(text: str, emphasis: str, family: str) -> str:
+    """What a job carries for ``text``: as written where the family weighs CLIP tokens (the model side
+    parses it, ``engine.model.prompt_weights``) or the syntax is off (emphasis "None"); else the text
+    with the syntax removed (``prompt_syntax.plain``: T5 and LLM encoders take no weights)."""
+    return text if family in WEIGHING or emphasis == "None" else plain(text)
 
 
 def new_request_id() -> str:
@@ -614,6 +635,7 @@ def validate(
         lora_scale=lora_scale,
         pictures=pictures,
         options=options,
+        family=limits.family,
     )
     if not pictures_later:
         request = with_pictures(request, raw, limits)
@@ -621,9 +643,15 @@ def validate(
 
 
 def _texts_to_count(request: GenerateRequest, limits: Limits) -> list[tuple[str, str]]:
-    """(field, text) for each text of ``request`` that might not fit a text encoder's window."""
+    """(field, text) for each text of ``request`` that might not fit a text encoder's window, or that
+    a ``BREAK`` may make more than one CLIP chunk (where the family weighs CLIP tokens)."""
     texts = (("prompt", request.prompt), ("negative_prompt", request.negative_prompt))
-    return [(field, text) for field, text in texts if text and not fits_every_window(text, limits.text_encoders)]
+    chunked = limits.family in WEIGHING
+    return [
+        (field, text)
+        for field, text in texts
+        if text and (not fits_every_window(text, limits.text_encoders) or (chunked and BREAK in text))
+    ]
 
 
 def needs_token_count(request: GenerateRequest, limits: Limits) -> bool:
@@ -634,13 +662,34 @@ def needs_token_count(request: GenerateRequest, limits: Limits) -> bool:
 def with_token_notes(
     request: GenerateRequest, limits: Limits, count_tokens: Callable[[str], Mapping[str, int]]
 ) -> GenerateRequest:
-    """``request`` with a note for each text an encoder will cut; counts only texts that might not fit."""
-    warnings = [
-        note
-        for field, text in _texts_to_count(request, limits)
-        for note in truncation_notes(field, count_tokens(text), limits.text_encoders)
-    ]
-    return dataclasses.replace(request, warnings=tuple(warnings)) if warnings else request
+    """``request`` with a note for each text an encoder will cut; counts only texts that might not fit.
+
+    Where the family weighs CLIP tokens, CLIP reads a prompt whole, in chunks of 75 tokens: no note
+    for it, the request's chunk count kept (``prompt_chunks``: calls batch only equal counts), and a
+    text past ``MAX_PROMPT_CHUNKS`` refused by name."""
+    chunked = limits.family in WEIGHING  # the model side encodes CLIP prompts in chunks (``prompt_weights``)
+    encoders = tuple((e, w) for e, w in limits.text_encoders if not (chunked and e == "CLIP"))
+    warnings, chunks = [], 1
+    for name, text in _texts_to_count(request, limits):
+        counts = count_tokens(text)
+        if chunked:
+            key = "CLIP chunks as written" if request.emphasis == "None" else "CLIP chunks"
+            n = int(counts.get(key, 1))
+            if n > MAX_PROMPT_CHUNKS:
+                raise InvalidRequest(
+                    name,
+                    f"{name} must be at most {MAX_PROMPT_CHUNKS} chunks of {CHUNK_TOKENS} CLIP tokens "
+                    f"({MAX_PROMPT_CHUNKS * CHUNK_TOKENS} tokens; each BREAK starts a chunk); got {n} chunks",
+                )
+            chunks = max(chunks, n)
+        warnings += truncation_notes(name, counts, encoders)
+    if not warnings and chunks == 1:
+        return request
+    return dataclasses.replace(request, warnings=(*request.warnings, *warnings), prompt_chunks=chunks)
+
+
+MAX_PROMPT_CHUNKS = 4  # CLIP chunks a prompt may take (``engine.model.prompt_weights``)
+CHUNK_TOKENS = 75
 
 
 def limits_for(settings: Settings, profile: ModelProfile) -> Limits:
@@ -653,6 +702,7 @@ def limits_for(settings: Settings, profile: ModelProfile) -> Limits:
         max_steps=settings.max_steps,
         max_pixels=settings.max_pixels,
         max_pixel_steps=settings.max_pixel_steps,
+        prompt_syntax=settings.prompt_syntax,
     )
 
 

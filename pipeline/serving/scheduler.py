@@ -79,10 +79,11 @@ def batch_key(request: GenerateRequest) -> tuple[Hashable, ...]:
     """Requests with equal keys can share one whole-pipeline call: the same size, steps, guidance,
     scheduler and LoRA (at one scale), and a negative prompt on all or none (SDXL zeroes an
     all-empty one; one empty among others is encoded as ""); the same mode and strength (each
-    picture its own), and the same hires fix."""
+    picture its own), and the same hires fix; and prompts of one CLIP chunk count (``prompt_weights``:
+    a call pads every text to its longest, which would change a shorter prompt's picture)."""
     r, p = request, request.pictures
     return (*r.job_size, r.num_inference_steps, r.guidance_scale, bool(r.negative_prompt), r.sampler,
-            r.lora_use, p.pipeline_mode, p.strength, p.hires)  # fmt: skip
+            r.lora_use, p.pipeline_mode, p.strength, p.hires, r.prompt_chunks)  # fmt: skip
 
 
 def joins_loops(request: GenerateRequest, loop_modes: Collection[str] = ("text",)) -> bool:

@@ -83,7 +83,8 @@ def test_a_table_field_is_checked_carried_written_and_read_back() -> None:
 
     limits = Limits(64, 512, 8, 512 * 512, 1, 50, 0.0, 20.0, 4, 2000, (("clip", 77),))
     request = validate(raw_request(step_cache="off"), limits)
-    assert dict(request.options) == {"step_cache": "off"} and dict(request.to_job().options) == {"step_cache": "off"}
+    options = {"step_cache": "off", "emphasis": "default"}
+    assert dict(request.options) == options and dict(request.to_job().options) == options
     assert request.parameters()["step_cache"] == "off"
     with pytest.raises(InvalidRequest, match="step_cache must be one of 'off'; got &#x27;fast&#x27;") as refused:
         validate(raw_request(step_cache="fast"), limits)

@@ -189,6 +189,29 @@ def test_the_same_images_alone_and_after_joining_mid_run(name: str, sampler: str
     assert mad(run.images["A"][:1], run.images["B"]) > 5.0 and mad(run.images["C"], run.images["B"]) > 5.0
 
 
+# Prompts of one, two and three CLIP chunks (``prompt_weights``): a long prompt, and BREAKs with weights.
+TWO_CHUNKS = ", ".join(["a red circle on a blue background"] + [f"simple flat shape {i}" for i in range(11)])
+THREE_CHUNKS = "a yellow star BREAK on a (purple:1.3) BREAK [background]"
+
+
+@pytest.mark.parametrize("name", ["default", "sd1", "sd2-v"])
+def test_members_of_one_two_and_three_chunks_share_a_loop_and_each_draws_what_it_draws_alone(name: str) -> None:
+    """Issue 49: each member reads only its own chunks (the shorter ones padded and masked in the loop's
+    denoiser call), so a prompt's picture does not depend on who shares its steps."""
+    model = model_of(name)
+    one = job_b(request_id="ONE", guidance_scale=3.0, num_inference_steps=4)
+    two = job_b(request_id="TWO", prompts=(TWO_CHUNKS,), seeds=(8,), guidance_scale=3.0)
+    three = job_b(request_id="THREE", prompts=(THREE_CHUNKS,), negative_prompts=("(blurry:1.2)",), seeds=(9,),
+                  guidance_scale=2.5)  # fmt: skip
+    assert model.chunker is not None
+    assert [model.chunker.count(j.prompts[0], syntax=True) for j in (one, two, three)] == [1, 2, 3]
+    assert model.loop_key(one) == model.loop_key(two) == model.loop_key(three) is not None
+    run = drive(model, [(0, one), (1, two), (1, three)])
+    for job in (one, two, three):
+        assert_same(f"{name} {job.request_id}", run.images[job.request_id], alone(name, job))
+    assert mad(run.images["ONE"], run.images["TWO"]) > 5.0 and mad(run.images["TWO"], run.images["THREE"]) > 5.0
+
+
 def picture(seed: int) -> Image.Image:
     rng = np.random.default_rng(seed)
     return Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8))

@@ -47,7 +47,8 @@ def test_default_model_profile_and_speed_settings(model: Any) -> None:
     assert (p.default_width, p.default_height, p.default_steps, p.size_multiple) == (64, 64, 20, 4)
     assert p.default_guidance == model_defaults(DEFAULT_MODEL_DIR)["guidance"]  # saved with the trained weights
     assert p.text_encoders == (("CLIP", 75),) and p.supports_negative_prompt and p.family == "sd"
-    assert model.count_tokens("a red circle on a blue background") == {"CLIP": 7}
+    counts = {"CLIP": 7, "CLIP chunks": 1, "CLIP chunks as written": 1}  # SD 1.x: CLIP prompts go in chunks
+    assert model.count_tokens("a red circle on a blue background") == counts
 
 
 def test_unguarded_threads_race_the_euler_scheduler(model: Any) -> None:

@@ -93,15 +93,39 @@ def test_randomize_seed_picks_a_fresh_seed() -> None:
 
 
 def test_long_prompt_is_accepted_with_a_visible_note() -> None:
-    roomy = Limits.for_model(FAKE_PROFILE, max_prompt_chars=2000)
-    r = validate(raw_request(prompt="word " * 80), roomy, lambda text: {"CLIP": len(text.split())})
+    """Where the family reads CLIP prompts whole (SD 1.x/2.x: chunks of 75), no note; elsewhere, the cut."""
+    other = Limits.for_model(dataclasses.replace(FAKE_PROFILE, family="pixart"), max_prompt_chars=2000)
+    r = validate(raw_request(prompt="word " * 80), other, lambda text: {"CLIP": len(text.split())})
     assert r.warnings == ("prompt is 80 tokens; the CLIP text encoder reads the first 75, so it ignored the rest",)
     assert validate(raw_request(), LIMITS, lambda text: {"CLIP": len(text.split())}).warnings == ()
+    sd = Limits.for_model(FAKE_PROFILE, max_prompt_chars=2000)
+    whole = validate(raw_request(prompt="word " * 80), sd, lambda text: {"CLIP": 80, "CLIP chunks": 2})
+    assert whole.warnings == () and whole.prompt_chunks == 2
+
+
+def test_a_prompt_past_the_chunk_limit_is_refused_by_name_and_breaks_are_counted() -> None:
+    """A short prompt with BREAKs is counted (each starts a chunk); past four chunks, the field is named."""
+    counted: list[str] = []
+
+    def count(text: str) -> dict[str, int]:
+        counted.append(text)
+        n = 1 + text.count("BREAK")
+        return {"CLIP": 3, "CLIP chunks": n, "CLIP chunks as written": 1}
+
+    three = validate(raw_request(prompt="a BREAK b BREAK c"), LIMITS, count)
+    assert counted == ["a BREAK b BREAK c"] and three.prompt_chunks == 3
+    with pytest.raises(InvalidRequest) as refused:
+        validate(raw_request(negative_prompt="a BREAK b BREAK c BREAK d BREAK e", guidance_scale=5.0), LIMITS, count)
+    assert refused.value.field == "negative_prompt"
+    assert "at most 4 chunks of 75 CLIP tokens" in str(refused.value) and "got 5" in str(refused.value)
+    # read as written (emphasis "None"), BREAK is a word: one chunk
+    as_written = validate(raw_request(prompt="a BREAK b BREAK c BREAK d BREAK e", emphasis="None"), LIMITS, count)
+    assert as_written.prompt_chunks == 1
 
 
 def test_the_long_prompt_note_names_the_encoder_that_cut_it() -> None:
     """SD3 reads a prompt with CLIP (75 tokens) and T5 (255): a 100-token prompt is cut by CLIP only."""
-    sd3 = Limits.for_model(dataclasses.replace(FAKE_PROFILE, text_encoders=(("CLIP", 75), ("T5", 255))))
+    sd3 = Limits.for_model(dataclasses.replace(FAKE_PROFILE, family="sd3", text_encoders=(("CLIP", 75), ("T5", 255))))
     r = validate(raw_request(prompt="word " * 100), sd3, lambda text: {"CLIP": 100, "T5": 100})
     assert r.warnings == (
         "prompt is 100 tokens; the CLIP text encoder reads the first 75, so it ignored the rest (T5 reads up to 255)",

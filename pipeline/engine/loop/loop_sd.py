@@ -5,8 +5,9 @@ Each member is what one ``StableDiffusionPipeline.__call__`` keeps (diffusers 0.
 1. **Guidance** as the pipeline decides ``do_classifier_free_guidance``: ``guidance_scale > 1`` and
    a UNet without a guidance embedding (``time_cond_proj_dim``, LCM-distilled UNets, which get
    their guidance as ``timestep_cond`` per row instead).
-2. **Prompts** through the pipeline's own ``encode_prompt`` (the negative prompt as
-   ``DiffusersModel`` passes it); rows ``[uncond, cond]`` with guidance, ``[cond]`` without.
+2. **Prompts** as the model's own calls encode them (``DiffusersModel.clip_embeddings``: AUTOMATIC1111's
+   weights and chunks of 75 tokens, ``prompt_weights``); rows ``[uncond, cond]`` with guidance, ``[cond]``
+   without.
 3. **Sampler** ``samplers.build`` from the model's config, then ``retrieve_timesteps``.
 4. **Latents** ``randn_tensor`` with the member's list of per-image CPU generators, times its
    sampler's ``init_noise_sigma`` (the pipeline's ``prepare_latents``, which reads
@@ -14,8 +15,9 @@ Each member is what one ``StableDiffusionPipeline.__call__`` keeps (diffusers 0.
 5. **Step kwargs** the pipeline's ``prepare_extra_step_kwargs`` (eta 0, the same generators).
 
 A step scales each member's input with its own ``scale_model_input`` at its own timestep, runs
-the UNet once on all rows (the timestep as a per-row vector; CLIP embeddings are always 77 tokens,
-so every member's rows stack), then guides each member's slice with its own scale. The decode is
+the UNet once on all rows (the timestep as a per-row vector; members whose prompts take other numbers
+of 77-token chunks are padded to the longest and masked, ``stacked_texts``), then guides each
+member's slice with its own scale. The decode is
 the pipeline's: ``latents / scaling_factor``, the VAE, the safety checker when there is one, and
 ``image_processor.postprocess(..., output_type="pil")``.
 
@@ -32,7 +34,8 @@ loop at its own first timestep as a text member enters at its step 0.
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Iterator
 
 import torch
 from diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion import retrieve_timesteps
@@ -42,7 +45,6 @@ from PIL import Image
 
 from ...protocol import InferenceJob
 from ..model import samplers
-from ..model.families import call_arguments
 from .loop_base import LoopMember, MemberLoop, generators_of, step_kwargs
 
 
@@ -54,13 +56,9 @@ class SDLoop(MemberLoop):
         unet_config = pipe.unet.config
         # 1. Guidance, as the pipeline decides it.
         cfg = job.guidance_scale > 1 and unet_config.time_cond_proj_dim is None
-        # 2. Prompts: the pipeline's own encoder, the negative prompt as DiffusersModel sends it.
-        profile = self.model.profile
-        negative = call_arguments(profile.family, job.negative_prompts, profile.supports_negative_prompt).get(
-            "negative_prompt"
-        )
-        embeds, negative_embeds = pipe.encode_prompt(list(job.prompts), device, 1, cfg, negative)
-        if cfg:
+        # 2. Prompts as the model's own calls encode them (A1111's chunks and weights: ``prompt_weights``).
+        embeds, negative_embeds = self.model.clip_embeddings(job, negatives=cfg)
+        if negative_embeds is not None:
             embeds = torch.cat([negative_embeds, embeds])
         rows_of = {"encoder_hidden_states": embeds}
         # 3. The member's own scheduler and timesteps.
@@ -119,16 +117,20 @@ class SDLoop(MemberLoop):
                 x = m.sampler.scale_model_input(x, m.timestep)
             inputs.append(x)
             times.append(m.timestep.reshape(1).expand(x.shape[0]))
-        conditioning = {name: torch.cat([m.rows_of[name] for m in members]) for name in members[0].rows_of}
-        out = self.pipe.unet(
-            torch.cat(inputs),
-            torch.cat(times),
-            encoder_hidden_states=conditioning["encoder_hidden_states"],
-            timestep_cond=conditioning.get("timestep_cond"),
-            cross_attention_kwargs=None,
-            added_cond_kwargs=None,
-            return_dict=False,
-        )[0]
+        conditioning = {name: torch.cat([m.rows_of[name] for m in members]) for name in members[0].rows_of if
+                        name != "encoder_hidden_states"}  # fmt: skip
+        texts, mask = stacked_texts([m.rows_of["encoder_hidden_states"] for m in members])
+        with text_pooled_per_row(self.pipe.unet, mask):
+            out = self.pipe.unet(
+                torch.cat(inputs),
+                torch.cat(times),
+                encoder_hidden_states=texts,
+                encoder_attention_mask=mask,
+                timestep_cond=conditioning.get("timestep_cond"),
+                cross_attention_kwargs=None,
+                added_cond_kwargs=None,
+                return_dict=False,
+            )[0]
         return [m.guided(chunk) for m, chunk in zip(members, out.split([m.rows for m in members]))]
 
     def _pixels(self, latents: torch.Tensor, job: InferenceJob) -> list[Image.Image]:
@@ -138,3 +140,39 @@ class SDLoop(MemberLoop):
         denormalize = [True] * image.shape[0] if nsfw is None else [not flagged for flagged in nsfw]
         images: Any = pipe.image_processor.postprocess(image, output_type="pil", do_denormalize=denormalize)
         return list(images)
+
+
+def stacked_texts(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The members' prompt embeddings as one tensor. Prompts of one chunk count stack as they are;
+    of several, each is padded to the longest and masked there (``encoder_attention_mask``: the
+    cross-attention gives the padding no weight), so each member reads only its own chunks and draws
+    what it draws alone (issue 49). None: no mask (every member's count is the same)."""
+    longest = max(r.shape[1] for r in rows)
+    if all(r.shape[1] == longest for r in rows):
+        return torch.cat(rows), None
+    positions = torch.arange(longest, device=rows[0].device)
+    mask = torch.cat([(positions < r.shape[1]).expand(r.shape[0], -1) for r in rows]).long()
+    padded = [torch.nn.functional.pad(r, (0, 0, 0, longest - r.shape[1])) for r in rows]
+    return torch.cat(padded), mask
+
+
+@contextlib.contextmanager
+def text_pooled_per_row(unet: Any, mask: torch.Tensor | None) -> Iterator[None]:
+    """A UNet that pools the prompt into its time embedding (``addition_embed_type`` "text": the
+    embedded default model's ``TextTimeEmbedding``) pools over every position, the padding too, with no
+    mask: for this call, each row is pooled over its own positions alone (``mask``'s ones)."""
+    embedding = getattr(unet, "add_embedding", None)
+    if mask is None or embedding is None or getattr(unet.config, "addition_embed_type", None) != "text":
+        yield
+        return
+    lengths = [int(n) for n in mask.sum(dim=1).tolist()]
+
+    def per_row(module: Any, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
+        handle.remove()  # the calls below run the module itself, without this hook
+        return torch.cat([module(args[0][i : i + 1, :n]) for i, n in enumerate(lengths)])
+
+    handle = embedding.register_forward_hook(per_row)
+    try:
+        yield
+    finally:
+        handle.remove()

@@ -17,6 +17,7 @@ import torch
 from PIL import Image
 
 from ...errors import Cancelled, OutOfMemory
+from ...fields import DEFAULT_EMPHASIS, WEIGHING, resolved_emphasis
 from ...protocol import InferenceJob, InferenceResult, ModelProfile, StepCallback, StopFlag, loop_key
 from ..device_faults import kind_of
 from ..loop.loop_base import MemberLoop, loop_kind
@@ -26,6 +27,7 @@ from .family_table import family_for
 from .lora import LoadedLoras, use_of
 from .modes import takes_size
 from .previews import Previewer
+from .prompt_weights import ClipChunker, encode, padded, sd_runner
 from .stepping import StepWatch, StoppedAtStep
 
 
@@ -54,14 +56,46 @@ class DiffusersModel:
         self.traits = traits(pipe, profile.name)
         self._count_tokenizers = [(name, copy.deepcopy(t)) for name, _, t in encoder_tokenizers(pipe)]
         self._count_lock = threading.Lock()
+        # A1111's prompt syntax and chunks where the family weighs CLIP tokens (``prompt_weights``):
+        # one chunker for the model thread, one for counting (tokenizers are not thread-safe).
+        self.weighs = profile.family in WEIGHING and getattr(pipe, "tokenizer", None) is not None
+        self.chunker = ClipChunker(pipe.tokenizer) if self.weighs else None
+        self._count_chunker = ClipChunker(copy.deepcopy(pipe.tokenizer)) if self.weighs else None
 
     def count_tokens(self, text: str) -> dict[str, int]:
+        """Tokens per encoder (the note of a cut text); where CLIP prompts go in chunks, also the
+        chunks the text takes with the syntax read ("CLIP chunks") and as written."""
         counts: dict[str, int] = {}
         with self._count_lock:
             for name, tokenizer in self._count_tokenizers:
                 ids = tokenizer(counted_text(name, text), truncation=False, add_special_tokens=False).input_ids
                 counts[name] = max(counts.get(name, 0), len(ids))
+            if self._count_chunker is not None:
+                counts["CLIP chunks"] = self._count_chunker.count(text, syntax=True)
+                counts["CLIP chunks as written"] = self._count_chunker.count(text, syntax=False)
         return counts
+
+    def emphasis(self, job: InferenceJob) -> str:
+        """The emphasis ``job`` runs with ("Original", "No norm" or "None": ``fields.resolved_emphasis``)."""
+        return resolved_emphasis(str(dict(job.options).get("emphasis", DEFAULT_EMPHASIS)), self.profile.family)
+
+    def clip_embeddings(self, job: InferenceJob, negatives: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """SD 1.x/2.x: the job's prompt embeddings (and, ``negatives``, its negative prompts'), as
+        AUTOMATIC1111 encodes them (``prompt_weights``): every text of the job padded to one chunk count."""
+        assert self.chunker is not None
+        emphasis = self.emphasis(job)
+        syntax = emphasis != "None"
+        texts = [self.chunker.chunk(p, syntax) for p in job.prompts]
+        if negatives:
+            texts += [self.chunker.chunk(n or "", syntax) for n in job.negative_prompts]
+        count, empty = max(t.count for t in texts), self.chunker.chunk("", False)
+        texts = [padded(t, count, empty) for t in texts]
+        encoder = self.pipe.text_encoder
+        run = sd_runner(encoder, self.chunker.end)
+        device = torch.device(self.pipe._execution_device)
+        embeds = encode(texts, run, emphasis, device, encoder.dtype)
+        n = len(job.prompts)
+        return embeds[:n], (embeds[n:] if negatives else None)
 
     def generate(self, job: InferenceJob, stop: StopFlag, on_step: StepCallback) -> InferenceResult:
         guiders = self._job_guiders(job)
@@ -164,6 +198,12 @@ class DiffusersModel:
             generator=generators,
         )
         kwargs.update(self.call_arguments(job))
+        if self.weighs:  # SD 1.x/2.x: the prompts as AUTOMATIC1111 encodes them, negative ones where guidance runs
+            cfg = job.guidance_scale > 1 and getattr(pipe.unet.config, "time_cond_proj_dim", None) is None
+            embeds, negative = self.clip_embeddings(job, negatives=cfg)
+            del kwargs["prompt"]
+            kwargs.pop("negative_prompt", None)
+            kwargs.update(prompt_embeds=embeds, negative_prompt_embeds=negative)
         if job.mode != "text":  # the pictures, already at width x height (the serving side sized them)
             kwargs.update(image=list(job.images), strength=job.strength)
             if job.mode == "inpaint":

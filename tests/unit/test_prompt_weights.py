@@ -1,0 +1,196 @@
+"""AUTOMATIC1111's prompt syntax and CLIP encoding (issue 49), against AUTOMATIC1111's own algorithm.
+
+The parse is checked on the examples of A1111's own docstring (``modules/prompt_parser.py``,
+``parse_prompt_attention``). The chunks and embeddings are checked against A1111's algorithm written
+again here from its description (``modules/sd_hijack_clip.py``: ``tokenize_line`` with its
+``next_chunk`` and comma backtrack, ``process_tokens`` with SD 2's padding; ``modules/sd_emphasis.py``:
+"Original" and "No norm"), independently of ``engine.model.prompt_weights``, on the embedded model
+(SD 1.x's tokenizer: padding is the end token) and the tiny SD 2.x build (padding ``!``).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.config import Settings
+from pipeline.prompt_syntax import parse, plain
+from pipeline.protocol import InferenceJob
+from tests.families import built_family
+
+# A1111's docstring examples, as it gives them.
+A1111_EXAMPLES = [
+    ("normal text", [("normal text", 1.0)]),
+    ("an (important) word", [("an ", 1.0), ("important", 1.1), (" word", 1.0)]),
+    ("(unbalanced", [("unbalanced", 1.1)]),
+    ("\\(literal\\]", [("(literal]", 1.0)]),
+    ("(unnecessary)(parens)", [("unnecessaryparens", 1.1)]),
+    (
+        "a (((house:1.3)) [on] a (hill:0.5), sun, (((sky))).",
+        [("a ", 1.0), ("house", 1.5730000000000004), (" ", 1.1), ("on", 1.0), (" a ", 1.1), ("hill", 0.55),
+         (", sun, ", 1.1), ("sky", 1.4641000000000006), (".", 1.1)],
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("text", "runs"), A1111_EXAMPLES)
+def test_the_parse_gives_a1111s_own_examples(text: str, runs: list[tuple[str, float]]) -> None:
+    assert same_runs(parse(text), runs)
+
+
+def same_runs(got: list[tuple[str, float]], expected: list[tuple[str, float]]) -> bool:
+    texts = [t for t, _ in got] == [t for t, _ in expected]
+    return texts and [w for _, w in got] == pytest.approx([w for _, w in expected])
+
+
+def test_break_nesting_weights_and_the_plain_text_for_other_encoders() -> None:
+    assert parse("a cat BREAK a dog") == [("a cat", 1.0), ("BREAK", -1.0), ("a dog", 1.0)]
+    assert same_runs(parse("((x))[y]"), [("x", 1.21), ("y", 1 / 1.1)])
+    assert parse("(x:.)") == [("x:.)", 1.1)]  # A1111 raises here; the text stays
+    assert plain("(worst quality:2), (low quality:2), ((monochrome))") == "worst quality, low quality, monochrome"
+    assert plain("a \\(red\\) circle BREAK on blue") == "a (red) circle on blue"
+    assert plain("no syntax: here") == "no syntax: here"
+
+
+# -- A1111's tokenize_line and process_tokens, written again -------------------------------------------
+def a1111_chunks(tokenizer: Any, text: str) -> list[tuple[list[int], list[float]]]:
+    chunk_length, backtrack = 75, 20
+    id_start, id_end = tokenizer.bos_token_id, tokenizer.eos_token_id
+    comma_token = tokenizer.get_vocab().get(",</w>", None)
+    parsed = parse(text)
+    tokenized = tokenizer([t for t, _ in parsed], truncation=False, add_special_tokens=False)["input_ids"]
+    chunks: list[tuple[list[int], list[float]]] = []
+    chunk: tuple[list[int], list[float]] = ([], [])
+    last_comma = -1
+
+    def next_chunk() -> None:
+        nonlocal chunk, last_comma
+        to_add = chunk_length - len(chunk[0])
+        if to_add > 0:
+            chunk[0].extend([id_end] * to_add)
+            chunk[1].extend([1.0] * to_add)
+        chunks.append(([id_start, *chunk[0], id_end], [1.0, *chunk[1], 1.0]))
+        chunk, last_comma = ([], []), -1
+
+    for tokens, (piece, weight) in zip(tokenized, parsed):
+        if piece == "BREAK" and weight == -1:
+            next_chunk()
+            continue
+        position = 0
+        while position < len(tokens):
+            token = tokens[position]
+            if token == comma_token:
+                last_comma = len(chunk[0])
+            elif len(chunk[0]) == chunk_length and last_comma != -1 and len(chunk[0]) - last_comma <= backtrack:
+                break_location = last_comma + 1
+                reloc = chunk[0][break_location:], chunk[1][break_location:]
+                del chunk[0][break_location:], chunk[1][break_location:]
+                next_chunk()
+                chunk = (list(reloc[0]), list(reloc[1]))
+            if len(chunk[0]) == chunk_length:
+                next_chunk()
+            chunk[0].append(token)
+            chunk[1].append(weight)
+            position += 1
+    if chunk[0] or not chunks:
+        next_chunk()
+    return chunks
+
+
+def a1111_embedding(model: Any, text: str, emphasis: str, chunks_to: int) -> torch.Tensor:
+    tokenizer, encoder = model.pipe.tokenizer, model.pipe.text_encoder
+    id_end, id_pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    chunks = a1111_chunks(tokenizer, text)
+    empty = a1111_chunks(tokenizer, "")[0]
+    chunks += [empty] * (chunks_to - len(chunks))
+    zs = []
+    for tokens, multipliers in chunks:
+        ids = torch.asarray([tokens])
+        if id_end != id_pad:  # SD 2: everything after the first end token is padding
+            ids[0, tokens.index(id_end) + 1 :] = id_pad
+        with torch.no_grad():
+            z = encoder(ids)[0]
+        weights = torch.asarray([multipliers])
+        original_mean = z.mean()
+        z = z * weights.reshape(weights.shape + (1,)).expand(z.shape)
+        if emphasis == "Original" and abs(z.mean()) > 1e-4 * z.abs().mean():  # the one deviation: no mean, no restore
+            z = z * (original_mean / z.mean())
+        zs.append(z)
+    return torch.hstack(zs)
+
+
+_MODELS: dict[str, Any] = {}
+
+
+def model_of(name: str) -> Any:
+    from pipeline.engine.model.loading import load_model
+
+    if name not in _MODELS:
+        source = None if name == "default" else str(built_family(name))
+        _MODELS[name] = load_model(Settings(model=source, device="cpu"), warmup=False)
+    return _MODELS[name]
+
+
+COMMAS = ", ".join(f"shape number {i}" for i in range(30))  # commas near every chunk boundary
+PROMPTS = [
+    "a (red:1.3) circle on a [blue] background",
+    "((a yellow star)), (on purple:0.7) BREAK a (green:1.4) triangle",
+    f"a red circle, {COMMAS}, (blue background:1.2)",
+    "a circle " * 60 + "(at the end:1.5)",  # no comma to move back to
+]
+
+
+@pytest.mark.parametrize("name", ["default", "sd2-v"])
+@pytest.mark.parametrize("emphasis", ["Original", "No norm"])
+def test_the_embeddings_equal_a1111s_algorithm(name: str, emphasis: str) -> None:
+    model = model_of(name)
+    negative = "(worst quality:2), (low quality:2), ((monochrome))"
+    for prompt in PROMPTS:
+        job = InferenceJob(request_id="x", prompts=(prompt,), negative_prompts=(negative,), seeds=(1,), width=64,
+                           height=64, num_inference_steps=2, guidance_scale=5.0, options=(("emphasis", emphasis),))  # fmt: skip
+        ours, ours_negative = model.clip_embeddings(job, negatives=True)
+        count = max(len(a1111_chunks(model.pipe.tokenizer, t)) for t in (prompt, negative))
+        theirs = a1111_embedding(model, prompt, emphasis, count)
+        theirs_negative = a1111_embedding(model, negative, emphasis, count)
+        assert ours.shape == theirs.shape == (1, 77 * count, theirs.shape[2]), (prompt, ours.shape, theirs.shape)
+        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(ours_negative, theirs_negative, rtol=1e-4, atol=1e-5)
+    # the chunks: the commas moved whole into the next chunk, BREAK made its own
+    counts = [len(a1111_chunks(model.pipe.tokenizer, p)) for p in PROMPTS]
+    assert counts == [model.chunker.count(p, syntax=True) for p in PROMPTS] == [1, 2, 4, 2]
+
+
+def test_a_plain_short_prompt_is_encoded_as_the_pipelines_own_encode_prompt() -> None:
+    """No syntax, under 75 tokens: the very tensor diffusers' ``encode_prompt`` gives (nothing changed)."""
+    model = model_of("default")
+    job = InferenceJob(request_id="x", prompts=("a red circle on a blue background",), negative_prompts=("",),
+                       seeds=(1,), width=64, height=64, num_inference_steps=2, guidance_scale=5.0)  # fmt: skip
+    ours, negative = model.clip_embeddings(job, negatives=True)
+    with torch.no_grad():
+        theirs, theirs_negative = model.pipe.encode_prompt(list(job.prompts), "cpu", 1, True, [""])
+    assert torch.equal(ours, theirs) and torch.equal(negative, theirs_negative)
+
+
+def run(model: Any, prompt: str, emphasis: str = "default") -> np.ndarray:
+    job = InferenceJob(request_id="x", prompts=(prompt,), negative_prompts=("",), seeds=(3,), width=64, height=64,
+                       num_inference_steps=8, guidance_scale=5.0, options=(("emphasis", emphasis),))  # fmt: skip
+    result = model.generate(job, threading.Event(), lambda *_: None)
+    return np.asarray(result.images[0]).astype(float)
+
+
+def test_on_the_embedded_model_weights_do_what_they_say_and_long_prompts_are_read_whole() -> None:
+    model = model_of("default")
+    d = lambda a, b: float(np.abs(a - b).mean())  # noqa: E731
+    red, blue = "a red circle on a white background", "a red circle on a blue background"
+    assert d(run(model, red), run(model, "a (red:1.0) circle on a white background")) < 0.5
+    assert d(run(model, red), run(model, "a (red:1.0) circle on a white background", "None")) > 5  # as written
+    assert d(run(model, blue), run(model, "a red circle on a (blue:1.0) background")) < 0.5
+    assert d(run(model, blue), run(model, "a red circle on a (blue:1.6) background")) > 0.5
+    assert d(run(model, "a (red) circle", "None"), run(model, "a \\(red\\) circle")) < 0.5  # escapes are text
+    long = "a red circle on a white background, " + ", ".join(["simple shape"] * 40)
+    assert len(model.pipe.tokenizer(long).input_ids) > 100
+    assert d(run(model, long + ", green"), run(model, long + ", yellow triangle")) > 0.05  # cut at 75: 0.00
