@@ -81,6 +81,12 @@ class ModelProfile:
     # run as whole-pipeline calls.
     loop_modes: tuple[str, ...] = ("text",)
 
+    @property
+    def model_id(self) -> str:
+        """The name as an id a client can type (OpenAI's ``model``, ``/v1/models``): the name before
+        a note in brackets, spaces as hyphens (``embedded-default (tiny SD ...)`` is ``embedded-default``)."""
+        return "-".join(self.name.split(" (", 1)[0].split()) or self.name
+
 
 NONE = "none"  # a request's LoRA value for no LoRA
 

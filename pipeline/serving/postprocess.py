@@ -233,6 +233,7 @@ def info_record(
     return {
         "request_id": request.request_id,
         "model": p.name,
+        "model_id": p.model_id,
         **params,
         "scheduler": sampler_used(request, p),
         **lora_fields(request, p),

@@ -88,9 +88,16 @@ def test_openai_images_generate_b64_and_url_equal_generate(app: tuple[str, Any])
     assert not name.startswith(("/", "%2F")) and "tmp" not in name.lower(), name
     assert httpx.get(url + "gradio_api/file=../" + name, timeout=30).status_code in (403, 404)
     name = httpx.get(url + "sdapi/v1/options", timeout=30).json()["sd_model_checkpoint"]
-    assert [m.id for m in api.models.list()] == [name]  # the name `model` takes
-    named = api.images.generate(model=name, prompt="a red circle", size="64x64", extra_body=own)
-    assert np.array_equal(pixels(Image.open(io.BytesIO(base64.b64decode(named.data[0].b64_json)))), ours)
+    assert [m.id for m in api.models.list()] == ["embedded-default"]  # an id a client can type
+    # the served model by its id or its full name, and OpenAI's own image model names (Open WebUI sends
+    # dall-e-2 when its model is empty), all draw with it; the answer names the model that drew
+    for model in ("embedded-default", name, "dall-e-2", "dall-e-3", "gpt-image-1", "gpt-image-1-mini"):
+        named = api.images.generate(model=model, prompt="a red circle", size="64x64", extra_body=own)
+        assert np.array_equal(pixels(Image.open(io.BytesIO(base64.b64decode(named.data[0].b64_json)))), ours)
+        assert named.model_extra and named.model_extra["model"] == "embedded-default"
+    with pytest.raises(openai.NotFoundError) as unknown:
+        api.images.generate(model="sdxl-turbo", prompt="a red circle", size="64x64")
+    assert unknown.value.body["code"] == "model_not_found" and "sdxl-turbo" in unknown.value.body["message"]
     jpeg = api.images.generate(prompt="a red circle", size="64x64", output_format="jpeg", extra_body=own)
     assert base64.b64decode(jpeg.data[0].b64_json)[:3] == b"\xff\xd8\xff"
 
@@ -291,7 +298,7 @@ def test_bad_fields_are_refused_by_their_own_names(app: tuple[str, Any]) -> None
         )
         assert refused.status_code == 422 and "not a URL" in refused.json()["detail"]
     api = openai.OpenAI(base_url=url + "v1", api_key="unused")
-    for kwargs, param in (({"n": 9}, "n"), ({"size": "1024x1024"}, "size"), ({"model": "dall-e-3"}, "model"),
+    for kwargs, param in (({"n": 9}, "n"), ({"size": "1024x1024"}, "size"),
                           ({"background": "transparent"}, "background")):  # fmt: skip
         with pytest.raises(openai.BadRequestError) as refused_error:
             api.images.generate(prompt="a red circle", **kwargs)

@@ -4,7 +4,8 @@ What every OpenAI SDK (and every app built on one) calls; vllm-omni, SGLang-Diff
 diffusers' own server example serve the same routes. Every request enters ``Adapter.run`` as its
 caller (``peer_api``), so the fair share, the caps, the quota and the gate are the page's.
 
-- Fields: ``prompt``, ``model`` (this server's model, or omitted), ``n``, ``size`` (``WxH`` the
+- Fields: ``prompt``, ``model`` (this server's model by id or name, OpenAI's own image model names, which
+  draw with it, or omitted; any other: OpenAI's 404 ``model_not_found``), ``n``, ``size`` (``WxH`` the
   model can draw, or ``auto``: its default), ``response_format`` (``b64_json``, the default, or
   ``url``: the app's own file route), ``output_format`` (``png``, ``jpeg``, ``webp``),
   ``output_compression``, ``stream`` with ``partial_images`` (0-3: the job's live previews),
@@ -18,7 +19,7 @@ caller (``peer_api``), so the fair share, the caps, the quota and the gate are t
 - Edits (multipart): ``image`` (one file) and ``mask`` (optional: inpainting where the mask is
   fully transparent, OpenAI's convention, or white on an opaque mask; without one, image-to-image
   at ``strength``, 0.75 by default).
-- ``GET /v1/models`` lists the one model, by the name ``model`` takes.
+- ``GET /v1/models`` lists the one model, by its id (``ModelProfile.model_id``).
 - Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``, the field in
   ``param``; the front door's own refusals on these routes (401, 413, 429) take the same shape.
 """
@@ -29,6 +30,7 @@ import asyncio
 import base64
 import io
 import logging
+import re
 import time
 from typing import Any, AsyncIterator, Mapping
 from urllib.parse import quote
@@ -41,7 +43,7 @@ from PIL import Image
 
 from ... import fields
 from ...errors import InvalidRequest, ServingError
-from ...fields import number
+from ...fields import number, show
 from ...protocol import ModelProfile, Output
 from ...request import DEFAULT_STRENGTH, Limits
 from ...serving.base import Adapter
@@ -80,7 +82,25 @@ def error_body(
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
+# OpenAI's own image models, as clients send them by default (Open WebUI: dall-e-2 when its model is
+# empty; scripts: dall-e-3, gpt-image-1): each draws with this server's model, and the answer names it.
+OPENAI_MODELS = re.compile(r"dall-e-[23]|gpt-image-[\w.-]+|chatgpt-image-[\w.-]+|gpt-image")
+
+
+class ModelNotFound(InvalidRequest):
+    """A ``model`` that is neither this server's nor one of OpenAI's image models: OpenAI's 404."""
+
+    def __init__(self, model: Any, served: str) -> None:
+        super().__init__(
+            "model",
+            f"The model {show(model)} does not exist: this server serves {served!r} (OpenAI's dall-e-2, dall-e-3 "
+            "and gpt-image-1 names draw with it too)",
+        )
+
+
 def error_response(exc: BaseException) -> JSONResponse:
+    if isinstance(exc, ModelNotFound):
+        return JSONResponse(error_body(str(exc), "model", code="model_not_found"), status_code=404)
     status, message, retry = http_error(exc)
     if status == 422:
         status = 400  # OpenAI answers a bad field with 400
@@ -112,10 +132,10 @@ def openai_raw(
     if not isinstance(prompt, str) or not prompt.strip():
         raise InvalidRequest("prompt", "prompt is required: the text of the picture to make")
     model = body.get("model")
-    if model not in (None, "", profile.name):
-        raise InvalidRequest(
-            "model", f"model must be {profile.name!r} (the model this server serves) or omitted; got {model!r}"
-        )
+    if model not in (None, "", profile.name, profile.model_id) and not (
+        isinstance(model, str) and OPENAI_MODELS.fullmatch(model)
+    ):
+        raise ModelNotFound(model, profile.model_id)
     n = _integer(body, "n", 1)
     if not 1 <= n <= limits.max_images:
         raise InvalidRequest("n", f"n must be from 1 to {limits.max_images}; got {n}")
@@ -228,7 +248,7 @@ class OpenAIImages:
 
     async def models(self) -> JSONResponse:
         """``GET /v1/models``: the one model, by the name ``model`` takes (clients list it to pick one)."""
-        name = self.adapter.profile.name
+        name = self.adapter.profile.model_id
         return JSONResponse({"object": "list", "data": [{"id": name, "object": "model", "created": 0,
                                                          "owned_by": "this server"}]})  # fmt: skip
 
@@ -300,7 +320,8 @@ class OpenAIImages:
             data = await self._images(request, ended.done, answer)
         except ServingError as exc:
             return error_response(exc)
-        answered = {"created": int(time.time()), "data": data, "output_format": answer["format"]}
+        answered = {"created": int(time.time()), "model": self.adapter.profile.model_id, "data": data,
+                    "output_format": answer["format"]}  # fmt: skip
         answered.update(size=answer["size"], background="opaque", quality="auto", usage=_usage(raw))
         return JSONResponse(answered)
 
