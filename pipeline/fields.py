@@ -207,7 +207,7 @@ TABLE: tuple[Field, ...] = (
           modes=("text",), a1111="enable_hr"),
     Field("hires_scale", float, 2.0, "Hires fix's upscale, 1.5 or 2.", modes=("text",), a1111="hr_scale",
           png="Hires upscale"),
-    Field("hires_strength", float, 0.5, "How far hires fix redraws the upscaled picture, above 0 and at most 1.",
+    Field("hires_strength", float, 0.5, "How far hires fix redraws the upscaled picture, 0 to 1 (0: upscaled only).",
           modes=("text",), a1111="denoising_strength", png="Denoising strength"),
     Field("hires_steps", float, 0, "Hires fix's steps (0: the request's own).", modes=("text",),
           a1111="hr_second_pass_steps", png="Hires steps"),

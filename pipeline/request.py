@@ -316,14 +316,16 @@ def _hires(raw: Mapping[str, Any], limits: Limits, width: int, height: int, step
     if scale not in HIRES_SCALES:
         choices = " or ".join(f"{s:g}" for s in HIRES_SCALES)
         raise InvalidRequest("hires_scale", f"hires_scale must be {choices}; got {scale:g}")
-    strength = real_number("hires_strength", raw.get("hires_strength", DEFAULT_HIRES_STRENGTH), 0.0, 1.0, above=True)
+    # 0: the picture upscaled and not redrawn (AUTOMATIC1111's denoising_strength 0, which its own API
+    # tests send with hires fix); above 0, at least one redrawing step.
+    strength = real_number("hires_strength", raw.get("hires_strength", DEFAULT_HIRES_STRENGTH), 0.0, 1.0)
     hires_steps = whole_number("hires_steps", raw.get("hires_steps", 0), 0, limits.max_steps)
     second = hires_steps or steps
-    if int(second * strength) < 1:
+    if strength > 0 and int(second * strength) < 1:
         raise InvalidRequest(
             "hires_strength",
-            f"hires_strength must be at least {1 / second:.3g} with {second} hires steps (so that at least one "
-            f"step runs); got {strength:g}",
+            f"hires_strength must be 0 (upscale only) or at least {1 / second:.3g} with {second} hires steps "
+            f"(so that at least one step runs); got {strength:g}",
         )
     m = limits.size_multiple
     big_w, big_h = (math.floor(side * scale / m) * m for side in (width, height))

@@ -349,6 +349,13 @@ def test_txt2img_hires_fix_equals_the_pages_hires_fix(app: tuple[str, Any]) -> N
     ours, text = generate(client, scheduler="Euler", hires_fix=True, hires_scale=2.0, hires_steps=4, hires_strength=0.5)
     assert picture.size == (128, 128) and np.array_equal(pixels(picture), ours)
     assert "Hires upscale: 2" in text and picture.info["parameters"] == text
+    # denoising_strength 0, as A1111's own API tests send it: upscaled, not redrawn (as A1111 does)
+    kept = httpx.post(url + "sdapi/v1/txt2img", json={**body, "denoising_strength": 0}, timeout=120)
+    assert kept.status_code == 200, kept.text
+    upscaled = Image.open(io.BytesIO(base64.b64decode(kept.json()["images"][0])))
+    first, _ = generate(client, scheduler="Euler")
+    lanczos = pixels(Image.fromarray(first.astype(np.uint8)).resize((128, 128), Image.Resampling.LANCZOS))
+    assert upscaled.size == (128, 128) and np.array_equal(pixels(upscaled), lanczos)
 
 
 SDAPI_FIELDS = ["prompt", "negative_prompt", "seed", "steps", "cfg_scale", "width", "height", "sampler_name",

@@ -77,6 +77,7 @@ def image_raw(mode: str = "image", **over: Any) -> dict[str, Any]:
         (raw_request(hires_fix=True, width=512, height=512), "hires_scale", "makes 1024×1024"),
         (image_raw(hires_fix=True), "hires_fix", "only text mode takes it"),
         (raw_request(hires_fix="yes"), "hires_fix", "hires_fix must be true or false"),
+        (raw_request(hires_fix=True, hires_strength=0.01), "hires_strength", "must be 0 (upscale only) or at least"),
     ],
 )
 def test_each_bad_picture_field_is_refused_by_name(raw: dict[str, Any], field: str, words: str) -> None:
@@ -191,3 +192,9 @@ async def test_image_modes_run_their_steps_through_the_same_line_and_join_text_l
     together = [dict(step) for step in model.loop_steps if {"text", "image-a", "image-b"} <= dict(step).keys()]
     assert together, model.loop_steps  # one denoiser call held all three
     assert "inpaint" in [job.request_id for job in model.calls]  # a call of its own
+
+
+def test_hires_strength_0_upscales_without_redrawing_as_a1111s_denoising_strength_0() -> None:
+    request = validate(raw_request(hires_fix=True, hires_strength=0), LIMITS)
+    assert request.pictures.hires is not None and request.pictures.hires_steps_run() == 0
+    assert request.to_job().hires_strength == 0.0 and request.to_job().hires_width == 128

@@ -131,10 +131,13 @@ class DiffusersModel:
 
         drawn = self._pass(first, stop, first_step)
         size = (job.hires_width, job.hires_height)
+        upscaled = tuple(image.resize(size, Image.Resampling.LANCZOS) for image in drawn.images)
+        if second_steps == 0:  # strength 0: upscaled, not redrawn (AUTOMATIC1111's denoising_strength 0)
+            return dataclasses.replace(drawn, images=upscaled, first_pass=drawn.images)
         second = dataclasses.replace(
             first,
             mode="image",
-            images=tuple(image.resize(size, Image.Resampling.LANCZOS) for image in drawn.images),
+            images=upscaled,
             masks=(),
             strength=job.hires_strength,
             num_inference_steps=job.hires_steps,
