@@ -50,11 +50,35 @@ PEER_BODY_CAPS = {
 }
 
 
-def peer_routes(adapter: Adapter, uploads: UploadBook | None = None) -> list[Any]:
+def peer_routes(adapter: Adapter, uploads: UploadBook | None = None, settings: Settings | None = None) -> list[Any]:
     """AUTOMATIC1111's ``/sdapi/v1`` and OpenAI's ``/v1/images``, sharing one book of jobs (``peer_api``),
-    their inline pictures counted in the upload route's book (``uploads``)."""
+    their inline pictures counted in the upload route's book (``uploads``); ``settings``: the flags
+    ``cmd-flags`` lists."""
     jobs = PeerJobs()
-    return [*SdApi(adapter, jobs, uploads).routes(), *OpenAIImages(adapter, jobs, uploads).routes()]
+    flags = public_flags(settings) if settings is not None else {}
+    return [*SdApi(adapter, jobs, uploads, flags).routes(), *OpenAIImages(adapter, jobs, uploads).routes()]
+
+
+SECRET_FLAGS = ("auth", "metrics_token", "output_key")
+
+
+def public_flags(settings: Settings) -> dict[str, Any]:
+    """The app's flags and their values as AUTOMATIC1111's ``cmd-flags`` lists its own: every flag but
+    the secrets (``SECRET_FLAGS``: set or not, never the value); a path by its last part (no place on
+    the disk is named to clients); the rest as JSON takes it."""
+    out: dict[str, Any] = {}
+    for name, value in vars(settings).items():
+        if name in SECRET_FLAGS:
+            out[name] = value is not None
+        elif isinstance(value, Path) or (isinstance(value, str) and value.startswith("/")):
+            out[name] = Path(value).name
+        elif isinstance(value, tuple):  # --lora NAME=PATH: the names
+            out[name] = [str(item).split("=", 1)[0] for item in value]
+        elif isinstance(value, (str, int, float, bool)) or value is None:
+            out[name] = value
+        else:
+            out[name] = str(value)
+    return out
 
 
 def front_door(demo: gr.Blocks, settings: Settings) -> DoorConfig:
@@ -93,7 +117,10 @@ def launch(demo: gr.Blocks, adapter: Adapter, settings: Settings) -> DoorConfig:
         connections_per_address=settings.max_connections_per_address,
     )
     app_kwargs = {
-        "routes": [*service_routes(demo, adapter, door.login, door.uploads), *peer_routes(adapter, door.uploads)],
+        "routes": [
+            *service_routes(demo, adapter, door.login, door.uploads),
+            *peer_routes(adapter, door.uploads, settings),
+        ],
         "middleware": [Middleware(FrontDoor, door=door)],
     }
     with uvicorn_options(http=limited_protocol(connections), proxy_headers=False):

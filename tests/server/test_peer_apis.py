@@ -253,7 +253,14 @@ def test_the_lists_options_and_png_info(app: tuple[str, Any]) -> None:
     assert [lora["name"] for lora in api.get_loras()] == ["ink"]
     assert [u["name"] for u in api.get_upscalers()] == ["Lanczos"] and api.get_sd_vae() == []
     assert api.get_embeddings() == {"loaded": {}, "skipped": {}}
+    # the lists clients read at start: empty where the app has none, not a bare 404 (issue 49)
+    assert api.get_hypernetworks() == api.get_face_restorers() == api.get_realesrgan_models() == []
+    assert api.get_prompt_styles() == []
+    flags = api.get_cmd_flags()
+    assert flags["prompt_syntax"] == "a1111" and flags["auth"] is False and "output_key" in flags
     with httpx.Client(timeout=30) as http:
+        missing = http.get(url + "sdapi/v1/extensions")  # a route the app lacks: named in the refusal
+        assert missing.status_code == 404 and "/sdapi/v1/extensions" in missing.json()["detail"]
         assert http.post(url + "sdapi/v1/options", json={"sd_model_checkpoint": model[0]}).status_code == 200
         other = http.post(url + "sdapi/v1/options", json={"sd_model_checkpoint": "sdxl.safetensors"})
         assert other.status_code == 422 and "the model is fixed at start" in other.json()["detail"]

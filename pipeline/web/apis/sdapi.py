@@ -72,8 +72,11 @@ def _error(exc: BaseException) -> JSONResponse:
 class SdApi:
     """The ``/sdapi/v1`` routes on the app's server."""
 
-    def __init__(self, adapter: Adapter, jobs: PeerJobs, uploads: UploadBook | None = None) -> None:
+    def __init__(
+        self, adapter: Adapter, jobs: PeerJobs, uploads: UploadBook | None = None, flags: dict[str, Any] | None = None
+    ) -> None:
         self.adapter = adapter
+        self.flags = flags or {}  # ``cmd-flags``: the app's own flags (``lifecycle.public_flags``)
         self.jobs = jobs
         self.uploads = uploads  # the upload route's book: its rate counts the pictures sent here too
 
@@ -98,6 +101,11 @@ class SdApi:
             ("upscalers", self.upscalers, get),
             ("latent-upscale-modes", self.none_listed, get),
             ("sd-vae", self.none_listed, get),
+            ("hypernetworks", self.none_listed, get),
+            ("face-restorers", self.none_listed, get),
+            ("realesrgan-models", self.none_listed, get),
+            ("prompt-styles", self.none_listed, get),
+            ("cmd-flags", self.cmd_flags, get),
             ("embeddings", self.embeddings, get),
             ("png-info", self.png_info, post),
         ]
@@ -219,8 +227,13 @@ class SdApi:
                               "scale": 2}])  # fmt: skip
 
     async def none_listed(self) -> JSONResponse:
-        """Latent upscale modes, VAEs: none to choose here (the lists clients ask for before a call)."""
+        """Latent upscale modes, VAEs, hypernetworks, face restorers, Real-ESRGAN models, prompt styles:
+        none to choose here (the lists clients read at start, before a call)."""
         return JSONResponse([])
+
+    async def cmd_flags(self) -> JSONResponse:
+        """This app's flags and their values (A1111 lists its own command line here; secrets: set or not)."""
+        return JSONResponse(self.flags)
 
     async def embeddings(self) -> JSONResponse:
         return JSONResponse({"loaded": {}, "skipped": {}})

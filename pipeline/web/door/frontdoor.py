@@ -120,6 +120,9 @@ class FrontDoor:
         route = route_of(method, path)  # 2. the route
         if route is None:
             log.info("refused %s %s from %s: not a route of this app", method, path[:200], caller.key)
+            if path.startswith("/sdapi/"):  # AUTOMATIC1111's clients: the route they asked for, named
+                return await asgi.json(send, 404, f"{method} {path[:100]}: this app does not have this "
+                                       "AUTOMATIC1111 route (its /sdapi/v1 routes: docs/usage.md)")  # fmt: skip
             return await asgi.json(send, 404, "Not Found")
         kind, match = route
         if kind == "file" and not_a_file_of_ours(path):

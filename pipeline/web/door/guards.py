@@ -49,7 +49,7 @@ ROUTES: tuple[tuple[frozenset[str], re.Pattern[str], str], ...] = tuple(
         (
             "GET",
             r"/sdapi/v1/(progress|sd-models|samplers|schedulers|loras|options|scripts|upscalers|latent-upscale-modes"
-            r"|sd-vae|embeddings)",
+            r"|sd-vae|embeddings|hypernetworks|face-restorers|realesrgan-models|prompt-styles|cmd-flags)",
             "peer",
         ),
         ("POST", r"/sdapi/v1/(txt2img|img2img|interrupt|options|png-info)", "peer"),
