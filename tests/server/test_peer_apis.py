@@ -264,6 +264,22 @@ def test_the_lists_options_and_png_info(app: tuple[str, Any]) -> None:
         assert http.post(url + "sdapi/v1/options", json={"sd_model_checkpoint": model[0]}).status_code == 200
         other = http.post(url + "sdapi/v1/options", json={"sd_model_checkpoint": "sdxl.safetensors"})
         assert other.status_code == 422 and "the model is fixed at start" in other.json()["detail"]
+        # what GET returned, posted back whole (Open WebUI's model switch), and A1111's "no change" values
+        options = http.get(url + "sdapi/v1/options").json()
+        assert options["emphasis"] == "Original" and options["samples_format"] == "png"
+        for same in (
+            options,
+            {"samples_format": "png"},
+            {"sd_vae": "Automatic"},
+            {"sd_model_checkpoint": "embedded-default"},
+        ):
+            assert http.post(url + "sdapi/v1/options", json=same).status_code == 200, same
+        for change, why in (({"emphasis": "No norm"}, "per-request"), ({"samples_format": "jpg"}, "runs with 'png'"),
+                            ({"sd_hypernetwork": "x"}, "no such option")):  # fmt: skip
+            refused = http.post(url + "sdapi/v1/options", json=change)
+            detail = refused.json()["detail"]
+            assert refused.status_code == 422 and detail.startswith(next(iter(change))) and why in detail, detail
+            assert "override_settings:" not in detail  # the options route's own words
         _pixels, text = generate(client)
         png = io.BytesIO()
         Image.new("RGB", (8, 8)).save(png, format="PNG", pnginfo=_text_chunk(text))

@@ -266,3 +266,24 @@ def test_each_modes_text_pastes_back_into_its_mode() -> None:
     text = a1111_parameters({**base, "mode": "image", "strength": 0.6}, 1, "fake-model", "Euler")
     fill = fill_from(parse_parameters(text), no_modes, samplers=SAMPLERS)
     assert "mode" not in fill.values and any("serves no image mode" in n for n in fill.notes)
+
+
+def test_a1111_requests_take_numeric_strings_sampler_aliases_and_name_the_field_sent() -> None:
+    """Issue 49: as A1111's pydantic models take them: ``seed: "-1"`` (random), ``steps: "4"``; its
+    sampler aliases (``k_euler_a``); an error about ``sampler_index`` names ``sampler_index``."""
+    from pipeline.errors import InvalidRequest
+    from pipeline.web.apis.sdapi_fields import a1111_raw
+
+    limits = dataclasses.replace(LIMITS, samplers=("default", "Euler", "Euler a", "DPM++ 2M Karras"))
+    raw, _ = a1111_raw({"prompt": "x", "seed": "-1", "steps": "4", "sampler_name": "k_euler_a"}, FAKE_PROFILE,
+                       limits, img2img=False)  # fmt: skip
+    assert raw["randomize_seed"] and raw["num_inference_steps"] == 4 and raw["scheduler"] == "Euler a"
+    raw, _ = a1111_raw({"prompt": "x", "seed": "12", "sampler_index": "k_dpmpp_2m_ka"}, FAKE_PROFILE, limits,
+                       img2img=False)  # fmt: skip
+    assert raw["seed"] == 12 and not raw["randomize_seed"] and raw["scheduler"] == "DPM++ 2M Karras"
+    with pytest.raises(InvalidRequest) as refused:
+        a1111_raw({"prompt": "x", "sampler_index": "Heun"}, FAKE_PROFILE, limits, img2img=False)
+    assert refused.value.field == "sampler_index" and str(refused.value).startswith("sampler_index must be one of")
+    with pytest.raises(InvalidRequest) as refused:
+        a1111_raw({"prompt": "x", "seed": "one"}, FAKE_PROFILE, limits, img2img=False)
+    assert refused.value.field == "seed"

@@ -359,8 +359,22 @@ def _size(text: str, limits: Limits, values: dict[str, Any], notes: list[str]) -
         notes.append(f"Size: {width}x{height} not applied: {rule}.")
 
 
+# AUTOMATIC1111's own aliases of its samplers (``sd_samplers_kdiffusion``, ``sd_samplers_timesteps``),
+# which old clients and scripts send: k_euler_a is "Euler a".
+SAMPLER_ALIASES = {
+    "k_euler_a": "Euler a", "k_euler_ancestral": "Euler a", "k_euler": "Euler", "k_lms": "LMS", "k_heun": "Heun",
+    "k_dpm_2": "DPM2", "k_dpm_2_a": "DPM2 a", "k_dpmpp_2s_a": "DPM++ 2S a", "k_dpmpp_2m": "DPM++ 2M",
+    "k_dpmpp_sde": "DPM++ SDE", "k_dpmpp_2m_sde": "DPM++ 2M SDE", "k_dpm_fast": "DPM fast",
+    "k_dpm_ad": "DPM adaptive", "k_lms_ka": "LMS Karras", "k_dpm_2_ka": "DPM2 Karras",
+    "k_dpm_2_a_ka": "DPM2 a Karras", "k_dpmpp_2s_a_ka": "DPM++ 2S a Karras", "k_dpmpp_2m_ka": "DPM++ 2M Karras",
+    "k_dpmpp_sde_ka": "DPM++ SDE Karras", "ddim": "DDIM", "plms": "PLMS", "unipc": "UniPC",
+}  # fmt: skip
+
+
 def sampler_key(name: str) -> str:
-    """A sampler's name for matching: "DPM++ 2M (Karras)", "DPM++ 2M Karras" and "dpm++ 2m karras" are one."""
+    """A sampler's name for matching: "DPM++ 2M (Karras)", "DPM++ 2M Karras" and "dpm++ 2m karras" are one,
+    and so are A1111's aliases ("k_dpmpp_2m_ka")."""
+    name = SAMPLER_ALIASES.get(name.strip().lower(), name)
     return re.sub(r"[^a-z0-9]", "", name.lower())
 
 

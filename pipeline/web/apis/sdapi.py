@@ -51,7 +51,16 @@ from .peer_api import (
     retry_headers,
     run_request,
 )
-from .sdapi_fields import A1111_NAME, VERSION, a1111_info, a1111_raw, check_overrides, model_title, samplers_of
+from .sdapi_fields import (
+    A1111_NAME,
+    VERSION,
+    a1111_info,
+    a1111_raw,
+    check_options,
+    current_options,
+    model_title,
+    samplers_of,
+)
 
 SDAPI = "/sdapi/v1"
 
@@ -195,22 +204,12 @@ class SdApi:
         return JSONResponse([{"name": i.name, "alias": i.name, "path": i.name, "metadata": {}} for i in infos])
 
     async def options(self) -> JSONResponse:
-        p = self.profile
-        return JSONResponse(
-            {
-                "sd_model_checkpoint": model_title(p),
-                "sd_checkpoint_hash": None,
-                "samples_format": "png",
-                "live_previews_enable": True,
-                "show_progress_every_n_steps": 1,
-                "CLIP_stop_at_last_layers": 1,
-            }
-        )
+        return JSONResponse(current_options(self.profile, self.adapter.limits))
 
     async def set_options(self, request: Request) -> JSONResponse:
         try:
             body = await json_body(request)
-            check_overrides(body, self.profile)  # only the model already served: a no-op
+            check_options(body, self.profile, self.adapter.limits)  # nothing changes: a real change is refused
         except ServingError as exc:
             status, message, _ = http_error(exc)
             return JSONResponse(

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 from ... import fields
 from ...errors import InvalidRequest
-from ...fields import number
+from ...fields import number, show
 from ...loras import strip_tags
 from ...protocol import ModelProfile
 from ...request import DEFAULT_MASK_BLUR, HIRES_SCALES, Limits
@@ -52,15 +52,18 @@ def samplers_of(profile: ModelProfile, limits: Limits) -> list[str]:
     return list(dict.fromkeys([own, *(s for s in limits.samplers if s != "default")]))
 
 
-def sampler_choice(name: Any, schedule: Any, profile: ModelProfile, limits: Limits) -> tuple[str, str]:
-    """(the app's ``scheduler`` value, a note or "") for A1111's ``sampler_name`` and ``scheduler``."""
+def sampler_choice(
+    name: Any, schedule: Any, profile: ModelProfile, limits: Limits, field: str = "sampler_name"
+) -> tuple[str, str]:
+    """(the app's ``scheduler`` value, a note or "") for A1111's ``sampler_name`` (or ``field``, the
+    name the client sent it under: ``sampler_index``) and ``scheduler``."""
     choices = [s for s in limits.samplers if s != "default"]
     if not isinstance(name, str) or not name:
         return "default", ""
     own = sampler_name(profile.sampler)
     if not choices:  # the model takes no sampler choice (flow matching, distilled): its own runs
         same = a1111.sampler_key(name) == a1111.sampler_key(own)
-        return "default", "" if same else f"sampler_name {name!r} not applied: this model runs only its own ({own})"
+        return "default", "" if same else f"{field} {name!r} not applied: this model runs only its own ({own})"
     wanted = [name]
     if isinstance(schedule, str) and schedule.lower() not in ("", "automatic", "uniform", "normal"):
         wanted.insert(0, f"{name} {schedule}")  # A1111 1.9+: sampler "DPM++ 2M", scheduler "Karras"
@@ -70,7 +73,7 @@ def sampler_choice(name: Any, schedule: Any, profile: ModelProfile, limits: Limi
         if (choice := a1111.match_sampler(candidate, choices)) is not None:
             return choice, ""
     offered = ", ".join(samplers_of(profile, limits))
-    raise InvalidRequest("sampler_name", f"sampler_name must be one of {offered}; got {name!r}")
+    raise InvalidRequest(field, f"{field} must be one of {offered}; got {show(name)}")
 
 
 def a1111_raw(
@@ -108,8 +111,9 @@ def a1111_raw(
             "batch_size", f"batch_size × n_iter must be at most {limits.max_images}; got {batch} × {iterations}"
         )
     raw["num_images"] = batch * iterations
-    sampler = body.get("sampler_name") or body.get("sampler_index")
-    raw["scheduler"], note = sampler_choice(sampler, body.get("scheduler"), profile, limits)
+    field = "sampler_name" if body.get("sampler_name") else "sampler_index"
+    sampler = body.get(field)
+    raw["scheduler"], note = sampler_choice(sampler, body.get("scheduler"), profile, limits, field)
     notes += [note] if note else []
     if len(tags) > 1:
         raise InvalidRequest("prompt", "prompt: this app runs one LoRA per image; the prompt has several")
@@ -190,6 +194,50 @@ def check_overrides(overrides: Any, profile: ModelProfile) -> None:
         )
 
 
+def current_options(profile: ModelProfile, limits: Limits) -> dict[str, Any]:
+    """``GET /sdapi/v1/options``: A1111's options as this app runs them (the emphasis: the server's)."""
+    emphasis = "None" if limits.prompt_syntax == "plain" else fields.family_emphasis(profile.family)
+    return {
+        "sd_model_checkpoint": model_title(profile),
+        "sd_checkpoint_hash": None,
+        "samples_format": "png",
+        "live_previews_enable": True,
+        "show_progress_every_n_steps": 1,
+        "CLIP_stop_at_last_layers": 1,
+        "emphasis": emphasis,
+        "sd_vae": "Automatic",
+    }
+
+
+# A1111's "no change" values: the option as it is (``sd_vae`` "Automatic": the checkpoint's own VAE)
+_NO_CHANGE = {"sd_vae": ("Automatic", "None", None)}
+
+
+def check_options(body: Any, profile: ModelProfile, limits: Limits) -> None:
+    """``POST /sdapi/v1/options``: the dict ``GET`` returned, any option at its current value or at
+    A1111's "no change" value, and the served model by any of its names are taken (nothing changes);
+    a real change is refused, naming the option and why (Open WebUI posts back the whole dict)."""
+    if body in (None, {}):
+        return
+    if not isinstance(body, dict):
+        raise InvalidRequest("options", "the options must be an object")
+    now = current_options(profile, limits)
+    for key, value in body.items():
+        if key == "sd_model_checkpoint" and value in (profile.name, model_title(profile), profile.model_id):
+            continue
+        if (key in now and value == now[key]) or value in _NO_CHANGE.get(key, ()):
+            continue
+        if key == "sd_model_checkpoint":
+            why = f"the model is fixed at start: {profile.name}"
+        elif key in fields.passed_through("a1111"):
+            why = f"it is a per-request setting here: send it in each request's override_settings ({key})"
+        elif key in now:
+            why = f"this app runs with {now[key]!r} and does not change it"
+        else:
+            why = "this app has no such option to change"
+        raise InvalidRequest(key, f"{key}: {show(value)} not applied: {why}")
+
+
 def _text(body: Mapping[str, Any], name: str, max_chars: int) -> str:
     value = body.get(name, "")
     if value is None:
@@ -201,10 +249,14 @@ def _text(body: Mapping[str, Any], name: str, max_chars: int) -> str:
 
 
 def _number(body: Mapping[str, Any], name: str, default: Any) -> Any:
+    """A number as sent, int or float (its range is the app's validation's); a numeral in a string
+    too, as A1111's pydantic models take it (``seed: "-1"``)."""
     value = body.get(name, default)
     if value is None:
         return default
-    number(name, value)  # a number (its range is the app's validation's): as sent, int or float
+    read = number(name, value, text=True)
+    if isinstance(value, str):
+        return int(read) if float(read).is_integer() else float(read)
     return value
 
 
