@@ -47,7 +47,7 @@ STEP_CACHES = ("off",)  # the step-cache methods (the step-cache issue adds the 
 # text with the syntax removed (``prompt_syntax.plain``).
 EMPHASES = ("Original", "No norm", "None")
 DEFAULT_EMPHASIS = "default"
-WEIGHING = {"sd": "Original"}
+WEIGHING = {"sd": "Original", "sdxl": "No norm"}
 
 
 # -- the number parsers ----------------------------------------------------------------------------

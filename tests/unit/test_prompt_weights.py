@@ -194,3 +194,65 @@ def test_on_the_embedded_model_weights_do_what_they_say_and_long_prompts_are_rea
     long = "a red circle on a white background, " + ", ".join(["simple shape"] * 40)
     assert len(model.pipe.tokenizer(long).input_ids) > 100
     assert d(run(model, long + ", green"), run(model, long + ", yellow triangle")) > 0.05  # cut at 75: 0.00
+
+
+def a1111_sdxl(model: Any, text: str, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A1111's SDXL conditioning written again: each CLIP's chunks through its penultimate layer, "No norm"
+    emphasis, the two side by side; the pooled embedding of the first chunk of the second (projected)."""
+    outputs, pooled = [], None
+    for tokenizer, encoder in ((model.pipe.tokenizer, model.pipe.text_encoder),
+                               (model.pipe.tokenizer_2, model.pipe.text_encoder_2)):  # fmt: skip
+        id_end, id_pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+        chunks = a1111_chunks(tokenizer, text)
+        chunks += [a1111_chunks(tokenizer, "")[0]] * (count - len(chunks))
+        zs = []
+        for i, (tokens, multipliers) in enumerate(chunks):
+            ids = torch.asarray([tokens])
+            if id_end != id_pad:
+                ids[0, tokens.index(id_end) + 1 :] = id_pad
+            with torch.no_grad():
+                out = encoder(ids, output_hidden_states=True)
+            if i == 0 and out[0].ndim == 2:
+                pooled = out[0]
+            zs.append(out.hidden_states[-2] * torch.asarray([multipliers]).unsqueeze(-1))
+        outputs.append(torch.hstack(zs))
+    assert pooled is not None
+    return torch.cat(outputs, dim=-1), pooled
+
+
+def test_sdxl_reads_both_clips_as_a1111_with_no_norm_and_a_plain_prompt_as_its_pipeline() -> None:
+    model = model_of("sdxl")
+    assert model.emphasis(InferenceJob(request_id="x", prompts=("a",), negative_prompts=("",), seeds=(1,),
+                                       width=64, height=64, num_inference_steps=2, guidance_scale=5.0)) == "No norm"  # fmt: skip
+    negative = "(worst quality:2), ((monochrome))"
+    for prompt in PROMPTS:
+        job = InferenceJob(request_id="x", prompts=(prompt,), negative_prompts=(negative,), seeds=(1,), width=64,
+                           height=64, num_inference_steps=2, guidance_scale=5.0)  # fmt: skip
+        ours = model.encoded(job, negatives=True)
+        count = max(len(a1111_chunks(model.pipe.tokenizer, t)) for t in (prompt, negative))
+        theirs, theirs_pooled = a1111_sdxl(model, prompt, count)
+        theirs_negative, theirs_negative_pooled = a1111_sdxl(model, negative, count)
+        torch.testing.assert_close(ours.embeds, theirs, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(ours.pooled, theirs_pooled, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(ours.negative, theirs_negative, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(ours.negative_pooled, theirs_negative_pooled, rtol=1e-4, atol=1e-5)
+    plain = InferenceJob(request_id="x", prompts=("a red circle",), negative_prompts=("",), seeds=(1,), width=64,
+                         height=64, num_inference_steps=2, guidance_scale=5.0)  # fmt: skip
+    ours = model.encoded(plain, negatives=True)
+    with torch.no_grad():
+        embeds, negative_embeds, pooled, negative_pooled = model.pipe.encode_prompt(
+            ["a red circle"], device="cpu", do_classifier_free_guidance=True, negative_prompt=None
+        )
+    for got, expected in ((ours.embeds, embeds), (ours.pooled, pooled), (ours.negative, negative_embeds),
+                          (ours.negative_pooled, negative_pooled)):  # fmt: skip
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)  # one batch for both texts: float order
+
+
+def test_sdxl_weights_and_long_prompts_change_its_pictures_and_plain_text_does_not() -> None:
+    model = model_of("sdxl")
+    d = lambda a, b: float(np.abs(a - b).mean())  # noqa: E731
+    plain_run = run(model, "a red circle")  # random tiny weights: small effects, but never none
+    assert d(plain_run, run(model, "a (red:1.0) circle")) == 0.0
+    assert d(plain_run, run(model, "a (red:1.8) circle")) > 0.01
+    long = "a red circle, " + ", ".join(["simple shape"] * 40)
+    assert d(run(model, long + ", green"), run(model, long + ", yellow triangle")) > 0.01

@@ -27,7 +27,7 @@ from .family_table import family_for
 from .lora import LoadedLoras, use_of
 from .modes import takes_size
 from .previews import Previewer
-from .prompt_weights import ClipChunker, encode, padded, sd_runner
+from .prompt_weights import ClipChunker, Encoded, PromptEncoder
 from .stepping import StepWatch, StoppedAtStep
 
 
@@ -58,9 +58,11 @@ class DiffusersModel:
         self._count_lock = threading.Lock()
         # A1111's prompt syntax and chunks where the family weighs CLIP tokens (``prompt_weights``):
         # one chunker for the model thread, one for counting (tokenizers are not thread-safe).
-        self.weighs = profile.family in WEIGHING and getattr(pipe, "tokenizer", None) is not None
-        self.chunker = ClipChunker(pipe.tokenizer) if self.weighs else None
-        self._count_chunker = ClipChunker(copy.deepcopy(pipe.tokenizer)) if self.weighs else None
+        first = getattr(pipe, "tokenizer", None) or getattr(pipe, "tokenizer_2", None)
+        self.weighs = profile.family in WEIGHING and first is not None
+        self.prompt_encoder = PromptEncoder(pipe, profile.family) if self.weighs else None
+        self.chunker = self.prompt_encoder.chunker if self.prompt_encoder is not None else None
+        self._count_chunker = ClipChunker(copy.deepcopy(first)) if self.weighs else None
 
     def count_tokens(self, text: str) -> dict[str, int]:
         """Tokens per encoder (the note of a cut text); where CLIP prompts go in chunks, also the
@@ -82,20 +84,13 @@ class DiffusersModel:
     def clip_embeddings(self, job: InferenceJob, negatives: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """SD 1.x/2.x: the job's prompt embeddings (and, ``negatives``, its negative prompts'), as
         AUTOMATIC1111 encodes them (``prompt_weights``): every text of the job padded to one chunk count."""
-        assert self.chunker is not None
-        emphasis = self.emphasis(job)
-        syntax = emphasis != "None"
-        texts = [self.chunker.chunk(p, syntax) for p in job.prompts]
-        if negatives:
-            texts += [self.chunker.chunk(n or "", syntax) for n in job.negative_prompts]
-        count, empty = max(t.count for t in texts), self.chunker.chunk("", False)
-        texts = [padded(t, count, empty) for t in texts]
-        encoder = self.pipe.text_encoder
-        run = sd_runner(encoder, self.chunker.end)
-        device = torch.device(self.pipe._execution_device)
-        embeds = encode(texts, run, emphasis, device, encoder.dtype)
-        n = len(job.prompts)
-        return embeds[:n], (embeds[n:] if negatives else None)
+        encoded = self.encoded(job, negatives)
+        return encoded.embeds, encoded.negative
+
+    def encoded(self, job: InferenceJob, negatives: bool) -> Encoded:
+        """The job's texts through ``prompt_weights.PromptEncoder`` with its emphasis."""
+        assert self.prompt_encoder is not None
+        return self.prompt_encoder.encode(job.prompts, job.negative_prompts if negatives else None, self.emphasis(job))
 
     def generate(self, job: InferenceJob, stop: StopFlag, on_step: StepCallback) -> InferenceResult:
         guiders = self._job_guiders(job)
@@ -201,12 +196,11 @@ class DiffusersModel:
             generator=generators,
         )
         kwargs.update(self.call_arguments(job))
-        if self.weighs:  # SD 1.x/2.x: the prompts as AUTOMATIC1111 encodes them, negative ones where guidance runs
+        if self.weighs:  # SD 1.x/2.x, SDXL: the prompts as AUTOMATIC1111 encodes them, negatives where guidance runs
             cfg = job.guidance_scale > 1 and getattr(pipe.unet.config, "time_cond_proj_dim", None) is None
-            embeds, negative = self.clip_embeddings(job, negatives=cfg)
             del kwargs["prompt"]
             kwargs.pop("negative_prompt", None)
-            kwargs.update(prompt_embeds=embeds, negative_prompt_embeds=negative)
+            kwargs.update(self.encoded(job, negatives=cfg).call_arguments())
         if job.mode != "text":  # the pictures, already at width x height (the serving side sized them)
             kwargs.update(image=list(job.images), strength=job.strength)
             if job.mode == "inpaint":

@@ -119,16 +119,20 @@ def encode(
     emphasis: str,
     device: torch.device | str,
     dtype: torch.dtype,
-) -> torch.Tensor:
-    """Steps 3 and 4 for texts of one chunk count: [len(texts), 77·count, width]. ``run`` maps a
-    [rows, 77] tensor of token ids to the encoder's [rows, 77, width] output (all chunks in one call)."""
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Steps 3 and 4 for texts of one chunk count: ([len(texts), 77·count, width], each text's pooled
+    embedding from its first chunk, or None). ``run`` maps a [rows, 77] tensor of token ids to the
+    encoder's ([rows, 77, width], [rows, pooled] or None), all chunks in one call."""
     count = texts[0].count
     ids = torch.tensor([row for t in texts for row in t.tokens], device=device)
-    z = run(ids).to(dtype=dtype, device=device)  # [texts·count, 77, width]
+    z, pooled = run(ids)
+    z = z.to(dtype=dtype, device=device)  # [texts·count, 77, width]
     if emphasis != "None":
         weights = torch.tensor([row for t in texts for row in t.weights], device=device, dtype=z.dtype)
         z = emphasized(z, weights, count, emphasis)
-    return z.reshape(len(texts), count * z.shape[1], z.shape[2])
+    if pooled is not None:  # A1111: the pooled embedding of the first chunk
+        pooled = pooled.to(dtype=dtype, device=device).reshape(len(texts), count, -1)[:, 0]
+    return z.reshape(len(texts), count * z.shape[1], z.shape[2]), pooled
 
 
 def emphasized(z: torch.Tensor, weights: torch.Tensor, count: int, emphasis: str) -> torch.Tensor:
@@ -147,17 +151,84 @@ def emphasized(z: torch.Tensor, weights: torch.Tensor, count: int, emphasis: str
     return weighted_z * torch.where(restorable, before / after, torch.ones_like(after))
 
 
-def sd_runner(text_encoder: Any, end: int) -> Any:
-    """``encode``'s ``run`` for SD 1.x/2.x: the encoder's last hidden state, as the pipeline's own
-    ``encode_prompt`` takes it; where the encoder's config asks for an attention mask, the tokenizer's
-    (the start token to the first end token)."""
+def runner(text_encoder: Any, end: int, penultimate: bool) -> Any:
+    """``encode``'s ``run`` for one CLIP encoder, as the pipeline's own ``encode_prompt`` reads it:
+    SD 1.x/2.x its last hidden state (with the tokenizer's attention mask where the encoder's config
+    asks for one: the start token to the first end token), no pooled embedding; SDXL (``penultimate``)
+    its hidden state before the last layer, and the projected pooled embedding where the encoder has
+    a projection (its second encoder)."""
     uses_mask = bool(getattr(text_encoder.config, "use_attention_mask", False))
 
-    def run(ids: torch.Tensor) -> torch.Tensor:
+    def run(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if penultimate:
+            out = text_encoder(ids, output_hidden_states=True)
+            return out.hidden_states[-2], (out[0] if out[0].ndim == 2 else None)
         mask = None
         if uses_mask:
             first_end = (ids == end).int().argmax(dim=1, keepdim=True)
             mask = (torch.arange(ids.shape[1], device=ids.device).unsqueeze(0) <= first_end).long()
-        return text_encoder(ids, attention_mask=mask)[0]
+        return text_encoder(ids, attention_mask=mask)[0], None
 
     return run
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """A job's texts as its pipeline takes them: the prompts' and (with guidance) the negative
+    prompts' embeddings, and SDXL's pooled embeddings (else None)."""
+
+    embeds: torch.Tensor
+    negative: torch.Tensor | None
+    pooled: torch.Tensor | None = None
+    negative_pooled: torch.Tensor | None = None
+
+    def call_arguments(self) -> dict[str, Any]:
+        """The pipeline call's arguments (instead of ``prompt`` and ``negative_prompt``)."""
+        out: dict[str, Any] = {"prompt_embeds": self.embeds, "negative_prompt_embeds": self.negative}
+        if self.pooled is not None:
+            out.update(pooled_prompt_embeds=self.pooled, negative_pooled_prompt_embeds=self.negative_pooled)
+        return out
+
+
+class PromptEncoder:
+    """A pipeline's CLIP encoders as AUTOMATIC1111 reads them: SD 1.x/2.x's one, SDXL's two (their
+    outputs side by side, the pooled embedding from the second, as the pipeline's ``encode_prompt``).
+    Model thread only (``chunkers`` for counting are the caller's own copies)."""
+
+    def __init__(self, pipe: Any, family: str) -> None:
+        self.pipe = pipe
+        self.sdxl = family == "sdxl"
+        pairs = [("tokenizer", "text_encoder"), ("tokenizer_2", "text_encoder_2")] if self.sdxl else [
+            ("tokenizer", "text_encoder")]  # fmt: skip
+        self.encoders = [
+            (ClipChunker(getattr(pipe, t)), getattr(pipe, e))
+            for t, e in pairs
+            if getattr(pipe, t, None) is not None and getattr(pipe, e, None) is not None
+        ]
+        self.chunker = self.encoders[0][0]
+        # SDXL zeroes an all-empty negative prompt (``force_zeros_for_empty_prompt``), as its pipeline does
+        self.zero_empty = self.sdxl and bool(getattr(pipe.config, "force_zeros_for_empty_prompt", False))
+
+    def encode(self, prompts: Sequence[str], negatives: Sequence[str] | None, emphasis: str) -> Encoded:
+        """The prompts (and ``negatives``, where guidance runs), every text padded to one chunk count."""
+        syntax = emphasis != "None"
+        texts = [*prompts, *(negatives or ())]
+        per_encoder = [[chunker.chunk(t or "", syntax) for t in texts] for chunker, _ in self.encoders]
+        count = max(c.count for chunks in per_encoder for c in chunks)
+        device = torch.device(self.pipe._execution_device)
+        outputs, pooled = [], None
+        for (chunker, encoder), chunks in zip(self.encoders, per_encoder):
+            empty = chunker.chunk("", False)
+            run = runner(encoder, chunker.end, penultimate=self.sdxl)
+            z, own_pooled = encode([padded(c, count, empty) for c in chunks], run, emphasis, device, encoder.dtype)
+            outputs.append(z)
+            pooled = own_pooled if own_pooled is not None else pooled
+        embeds = torch.cat(outputs, dim=-1) if len(outputs) > 1 else outputs[0]
+        n = len(prompts)
+        if negatives is None:
+            return Encoded(embeds, None, pooled[:n] if pooled is not None else None)
+        negative, negative_pooled = embeds[n:], (pooled[n:] if pooled is not None else None)
+        if self.zero_empty and not any(negatives):
+            negative = torch.zeros_like(negative)
+            negative_pooled = torch.zeros_like(negative_pooled) if negative_pooled is not None else None
+        return Encoded(embeds[:n], negative, pooled[:n] if pooled is not None else None, negative_pooled)
