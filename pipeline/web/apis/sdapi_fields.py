@@ -206,6 +206,7 @@ def current_options(profile: ModelProfile, limits: Limits) -> dict[str, Any]:
         "CLIP_stop_at_last_layers": 1,
         "emphasis": emphasis,
         "sd_vae": "Automatic",
+        "send_seed": True,
     }
 
 
