@@ -113,7 +113,8 @@ def test_the_slider_shows_the_input_and_the_result_loaded_at_one_size(window: An
         hole[16:48, 16:48] = 255
         mask = picture.with_name("hole.png")
         Image.fromarray(hole).save(mask)
-        window.locator("#mask-upload input[type=file]").set_input_files(str(mask))
+        with window.expect_response(lambda r: "/gradio_api/upload" in r.url, timeout=30_000):  # the mask's own upload
+            window.locator("#mask-upload input[type=file]").set_input_files(str(mask))
         window.locator("#mask-upload img").first.wait_for(timeout=15_000)
     generate(window, "a green triangle on a yellow background")
     before, after = loaded(window, "#before-after img", 2)

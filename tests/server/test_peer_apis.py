@@ -69,6 +69,15 @@ def test_webuiapi_txt2img_equals_generate_with_the_pages_parameters(app: tuple[s
     assert "<lora:ink:0.8>" in text and "Sampler: Euler," in text
     assert result.info["sd_model_name"] == api.get_options()["sd_model_checkpoint"]
     assert result.parameters["prompt"] == "a red circle <lora:ink:0.8>"  # the request, echoed
+    # issue 49: a weighted, long prompt (two CLIP chunks) and an A1111 negative, pixel for pixel, kept as typed
+    long = "a (red:1.3) circle, " + ", ".join(f"[flat] shape {i}" for i in range(14)) + ", on a (blue:0.8) ground"
+    negative = "(worst quality:2), ((monochrome))"
+    weighted = api.txt2img(prompt=long, negative_prompt=negative, seed=7, steps=4, cfg_scale=5, width=64, height=64,
+                           sampler_name="Euler")  # fmt: skip
+    ours, text = generate(client, prompt=long, negative_prompt=negative, scheduler="Euler")
+    assert np.array_equal(pixels(weighted.image), ours) and text.startswith(long + "\nNegative prompt: " + negative)
+    plain_text, _ = generate(client, prompt=long, negative_prompt=negative, scheduler="Euler", emphasis="None")
+    assert np.abs(plain_text - ours).mean() > 1.0  # read as written, the brackets are words
 
 
 def test_openai_images_generate_b64_and_url_equal_generate(app: tuple[str, Any]) -> None:
@@ -168,6 +177,11 @@ def test_a_streamed_generation_sends_partial_images_then_the_picture(app: tuple[
                                  extra_body={"num_inference_steps": 12}))  # fmt: skip
     assert [e.type for e in edits] == ["image_edit.partial_image", "image_edit.completed"]
     assert base64.b64decode(edits[-1].b64_json)[:3] == b"\xff\xd8\xff"
+    # Open WebUI's default model name, streamed: the served model draws it
+    named = list(api.images.generate(model="dall-e-2", prompt="a red circle", size="64x64", stream=True,
+                                     extra_body={"seed": 7, "num_inference_steps": 12, "guidance_scale": 5.0}))  # fmt: skip
+    assert named[-1].type == "image_generation.completed"
+    assert np.array_equal(pixels(Image.open(io.BytesIO(base64.b64decode(named[-1].b64_json)))), final)
 
 
 def test_progress_and_interrupt_act_on_the_callers_own_job_only(app: tuple[str, Any]) -> None:

@@ -76,7 +76,18 @@ MODE_JS = (
 
 # Generate's first step (no handler, so no progress message ever reaches the editor): the editor's value,
 # which Gradio uploads as it gathers it, in inpaint mode; nothing otherwise. The handler's event reads it.
-HOLD_JS = "(mode, editor) => mode === 'inpaint' ? editor : null"
+# A mask file uploaded just before Generate whose change event has not yet put it in the editor (a slow
+# upload) is the editor's one layer here too, as that event makes it (``send_to._MASK_JS``).
+HOLD_JS = """
+(mode, editor, file) => {
+  if (mode !== 'inpaint') { return null; }
+  const layers = (editor && editor.layers) || [];
+  if (!file || layers.length) { return editor; }
+  const background = (editor && editor.background) || null;
+  const composite = (editor && editor.composite) || background;
+  return { background: background, layers: [file], composite: composite, id: null };
+}
+"""
 
 
 def brush_radius(p: ModelProfile) -> int:
@@ -151,8 +162,9 @@ def hold_mask(triggers: list[Any], picture: dict[str, Any]) -> tuple[Any, gr.Ima
     """Generate's first step (``HOLD_JS``) and the hidden input that holds the editor's value for the
     handler's event (never drawn: Gradio asks it for nothing); the handler's event goes ``.then``."""
     held = gr.ImageEditor(type="filepath", visible=False, layers=False, elem_id="held-mask")
-    step = gr.on(triggers=triggers, fn=None, inputs=[picture["mode"], picture["mask"]], outputs=[held],
-                 js=HOLD_JS, api_visibility="private", show_progress="hidden")  # fmt: skip
+    inputs = [picture["mode"], picture["mask"], picture["_mask_file"]]
+    step = gr.on(triggers=triggers, fn=None, inputs=inputs, outputs=[held], js=HOLD_JS, api_visibility="private",
+                 show_progress="hidden")  # fmt: skip
     return step, held
 
 
