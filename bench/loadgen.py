@@ -156,6 +156,13 @@ async def _endpoint(http: httpx.AsyncClient, url: str, api_name: str) -> tuple[i
     raise LookupError(f"no endpoint named {api_name!r}")
 
 
+async def _inputs(http: httpx.AsyncClient, url: str, api_name: str) -> int:
+    """How many inputs the named endpoint takes: an older checkout (``bench.cpu --against``) takes
+    fewer, the fields added since at the end of the table, at their defaults."""
+    config = (await http.get(url + "config")).json()
+    return next(len(dep.get("inputs") or ()) for dep in config["dependencies"] if dep.get("api_name") == api_name)
+
+
 def _join_refusal(response: httpx.Response) -> str:
     """What a refused join says: a validator's failed parameters (422, as gradio_client reads them), or
     the body's start."""
@@ -303,11 +310,12 @@ async def run_async(
     on_start: Callable[[], None] | None = None,
 ) -> LoadResult:
     """``clients`` virtual callers in this event loop; see ``run``."""
-    make = data or (lambda k: generate_data(k, size, steps))
     cpu0 = time.process_time()
     limits = httpx.Limits(max_connections=2 * clients + 4, max_keepalive_connections=2 * clients + 4)
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as http:
         fn_index, trigger_id = await _endpoint(http, url, api_name)
+        width = await _inputs(http, url, api_name)
+        make = data or (lambda k: generate_data(k, size, steps)[:width])
         setup_cpu = time.process_time() - cpu0
         if on_start is not None:
             on_start()

@@ -88,3 +88,17 @@ def test_the_alternated_cpu_benchmark_runs_end_to_end(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     check_cpu(json.loads(out.read_text()), {"thread", "floor"})
+
+
+def test_the_prompt_reading_benchmark_runs_end_to_end(tmp_path: Path) -> None:
+    """``python -m bench.prompts``: every case timed in every round, finite, with its ratio to the
+    pipeline's own ``encode_prompt``; a two-chunk prompt costs more than a plain one (two encoder rows)."""
+    out = tmp_path / "prompts.json"
+    done = subprocess.run([sys.executable, "-m", "bench.prompts", "--rounds", "5", "--json", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    names = {"encode_prompt (before)", "plain", "weighted", "two chunks", "validate (serving side)"}
+    assert set(result["ms"]) == set(result["ratio_to_encode_prompt"]) == names
+    assert all(0 < q["median"] < 10_000 for q in result["ms"].values())
+    assert result["ratio_to_encode_prompt"]["encode_prompt (before)"] == 1.0

@@ -94,3 +94,36 @@ def test_a_table_field_is_checked_carried_written_and_read_back() -> None:
     assert pasted.values["step_cache"] == "off"
     refused_paste = fill_from(parse_parameters("a circle\nSteps: 4, Seed: 1, Step cache: fast"), limits)
     assert "step_cache" not in refused_paste.values and any("Step cache" in n for n in refused_paste.notes)
+
+
+def test_emphasis_is_a_table_field_the_server_default_and_the_family_read() -> None:
+    """Issue 49: ``emphasis`` checked by its row (A1111's names), the family's own kept as "default"
+    (not written to the PNG text), another written as ``Emphasis:`` and read back from a paste;
+    ``--prompt-syntax plain`` makes "default" "None"; a family that takes no weights gets the text
+    with the syntax removed, a weighing family (SD) the text as written (its model side parses it)."""
+    import dataclasses
+
+    from pipeline.request import Limits, validate
+    from pipeline.web.apis.a1111 import fill_from, parse_parameters
+    from tests.fakes import FAKE_PROFILE
+    from tests.helpers import raw_request
+
+    sd = Limits.for_model(FAKE_PROFILE)
+    assert dict(validate(raw_request(emphasis="Original"), sd).options)["emphasis"] == "default"  # SD's own
+    no_norm = validate(raw_request(emphasis="No norm", prompt="a (red:1.2) circle"), sd)
+    assert dict(no_norm.options)["emphasis"] == "No norm" and no_norm.to_job().prompts == ("a (red:1.2) circle",)
+    assert fields.png_settings(no_norm.parameters()) == {"Emphasis": "No norm"}
+    assert fields.png_settings(validate(raw_request(), sd).parameters()) == {}
+    with pytest.raises(InvalidRequest, match="emphasis must be one of") as refused:
+        validate(raw_request(emphasis="original"), sd)
+    assert refused.value.field == "emphasis"
+    pasted = fill_from(parse_parameters("a (red:1.2) circle\nSteps: 4, Seed: 1, Emphasis: No norm"), sd)
+    assert pasted.values["emphasis"] == "No norm" and pasted.values["prompt"] == "a (red:1.2) circle"
+    plain_server = dataclasses.replace(sd, prompt_syntax="plain")
+    assert dict(validate(raw_request(), plain_server).options)["emphasis"] == "None"
+    flux = Limits.for_model(dataclasses.replace(FAKE_PROFILE, family="flux"))
+    job = validate(raw_request(prompt="a (red:1.5) circle BREAK [blue]", negative_prompt="((ugly))",
+                               guidance_scale=5.0), flux).to_job()  # fmt: skip
+    assert job.prompts == ("a red circle blue",) and job.negative_prompts == ("ugly",)
+    as_written = validate(raw_request(prompt="a (red:1.5) circle", emphasis="None"), flux).to_job()
+    assert as_written.prompts == ("a (red:1.5) circle",)

@@ -127,7 +127,7 @@ def encode(
     ids = torch.tensor([row for t in texts for row in t.tokens], device=device)
     z, pooled = run(ids)
     z = z.to(dtype=dtype, device=device)  # [texts·count, 77, width]
-    if emphasis != "None":
+    if emphasis != "None" and any(w != 1.0 for t in texts for row in t.weights for w in row):
         weights = torch.tensor([row for t in texts for row in t.weights], device=device, dtype=z.dtype)
         z = emphasized(z, weights, count, emphasis)
     if pooled is not None:  # A1111: the pooled embedding of the first chunk
@@ -208,6 +208,16 @@ class PromptEncoder:
         self.chunker = self.encoders[0][0]
         # SDXL zeroes an all-empty negative prompt (``force_zeros_for_empty_prompt``), as its pipeline does
         self.zero_empty = self.sdxl and bool(getattr(pipe.config, "force_zeros_for_empty_prompt", False))
+        self._empty = [chunker.chunk("", False) for chunker, _ in self.encoders]
+        self._device: torch.device | None = None
+
+    @property
+    def device(self) -> torch.device:
+        """The pipeline's execution device, read once: diffusers walks every module's hooks to find it
+        (0.7 ms of a 3 ms encode on the embedded model), and it does not move while the model is served."""
+        if self._device is None:
+            self._device = torch.device(self.pipe._execution_device)
+        return self._device
 
     def encode(self, prompts: Sequence[str], negatives: Sequence[str] | None, emphasis: str) -> Encoded:
         """The prompts (and ``negatives``, where guidance runs), every text padded to one chunk count."""
@@ -215,10 +225,9 @@ class PromptEncoder:
         texts = [*prompts, *(negatives or ())]
         per_encoder = [[chunker.chunk(t or "", syntax) for t in texts] for chunker, _ in self.encoders]
         count = max(c.count for chunks in per_encoder for c in chunks)
-        device = torch.device(self.pipe._execution_device)
+        device = self.device
         outputs, pooled = [], None
-        for (chunker, encoder), chunks in zip(self.encoders, per_encoder):
-            empty = chunker.chunk("", False)
+        for (chunker, encoder), chunks, empty in zip(self.encoders, per_encoder, self._empty):
             run = runner(encoder, chunker.end, penultimate=self.sdxl)
             z, own_pooled = encode([padded(c, count, empty) for c in chunks], run, emphasis, device, encoder.dtype)
             outputs.append(z)
