@@ -6,8 +6,10 @@ Each round times, in turn (the order reversed every other round, so the machine'
 all alike): the pipeline's own ``encode_prompt`` on a plain prompt and its negative (what the app ran
 before issue 49), ``PromptEncoder.encode`` on the same texts, on a weighted prompt, on a prompt of
 two chunks, and the serving side's ``validate`` of a plain request (its emphasis check and the job's
-texts). Reported: the median and quartiles in milliseconds, and each one's median ratio to
-``encode_prompt`` in the same round. No thresholds: figures for ``docs/performance-history.md``.
+texts). And one SD loop step whose members' prompts take one and two chunks: one masked call (what
+the app does) against a loop per chunk count (``loop_step_cases``). Reported: the median and
+quartiles in milliseconds, and each one's median ratio, in the same round, to ``encode_prompt`` (the
+loop step: to a loop per count). No thresholds: figures for ``docs/performance-history.md``.
 """
 
 from __future__ import annotations
@@ -45,13 +47,42 @@ def cases() -> dict[str, Callable[[], Any]]:
     def ours(text: str) -> Callable[[], Any]:
         return lambda: encoder.encode([text], ["blurry"], "Original")
 
+    loop = loop_step_cases(model)
     return {
+        **loop,
         "encode_prompt (before)": diffusers,
         "plain": ours(PLAIN),
         "weighted": ours(WEIGHTED),
         "two chunks": ours(TWO_CHUNKS),
         "validate (serving side)": lambda: validate(raw, limits).to_job(),
     }
+
+
+def loop_step_cases(model: Any) -> dict[str, Callable[[], Any]]:
+    """One SD loop step of four rows (two members with guidance) whose prompts take one and two chunks:
+    one denoiser call, the shorter padded and masked (``loop_sd.stacked_texts``: what the app does),
+    against a loop per chunk count (two calls, each its own length)."""
+    from pipeline.engine.loop.loop_sd import stacked_texts, text_pooled_per_row
+
+    unet = model.pipe.unet
+    generator = torch.Generator().manual_seed(0)
+    side = model.profile.default_width // model.pipe.vae_scale_factor
+    x = torch.randn(4, unet.config.in_channels, side, side, generator=generator)
+    t = torch.full((4,), 500)
+    width = unet.config.cross_attention_dim
+    one, two = torch.randn(2, 77, width, generator=generator), torch.randn(2, 154, width, generator=generator)
+
+    def masked() -> Any:
+        texts, mask = stacked_texts([one, two])
+        with text_pooled_per_row(unet, mask):
+            return unet(x, t, encoder_hidden_states=texts, encoder_attention_mask=mask).sample
+
+    def keyed() -> Any:
+        return unet(x[:2], t[:2], encoder_hidden_states=one).sample, unet(
+            x[2:], t[2:], encoder_hidden_states=two
+        ).sample
+
+    return {"loop step: masked, one call": masked, "loop step: a loop per count": keyed}
 
 
 def run(rounds: int) -> dict[str, Any]:
@@ -69,14 +100,15 @@ def run(rounds: int) -> dict[str, Any]:
                 t0 = time.perf_counter()
                 named[name]()
                 this[name] = (time.perf_counter() - t0) * 1000
-            base = this["encode_prompt (before)"]
             for name, ms in this.items():
+                base = this["loop step: a loop per count" if name.startswith("loop") else "encode_prompt (before)"]
                 times[name].append(ms)
                 ratios[name].append(ms / base)
     return {
         "rounds": rounds,
         "threads": 1,
         "ms": {name: _quartiles(v) for name, v in times.items()},
+        # the encodings' ratio to encode_prompt; the loop steps' to a loop per chunk count
         "ratio_to_encode_prompt": {name: round(statistics.median(v), 3) for name, v in ratios.items()},
     }
 
