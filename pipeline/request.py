@@ -543,6 +543,14 @@ def _steps(raw: Mapping[str, Any], limits: Limits) -> int:
     return steps
 
 
+def gradio_checks(raw: Mapping[str, Any]) -> None:
+    """What the Gradio events (the page, ``gradio_client``, MCP) refuse beyond ``validate``: an empty
+    prompt (a person pressed Generate on an empty box; an agent forgot the prompt)."""
+    prompt = raw.get("prompt")
+    if isinstance(prompt, str) and not prompt.strip():
+        raise InvalidRequest("prompt", "prompt must not be empty")
+
+
 def validate(
     raw: Mapping[str, Any],
     limits: Limits,
@@ -562,9 +570,9 @@ def validate(
     if unknown:
         name = sorted(unknown)[0]
         raise InvalidRequest(name, f"unknown field {show(name)}; the fields are {', '.join(FIELDS)}")
+    # An empty prompt draws unconditionally (diffusers and AUTOMATIC1111 take one: A1111's default is "");
+    # the Gradio events, where a person pressed Generate on an empty box, refuse it (``gradio_checks``).
     prompt = _text("prompt", raw.get("prompt"), limits.max_prompt_chars)
-    if not prompt.strip():
-        raise InvalidRequest("prompt", "prompt must not be empty")
     negative_prompt = _text("negative_prompt", raw.get("negative_prompt"), limits.max_prompt_chars)
     if negative_prompt and not limits.negative_prompt:
         why = limits.negative_reason or "this model does not use one"

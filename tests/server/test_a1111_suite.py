@@ -147,3 +147,13 @@ def test_a1111s_extras_tests_get_a_refusal_that_names_the_route(url: str, body: 
     """``test_extras.py`` posts to ``extra-single-image`` (upscaling, face restoring): not this app's."""
     answer = httpx.post(url + "sdapi/v1/extra-single-image", json=body, timeout=30)
     assert answer.status_code == 404 and "/sdapi/v1/extra-single-image" in answer.json()["detail"], answer.text
+
+
+def test_an_empty_prompt_is_a1111s_default_and_draws(url: str) -> None:
+    """Not one of A1111's tests: its API's default prompt is "", which it draws unconditionally."""
+    (drawn,) = images_of(httpx.post(url + "sdapi/v1/txt2img", json={**TXT2IMG, "prompt": ""}, timeout=120))
+    assert drawn.size == (64, 64)
+    (omitted,) = images_of(
+        httpx.post(url + "sdapi/v1/txt2img", json={"steps": 3, "width": 64, "height": 64}, timeout=120)
+    )
+    assert omitted.size == (64, 64)

@@ -32,7 +32,6 @@ LIMITS = Limits.for_model(FAKE_PROFILE, max_images=4, max_prompt_chars=100)
         ("seed", -1, "seed must be a whole number between 0 and 4294967295; got -1"),
         ("seed", [1], "seed must be a whole number between 0 and 4294967295; got [1]"),
         ("randomize_seed", "yes", "randomize_seed must be true or false; got &#x27;yes&#x27;"),
-        ("prompt", "", "prompt must not be empty"),
         ("prompt", 42, "prompt must be text of at most 100 characters; got 42"),
         ("prompt", "x" * 101, "prompt must be text of at most 100 characters; got 101 characters"),
         ("negative_prompt", ["a"], "negative_prompt must be text of at most 100 characters; got [&#x27;a&#x27;]"),
@@ -205,3 +204,16 @@ def test_the_byt5_glyph_window_counts_only_the_quoted_text_and_the_shortcut_hold
         if fits_every_window(text, encoders):
             assert tokens(text) <= 128, text
     assert worst > 2.0  # the quotes do inflate it: the shortcut must not count characters alone
+
+
+def test_an_empty_prompt_is_valid_and_the_gradio_events_refuse_it() -> None:
+    """Issue 49: diffusers and AUTOMATIC1111 draw an empty prompt unconditionally (A1111's default is
+    ""); the Gradio events, where a person pressed Generate on an empty box, refuse it by name."""
+    from pipeline.request import gradio_checks
+
+    assert validate(raw_request(prompt=""), LIMITS).to_job().prompts == ("",)
+    for empty in ("", "   "):
+        with pytest.raises(InvalidRequest, match="prompt must not be empty") as refused:
+            gradio_checks(raw_request(prompt=empty))
+        assert refused.value.field == "prompt"
+    gradio_checks(raw_request(prompt="a red circle"))

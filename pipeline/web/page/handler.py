@@ -18,7 +18,7 @@ import gradio as gr
 
 from ... import fields
 from ...errors import Cancelled, InvalidRequest, RetryLater, ServingError, StorageFull
-from ...request import FIELDS, new_request_id, validate
+from ...request import FIELDS, gradio_checks, new_request_id, validate
 from ...serving.base import Adapter
 from ...uploads import MAX_UPLOAD_BYTES
 from ..door.identity import Caller, TrustedProxies, caller_of
@@ -152,6 +152,7 @@ def make_generate(
                 alive = _alive(caller_alive(demo), caller, site)
                 user = caller.key if caller is not None else None
                 account = caller.account if caller is not None else None
+                gradio_checks(raw)  # the validator's own, again: a call may skip the join-time validator
                 if ui:
                     raw = page_values(raw)  # only what the page's mode reads
                 if raw["image"] is not None or raw["mask"] is not None:  # the uploads' bytes, read off the loop
@@ -270,6 +271,7 @@ def make_validator(adapter: Adapter, *, ui: bool = False) -> Callable[..., Await
             raw = dict(zip(FIELDS, values))
             # The page's request as its handler reads it: only what its mode reads (the inpaint
             # mode's picture is the mask editor's; a picture left in a hidden box is not sent).
+            gradio_checks(raw)
             validate(page_values(raw) if ui else raw, adapter.limits, pictures_later=True)
         except InvalidRequest as exc:
             adapter.metrics.jobs.labels("rejected").inc()  # answered here, it never reaches the adapter
