@@ -43,6 +43,7 @@ WAIT = 30.0  # generous bound on any gate wait: a deadlock fails instead of hang
 class FakeModel:
     profile: ModelProfile = FAKE_PROFILE
     hold: bool = False  # each generate call blocks until ``release`` gives it a permit
+    hold_wait: float = WAIT  # how long a held call waits for its permit before failing the job
     step_gate: threading.Semaphore | None = None  # when set, each step waits for a permit
     permit_wait: float = WAIT  # how long a step waits for its permit before failing the job
     outcome: Callable[[InferenceJob], None] | None = None  # may raise to script a failure
@@ -115,7 +116,7 @@ class FakeModel:
     def _decode(self, job: InferenceJob) -> tuple[Image.Image, ...]:
         """The end of a job: the ``hold`` and ``outcome`` scripts, then its images (counted)."""
         if self.hold:
-            assert self.release.acquire(timeout=WAIT), "release never came"
+            assert self.release.acquire(timeout=self.hold_wait), "release never came"
         if self.outcome is not None:
             self.outcome(job)
         self.decodes += 1

@@ -29,7 +29,9 @@ def test_queue_full_rejects_exactly_the_excess_at_once(tmp_path: Path) -> None:
     app's fair line (none waits in Gradio's queue); the next ones are told "queue full" at once."""
     from gradio_client import Client
 
-    model = FakeModel(hold=True)
+    # Under the other worker's load the four submits once took longer than the held job's 30 s (it failed,
+    # and the four were never in at once): the hold and the wait are generous, the check is the count.
+    model = FakeModel(hold=True, hold_wait=150)
     args = ("--queue-size", "2", "--concurrency", "2", "--max-waiting-per-user", "10")
     with running_app(tmp_path, *args, load=lambda: model) as (url, _d, _a):
         health = lambda: httpx.get(url + "health").json()  # noqa: E731
@@ -37,7 +39,7 @@ def test_queue_full_rejects_exactly_the_excess_at_once(tmp_path: Path) -> None:
         # worker's load one such fetch ran past httpx's 5 s: conftest's _patient_gradio_client).
         client = Client(url, verbose=False)
         admitted = [client.submit(**raw_request(seed=i), api_name="/generate") for i in range(4)]
-        wait_for(lambda: health()["requests_in_flight"] == 4, "four requests are in the handler")
+        wait_for(lambda: health()["requests_in_flight"] == 4, "four requests are in the handler", timeout=120)
         wait_for(lambda: health()["gpu_queue_depth"] == 3, "one runs and three wait in the fair line")
         assert health()["queue_depth"] == 3  # nothing in Gradio's own queue
         rejected = []

@@ -256,3 +256,25 @@ def test_sdxl_weights_and_long_prompts_change_its_pictures_and_plain_text_does_n
     assert d(plain_run, run(model, "a (red:1.8) circle")) > 0.01
     long = "a red circle, " + ", ".join(["simple shape"] * 40)
     assert d(run(model, long + ", green"), run(model, long + ", yellow triangle")) > 0.01
+
+
+@pytest.mark.parametrize("name", ["flux-schnell", "qwen-image"])
+def test_t5_and_llm_families_read_the_text_with_the_syntax_removed(name: str) -> None:
+    """FLUX.1 (CLIP pooled + T5) and Qwen-Image (an LLM encoder) take no weights here: a request's job
+    carries the text with the syntax removed, so a weighted prompt draws what its plain words draw
+    (and ``emphasis`` "None" reads the brackets as text)."""
+    from pipeline.request import limits_for, validate
+    from tests.helpers import raw_request
+
+    model = model_of(name)
+    limits = limits_for(Settings(), model.profile)
+    common = dict(width=64, height=64, num_inference_steps=2, guidance_scale=model.profile.default_guidance,
+                  negative_prompt="", seed=3)  # fmt: skip
+
+    def drawn(**over: Any) -> np.ndarray:
+        job = validate(raw_request(**{**common, **over}), limits).to_job()
+        return np.asarray(model.generate(job, threading.Event(), lambda *_: None).images[0]).astype(float)
+
+    weighted = drawn(prompt="a (red:1.5) circle BREAK on [blue]")
+    assert np.array_equal(weighted, drawn(prompt="a red circle on blue"))
+    assert not np.array_equal(weighted, drawn(prompt="a (red:1.5) circle BREAK on [blue]", emphasis="None"))
