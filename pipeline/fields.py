@@ -43,11 +43,12 @@ SIDES = ("outpaint_left", "outpaint_top", "outpaint_right", "outpaint_bottom")
 STEP_CACHES = ("off",)  # the step-cache methods (the step-cache issue adds the model's own)
 # AUTOMATIC1111's prompt syntax (``prompt_syntax``): its ``emphasis`` option's names, in its order, and
 # "default": the server's (``--prompt-syntax``) and the family's. The families whose CLIP tokens are
-# weighted (``engine.model.prompt_weights``) with their default emphasis; every other family reads the
-# text with the syntax removed (``prompt_syntax.plain``).
+# weighted (``engine.model.prompt_weights``) with their default emphasis, and those whose T5 tokens are;
+# every other family reads the text with the syntax removed (``prompt_syntax.plain``).
 EMPHASES = ("Original", "No norm", "None")
 DEFAULT_EMPHASIS = "default"
 WEIGHING = {"sd": "Original", "sdxl": "No norm"}
+T5_WEIGHING = frozenset({"flux"})  # T5 tokens weighted by ComfyUI's rule (``prompt_weights.flux_encode``)
 
 
 # -- the number parsers ----------------------------------------------------------------------------

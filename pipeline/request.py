@@ -43,7 +43,7 @@ from PIL import Image
 
 from . import fields
 from .errors import InvalidRequest
-from .fields import DEFAULT_EMPHASIS, MODES, SIDES, WEIGHING, flag, real_number, show, whole_number
+from .fields import DEFAULT_EMPHASIS, MODES, SIDES, T5_WEIGHING, WEIGHING, flag, real_number, show, whole_number
 from .loras import SCALE_MAX, SCALE_MIN
 from .prompt_syntax import BREAK, plain
 from .protocol import NONE, InferenceJob, LoraUse, ModelProfile
@@ -432,10 +432,10 @@ class GenerateRequest:
 
 
 def _read_text(text: str, emphasis: str, family: str) -> str:
-    """What a job carries for ``text``: as written where the family weighs CLIP tokens (the model side
-    parses it, ``engine.model.prompt_weights``) or the syntax is off (emphasis "None"); else the text
+    """What a job carries for ``text``: as written where the family weighs CLIP or T5 tokens (the model
+    side parses it, ``engine.model.prompt_weights``) or the syntax is off (emphasis "None"); else the text
     with the syntax removed (``prompt_syntax.plain``: T5 and LLM encoders take no weights)."""
-    return text if family in WEIGHING or emphasis == "None" else plain(text)
+    return text if family in WEIGHING or family in T5_WEIGHING or emphasis == "None" else plain(text)
 
 
 def new_request_id() -> str:

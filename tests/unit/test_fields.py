@@ -121,9 +121,11 @@ def test_emphasis_is_a_table_field_the_server_default_and_the_family_read() -> N
     assert pasted.values["emphasis"] == "No norm" and pasted.values["prompt"] == "a (red:1.2) circle"
     plain_server = dataclasses.replace(sd, prompt_syntax="plain")
     assert dict(validate(raw_request(), plain_server).options)["emphasis"] == "None"
-    flux = Limits.for_model(dataclasses.replace(FAKE_PROFILE, family="flux"))
+    pixart = Limits.for_model(dataclasses.replace(FAKE_PROFILE, family="pixart"))  # T5 alone: no weights
     job = validate(raw_request(prompt="a (red:1.5) circle BREAK [blue]", negative_prompt="((ugly))",
-                               guidance_scale=5.0), flux).to_job()  # fmt: skip
+                               guidance_scale=5.0), pixart).to_job()  # fmt: skip
     assert job.prompts == ("a red circle blue",) and job.negative_prompts == ("ugly",)
-    as_written = validate(raw_request(prompt="a (red:1.5) circle", emphasis="None"), flux).to_job()
+    flux = Limits.for_model(dataclasses.replace(FAKE_PROFILE, family="flux"))  # T5 weighted on the model side
+    assert validate(raw_request(prompt="a (red:1.5) circle"), flux).to_job().prompts == ("a (red:1.5) circle",)
+    as_written = validate(raw_request(prompt="a (red:1.5) circle", emphasis="None"), pixart).to_job()
     assert as_written.prompts == ("a (red:1.5) circle",)

@@ -212,6 +212,18 @@ def test_members_of_one_two_and_three_chunks_share_a_loop_and_each_draws_what_it
     assert mad(run.images["ONE"], run.images["TWO"]) > 5.0 and mad(run.images["TWO"], run.images["THREE"]) > 5.0
 
 
+@pytest.mark.parametrize("name", ["flux-dev", "flux-schnell"])
+def test_flux_members_with_weighted_t5_prompts_draw_what_they_draw_alone(name: str) -> None:
+    """Issue 49: FLUX.1's T5 weights (``prompt_weights.flux_encode``) in its loop as in its calls."""
+    model = model_of(name)
+    plain = job_b(request_id="PLAIN", num_inference_steps=4)
+    red = job_b(request_id="RED", prompts=("a (red:1.6) circle on [blue]",), seeds=(8,))
+    star = job_b(request_id="STAR", prompts=("((a yellow star)) BREAK on (purple:0.6)",), seeds=(9,))
+    run = drive(model, [(0, plain), (1, red), (1, star)])
+    for job in (plain, red, star):
+        assert_same(f"{name} {job.request_id}", run.images[job.request_id], alone(name, job))
+
+
 def picture(seed: int) -> Image.Image:
     rng = np.random.default_rng(seed)
     return Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8))

@@ -11,6 +11,7 @@ again here from its description (``modules/sd_hijack_clip.py``: ``tokenize_line`
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -175,9 +176,10 @@ def test_a_plain_short_prompt_is_encoded_as_the_pipelines_own_encode_prompt() ->
     assert torch.equal(ours, theirs) and torch.equal(negative, theirs_negative)
 
 
-def run(model: Any, prompt: str, emphasis: str = "default") -> np.ndarray:
+def run(model: Any, prompt: str, emphasis: str = "default", steps: int = 8) -> np.ndarray:
+    guidance = 5.0 if model.profile.supports_negative_prompt else model.profile.default_guidance
     job = InferenceJob(request_id="x", prompts=(prompt,), negative_prompts=("",), seeds=(3,), width=64, height=64,
-                       num_inference_steps=8, guidance_scale=5.0, options=(("emphasis", emphasis),))  # fmt: skip
+                       num_inference_steps=steps, guidance_scale=guidance, options=(("emphasis", emphasis),))  # fmt: skip
     result = model.generate(job, threading.Event(), lambda *_: None)
     return np.asarray(result.images[0]).astype(float)
 
@@ -258,11 +260,11 @@ def test_sdxl_weights_and_long_prompts_change_its_pictures_and_plain_text_does_n
     assert d(run(model, long + ", green"), run(model, long + ", yellow triangle")) > 0.01
 
 
-@pytest.mark.parametrize("name", ["flux-schnell", "qwen-image"])
-def test_t5_and_llm_families_read_the_text_with_the_syntax_removed(name: str) -> None:
-    """FLUX.1 (CLIP pooled + T5) and Qwen-Image (an LLM encoder) take no weights here: a request's job
-    carries the text with the syntax removed, so a weighted prompt draws what its plain words draw
-    (and ``emphasis`` "None" reads the brackets as text)."""
+@pytest.mark.parametrize("name", ["qwen-image", "pixart-sigma"])
+def test_llm_and_t5_only_families_read_the_text_with_the_syntax_removed(name: str) -> None:
+    """Qwen-Image (an LLM encoder) and PixArt-Σ (T5 alone) take no weights here: a request's job carries
+    the text with the syntax removed, so a weighted prompt draws what its plain words draw (and
+    ``emphasis`` "None" reads the brackets as text)."""
     from pipeline.request import limits_for, validate
     from tests.helpers import raw_request
 
@@ -278,3 +280,52 @@ def test_t5_and_llm_families_read_the_text_with_the_syntax_removed(name: str) ->
     weighted = drawn(prompt="a (red:1.5) circle BREAK on [blue]")
     assert np.array_equal(weighted, drawn(prompt="a red circle on blue"))
     assert not np.array_equal(weighted, drawn(prompt="a (red:1.5) circle BREAK on [blue]", emphasis="None"))
+
+
+def comfyui_t5(model: Any, runs: list[tuple[str, float]], length: int) -> torch.Tensor:
+    """ComfyUI's T5 weighting written again: the runs' tokens, the end token, padding; encoded with and
+    without weights, each weighted position ``empty + (z - empty) × weight``."""
+    tokenizer, encoder = model.pipe.tokenizer_2, model.pipe.text_encoder_2
+    tokens: list[int] = []
+    weights: list[float] = []
+    for text, weight in runs:
+        ids = tokenizer(text, add_special_tokens=False).input_ids
+        tokens += ids
+        weights += [weight] * len(ids)
+    pad = length - 1 - len(tokens)
+    tokens += [tokenizer.eos_token_id] + [tokenizer.pad_token_id] * pad
+    weights += [1.0] * (pad + 1)
+    empty_ids = [tokenizer.eos_token_id] + [tokenizer.pad_token_id] * (length - 1)
+    with torch.no_grad():
+        z = encoder(torch.tensor([tokens]))[0]
+        empty = encoder(torch.tensor([empty_ids]))[0]
+    out = z.clone()
+    for j, w in enumerate(weights):
+        if w != 1.0:
+            out[0, j] = empty[0, j] + (z[0, j] - empty[0, j]) * w
+    return out
+
+
+def test_flux_weighs_t5_by_comfyuis_rule_and_reads_a_plain_prompt_as_its_pipeline() -> None:
+    from pipeline.engine.model.families import call_default
+
+    model = model_of("flux-schnell")
+    length = call_default(model.pipe, "max_sequence_length", 512)
+    device = torch.device("cpu")
+    job = InferenceJob(request_id="x", prompts=("a red circle on blue",), negative_prompts=("",), seeds=(1,),
+                       width=64, height=64, num_inference_steps=2, guidance_scale=0.0)  # fmt: skip
+    ours = model.flux_embeddings(job, device)
+    with torch.no_grad():
+        theirs = model.pipe.encode_prompt(prompt=list(job.prompts), prompt_2=None, device=device,
+                                          num_images_per_prompt=1, max_sequence_length=length)  # fmt: skip
+    for got, expected in zip(ours, theirs):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)  # the same ids; float order aside
+    weighted = replace(job, prompts=("a (red:1.5) circle on [blue]",))
+    embeds, pooled, _ = model.flux_embeddings(weighted, device)
+    expected_t5 = comfyui_t5(model, [("a ", 1.0), ("red", 1.5), (" circle on ", 1.0), ("blue", 1 / 1.1)], length)
+    torch.testing.assert_close(embeds, expected_t5, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(pooled, theirs[1], rtol=1e-5, atol=1e-6)  # CLIP pooled: the words alone
+    d = lambda a, b: float(np.abs(a - b).mean())  # noqa: E731
+    plain_run = run(model, "a red circle", steps=2)
+    assert d(plain_run, run(model, "a (red:1.0) circle", steps=2)) == 0.0
+    assert d(plain_run, run(model, "a (red:1.8) circle", steps=2)) > 0.0  # random tiny weights: small, never none

@@ -64,14 +64,8 @@ from PIL import Image
 
 from ...protocol import InferenceJob
 from ..model import samplers
-from ..model.families import call_arguments
+from ..model.families import call_arguments, call_default
 from .loop_base import LoopMember, MemberLoop, generators_of
-
-
-def _call_default(pipe: Any, name: str, fallback: Any) -> Any:
-    """A default of the pipeline's own ``__call__`` (``max_sequence_length``: 512 FLUX, 256 SD3)."""
-    parameter = inspect.signature(pipe.__call__).parameters.get(name)
-    return fallback if parameter is None or parameter.default is inspect.Parameter.empty else parameter.default
 
 
 def _cat_rows(members: list[LoopMember], name: str) -> torch.Tensor:
@@ -122,14 +116,8 @@ class FluxLoop(_FlowLoop):
 
     def _enter(self, job: InferenceJob) -> LoopMember:
         pipe, device = self.pipe, self.device
-        # 1. Prompts (CLIP pooled + T5), exactly as the call encodes them.
-        embeds, pooled, text_ids = pipe.encode_prompt(
-            prompt=list(job.prompts),
-            prompt_2=None,
-            device=device,
-            num_images_per_prompt=1,
-            max_sequence_length=_call_default(pipe, "max_sequence_length", 512),
-        )
+        # 1. Prompts (CLIP pooled + T5, A1111's syntax read), exactly as the model's calls encode them.
+        embeds, pooled, text_ids = self.model.flux_embeddings(job, device)
         # 2. Packed latents and their image ids from the member's own generators.
         latents, image_ids = packed_latents(pipe, job, embeds.dtype, device)
         # 3. The member's own scheduler: the pipeline's sigmas and dynamic shift.
@@ -193,7 +181,7 @@ class SD3Loop(_FlowLoop):
             do_classifier_free_guidance=cfg,
             device=device,
             num_images_per_prompt=1,
-            max_sequence_length=_call_default(pipe, "max_sequence_length", 256),
+            max_sequence_length=call_default(pipe, "max_sequence_length", 256),
         )
         if cfg:
             embeds = torch.cat([negative_embeds, embeds])
@@ -259,7 +247,7 @@ class ChromaLoop(_FlowLoop):
             device=device,
             num_images_per_prompt=1,
             do_classifier_free_guidance=cfg,
-            max_sequence_length=_call_default(pipe, "max_sequence_length", 512),
+            max_sequence_length=call_default(pipe, "max_sequence_length", 512),
         )
         latents, image_ids = packed_latents(pipe, job, embeds.dtype, device)
         tokens = latents.shape[1]
@@ -331,7 +319,7 @@ class ZImageLoop(_FlowLoop):
             negative_prompt=_negatives(self, job),
             do_classifier_free_guidance=cfg,
             device=device,
-            max_sequence_length=_call_default(pipe, "max_sequence_length", 512),
+            max_sequence_length=call_default(pipe, "max_sequence_length", 512),
         )
         latents = pipe.prepare_latents(
             job.num_images,

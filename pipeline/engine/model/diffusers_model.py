@@ -17,17 +17,18 @@ import torch
 from PIL import Image
 
 from ...errors import Cancelled, OutOfMemory
-from ...fields import DEFAULT_EMPHASIS, WEIGHING, resolved_emphasis
+from ...fields import DEFAULT_EMPHASIS, T5_WEIGHING, WEIGHING, resolved_emphasis
+from ...prompt_syntax import plain
 from ...protocol import InferenceJob, InferenceResult, ModelProfile, StepCallback, StopFlag, loop_key
 from ..device_faults import kind_of
 from ..loop.loop_base import MemberLoop, loop_kind
 from . import samplers
-from .families import call_arguments, counted_text, encoder_tokenizers, guidance_arguments, traits
+from .families import call_arguments, call_default, counted_text, encoder_tokenizers, guidance_arguments, traits
 from .family_table import family_for
 from .lora import LoadedLoras, use_of
 from .modes import takes_size
 from .previews import Previewer
-from .prompt_weights import ClipChunker, Encoded, PromptEncoder
+from .prompt_weights import ClipChunker, Encoded, PromptEncoder, flux_encode
 from .stepping import StepWatch, StoppedAtStep
 
 
@@ -63,14 +64,16 @@ class DiffusersModel:
         self.prompt_encoder = PromptEncoder(pipe, profile.family) if self.weighs else None
         self.chunker = self.prompt_encoder.chunker if self.prompt_encoder is not None else None
         self._count_chunker = ClipChunker(copy.deepcopy(first)) if self.weighs else None
+        self.t5_weighs = profile.family in T5_WEIGHING and getattr(pipe, "tokenizer_2", None) is not None
 
     def count_tokens(self, text: str) -> dict[str, int]:
         """Tokens per encoder (the note of a cut text); where CLIP prompts go in chunks, also the
         chunks the text takes with the syntax read ("CLIP chunks") and as written."""
         counts: dict[str, int] = {}
         with self._count_lock:
+            read = plain(text) if self.t5_weighs else text  # FLUX.1: its encoders read the words, not the syntax
             for name, tokenizer in self._count_tokenizers:
-                ids = tokenizer(counted_text(name, text), truncation=False, add_special_tokens=False).input_ids
+                ids = tokenizer(counted_text(name, read), truncation=False, add_special_tokens=False).input_ids
                 counts[name] = max(counts.get(name, 0), len(ids))
             if self._count_chunker is not None:
                 counts["CLIP chunks"] = self._count_chunker.count(text, syntax=True)
@@ -86,6 +89,12 @@ class DiffusersModel:
         AUTOMATIC1111 encodes them (``prompt_weights``): every text of the job padded to one chunk count."""
         encoded = self.encoded(job, negatives)
         return encoded.embeds, encoded.negative
+
+    def flux_embeddings(self, job: InferenceJob, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """FLUX.1: (T5 embeddings, CLIP pooled, text ids) of the job's prompts, A1111's syntax read
+        (``prompt_weights.flux_encode``), at the length the pipeline's own call encodes."""
+        length = call_default(self.pipe, "max_sequence_length", 512)
+        return flux_encode(self.pipe, job.prompts, self.emphasis(job), device, length)
 
     def encoded(self, job: InferenceJob, negatives: bool) -> Encoded:
         """The job's texts through ``prompt_weights.PromptEncoder`` with its emphasis."""
@@ -201,6 +210,10 @@ class DiffusersModel:
             del kwargs["prompt"]
             kwargs.pop("negative_prompt", None)
             kwargs.update(self.encoded(job, negatives=cfg).call_arguments())
+        if self.t5_weighs:  # FLUX.1: T5 weighted, CLIP pooled from the words (its negative prompt is never read)
+            embeds, pooled, _ = self.flux_embeddings(job, torch.device(pipe._execution_device))
+            del kwargs["prompt"]
+            kwargs.update(prompt_embeds=embeds, pooled_prompt_embeds=pooled)
         if job.mode != "text":  # the pictures, already at width x height (the serving side sized them)
             kwargs.update(image=list(job.images), strength=job.strength)
             if job.mode == "inpaint":

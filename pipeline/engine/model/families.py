@@ -336,6 +336,12 @@ def _negative_prompt(params: Any, kind: str, guidance: float, cfg_above: float =
     return True, ""
 
 
+def call_default(pipe: Any, name: str, fallback: Any) -> Any:
+    """A default of the pipeline's own ``__call__`` (``max_sequence_length``: 512 FLUX, 256 SD3)."""
+    parameter = inspect.signature(pipe.__call__).parameters.get(name)
+    return fallback if parameter is None or parameter.default is inspect.Parameter.empty else parameter.default
+
+
 def call_arguments(
     family: str, negative_prompts: tuple[str, ...], negative_prompt: bool, guidance_kind: str = "cfg"
 ) -> dict[str, Any]:

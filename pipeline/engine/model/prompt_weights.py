@@ -31,7 +31,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ...prompt_syntax import BREAK, weighted
+from ...prompt_syntax import BREAK, plain, weighted
 
 CHUNK = 75  # tokens of text per chunk (77 with the start and end tokens)
 COMMA_BACKTRACK = 20  # A1111's comma_padding_backtrack default
@@ -241,3 +241,41 @@ class PromptEncoder:
             negative = torch.zeros_like(negative)
             negative_pooled = torch.zeros_like(negative_pooled) if negative_pooled is not None else None
         return Encoded(embeds[:n], negative, pooled[:n] if pooled is not None else None, negative_pooled)
+
+
+def t5_row(tokenizer: Any, text: str, syntax: bool, length: int) -> tuple[list[int], list[float]]:
+    """One prompt as FLUX.1's T5 reads it, weighted: each run's tokens with its weight, cut to leave
+    room for the end token, then the end token and padding to ``length`` (weight 1). A plain prompt
+    gives the very ids the pipeline's own tokenizer call does; a ``BREAK`` is a space (T5 has no chunks)."""
+    runs = [(t, w) for t, w in weighted(text, syntax) if not (t == BREAK and w == -1.0)]
+    ids = tokenizer([t for t, _ in runs], truncation=False, add_special_tokens=False).input_ids
+    tokens = [int(i) for run_ids in ids for i in run_ids][: length - 1]
+    weights = [float(w) for run_ids, (_, w) in zip(ids, runs) for _ in run_ids][: length - 1]
+    padding = length - 1 - len(tokens)
+    return ([*tokens, int(tokenizer.eos_token_id), *[int(tokenizer.pad_token_id)] * padding],
+            [*weights, 1.0, *[1.0] * padding])  # fmt: skip
+
+
+def flux_encode(
+    pipe: Any, prompts: Sequence[str], emphasis: str, device: torch.device, length: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """FLUX.1's texts as its ``encode_prompt`` gives them (T5 embeddings, CLIP pooled, text ids), with
+    A1111's syntax read: CLIP (pooled only) reads the words with the syntax removed; T5 weighs each
+    token by ComfyUI's rule, which FLUX's front ends share: ``empty + (z - empty) × weight``, ``empty``
+    the empty prompt's encoding at that position (no mean to restore). "None": the text as written."""
+    syntax = emphasis != "None"
+    pooled = pipe._get_clip_prompt_embeds(prompt=[plain(p) if syntax else p for p in prompts], device=device)
+    rows = [t5_row(pipe.tokenizer_2, p, syntax, length) for p in prompts]
+    weighted_any = any(w != 1.0 for _, weights in rows for w in weights)
+    if weighted_any:
+        rows.append(t5_row(pipe.tokenizer_2, "", False, length))
+    encoder = pipe.text_encoder_2
+    ids = torch.tensor([tokens for tokens, _ in rows], device=device)
+    z = encoder(ids, output_hidden_states=False)[0].to(dtype=encoder.dtype, device=device)
+    if weighted_any:
+        z, empty = z[:-1], z[-1:]
+        weights = torch.tensor([w for _, w in rows[:-1]], device=device, dtype=z.dtype).unsqueeze(-1)
+        z = torch.where(weights == 1.0, z, empty + (z - empty) * weights)  # weight 1: the encoding itself
+    dtype = pipe.text_encoder.dtype if pipe.text_encoder is not None else pipe.transformer.dtype
+    text_ids = torch.zeros(z.shape[1], 3).to(device=device, dtype=dtype)
+    return z, pooled, text_ids
