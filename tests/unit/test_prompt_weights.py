@@ -57,6 +57,60 @@ def test_break_nesting_weights_and_the_plain_text_for_other_encoders() -> None:
     assert plain("no syntax: here") == "no syntax: here"
 
 
+def test_break_splits_as_a1111s_pattern_does() -> None:
+    """``BREAK`` and the whitespace around it, as A1111's ``\\s*\\bBREAK\\b\\s*`` splits a piece (that pattern
+    is quadratic on whitespace; the app splits on the word and strips): the same runs on random texts."""
+    import random
+    import re
+
+    a1111 = re.compile(r"\s*\bBREAK\b\s*", re.S)
+    words = ["BREAK", " ", "\t", "\n", "a", "BREAKx", "xBREAK", ",", "  BREAK  ", "\u00a0", "\u3000", "(b)"]
+    rng = random.Random(0)
+    for _ in range(3000):
+        text = "".join(rng.choice(words) for _ in range(rng.randint(0, 10)))
+        expected: list[tuple[str, float]] = []
+        for i, part in enumerate(a1111.split(text)):
+            expected += [("BREAK", -1.0)] * (i > 0) + [(part, 1.0)]
+        if "(" not in text:  # without brackets, the runs are exactly the split (merged where weights meet)
+            assert [t for t, _ in parse(text)] == [t for t, _ in _merged(expected)], repr(text)
+
+
+def _merged(runs: list[tuple[str, float]]) -> list[tuple[str, float]]:
+    out: list[tuple[str, float]] = []
+    for text, weight in runs:
+        if out and out[-1][1] == weight and weight != -1.0:
+            out[-1] = (out[-1][0] + text, weight)
+        else:
+            out.append((text, weight))
+    return out
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda n: " " * n,  # A1111's BREAK pattern backtracks over whitespace: quadratic
+        lambda n: "(" + "\t" * (n - 2) + ")",
+        lambda n: "(a" * (n // 2),  # brackets never closed: A1111 multiplies every run at each
+        lambda n: "(a" * (n // 3) + ")" * (n // 3),
+        lambda n: ("(" * 40 + "a" + ")" * 40) * (n // 81),
+        lambda n: ":" + " " * (n // 2) + "1" * (n // 2),
+    ],
+    ids=["spaces", "bracketed-tabs", "unclosed", "closing", "deep", "colon"],
+)
+def test_the_parse_is_linear_in_the_prompt(build: Any) -> None:
+    """At the default prompt cap and ten times it, a hostile prompt's parse stays far under a second
+    (A1111's algorithm took 0.1 s on 2,000 spaces and grows with the square)."""
+    import time
+
+    for n in (2_000, 20_000):
+        text = build(n)
+        start = time.perf_counter()
+        parse(text)
+        plain(text)
+        took = time.perf_counter() - start
+        assert took < 0.5, f"{took:.2f} s at {n} characters"
+
+
 # -- A1111's tokenize_line and process_tokens, written again -------------------------------------------
 def a1111_chunks(tokenizer: Any, text: str) -> list[tuple[list[int], list[float]]]:
     chunk_length, backtrack = 75, 20
