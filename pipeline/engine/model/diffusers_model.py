@@ -205,15 +205,18 @@ class DiffusersModel:
             generator=generators,
         )
         kwargs.update(self.call_arguments(job))
-        if self.weighs:  # SD 1.x/2.x, SDXL: the prompts as AUTOMATIC1111 encodes them, negatives where guidance runs
-            cfg = job.guidance_scale > 1 and getattr(pipe.unet.config, "time_cond_proj_dim", None) is None
-            del kwargs["prompt"]
-            kwargs.pop("negative_prompt", None)
-            kwargs.update(self.encoded(job, negatives=cfg).call_arguments())
-        if self.t5_weighs:  # FLUX.1: T5 weighted, CLIP pooled from the words (its negative prompt is never read)
-            embeds, pooled, _ = self.flux_embeddings(job, torch.device(pipe._execution_device))
-            del kwargs["prompt"]
-            kwargs.update(prompt_embeds=embeds, pooled_prompt_embeds=pooled)
+        # The prompts as AUTOMATIC1111 reads them, encoded as the pipeline's own call would (in inference
+        # mode: with autograd on, bf16 matmuls on a CPU take another kernel and round otherwise).
+        with torch.inference_mode():
+            if self.weighs:  # SD 1.x/2.x, SDXL: chunks and weights, negatives where guidance runs
+                cfg = job.guidance_scale > 1 and getattr(pipe.unet.config, "time_cond_proj_dim", None) is None
+                del kwargs["prompt"]
+                kwargs.pop("negative_prompt", None)
+                kwargs.update(self.encoded(job, negatives=cfg).call_arguments())
+            if self.t5_weighs:  # FLUX.1: T5 weighted, CLIP pooled from the words (its negative prompt is never read)
+                embeds, pooled, _ = self.flux_embeddings(job, torch.device(pipe._execution_device))
+                del kwargs["prompt"]
+                kwargs.update(prompt_embeds=embeds, pooled_prompt_embeds=pooled)
         if job.mode != "text":  # the pictures, already at width x height (the serving side sized them)
             kwargs.update(image=list(job.images), strength=job.strength)
             if job.mode == "inpaint":
