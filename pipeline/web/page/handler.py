@@ -168,7 +168,8 @@ def make_generate(
                                 event, view, request_id, None if ui else progress, postprocess is not None
                             )
                         else:
-                            first_pass = await asyncio.to_thread(served_names, event.first_pass)
+                            first = event.first_pass  # a hires fix's: named off the loop (a copy may be made)
+                            first_pass = await asyncio.to_thread(served_names, first) if first else []
                             out = done_output(event, site if ui else None, session, first_pass)
                         if out is None:
                             continue
