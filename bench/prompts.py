@@ -45,7 +45,7 @@ def cases() -> dict[str, Callable[[], Any]]:
         return pipe.encode_prompt([PLAIN], "cpu", 1, True, ["blurry"])
 
     def ours(text: str) -> Callable[[], Any]:
-        return lambda: encoder.encode([text], ["blurry"], "Original")
+        return lambda: encoder.encode([text], ["blurry"], "Original", model.execution_device)
 
     loop = loop_step_cases(model)
     return {

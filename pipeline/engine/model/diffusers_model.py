@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import gc
 import threading
 import time
@@ -90,6 +91,11 @@ class DiffusersModel:
         encoded = self.encoded(job, negatives)
         return encoded.embeds, encoded.negative
 
+    @functools.cached_property
+    def execution_device(self) -> torch.device:
+        """The pipeline's execution device, read once (diffusers walks every module's hooks for it)."""
+        return torch.device(self.pipe._execution_device)
+
     def flux_embeddings(self, job: InferenceJob, device: torch.device) -> tuple[torch.Tensor, ...]:
         """FLUX.1: (T5 embeddings, CLIP pooled, text ids) of the job's prompts, A1111's syntax read
         (``prompt_weights.flux_encode``), at the length the pipeline's own call encodes."""
@@ -99,7 +105,8 @@ class DiffusersModel:
     def encoded(self, job: InferenceJob, negatives: bool) -> Encoded:
         """The job's texts through ``prompt_weights.PromptEncoder`` with its emphasis."""
         assert self.prompt_encoder is not None
-        return self.prompt_encoder.encode(job.prompts, job.negative_prompts if negatives else None, self.emphasis(job))
+        negative = job.negative_prompts if negatives else None
+        return self.prompt_encoder.encode(job.prompts, negative, self.emphasis(job), self.execution_device)
 
     def generate(self, job: InferenceJob, stop: StopFlag, on_step: StepCallback) -> InferenceResult:
         guiders = self._job_guiders(job)
@@ -214,7 +221,7 @@ class DiffusersModel:
                 kwargs.pop("negative_prompt", None)
                 kwargs.update(self.encoded(job, negatives=cfg).call_arguments())
             if self.t5_weighs:  # FLUX.1: T5 weighted, CLIP pooled from the words (its negative prompt is never read)
-                embeds, pooled, _ = self.flux_embeddings(job, torch.device(pipe._execution_device))
+                embeds, pooled, _ = self.flux_embeddings(job, self.execution_device)
                 del kwargs["prompt"]
                 kwargs.update(prompt_embeds=embeds, pooled_prompt_embeds=pooled)
         if job.mode != "text":  # the pictures, already at width x height (the serving side sized them)
