@@ -338,8 +338,10 @@ class Scheduler:
                 break
             if not self.memory.fits(r.width, r.height, staying, entry.images):
                 break
-            # Room now, or a step early: the place of the entries on their last step.
-            enters_after = () if self.fits(images, entry) else batch.enters_after()
+            # Room now (in the batch and in memory beside every member), or a step early: the place of
+            # the entries on their last step, which the memory check above already counted as gone.
+            room_now = self.fits(images, entry) and self.memory.fits(r.width, r.height, images, entry.images)
+            enters_after = () if room_now else batch.enters_after()
             staying += entry.images
             images += entry.images
             self._enter(batch, entry, take)

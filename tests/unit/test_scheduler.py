@@ -80,6 +80,23 @@ def test_one_scale_per_lora_and_the_memory_room_bound_the_joiners() -> None:
     assert s.memory.fits(64, 64, 1, 1) and not s.memory.fits(64, 64, 2, 1)
 
 
+def test_a_joiner_that_fits_in_memory_only_without_a_leaving_member_enters_after_it() -> None:
+    """A loop of 2 images on a device with room for 2 (the batch would take 4): a joiner sent while
+    they are on their last step fits only in their place, so it enters after them, never beside them
+    (it was sent with no ``enters_after`` when only the batch count decided, and ran a step beside a
+    loop already at the memory bound)."""
+    s = _scheduler(max_images=4)
+    s.memory.learn(64, 64, 1, _result(peak=400, total=1000, idle=100))
+    s.add(_entry("a", "a", num_images=2))
+    opened, _ = s.schedule(closing=False, gate_free=True)
+    assert opened is not None
+    s.add(_entry("b", "b"))
+    assert s.schedule(closing=False, gate_free=False) == (None, [])  # no room beside a's 2
+    opened.entries[0].last_step = True
+    _, joins = s.schedule(closing=False, gate_free=False)
+    assert [(j.entry.request.request_id, j.enters_after) for j in joins] == [("b", ("a",))]
+
+
 def test_the_plan_for_the_eta_forms_the_batches_the_scheduler_will() -> None:
     s = _scheduler(max_images=2, joining=False)
     entries = [_entry("a1", "a"), _entry("a2", "a"), _entry("b1", "b", num_inference_steps=5), _entry("a3", "a")]
