@@ -47,8 +47,11 @@ STEP_CACHES = ("off",)  # the step-cache methods (the step-cache issue adds the 
 # every other family reads the text with the syntax removed (``prompt_syntax.plain``).
 EMPHASES = ("Original", "No norm", "None")
 DEFAULT_EMPHASIS = "default"
-WEIGHING = {"sd": "Original", "sdxl": "No norm"}
-T5_WEIGHING = frozenset({"flux"})  # T5 tokens weighted by ComfyUI's rule (``prompt_weights.flux_encode``)
+WEIGHING = {"sd": "Original", "sdxl": "No norm", "sd3": "No norm"}
+T5_WEIGHING = frozenset({"flux", "sd3"})  # T5 tokens weighted by ComfyUI's rule (``prompt_weights.t5_weighted``)
+# Families whose step-level loops take one CLIP chunk count each: SD3's joint attention has no text
+# mask, so a shorter prompt cannot be padded beside a longer one (SD 1.x/2.x's loops mask instead).
+CHUNK_KEYED = frozenset({"sd3"})
 
 
 # -- the number parsers ----------------------------------------------------------------------------

@@ -681,7 +681,7 @@ def with_token_notes(
     encoders = tuple((e, w) for e, w in limits.text_encoders if not (chunked and e == "CLIP"))
     warnings, chunks = [], 1
     for name, text in _texts_to_count(request, limits):
-        counts = count_tokens(text)
+        counts = count_tokens(_read_text(text, request.emphasis, limits.family))  # what the encoders read
         if chunked:
             key = "CLIP chunks as written" if request.emphasis == "None" else "CLIP chunks"
             n = int(counts.get(key, 1))

@@ -39,6 +39,7 @@ import math
 from dataclasses import dataclass, field
 from typing import AsyncGenerator, Callable, Collection, Generic, Hashable, Iterable, TypeVar
 
+from ..fields import CHUNK_KEYED
 from ..protocol import InferenceJob, InferenceResult, Output, StopSignal
 from ..protocol import loop_key as protocol_loop_key
 from ..request import GenerateRequest
@@ -96,9 +97,11 @@ def joins_loops(request: GenerateRequest, loop_modes: Collection[str] = ("text",
 
 def loop_key(request: GenerateRequest, mixed_loras: bool) -> tuple[Hashable, ...]:
     """``protocol.loop_key`` of a request (the model side reads the same function on its jobs); where
-    the model mixes LoRAs per row, ``Batch.admits`` keeps one scale each."""
+    the model mixes LoRAs per row, ``Batch.admits`` keeps one scale each. Where a family's loop cannot
+    mask a shorter prompt (``fields.CHUNK_KEYED``: SD3), its CLIP chunk count too."""
     r = request
-    return protocol_loop_key(r.width, r.height, r.sampler, r.lora_use, per_lora=not mixed_loras)
+    key = protocol_loop_key(r.width, r.height, r.sampler, r.lora_use, per_lora=not mixed_loras)
+    return (*key, r.prompt_chunks) if r.family in CHUNK_KEYED else key
 
 
 class Batch:

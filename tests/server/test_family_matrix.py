@@ -189,7 +189,7 @@ def test_the_long_prompt_note_names_the_encoder_that_cut_it(served: tuple[str, A
         words = encoders[encoder] + 40
         _, info = generate(client, prompt="red " * words, width=64, height=64, num_inference_steps=steps_for(family))
         assert not any("CLIP text encoder" in w for w in info["warnings"]), info
-        record(family, "long prompt", WHOLE)
+        record(family, "long prompt", ", ".join([WHOLE, *(f"{e} {n}" for e, n in encoders.items() if e != "CLIP")]))
         return
     words = encoders[encoder] + 40
     _, info = generate(client, prompt="red " * words, width=64, height=64, num_inference_steps=steps_for(family))

@@ -212,6 +212,26 @@ def test_members_of_one_two_and_three_chunks_share_a_loop_and_each_draws_what_it
     assert mad(run.images["ONE"], run.images["TWO"]) > 5.0 and mad(run.images["TWO"], run.images["THREE"]) > 5.0
 
 
+def test_sd3_members_of_one_chunk_count_share_a_loop_and_one_of_another_count_fails_alone() -> None:
+    """SD3 (issue 49): its joint attention takes no text mask, so the scheduler keys its loops by chunk
+    count; members of one count, weighted or not, draw what they draw alone. A member of another count
+    that reached a loop anyway is refused by itself (a named error), the others carry on."""
+    model = model_of("sd3")
+    two = job_b(request_id="TWO", prompts=(TWO_CHUNKS,), seeds=(8,), guidance_scale=3.0, num_inference_steps=4)
+    star = job_b(request_id="STAR", prompts=("a yellow star BREAK on (purple:1.3)",),
+                 negative_prompts=("(blurry:1.2)",), seeds=(9,), guidance_scale=2.5)  # fmt: skip
+    assert model.chunker is not None
+    assert [model.chunker.count(j.prompts[0], syntax=True) for j in (two, star)] == [2, 2]
+    run = drive(model, [(0, two), (1, star)])
+    for job in (two, star):
+        assert_same(f"sd3 {job.request_id}", run.images[job.request_id], alone("sd3", job))
+    loop = model.open_loop(two)
+    loop.add(two)
+    with pytest.raises(ValueError, match="text tokens"):
+        loop.add(job_b(request_id="ONE", guidance_scale=3.0))
+    assert loop.images == 1
+
+
 @pytest.mark.parametrize("name", ["flux-dev", "flux-schnell"])
 def test_flux_members_with_weighted_t5_prompts_draw_what_they_draw_alone(name: str) -> None:
     """Issue 49: FLUX.1's T5 weights (``prompt_weights.flux_encode``) in its loop as in its calls."""

@@ -252,10 +252,11 @@ def test_on_the_embedded_model_weights_do_what_they_say_and_long_prompts_are_rea
     assert d(run(model, long + ", green"), run(model, long + ", yellow triangle")) > 0.05  # cut at 75: 0.00
 
 
-def a1111_sdxl(model: Any, text: str, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+def a1111_sdxl(model: Any, text: str, count: int, pool_both: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """A1111's SDXL conditioning written again: each CLIP's chunks through its penultimate layer, "No norm"
-    emphasis, the two side by side; the pooled embedding of the first chunk of the second (projected)."""
-    outputs, pooled = [], None
+    emphasis, the two side by side; the pooled embedding of the first chunk of the second (projected),
+    or (``pool_both``: SD3) of both, side by side."""
+    outputs, pooled, pools = [], None, []
     for tokenizer, encoder in ((model.pipe.tokenizer, model.pipe.text_encoder),
                                (model.pipe.tokenizer_2, model.pipe.text_encoder_2)):  # fmt: skip
         id_end, id_pad = tokenizer.eos_token_id, tokenizer.pad_token_id
@@ -270,10 +271,11 @@ def a1111_sdxl(model: Any, text: str, count: int) -> tuple[torch.Tensor, torch.T
                 out = encoder(ids, output_hidden_states=True)
             if i == 0 and out[0].ndim == 2:
                 pooled = out[0]
+                pools.append(pooled)
             zs.append(out.hidden_states[-2] * torch.asarray([multipliers]).unsqueeze(-1))
         outputs.append(torch.hstack(zs))
     assert pooled is not None
-    return torch.cat(outputs, dim=-1), pooled
+    return torch.cat(outputs, dim=-1), (torch.cat(pools, dim=-1) if pool_both else pooled)
 
 
 def test_sdxl_reads_both_clips_as_a1111_with_no_norm_and_a_plain_prompt_as_its_pipeline() -> None:
@@ -336,16 +338,19 @@ def test_llm_and_t5_only_families_read_the_text_with_the_syntax_removed(name: st
     assert not np.array_equal(weighted, drawn(prompt="a (red:1.5) circle BREAK on [blue]", emphasis="None"))
 
 
-def comfyui_t5(model: Any, runs: list[tuple[str, float]], length: int) -> torch.Tensor:
+def comfyui_t5(model: Any, runs: list[tuple[str, float]], length: int, number: int = 2) -> torch.Tensor:
     """ComfyUI's T5 weighting written again: the runs' tokens, the end token, padding; encoded with and
-    without weights, each weighted position ``empty + (z - empty) × weight``."""
-    tokenizer, encoder = model.pipe.tokenizer_2, model.pipe.text_encoder_2
+    without weights, each weighted position ``empty + (z - empty) × weight`` (T5: the pipeline's
+    ``tokenizer_2``/``text_encoder_2`` for FLUX.1, ``number`` 3 for SD3)."""
+    tokenizer = getattr(model.pipe, f"tokenizer_{number}")
+    encoder = getattr(model.pipe, f"text_encoder_{number}")
     tokens: list[int] = []
     weights: list[float] = []
     for text, weight in runs:
         ids = tokenizer(text, add_special_tokens=False).input_ids
         tokens += ids
         weights += [weight] * len(ids)
+    tokens, weights = tokens[: length - 1], weights[: length - 1]  # cut as the pipeline's tokenizer call cuts
     pad = length - 1 - len(tokens)
     tokens += [tokenizer.eos_token_id] + [tokenizer.pad_token_id] * pad
     weights += [1.0] * (pad + 1)
@@ -383,3 +388,42 @@ def test_flux_weighs_t5_by_comfyuis_rule_and_reads_a_plain_prompt_as_its_pipelin
     plain_run = run(model, "a red circle", steps=2)
     assert d(plain_run, run(model, "a (red:1.0) circle", steps=2)) == 0.0
     assert d(plain_run, run(model, "a (red:1.8) circle", steps=2)) > 0.0  # random tiny weights: small, never none
+
+
+def test_sd3_reads_both_clips_as_a1111_and_t5_by_comfyuis_rule_and_a_plain_prompt_as_its_pipeline() -> None:
+    """SD3 (issue 49): CLIP-L and CLIP-G as SDXL's ("No norm", chunks of 75, pooled from each first
+    chunk, side by side), zero-padded to T5's width, then T5 by ComfyUI's rule at the call's 256 tokens."""
+    from pipeline.engine.model.families import call_default
+    from pipeline.prompt_syntax import BREAK, weighted
+
+    model = model_of("sd3")
+    length = call_default(model.pipe, "max_sequence_length", 256)
+    negative = "(worst quality:2), ((monochrome))"
+    for prompt in PROMPTS:
+        job = InferenceJob(request_id="x", prompts=(prompt,), negative_prompts=(negative,), seeds=(1,), width=64,
+                           height=64, num_inference_steps=2, guidance_scale=5.0)  # fmt: skip
+        assert model.emphasis(job) == "No norm"
+        ours = model.encoded(job, negatives=True)
+        count = max(len(a1111_chunks(model.pipe.tokenizer, t)) for t in (prompt, negative))
+        for text, embeds, pooled in ((prompt, ours.embeds, ours.pooled), (negative, ours.negative, ours.negative_pooled)):
+            clip, clip_pooled = a1111_sdxl(model, text, count, pool_both=True)
+            runs = [(t, w) for t, w in weighted(text, True) if not (t == BREAK and w == -1.0)]
+            t5 = comfyui_t5(model, runs, length, number=3)
+            clip = torch.nn.functional.pad(clip, (0, t5.shape[-1] - clip.shape[-1]))
+            torch.testing.assert_close(embeds, torch.cat([clip, t5], dim=-2), rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(pooled, clip_pooled, rtol=1e-4, atol=1e-5)
+    plain = InferenceJob(request_id="x", prompts=("a red circle on blue",), negative_prompts=("",), seeds=(1,),
+                         width=64, height=64, num_inference_steps=2, guidance_scale=5.0)  # fmt: skip
+    ours = model.encoded(plain, negatives=True)
+    with torch.no_grad():
+        theirs = model.pipe.encode_prompt(prompt=["a red circle on blue"], prompt_2=None, prompt_3=None,
+                                          negative_prompt=None, do_classifier_free_guidance=True, device="cpu",
+                                          max_sequence_length=length)  # fmt: skip
+    for got, expected in zip((ours.embeds, ours.negative, ours.pooled, ours.negative_pooled), theirs):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)  # one batch for both texts: float order
+    d = lambda a, b: float(np.abs(a - b).mean())  # noqa: E731
+    plain_run = run(model, "a red circle", steps=2)
+    assert d(plain_run, run(model, "a (red:1.0) circle", steps=2)) == 0.0
+    assert d(plain_run, run(model, "a (red:1.8) circle", steps=2)) > 0.0  # random tiny weights: small, never none
+    long = "a red circle, " + ", ".join(["simple shape"] * 40)
+    assert d(run(model, long + ", green", steps=2), run(model, long + ", yellow triangle", steps=2)) > 0.0

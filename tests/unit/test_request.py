@@ -123,16 +123,40 @@ def test_a_prompt_past_the_chunk_limit_is_refused_by_name_and_breaks_are_counted
 
 
 def test_the_long_prompt_note_names_the_encoder_that_cut_it() -> None:
-    """SD3 reads a prompt with CLIP (75 tokens) and T5 (255): a 100-token prompt is cut by CLIP only."""
-    sd3 = Limits.for_model(dataclasses.replace(FAKE_PROFILE, family="sd3", text_encoders=(("CLIP", 75), ("T5", 255))))
-    r = validate(raw_request(prompt="word " * 100), sd3, lambda text: {"CLIP": 100, "T5": 100})
+    """FLUX.1 reads a prompt with CLIP (75 tokens, its pooled embedding) and T5 (511): a 100-token prompt
+    is cut by CLIP only. SD3 reads CLIP in chunks (issue 49): only T5 past its 255 is noted there."""
+    flux = Limits.for_model(dataclasses.replace(FAKE_PROFILE, family="flux", text_encoders=(("CLIP", 75), ("T5", 511))))
+    r = validate(raw_request(prompt="word " * 100), flux, lambda text: {"CLIP": 100, "T5": 100})
     assert r.warnings == (
-        "prompt is 100 tokens; the CLIP text encoder reads the first 75, so it ignored the rest (T5 reads up to 255)",
+        "prompt is 100 tokens; the CLIP text encoder reads the first 75, so it ignored the rest (T5 reads up to 511)",
     )
+    sd3 = Limits.for_model(dataclasses.replace(FAKE_PROFILE, family="sd3", text_encoders=(("CLIP", 75), ("T5", 255))))
+    r = validate(raw_request(prompt="word " * 100), sd3, lambda text: {"CLIP": 100, "T5": 100, "CLIP chunks": 2})
+    assert r.warnings == () and r.prompt_chunks == 2
+    r = validate(raw_request(prompt="word " * 300), sd3, lambda text: {"CLIP": 300, "T5": 300, "CLIP chunks": 4})
+    assert r.warnings == ("prompt is 300 tokens; the T5 text encoder reads the first 255, so it ignored the rest",)
     t5_only = Limits.for_model(dataclasses.replace(FAKE_PROFILE, text_encoders=(("T5", 119),)))
     long = validate(raw_request(prompt="word " * 150), t5_only, lambda text: {"T5": 150})
     assert long.warnings == ("prompt is 150 tokens; the T5 text encoder reads the first 119, so it ignored the rest",)
     assert validate(raw_request(prompt="word " * 100), t5_only, lambda text: {"T5": 100}).warnings == ()
+
+
+def test_the_tokens_counted_are_those_of_the_text_the_encoders_read() -> None:
+    """A T5- or LLM-only family reads the words with the syntax removed (issue 49): its note counts those,
+    not the brackets and weights; read as written (emphasis "None"), the text as written."""
+    from pipeline.prompt_syntax import plain
+
+    t5_only = Limits.for_model(dataclasses.replace(FAKE_PROFILE, family="pixart", text_encoders=(("T5", 119),)))
+    counted: list[str] = []
+
+    def count(text: str) -> dict[str, int]:
+        counted.append(text)
+        return {"T5": len(text.split())}
+
+    prompt = "a (red:1.3) circle, [[blue]] " * 30
+    validate(raw_request(prompt=prompt), t5_only, count)
+    validate(raw_request(prompt=prompt, emphasis="None"), t5_only, count)
+    assert counted == [plain(prompt), prompt] and "(" not in counted[0]
 
 
 def test_a_short_ascii_prompt_needs_no_token_count() -> None:

@@ -134,3 +134,14 @@ def test_with_the_gate_free_the_entries_the_next_batch_takes_are_not_counted_as_
     assert opened is not None and _ids(opened.entries) == ["b1"]
     s.ended(opened)
     assert s.waiting("a", gate_free=True) == 1  # a1 is on its way in; a2 waits
+
+
+def test_sd3_loops_are_keyed_by_the_prompts_chunk_count_and_sd_loops_are_not() -> None:
+    """SD3's joint attention takes no text mask (issue 49): a prompt of two CLIP chunks opens its own
+    loop there; SD 1.x/2.x's loops mask the shorter prompts, so any count shares them."""
+    from pipeline.serving.scheduler import loop_key
+
+    one = validate(raw_request(), LIMITS, request_id="one")
+    two = dataclasses.replace(one, prompt_chunks=2)
+    assert loop_key(dataclasses.replace(one, family="sd"), False) == loop_key(dataclasses.replace(two, family="sd"), False)
+    assert loop_key(dataclasses.replace(one, family="sd3"), False) != loop_key(dataclasses.replace(two, family="sd3"), False)

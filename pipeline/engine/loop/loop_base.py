@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from ...protocol import ModelProfile
     from ..model.lora import LoadedLoras
     from ..model.previews import Previewer
+    from ..model.prompt_weights import Encoded
 
 
 class LoopHost(Protocol):
@@ -58,6 +59,8 @@ class LoopHost(Protocol):
     def clip_embeddings(self, job: InferenceJob, negatives: bool) -> tuple[torch.Tensor, torch.Tensor | None]: ...
 
     def flux_embeddings(self, job: InferenceJob, device: torch.device) -> tuple[torch.Tensor, ...]: ...
+
+    def encoded(self, job: InferenceJob, negatives: bool) -> Encoded: ...
 
     def free_memory(self) -> None: ...
 

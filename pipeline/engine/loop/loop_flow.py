@@ -17,8 +17,11 @@ Each member is what one pipeline ``__call__`` keeps (diffusers 0.42), step for s
 
 **SD3** (flow-matching Euler, classifier-free guidance per member when ``guidance_scale > 1``):
 
-1. Prompts through ``encode_prompt`` (CLIP-L + CLIP-G + T5, 77 + ``max_sequence_length`` tokens),
-   rows ``[uncond, cond]`` for the embeddings and the pooled embeddings with guidance.
+1. Prompts as the model's calls encode them (``DiffusersModel.encoded``: CLIP-L + CLIP-G in chunks of
+   77, A1111's syntax read, then T5 at ``max_sequence_length`` tokens; a plain short prompt is the
+   pipeline's ``encode_prompt`` to the bit), rows ``[uncond, cond]`` for the embeddings and the pooled
+   embeddings with guidance. Its joint attention takes no text mask, so a loop holds one CLIP chunk
+   count (the scheduler keys it: ``fields.CHUNK_KEYED``).
 2. Latents through ``prepare_latents`` with the member's generators.
 3. Scheduler and ``retrieve_timesteps`` (``mu`` only where the config shifts dynamically).
 
@@ -171,21 +174,19 @@ class SD3Loop(_FlowLoop):
 
     def _enter(self, job: InferenceJob) -> LoopMember:
         pipe, device = self.pipe, self.device
-        # 1. Guidance as the pipeline decides it; prompts through its own encoder.
+        # 1. Guidance as the pipeline decides it; prompts as the model's calls encode them (A1111's
+        #    syntax read; CLIP in chunks: a loop holds one chunk count, ``fields.CHUNK_KEYED``).
         cfg = job.guidance_scale > 1
-        embeds, negative_embeds, pooled, negative_pooled = pipe.encode_prompt(
-            prompt=list(job.prompts),
-            prompt_2=None,
-            prompt_3=None,
-            negative_prompt=_negatives(self, job),
-            do_classifier_free_guidance=cfg,
-            device=device,
-            num_images_per_prompt=1,
-            max_sequence_length=call_default(pipe, "max_sequence_length", 256),
-        )
+        encoded = self.model.encoded(job, negatives=cfg)
+        embeds, pooled = encoded.embeds, encoded.pooled
+        assert pooled is not None  # both CLIPs' pooled embeddings
+        held = {m.rows_of["encoder_hidden_states"].shape[1] for m in self.members.values()}
+        if held and embeds.shape[1] not in held:  # the scheduler keys SD3's loops by chunk count: never met
+            raise ValueError(f"SD3's loop holds prompts of {held.pop()} text tokens; this one has {embeds.shape[1]}")
         if cfg:
-            embeds = torch.cat([negative_embeds, embeds])
-            pooled = torch.cat([negative_pooled, pooled])
+            assert encoded.negative is not None and encoded.negative_pooled is not None
+            embeds = torch.cat([encoded.negative, embeds])
+            pooled = torch.cat([encoded.negative_pooled, pooled])
         # 2. Latents from the member's own generators.
         generators = generators_of(job)
         transformer_config = pipe.transformer.config

@@ -29,7 +29,7 @@ from .family_table import family_for
 from .lora import LoadedLoras, use_of
 from .modes import takes_size
 from .previews import Previewer
-from .prompt_weights import ClipChunker, Encoded, PromptEncoder, flux_encode
+from .prompt_weights import ClipChunker, Encoded, PromptEncoder, flux_encode, sd3_encode
 from .stepping import StepWatch, StoppedAtStep
 
 
@@ -65,14 +65,14 @@ class DiffusersModel:
         self.prompt_encoder = PromptEncoder(pipe, profile.family) if self.weighs else None
         self.chunker = self.prompt_encoder.chunker if self.prompt_encoder is not None else None
         self._count_chunker = ClipChunker(copy.deepcopy(first)) if self.weighs else None
-        self.t5_weighs = profile.family in T5_WEIGHING and getattr(pipe, "tokenizer_2", None) is not None
+        self.t5_weighs = profile.family in T5_WEIGHING  # FLUX.1, SD3: T5 by ComfyUI's rule, its count on the words
 
     def count_tokens(self, text: str) -> dict[str, int]:
         """Tokens per encoder (the note of a cut text); where CLIP prompts go in chunks, also the
         chunks the text takes with the syntax read ("CLIP chunks") and as written."""
         counts: dict[str, int] = {}
         with self._count_lock:
-            read = plain(text) if self.t5_weighs else text  # FLUX.1: its encoders read the words, not the syntax
+            read = plain(text) if self.t5_weighs else text  # FLUX.1, SD3: T5 reads the words, not the syntax
             for name, tokenizer in self._count_tokenizers:
                 ids = tokenizer(counted_text(name, read), truncation=False, add_special_tokens=False).input_ids
                 counts[name] = max(counts.get(name, 0), len(ids))
@@ -103,10 +103,27 @@ class DiffusersModel:
         return flux_encode(self.pipe, job.prompts, self.emphasis(job), device, length)
 
     def encoded(self, job: InferenceJob, negatives: bool) -> Encoded:
-        """The job's texts through ``prompt_weights.PromptEncoder`` with its emphasis."""
+        """The job's texts through ``prompt_weights.PromptEncoder`` with its emphasis (SD3: and its T5,
+        ``prompt_weights.sd3_encode``, at the length the pipeline's own call encodes)."""
         assert self.prompt_encoder is not None
         negative = job.negative_prompts if negatives else None
-        return self.prompt_encoder.encode(job.prompts, negative, self.emphasis(job), self.execution_device)
+        emphasis, device = self.emphasis(job), self.execution_device
+        if self.profile.family == "sd3":
+            length = call_default(self.pipe, "max_sequence_length", 256)
+            return sd3_encode(self.prompt_encoder, job.prompts, negative, emphasis, device, length)
+        return self.prompt_encoder.encode(job.prompts, negative, emphasis, device)
+
+    def text_arguments(self, job: InferenceJob, pipe: Any) -> dict[str, Any] | None:
+        """The call's text arguments as AUTOMATIC1111 reads the prompts (embeddings instead of
+        ``prompt`` and ``negative_prompt``), or None where the pipeline reads the text itself."""
+        if self.weighs:  # SD 1.x/2.x, SDXL, SD3: chunks and weights, negatives where guidance runs
+            unet = getattr(pipe, "unet", None)
+            cfg = job.guidance_scale > 1 and (unet is None or getattr(unet.config, "time_cond_proj_dim", None) is None)
+            return self.encoded(job, negatives=cfg).call_arguments()
+        if self.t5_weighs:  # FLUX.1: T5 weighted, CLIP pooled from the words (its negative prompt is never read)
+            embeds, pooled, _ = self.flux_embeddings(job, self.execution_device)
+            return {"prompt_embeds": embeds, "pooled_prompt_embeds": pooled}
+        return None
 
     def generate(self, job: InferenceJob, stop: StopFlag, on_step: StepCallback) -> InferenceResult:
         guiders = self._job_guiders(job)
@@ -215,15 +232,11 @@ class DiffusersModel:
         # The prompts as AUTOMATIC1111 reads them, encoded as the pipeline's own call would (in inference
         # mode: with autograd on, bf16 matmuls on a CPU take another kernel and round otherwise).
         with torch.inference_mode():
-            if self.weighs:  # SD 1.x/2.x, SDXL: chunks and weights, negatives where guidance runs
-                cfg = job.guidance_scale > 1 and getattr(pipe.unet.config, "time_cond_proj_dim", None) is None
-                del kwargs["prompt"]
-                kwargs.pop("negative_prompt", None)
-                kwargs.update(self.encoded(job, negatives=cfg).call_arguments())
-            if self.t5_weighs:  # FLUX.1: T5 weighted, CLIP pooled from the words (its negative prompt is never read)
-                embeds, pooled, _ = self.flux_embeddings(job, self.execution_device)
-                del kwargs["prompt"]
-                kwargs.update(prompt_embeds=embeds, pooled_prompt_embeds=pooled)
+            texts = self.text_arguments(job, pipe)
+        if texts is not None:
+            del kwargs["prompt"]
+            kwargs.pop("negative_prompt", None)
+            kwargs.update(texts)
         if job.mode != "text":  # the pictures, already at width x height (the serving side sized them)
             kwargs.update(image=list(job.images), strength=job.strength)
             if job.mode == "inpaint":

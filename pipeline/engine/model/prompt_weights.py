@@ -21,7 +21,12 @@ A1111's ``sd_hijack_clip.TextConditionalModel``, step for step, for one CLIP tex
 
 The texts of one call (each image's prompt and negative prompt) are padded to the same number of
 chunks with the empty prompt's chunk (A1111's ``pad_cond_uncond``). A step-level loop keeps each
-member at its own count and masks the rest (``loop_sd``).
+member at its own count and masks the rest (``loop_sd``); SD3's joint attention takes no text mask, so
+its loops are keyed by the chunk count instead (``fields.CHUNK_KEYED``).
+
+T5 (FLUX.1's and SD3's) is weighted by ComfyUI's rule, which these families' front ends share
+(``t5_weighted``): each token ``empty + (z - empty) × weight``, ``empty`` the empty prompt's encoding
+at that position, up to the pipeline's own ``max_sequence_length`` (no chunks; ``BREAK`` is a space).
 """
 
 from __future__ import annotations
@@ -180,6 +185,18 @@ class Encoded:
     pooled: torch.Tensor | None = None
     negative_pooled: torch.Tensor | None = None
 
+    def with_t5(self, t5: torch.Tensor) -> Encoded:
+        """SD3: the CLIP embeddings padded with zeros to T5's width, then T5's rows after them on the
+        sequence (its ``encode_prompt``); ``t5`` holds the prompts' rows, then the negatives'."""
+        n = self.embeds.shape[0]
+
+        def joined(clip: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+            clip = torch.nn.functional.pad(clip, (0, rows.shape[-1] - clip.shape[-1]))
+            return torch.cat([clip, rows], dim=-2)
+
+        negative = joined(self.negative, t5[n:]) if self.negative is not None else None
+        return Encoded(joined(self.embeds, t5[:n]), negative, self.pooled, self.negative_pooled)
+
     def call_arguments(self) -> dict[str, Any]:
         """The pipeline call's arguments (instead of ``prompt`` and ``negative_prompt``)."""
         out: dict[str, Any] = {"prompt_embeds": self.embeds, "negative_prompt_embeds": self.negative}
@@ -189,13 +206,15 @@ class Encoded:
 
 
 class PromptEncoder:
-    """A pipeline's CLIP encoders as AUTOMATIC1111 reads them: SD 1.x/2.x's one, SDXL's two (their
-    outputs side by side, the pooled embedding from the second, as the pipeline's ``encode_prompt``).
-    Model thread only (``chunkers`` for counting are the caller's own copies)."""
+    """A pipeline's CLIP encoders as AUTOMATIC1111 reads them: SD 1.x/2.x's one, SDXL's and SD3's two
+    (their penultimate layers side by side; the pooled embedding SDXL's second's, SD3's both side by
+    side, as each pipeline's ``encode_prompt``). Model thread only (``chunkers`` for counting are the
+    caller's own copies)."""
 
     def __init__(self, pipe: Any, family: str) -> None:
         self.pipe = pipe
-        self.sdxl = family == "sdxl"
+        self.sdxl = family in ("sdxl", "sd3")  # two CLIPs, their penultimate layers
+        self.pool_both = family == "sd3"
         pairs = [("tokenizer", "text_encoder"), ("tokenizer_2", "text_encoder_2")] if self.sdxl else [
             ("tokenizer", "text_encoder")]  # fmt: skip
         self.encoders = [
@@ -205,7 +224,7 @@ class PromptEncoder:
         ]
         self.chunker = self.encoders[0][0]
         # SDXL zeroes an all-empty negative prompt (``force_zeros_for_empty_prompt``), as its pipeline does
-        self.zero_empty = self.sdxl and bool(getattr(pipe.config, "force_zeros_for_empty_prompt", False))
+        self.zero_empty = family == "sdxl" and bool(getattr(pipe.config, "force_zeros_for_empty_prompt", False))
         self._empty = [chunker.chunk("", False) for chunker, _ in self.encoders]
 
     def encode(
@@ -218,13 +237,17 @@ class PromptEncoder:
         texts = [*prompts, *(negatives or ())]
         per_encoder = [[chunker.chunk(t or "", syntax) for t in texts] for chunker, _ in self.encoders]
         count = max(c.count for chunks in per_encoder for c in chunks)
-        outputs, pooled = [], None
+        outputs, pools = [], []
+        dtype = self.encoders[0][1].dtype  # SD3 casts both CLIPs' outputs to the first's
         for (chunker, encoder), chunks, empty in zip(self.encoders, per_encoder, self._empty):
             run = runner(encoder, chunker.end, penultimate=self.sdxl)
-            z, own_pooled = encode([padded(c, count, empty) for c in chunks], run, emphasis, device, encoder.dtype)
+            own_dtype = dtype if self.pool_both else encoder.dtype
+            z, own_pooled = encode([padded(c, count, empty) for c in chunks], run, emphasis, device, own_dtype)
             outputs.append(z)
-            pooled = own_pooled if own_pooled is not None else pooled
+            if own_pooled is not None:
+                pools.append(own_pooled)
         embeds = torch.cat(outputs, dim=-1) if len(outputs) > 1 else outputs[0]
+        pooled = (torch.cat(pools, dim=-1) if self.pool_both else pools[-1]) if pools else None
         n = len(prompts)
         if negatives is None:
             return Encoded(embeds, None, pooled[:n] if pooled is not None else None)
@@ -236,7 +259,7 @@ class PromptEncoder:
 
 
 def t5_row(tokenizer: Any, text: str, syntax: bool, length: int) -> tuple[list[int], list[float]]:
-    """One prompt as FLUX.1's T5 reads it, weighted: each run's tokens with its weight, cut to leave
+    """One prompt as T5 reads it (FLUX.1's, SD3's), weighted: each run's tokens with its weight, cut to leave
     room for the end token, then the end token and padding to ``length`` (weight 1). A plain prompt
     gives the very ids the pipeline's own tokenizer call does; a ``BREAK`` is a space (T5 has no chunks)."""
     runs = [(t, w) for t, w in weighted(text, syntax) if not (t == BREAK and w == -1.0)]
@@ -248,26 +271,55 @@ def t5_row(tokenizer: Any, text: str, syntax: bool, length: int) -> tuple[list[i
             [*weights, 1.0, *[1.0] * padding])  # fmt: skip
 
 
-def flux_encode(
-    pipe: Any, prompts: Sequence[str], emphasis: str, device: torch.device, length: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """FLUX.1's texts as its ``encode_prompt`` gives them (T5 embeddings, CLIP pooled, text ids), with
-    A1111's syntax read: CLIP (pooled only) reads the words with the syntax removed; T5 weighs each
-    token by ComfyUI's rule, which FLUX's front ends share: ``empty + (z - empty) × weight``, ``empty``
-    the empty prompt's encoding at that position (no mean to restore). "None": the text as written."""
-    syntax = emphasis != "None"
-    pooled = pipe._get_clip_prompt_embeds(prompt=[plain(p) if syntax else p for p in prompts], device=device)
-    rows = [t5_row(pipe.tokenizer_2, p, syntax, length) for p in prompts]
+def t5_weighted(
+    tokenizer: Any, encoder: Any, texts: Sequence[str], syntax: bool, device: torch.device, length: int
+) -> torch.Tensor:
+    """T5's embeddings of ``texts`` at ``length`` tokens (the pipeline's ``max_sequence_length``),
+    weighted by ComfyUI's rule: ``empty + (z - empty) × weight``, ``empty`` the empty prompt's encoding
+    at that position (no mean to restore). A plain text gives the pipeline's own ids and tensor."""
+    rows = [t5_row(tokenizer, t, syntax, length) for t in texts]
     weighted_any = any(w != 1.0 for _, weights in rows for w in weights)
     if weighted_any:
-        rows.append(t5_row(pipe.tokenizer_2, "", False, length))
-    encoder = pipe.text_encoder_2
+        rows.append(t5_row(tokenizer, "", False, length))
     ids = torch.tensor([tokens for tokens, _ in rows], device=device)
     z = encoder(ids, output_hidden_states=False)[0].to(dtype=encoder.dtype, device=device)
     if weighted_any:
         z, empty = z[:-1], z[-1:]
         weights = torch.tensor([w for _, w in rows[:-1]], device=device, dtype=z.dtype).unsqueeze(-1)
         z = torch.where(weights == 1.0, z, empty + (z - empty) * weights)  # weight 1: the encoding itself
+    return z
+
+
+def flux_encode(
+    pipe: Any, prompts: Sequence[str], emphasis: str, device: torch.device, length: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """FLUX.1's texts as its ``encode_prompt`` gives them (T5 embeddings, CLIP pooled, text ids), with
+    A1111's syntax read: CLIP (pooled only) reads the words with the syntax removed; T5 weighs each
+    token by ComfyUI's rule (``t5_weighted``). "None": the text as written."""
+    syntax = emphasis != "None"
+    pooled = pipe._get_clip_prompt_embeds(prompt=[plain(p) if syntax else p for p in prompts], device=device)
+    z = t5_weighted(pipe.tokenizer_2, pipe.text_encoder_2, prompts, syntax, device, length)
     dtype = pipe.text_encoder.dtype if pipe.text_encoder is not None else pipe.transformer.dtype
     text_ids = torch.zeros(z.shape[1], 3).to(device=device, dtype=dtype)
     return z, pooled, text_ids
+
+
+def sd3_encode(
+    clip: PromptEncoder,
+    prompts: Sequence[str],
+    negatives: Sequence[str] | None,
+    emphasis: str,
+    device: torch.device,
+    length: int,
+) -> Encoded:
+    """SD3's texts as its ``encode_prompt`` lays them out, with A1111's syntax read: CLIP-L and CLIP-G
+    in chunks and weighted (``clip``, "No norm" by default), T5 by ComfyUI's rule at ``length`` tokens
+    (zeros where the pipeline has no T5, as its own call gives)."""
+    encoded = clip.encode(prompts, negatives, emphasis, device)
+    pipe, texts = clip.pipe, [*prompts, *(negatives or ())]
+    if getattr(pipe, "text_encoder_3", None) is None:
+        width = pipe.transformer.config.joint_attention_dim
+        t5 = torch.zeros(len(texts), length, width, device=device, dtype=pipe.text_encoder.dtype)
+    else:
+        t5 = t5_weighted(pipe.tokenizer_3, pipe.text_encoder_3, texts, emphasis != "None", device, length)
+    return encoded.with_t5(t5)
