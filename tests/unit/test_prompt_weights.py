@@ -405,7 +405,10 @@ def test_sd3_reads_both_clips_as_a1111_and_t5_by_comfyuis_rule_and_a_plain_promp
         assert model.emphasis(job) == "No norm"
         ours = model.encoded(job, negatives=True)
         count = max(len(a1111_chunks(model.pipe.tokenizer, t)) for t in (prompt, negative))
-        for text, embeds, pooled in ((prompt, ours.embeds, ours.pooled), (negative, ours.negative, ours.negative_pooled)):
+        for text, embeds, pooled in (
+            (prompt, ours.embeds, ours.pooled),
+            (negative, ours.negative, ours.negative_pooled),
+        ):
             clip, clip_pooled = a1111_sdxl(model, text, count, pool_both=True)
             runs = [(t, w) for t, w in weighted(text, True) if not (t == BREAK and w == -1.0)]
             t5 = comfyui_t5(model, runs, length, number=3)

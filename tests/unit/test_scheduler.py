@@ -143,5 +143,9 @@ def test_sd3_loops_are_keyed_by_the_prompts_chunk_count_and_sd_loops_are_not() -
 
     one = validate(raw_request(), LIMITS, request_id="one")
     two = dataclasses.replace(one, prompt_chunks=2)
-    assert loop_key(dataclasses.replace(one, family="sd"), False) == loop_key(dataclasses.replace(two, family="sd"), False)
-    assert loop_key(dataclasses.replace(one, family="sd3"), False) != loop_key(dataclasses.replace(two, family="sd3"), False)
+    assert loop_key(dataclasses.replace(one, family="sd"), False) == loop_key(
+        dataclasses.replace(two, family="sd"), False
+    )
+    assert loop_key(dataclasses.replace(one, family="sd3"), False) != loop_key(
+        dataclasses.replace(two, family="sd3"), False
+    )
