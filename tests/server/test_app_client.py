@@ -218,3 +218,29 @@ def test_public_link_settings_only_image_uploads_no_ssr_no_tracebacks(url: str) 
     config = httpx.get(url + "config", timeout=10).json()
     assert config.get("show_error") is False
     assert not config.get("is_ssr", False)
+
+
+def test_prompts_are_read_as_automatic1111_reads_them_through_the_launched_app(client: Any) -> None:
+    """Issue 49, from outside: weights are weights (``(red:1.0)`` is the plain word; ``(blue:1.6)`` changes
+    the picture, ``(blue:1.0)`` does not), ``\\(red\\)`` is text, a prompt is read past token 100, and a
+    fifth chunk is refused by name before any GPU work."""
+    base = dict(seed=3, randomize_seed=False, width=64, height=64, num_inference_steps=12, guidance_scale=7.5)
+
+    def drawn(prompt: str) -> np.ndarray:
+        (path,), _ = _generate(client, prompt=prompt, **base)
+        return np.asarray(Image.open(path).convert("RGB"), dtype=np.float32)
+
+    def d(a: np.ndarray, b: np.ndarray) -> float:
+        print(f"MAD {float(np.abs(a - b).mean()):.3f}")
+        return float(np.abs(a - b).mean())
+
+    red = drawn("a red circle on a white background")
+    assert d(red, drawn("a (red:1.0) circle on a white background")) <= 0.5
+    assert d(red, drawn(r"a \(red\) circle on a white background")) > 5  # the brackets are text
+    blue = drawn("a red circle on a blue background")
+    assert d(blue, drawn("a red circle on a (blue:1.0) background")) <= 0.5
+    assert d(blue, drawn("a red circle on a (blue:1.6) background")) > 0.5
+    long = "a red circle on a white background, " + ", ".join(f"simple shape {i}" for i in range(30))
+    assert d(drawn(long + ", green"), drawn(long + ", yellow star")) > 0  # past token 100: read, not cut
+    with pytest.raises(Exception, match=r"prompt must be at most 4 chunks of 75 CLIP tokens .*got 5 chunks"):
+        _generate(client, prompt=" BREAK ".join(["a red circle"] * 5), **base)
