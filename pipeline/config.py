@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from .fields import STEP_CACHE_METHODS
 from .loras import LoraSpec, parse_all, split_env
 
 ProxyNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -70,6 +71,7 @@ class Settings:
     max_steps: int | None = None  # None: follows the model
     max_prompt_chars: int = 2000
     prompt_syntax: str = "a1111"  # a1111: AUTOMATIC1111's weights, BREAK and long prompts; plain: as written
+    step_cache: str = "off"  # a request's "default" step cache: off, auto or a method (engine.loop.step_cache)
     max_pixels: int | None = None  # None: max_size squared
     job_timeout: float | None = None  # seconds a job may run on the model; None: derived from the measured rate
     max_pixel_steps: int | None = None  # width × height × steps × images per request; None: 8 default jobs
@@ -200,6 +202,13 @@ OPTIONS: tuple[tuple[str, str, type, str], ...] = (
         str,
         "a1111 (AUTOMATIC1111's (word:1.2), [word], BREAK, and CLIP prompts past 75 tokens in chunks) or plain "
         "(every prompt read as written); a request's emphasis field overrides it (default a1111)",
+    ),
+    (
+        "step_cache",
+        "T2I_STEP_CACHE",
+        str,
+        "the step cache a request gets unless it names one: off, auto (the model's recommended method) or "
+        "taylorseer or reuse, where the model's step-level loops run them (default off)",
     ),
     ("max_pixels", "T2I_MAX_PIXELS", int, "most width × height pixels (default: max size squared)"),
     (
@@ -434,6 +443,9 @@ def _check(s: Settings) -> None:
         raise SystemExit(f"--model-side must be auto, process or thread; got {s.model_side!r}")
     if s.prompt_syntax not in {"a1111", "plain"}:
         raise SystemExit(f"--prompt-syntax must be a1111 or plain; got {s.prompt_syntax!r}")
+    if s.step_cache not in {"off", "auto", *STEP_CACHE_METHODS}:
+        methods = ", ".join(("off", "auto", *STEP_CACHE_METHODS))
+        raise SystemExit(f"--step-cache must be one of {methods}; got {s.step_cache!r}")
     if s.step_joining not in {"on", "off"}:
         raise SystemExit(f"--step-joining must be on or off; got {s.step_joining!r}")
     if s.replicas < 1:

@@ -40,7 +40,10 @@ REQUIRED: Any = inspect.Parameter.empty  # no default: every caller sends it
 MODES = ("text", "image", "inpaint", "outpaint")
 IMAGE_MODES = ("image", "inpaint", "outpaint")
 SIDES = ("outpaint_left", "outpaint_top", "outpaint_right", "outpaint_bottom")
-STEP_CACHES = ("off",)  # the step-cache methods (the step-cache issue adds the model's own)
+# Step caching (issue 50, ``engine.loop.step_cache``): "off", "auto" (the model's recommended method),
+# "default" (the server's ``--step-cache``), or one of the methods a model with step-level loops offers.
+STEP_CACHE_OFF, STEP_CACHE_AUTO, STEP_CACHE_DEFAULT = "off", "auto", "default"
+STEP_CACHE_METHODS = ("taylorseer", "reuse")  # every method the app knows, "auto"'s first
 # AUTOMATIC1111's prompt syntax (``prompt_syntax``): its ``emphasis`` option's names, in its order, and
 # "default": the server's (``--prompt-syntax``) and the family's. The families whose CLIP tokens are
 # weighted (``engine.model.prompt_weights``) with their default emphasis, and those whose T5 tokens are;
@@ -136,10 +139,46 @@ class Field:
     openai: str = ""  # OpenAI's name ("extra_body": the app's own name, sent as an extra body field); "": none
     png: str = ""  # its key in the PNG parameters text; "": not written there
     check: Callable[[Any, Any], Any] | None = None  # a table field's check: (value, limits) -> the value
+    unwritten: tuple[Any, ...] = ()  # checked values the PNG text leaves out, like the default
 
 
 def _step_cache(value: Any, limits: Any) -> str:
-    return choice("step_cache", value, STEP_CACHES)
+    """The method a request runs with: "default" is the server's (``--step-cache``), "auto" the model's
+    recommended one ("off" where it offers none); a method the model does not offer is refused by name."""
+    offered = tuple(getattr(limits, "step_caches", ()))
+    value = choice("step_cache", value, (STEP_CACHE_OFF, STEP_CACHE_AUTO, *offered, STEP_CACHE_DEFAULT))
+    if value == STEP_CACHE_DEFAULT:
+        value = getattr(limits, "step_cache", STEP_CACHE_OFF)
+    if value == STEP_CACHE_AUTO:
+        value = offered[0] if offered else STEP_CACHE_OFF
+    return str(value)
+
+
+def looped_step_cache(
+    options: tuple[tuple[str, Any], ...], raw: Mapping[str, Any], pictures: Any, loop_modes: tuple[str, ...]
+) -> tuple[tuple[str, Any], ...]:
+    """Step caching runs in step-level loops (issue 50): a method named for a request that runs as one
+    pipeline call (inpainting, outpainting, hires fix: a mode not in ``loop_modes``) is refused by name;
+    "auto" or the server's default is "off" there. (A rule that reads other fields: ``request.validate``'s.)"""
+    method = dict(options).get("step_cache", STEP_CACHE_OFF)
+    if method == STEP_CACHE_OFF or (pictures.pipeline_mode in loop_modes and pictures.hires is None):
+        return options
+    if raw.get("step_cache") == method:
+        where = "hires fix" if pictures.hires is not None else f"mode {pictures.pipeline_mode!r}"
+        raise InvalidRequest(
+            "step_cache",
+            f"step_cache {method!r} runs in step-level loops ({', '.join(loop_modes)} without hires fix on "
+            f"this model); {where} runs as one pipeline call: set step_cache to 'off' or 'auto'",
+        )
+    return tuple((k, STEP_CACHE_OFF if k == "step_cache" else v) for k, v in options)
+
+
+def server_step_cache(method: str, offered: tuple[str, ...], model: str) -> str:
+    """``--step-cache``, where the model runs it: a method it does not offer stops the start, by name."""
+    if method not in (STEP_CACHE_OFF, STEP_CACHE_AUTO, *offered):
+        methods = ", ".join(offered) or "none: its family runs no step-level loop"
+        raise SystemExit(f"--step-cache {method}: {model} does not run it (it offers {methods})")
+    return method
 
 
 def family_emphasis(family: str) -> str:
@@ -215,8 +254,11 @@ TABLE: tuple[Field, ...] = (
           modes=("text",), a1111="denoising_strength", png="Denoising strength"),
     Field("hires_steps", float, 0, "Hires fix's steps (0: the request's own).", modes=("text",),
           a1111="hr_second_pass_steps", png="Hires steps"),
-    Field("step_cache", str, "off", 'Step caching: "off" (every step computed in full).',
-          a1111="override_settings.step_cache", openai="extra_body", png="Step cache", check=_step_cache),
+    Field("step_cache", str, STEP_CACHE_DEFAULT, 'Step caching: "default" (the server\'s), "off" (every step '
+          'computed), "auto" (the model\'s recommended method) or a method it offers ("taylorseer": steps between '
+          'computed ones extrapolated from the last two; "reuse": the last output again), faster for a little '
+          "detail.", a1111="override_settings.step_cache", openai="extra_body", png="Step cache",
+          check=_step_cache, unwritten=(STEP_CACHE_OFF,)),
     Field("emphasis", str, DEFAULT_EMPHASIS, "How AUTOMATIC1111's prompt syntax reads: \"default\" (the server's: "
           "(word:1.2), [word] and BREAK read, CLIP prompts of any length in chunks of 75 tokens), \"Original\" "
           "(weights, the mean restored), \"No norm\" (weights alone) or \"None\" (the prompt as written).",
@@ -253,7 +295,11 @@ def passed_through(protocol: str) -> tuple[str, ...]:
 
 def png_settings(params: Mapping[str, Any]) -> dict[str, Any]:
     """The table fields of an info record's parameters for the PNG text: those not at their default."""
-    return {f.png: params[f.name] for f in TABLE_FIELDS if f.png and params.get(f.name, f.default) != f.default}
+    return {
+        f.png: params[f.name]
+        for f in TABLE_FIELDS
+        if f.png and params.get(f.name, f.default) not in (f.default, *f.unwritten)
+    }
 
 
 def pasted(settings: Mapping[str, str], limits: Any) -> tuple[dict[str, Any], list[str]]:

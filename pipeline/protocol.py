@@ -80,6 +80,9 @@ class ModelProfile:
     # where the family's loop starts a member from a picture (``engine.loop.loop_sd``); the others
     # run as whole-pipeline calls.
     loop_modes: tuple[str, ...] = ("text",)
+    # The step-cache methods its loops run per member (``engine.loop.step_cache``; "auto"'s first), where
+    # jobs run step-level; () elsewhere (issue 50).
+    step_caches: tuple[str, ...] = ()
 
     @property
     def model_id(self) -> str:
@@ -305,6 +308,9 @@ class InferenceResult:
     steps_at_stop: int | None = None
     # Hires fix: each image's first pass, at the text pass's size (what it upscaled and redrew); else ().
     first_pass: tuple[Image.Image, ...] = ()
+    # Its step cache where it ran one (``engine.loop.step_cache``): (("method", m), ("computed", n),
+    # ("skipped", k)), the denoiser evaluations of its own steps; () where every step was computed.
+    step_cache: tuple[tuple[str, Any], ...] = ()
 
     @classmethod
     def ended_by(

@@ -2,9 +2,8 @@
 
 Gradio components do not validate API input (sliders pass NaN, inf and off-step values, and
 ``Textbox(max_length)`` is not checked on the server), so every field is checked here, before any
-GPU work. Each error names the field and the allowed range. Nothing is silently fixed but line
-breaks (``text``: a carriage return is a newline); the one adjustment, a prompt longer than the
-text encoder's window, is reported in ``warnings``.
+GPU work. Each error names the field and the allowed range. Nothing is silently fixed but line breaks
+(a carriage return is a newline); a prompt longer than an encoder's window is noted in ``warnings``.
 
 The picture fields (``image_fields``): text mode takes none of them (a picture sent with it is
 refused, so a client never believes it was used); the image modes take an uploaded image, read by
@@ -95,6 +94,9 @@ class Limits:
     mode_notes: tuple[tuple[str, str], ...] = ()  # why each other mode is not served
     family: str = ""  # the model's family (``ModelProfile.family``): how its prompts are read (``prompt_syntax``)
     prompt_syntax: str = "a1111"  # ``--prompt-syntax``: a1111 or plain
+    loop_modes: tuple[str, ...] = ("text",)  # the modes whose jobs run in step-level loops (``ModelProfile``)
+    step_caches: tuple[str, ...] = ()  # the step-cache methods the model offers ("auto"'s first; issue 50)
+    step_cache: str = "off"  # ``--step-cache``: what a request's "default" runs
 
     @classmethod
     def for_model(
@@ -108,6 +110,7 @@ class Limits:
         max_pixels: int | None = None,
         max_pixel_steps: int | None = None,
         prompt_syntax: str = "a1111",
+        step_cache: str = "off",
     ) -> Limits:
         top = max_size or profile.max_size
         pixels = max_pixels or top * top
@@ -136,6 +139,9 @@ class Limits:
             mode_notes=profile.mode_notes,
             family=profile.family,
             prompt_syntax=prompt_syntax,
+            loop_modes=profile.loop_modes,
+            step_caches=profile.step_caches,
+            step_cache=step_cache,
         )
 
 
@@ -627,7 +633,7 @@ def validate(
         mode_notes=dict(limits.mode_notes), pictures_later=True,
     )  # fmt: skip
     _within_budget(width, height, steps, num_images, limits, pictures)
-    options = fields.checked(raw, limits)
+    options = fields.looped_step_cache(fields.checked(raw, limits), raw, pictures, limits.loop_modes)
 
     request = GenerateRequest(
         request_id=request_id or new_request_id(),
@@ -704,6 +710,7 @@ CHUNK_TOKENS = 75
 
 def limits_for(settings: Settings, profile: ModelProfile) -> Limits:
     """The limits the app applies: the model's, narrowed by the settings (front end and replicas alike)."""
+    fields.server_step_cache(settings.step_cache, profile.step_caches, profile.name)
     return Limits.for_model(
         profile,
         max_images=settings.max_images,
@@ -713,6 +720,7 @@ def limits_for(settings: Settings, profile: ModelProfile) -> Limits:
         max_pixels=settings.max_pixels,
         max_pixel_steps=settings.max_pixel_steps,
         prompt_syntax=settings.prompt_syntax,
+        step_cache=settings.step_cache,
     )
 
 

@@ -94,11 +94,18 @@ def _what(d: dict[str, Any]) -> str:
     return str(d.get("what", ""))[:110]
 
 
+def _step_cache(d: dict[str, Any]) -> str:
+    one, q = d["one_request_20_steps"], d["quality"]
+    return (f"step cache, one request at 20 steps: taylorseer {_f(one['taylorseer']['speedup_vs_off'])}x, reuse "
+            f"{_f(one['reuse']['speedup_vs_off'])}x; shape {_f(100 * q['off']['all']['shape'], '.1f')} % off, "
+            f"{_f(100 * q['taylorseer']['all']['shape'], '.1f')} % taylorseer")  # fmt: skip
+
+
 HEADLINES: dict[str, Callable[[dict[str, Any]], str]] = {
     "bench-full": _full, "bench-quick": _full, "bench-openloop": _openloop, "bench-cpu": _cpu,
     "bench-fast": _fast, "bench-page": _page, "bench-lora": _lora, "bench-fairness": _fairness,
     "bench-ray": _ray, "bench-loadgen": _what, "ab-fast": _what, "gpu-h200": _gpu,
-    "bench-imagejoin": _imagejoin, "bench-hostile": _hostile,
+    "bench-imagejoin": _imagejoin, "bench-hostile": _hostile, "bench-step": _step_cache,
 }  # fmt: skip
 
 

@@ -117,6 +117,23 @@ def _pictures_from_step_0() -> None:
     loop_sd.SDLoop._from_pictures = from_step_0  # type: ignore[method-assign,assignment]
 
 
+def _one_cache_decision_for_every_row() -> None:
+    """Issue 50: the step cache's skip decision shared across rows, as diffusers' hooks share one state
+    per module: every member follows the step index of the first cache made (not its own)."""
+    from pipeline.engine.loop import step_cache
+
+    original = step_cache.MemberCache.computes
+    lead: dict[str, Any] = {}
+
+    def computes(self: Any, step: int) -> bool:
+        first = lead.setdefault("cache", self)
+        if first is self:
+            lead["step"] = step
+        return original(self, lead.get("step", step))
+
+    step_cache.MemberCache.computes = computes  # type: ignore[method-assign]
+
+
 async def _stopped_at_once(self: Any, session: str, timeout: float) -> bool:
     return True
 
@@ -337,6 +354,9 @@ MUTANTS: dict[str, list[Patch]] = (
         "no-batching": attr("pipeline.serving.scheduler", "Scheduler.fits", lambda self, images, entry: False),
         "batch-ignores-max-size": attr("pipeline.serving.scheduler", "Scheduler.fits", lambda self, *a: True),
         "img2img-loop-member-ignores-strength": on("pipeline.engine.loop.loop_sd", _pictures_from_step_0),
+        "step-cache-decision-shared-across-rows": on(
+            "pipeline.engine.loop.step_cache", _one_cache_decision_for_every_row
+        ),
         "img2img-never-joins-loops": attr(
             "pipeline.serving.scheduler", "joins_loops", lambda request, loop_modes=("text",): request.mode == "text"
         ),

@@ -299,6 +299,7 @@ class AdapterBase:
             "model": None if dead else self.profile.name,
             "loras": [] if dead else [i.name for i in getattr(self.profile, "loras", ())],  # the --lora names
             "modes": [] if dead else list(getattr(self.profile, "modes", ("text",))),  # engine.model.modes
+            "step_cache": self._step_cache_health(),
             **own,
             "gpu_queue_depth": self.gpu_queue_depth,
             "inference_in_progress": self.inference_in_progress,
@@ -306,6 +307,13 @@ class AdapterBase:
             "consecutive_failures": self.consecutive_failures,
             "shutting_down": self.closing,
         }
+
+    def _step_cache_health(self) -> dict[str, Any]:
+        """The step-cache methods requests may name here ("auto": the first), and the server's default."""
+        limits = getattr(self, "limits", None)
+        methods = list(getattr(limits, "step_caches", ()))
+        return {"methods": methods, "auto": methods[0] if methods else "off",
+                "default": getattr(limits, "step_cache", "off")}  # fmt: skip
 
     def on_loop(self, fn: Callable[[], None], timeout: float = 5.0) -> None:
         """Run ``fn`` on the event loop that serves requests, and wait for it (from any thread)."""

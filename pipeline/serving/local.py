@@ -33,6 +33,7 @@ import contextlib
 import contextvars
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, AsyncGenerator, Callable, Iterator, Mapping
 
@@ -105,6 +106,10 @@ class LocalAdapter(AdapterBase):
         # Step-level batching where the model and its side can (engine.loop.joining): requests join
         # the running loop at a step boundary instead of waiting for the gate.
         self.step_joining = step_joining and side.profile.step_joining and self.streamer.many_in_flight
+        if not self.step_joining and limits.step_caches:  # step caches run in loops (issue 50): none here
+            if limits.step_cache not in ("off", "auto"):
+                raise SystemExit(f"--step-cache {limits.step_cache} needs step-level loops, off on this server")
+            self.limits = replace(limits, step_caches=())
         self.scheduler = Scheduler(
             max_batch_size,
             joining=self.step_joining,

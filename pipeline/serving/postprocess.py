@@ -78,6 +78,15 @@ def lora_fields(request: GenerateRequest, p: ModelProfile) -> dict[str, Any]:
     return {"lora_hash": info.hash} if info is not None else {}
 
 
+def step_cache_record(request: GenerateRequest, result: InferenceResult) -> dict[str, Any]:
+    """The info record's ``step_cache``: the method the request ran with and its own denoiser
+    evaluations, computed and skipped (issue 50); "off": every step computed."""
+    if result.step_cache:
+        return dict(result.step_cache)
+    method = str(dict(request.options).get("step_cache", "off"))
+    return {"method": method, "computed": result.steps_done, "skipped": 0}
+
+
 def sampler_used(request: GenerateRequest, p: ModelProfile) -> str:
     """The sampler a request ran with: the one it chose, or the model's own for "default"."""
     return sampler_name(p.sampler) if request.sampler == DEFAULT_SAMPLER else request.sampler
@@ -246,6 +255,7 @@ def info_record(
         "device": p.device,
         "dtype": p.dtype,
         "steps_done": result.steps_done,
+        "step_cache": step_cache_record(request, result),
         "peak_memory_bytes": result.peak_memory_bytes,
         "warnings": list(request.warnings),
         "timings": t.as_dict(),

@@ -104,3 +104,18 @@ def test_the_prompt_reading_benchmark_runs_end_to_end(tmp_path: Path) -> None:
     assert all(0 < q["median"] < 10_000 for q in result["ms"].values())
     ratios = result["ratio_to_encode_prompt"]
     assert ratios["encode_prompt (before)"] == ratios["loop step: a loop per count"] == 1.0
+
+
+def test_the_step_cache_benchmark_runs_end_to_end(tmp_path: Path) -> None:
+    """``python -m bench.step_cache`` (issue 50), its quick run: every method beside "off" in one run, the
+    evaluations each computes, the eight-caller loads; a method that computes fewer evaluations is timed."""
+    out = tmp_path / "step-cache.json"
+    done = subprocess.run([sys.executable, "-m", "bench.step_cache", "--rounds", "1", "--no-quality", "--json",
+                           str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    one = result["one_request_20_steps"]
+    assert set(one) == {"off", "taylorseer", "reuse", "raw pipeline"}
+    assert [one[m]["evaluations"] for m in ("off", "taylorseer", "reuse")] == [20, 10, 12]
+    assert one["off"]["speedup_vs_off"] == 1.0 and all(0 < m["median_s"] < 60 for m in one.values())
+    assert set(result["eight_callers"]) == {"8 off", "4 auto + 4 off", "8 auto"}

@@ -32,7 +32,9 @@ def test_queue_full_rejects_exactly_the_excess_at_once(tmp_path: Path) -> None:
     # Under the other worker's load the four submits once took longer than the held job's 30 s (it failed,
     # and the four were never in at once): the hold and the wait are generous, the check is the count.
     model = FakeModel(hold=True, hold_wait=150)
-    args = ("--queue-size", "2", "--concurrency", "2", "--max-waiting-per-user", "10")
+    # One image a job: with batching, a submit that reached the line before the first job opened would
+    # share it (the full run once saw two run and two wait, never "one runs and three wait").
+    args = ("--queue-size", "2", "--concurrency", "2", "--max-waiting-per-user", "10", "--max-batch-size", "1")
     with running_app(tmp_path, *args, load=lambda: model) as (url, _d, _a):
         health = lambda: httpx.get(url + "health").json()  # noqa: E731
         # One client for all (a fresh one per request fetched the app's config each time; under the other
@@ -40,7 +42,7 @@ def test_queue_full_rejects_exactly_the_excess_at_once(tmp_path: Path) -> None:
         client = Client(url, verbose=False)
         admitted = [client.submit(**raw_request(seed=i), api_name="/generate") for i in range(4)]
         wait_for(lambda: health()["requests_in_flight"] == 4, "four requests are in the handler", timeout=120)
-        wait_for(lambda: health()["gpu_queue_depth"] == 3, "one runs and three wait in the fair line")
+        wait_for(lambda: health()["gpu_queue_depth"] == 3, "one runs and three wait in the fair line", timeout=60)
         assert health()["queue_depth"] == 3  # nothing in Gradio's own queue
         rejected = []
         for i in range(4, 7):

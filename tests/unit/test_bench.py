@@ -29,6 +29,7 @@ PUBLISHED = sorted(
             "bench-lora-",
             "bench-imagejoin-",
             "bench-hostile-",
+            "bench-step-cache-",
         )
     )
 )
@@ -58,6 +59,18 @@ def test_the_published_lora_runs_are_complete(path: Path) -> None:
     assert result["mixed"]["mean_batch_requests"] > 1.5 > result["mixed-separate"]["mean_batch_requests"]
     assert 0 < result["switch"]["other_adapter_ms"] < 1000 * result["switch"]["model_load_s"]
     assert "| mixed-separate |" in lora.render(result) and "nan" not in lora.render(result).lower()
+
+
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "bench" / "results").glob("bench-step-cache-*.json")), ids=lambda p: p.name
+)
+def test_the_published_step_cache_runs_are_complete(path: Path) -> None:
+    result = json.loads(path.read_text())
+    assert finite_figures(result)
+    one = result["one_request_20_steps"]
+    assert one["off"]["evaluations"] == 20 and one["taylorseer"]["evaluations"] < 20
+    assert set(result["quality"]) == {"off", "taylorseer", "reuse"}
+    assert all(q["all"]["images"] == result["quality"]["off"]["all"]["images"] > 0 for q in result["quality"].values())
 
 
 @pytest.mark.parametrize(

@@ -86,7 +86,8 @@ def test_a_table_field_is_checked_carried_written_and_read_back() -> None:
     options = {"step_cache": "off", "emphasis": "default"}
     assert dict(request.options) == options and dict(request.to_job().options) == options
     assert request.parameters()["step_cache"] == "off"
-    with pytest.raises(InvalidRequest, match="step_cache must be one of 'off'; got &#x27;fast&#x27;") as refused:
+    refusal = "step_cache must be one of 'off', 'auto', 'default'; got &#x27;fast&#x27;"  # this model: no loops
+    with pytest.raises(InvalidRequest, match=refusal) as refused:
         validate(raw_request(step_cache="fast"), limits)
     assert refused.value.field == "step_cache"
     assert fields.png_settings({"step_cache": "off"}) == {}  # at its default: not written
@@ -94,6 +95,37 @@ def test_a_table_field_is_checked_carried_written_and_read_back() -> None:
     assert pasted.values["step_cache"] == "off"
     refused_paste = fill_from(parse_parameters("a circle\nSteps: 4, Seed: 1, Step cache: fast"), limits)
     assert "step_cache" not in refused_paste.values and any("Step cache" in n for n in refused_paste.notes)
+
+
+def test_step_cache_resolves_default_and_auto_and_refuses_what_the_model_cannot_run() -> None:
+    """Issue 50: "default" is the server's ``--step-cache``, "auto" the model's first method ("off" where it
+    offers none); a method is refused by name where the request runs as one pipeline call (inpainting,
+    hires fix), while "auto" and the default are "off" there; the PNG text names a method, never "off"."""
+    import dataclasses
+
+    from pipeline.request import Limits, validate
+    from tests.fakes import FAKE_PROFILE
+    from tests.helpers import raw_request
+
+    looped = dataclasses.replace(FAKE_PROFILE, step_caches=fields.STEP_CACHE_METHODS, modes=("text", "image"))
+    limits = Limits.for_model(looped, step_cache="auto")
+
+    def method(**raw: Any) -> str:
+        return str(dict(validate(raw_request(**raw), limits).options)["step_cache"])
+
+    assert method() == method(step_cache="default") == method(step_cache="auto") == "taylorseer"
+    assert method(step_cache="reuse") == "reuse" and method(step_cache="off") == "off"
+    assert dict(validate(raw_request(), Limits.for_model(looped)).options)["step_cache"] == "off"  # server: off
+    assert dict(validate(raw_request(step_cache="auto"), Limits.for_model(FAKE_PROFILE)).options)["step_cache"] == "off"
+    with pytest.raises(InvalidRequest, match="step_cache must be one of 'off', 'auto', 'taylorseer', 'reuse'"):
+        method(step_cache="fbcache")
+    hires = dict(hires_fix=True, width=64, height=64)
+    assert method(**hires) == "off"  # auto, by the server's default: off where it cannot run
+    with pytest.raises(InvalidRequest, match="step_cache 'reuse' runs in step-level loops .* hires fix") as refused:
+        method(step_cache="reuse", **hires)
+    assert refused.value.field == "step_cache"
+    assert fields.png_settings({"step_cache": "taylorseer"}) == {"Step cache": "taylorseer"}
+    assert fields.png_settings({"step_cache": "off"}) == {}
 
 
 def test_emphasis_is_a_table_field_the_server_default_and_the_family_read() -> None:

@@ -446,3 +446,43 @@ def test_the_loop_driver_runs_a_real_loop() -> None:
         assert isinstance(result, InferenceResult) and result.joined_at_step == joined_at
         assert result.batch_jobs == 2 and result.batch_images == 3
         assert_same(f"driver {task.job.request_id}", result.images, alone("default", task.job))
+
+
+# -- step caching per member (issue 50, ``engine.loop.step_cache``) ---------------------------------
+def cached_job(rid: str, cache: str, seed: int, steps: int, **over: Any) -> Any:
+    return job_b(request_id=rid, seeds=(seed,), num_inference_steps=steps, options=(("step_cache", cache),), **over)
+
+
+CASES = [("default", 7.5, 12), ("flux-dev", 3.5, 8), ("sd3", 3.0, 8), ("chroma", 3.0, 8), ("z-image", 3.0, 8)]
+
+
+@pytest.mark.parametrize(("name", "guidance", "steps"), CASES, ids=[c[0] for c in CASES])
+def test_a_cached_member_that_joins_mid_way_draws_what_it_draws_alone(name: str, guidance: float, steps: int) -> None:
+    """A (auto: taylorseer) joins after 3 steps of X (off), beside R (reuse, joining after 4): each
+    equals itself alone, and the cache skipped some of A's evaluations and changed its picture."""
+    model = model_of(name)
+    x = cached_job("X", "off", 1, steps, prompts=("a yellow star",), guidance_scale=guidance)
+    a = cached_job("A", "taylorseer", 9, steps, prompts=("a red circle on a blue background",), guidance_scale=guidance)
+    r = cached_job("R", "reuse", 2, steps, prompts=("a green triangle",), guidance_scale=1.0)
+    run = drive(model, [(0, x), (3, a), (4, r)])
+    for job in (x, a, r):
+        alone = drive(model, [(0, job)]).images[job.request_id]
+        assert_same(f"{name} {job.request_id}", run.images[job.request_id], alone)
+    uncached = drive(model, [(0, cached_job("A", "off", 9, steps, prompts=a.prompts, guidance_scale=guidance))])
+    assert mad(run.images["A"], uncached.images["A"]) > 0.0  # the cache ran (its steps were predicted)
+
+
+def test_the_record_counts_a_members_own_evaluations_and_off_counts_none() -> None:
+    model = model_of("default")
+    loop = model.open_loop(cached_job("A", "taylorseer", 9, 20))
+    slots = {
+        rid: loop.add(job)
+        for rid, job in (("A", cached_job("A", "taylorseer", 9, 20)), ("O", cached_job("O", "off", 1, 20)))
+    }
+    while loop.images:
+        loop.step()
+        done = [s for s in slots.values() if s in loop.members and loop.steps_done(s) >= loop.total_steps(s)]
+        if done:
+            loop.decode(done)
+    assert dict(loop.result_fields(slots["A"])["step_cache"]) == {"method": "taylorseer", "computed": 10, "skipped": 10}
+    assert loop.result_fields(slots["O"])["step_cache"] == ()

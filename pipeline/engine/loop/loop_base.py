@@ -34,6 +34,7 @@ from ...protocol import InferenceJob
 from ..device_faults import kind_of
 from ..model.lora import use_of
 from ..model.previews import denoised, unpack
+from .step_cache import OFF, MemberCache
 
 if TYPE_CHECKING:
     from ...protocol import ModelProfile
@@ -117,6 +118,7 @@ class LoopMember:
     shared: dict[str, Any] = field(default_factory=dict)  # the same for every member (FLUX's ids)
     step_kwargs: dict[str, Any] = field(default_factory=dict)
     done: int = 0
+    cache: MemberCache | None = None  # its own step cache (``step_cache``), or None: every step computed
 
     @property
     def images(self) -> int:
@@ -152,6 +154,7 @@ class MemberLoop:
         self.device = torch.device(self.pipe._execution_device)
         self.members: dict[int, LoopMember] = {}
         self._switch_ms: dict[int, float] = {}  # slot -> the adapter switch its prompt encoding took
+        self._cache_reports: dict[int, tuple[tuple[str, Any], ...]] = {}  # slot -> its step cache's counts
         self._next_slot = 0
         self._cuda = self.device.type == "cuda"
         if self._cuda:
@@ -177,6 +180,7 @@ class MemberLoop:
         switch_ms = self.model.use_adapter(job)  # its text encoders read its prompts through its own adapter
         self._offload_all()  # mid-loop, the denoiser is on the device: its encoders must not join it there
         member = self._guarded(job.request_id, self._enter, job)
+        member.cache = MemberCache.of(str(dict(job.options).get("step_cache", OFF)), member.total)
         if job.mode != "text":
             self._offload_all()  # its picture went through the VAE: the VAE leaves before the next denoiser call
         slot, self._next_slot = self._next_slot, self._next_slot + 1
@@ -186,7 +190,8 @@ class MemberLoop:
 
     def result_fields(self, slot: int) -> dict[str, Any]:
         """What a member's result carries besides its images (``joining.LoopDriver``)."""
-        return {"lora_switch_ms": self._switch_ms.pop(slot, 0.0), "model_loads": self.model.loads}
+        return {"lora_switch_ms": self._switch_ms.pop(slot, 0.0), "model_loads": self.model.loads,
+                "step_cache": self._cache_reports.pop(slot, ())}  # fmt: skip
 
     def step(self) -> Mapping[int, Mapping[int, Image.Image]]:
         return self._guarded(self._request_ids(), self._step)
@@ -201,6 +206,9 @@ class MemberLoop:
         members = [self.members.pop(slot) for slot in slots]  # they leave even if the decode fails
         if not members:
             return {}
+        for slot, m in zip(slots, members):
+            if m.cache is not None:
+                self._cache_reports[slot] = m.cache.report()
         ids = ",".join(m.job.request_id for m in members)
         self._offload_all()  # the denoiser leaves for the decode, and comes back at its next call
         try:
@@ -217,6 +225,7 @@ class MemberLoop:
     def remove(self, slot: int) -> None:
         self.members.pop(slot, None)
         self._switch_ms.pop(slot, None)
+        self._cache_reports.pop(slot, None)
 
     @property
     def images(self) -> int:
@@ -231,16 +240,28 @@ class MemberLoop:
         active = [(slot, m) for slot, m in self.members.items() if m.done < m.total]
         if not active:
             return {}
-        # 1. One denoiser call for all rows, each member at its own timestep, guidance and LoRA.
-        members = [m for _, m in active]
+        # 1. One denoiser call for the rows of every member that computes this step, each at its own
+        #    timestep, guidance and LoRA; a member whose own step cache skips it leaves the call (the
+        #    batch shrinks) and steps with a prediction from its own last outputs (``step_cache``).
+        computing = [(slot, m) for slot, m in active if m.cache is None or m.cache.computes(m.done)]
+        members = [m for _, m in computing]
         loras = self.model.loras
-        if loras is None:
-            predictions = self._predict(members)
-        else:
+        computed: list[torch.Tensor] = []
+        if members and loras is not None:
             with loras.rows([use_of(m.job) for m in members for _ in range(m.rows)]):
-                predictions = self._predict(members)
+                computed = self._predict(members)
+        elif members:
+            computed = self._predict(members)
+        own = {slot: prediction for (slot, _), prediction in zip(computing, computed)}
         previews: dict[int, dict[int, Image.Image]] = {}
-        for (slot, m), prediction in zip(active, predictions):
+        for slot, m in active:
+            if m.cache is None:
+                prediction = own[slot]
+            elif slot in own:
+                prediction = own[slot]
+                m.cache.record(m.done, prediction)
+            else:
+                prediction = m.cache.predict(m.done)
             # 2. The member's own scheduler on its own slice (its own generators for ancestral noise).
             t, sample = m.timestep, m.latents
             out = m.sampler.step(prediction, t, sample, **m.step_kwargs, return_dict=False)

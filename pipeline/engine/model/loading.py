@@ -18,6 +18,7 @@ import torch
 from ...config import Settings
 from ...default_model import ensure_default_model, model_defaults
 from ...errors import ModelRefused
+from ...fields import STEP_CACHE_METHODS
 from ...protocol import InferenceJob, InferenceResult, ModelProfile, Submission
 from ..hosting.zerogpu import zero_gpu_active
 from ..loop.joining import LoopDriver, in_a_loop
@@ -104,6 +105,7 @@ def build_profile(
         family=t.family,
         samplers=t.samplers,
         step_joining=loop_kind(pipe) is not None,  # SD 1.x/2.x, FLUX, SD3, Chroma, Z-Image
+        step_caches=STEP_CACHE_METHODS if loop_kind(pipe) is not None else (),  # per member, in its loops
         guidance_arg=t.guidance_arg,
         step_choices=t.step_choices,
         size_choices=t.size_choices,

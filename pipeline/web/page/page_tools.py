@@ -85,6 +85,7 @@ class Controls:
     scheduler: gr.Dropdown | None = None
     lora: gr.Dropdown | None = None
     lora_scale: gr.Slider | None = None
+    step_cache: gr.Dropdown | None = None
     mode: gr.Radio | None = None
     strength: gr.Slider | None = None
     mask_blur: gr.Slider | None = None
