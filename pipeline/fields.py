@@ -43,7 +43,7 @@ SIDES = ("outpaint_left", "outpaint_top", "outpaint_right", "outpaint_bottom")
 # Step caching (issue 50, ``engine.loop.step_cache``): "off", "auto" (the model's recommended method),
 # "default" (the server's ``--step-cache``), or one of the methods a model with step-level loops offers.
 STEP_CACHE_OFF, STEP_CACHE_AUTO, STEP_CACHE_DEFAULT = "off", "auto", "default"
-STEP_CACHE_METHODS = ("taylorseer", "reuse")  # every method the app knows, "auto"'s first
+STEP_CACHE_METHODS = ("taylorseer", "reuse", "fbcache")  # every method the app knows, "auto"'s first
 # AUTOMATIC1111's prompt syntax (``prompt_syntax``): its ``emphasis`` option's names, in its order, and
 # "default": the server's (``--prompt-syntax``) and the family's. The families whose CLIP tokens are
 # weighted (``engine.model.prompt_weights``) with their default emphasis, and those whose T5 tokens are;

@@ -87,7 +87,7 @@ def test_every_protocol_takes_a_method_and_refuses_one_that_cannot_run(client: A
     small = dict(model="dall-e-2", prompt="a red circle", size="64x64", response_format="b64_json")
     assert api.images.generate(**small, extra_body={"num_inference_steps": 8, "step_cache": "reuse"}).data
     with pytest.raises(openai.BadRequestError) as refused_error:
-        api.images.generate(**small, extra_body={"step_cache": "fbcache"})
+        api.images.generate(**small, extra_body={"step_cache": "fbcache"})  # FLUX.1 only
     assert refused_error.value.body["param"] == "step_cache"
     with pytest.raises(ValidationError, match="step_cache must be one of 'off', 'auto', 'taylorseer', 'reuse'"):
         client.predict(**request(step_cache="fbcache"), api_name="/generate")

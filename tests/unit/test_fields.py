@@ -118,7 +118,7 @@ def test_step_cache_resolves_default_and_auto_and_refuses_what_the_model_cannot_
     assert dict(validate(raw_request(), Limits.for_model(looped)).options)["step_cache"] == "off"  # server: off
     assert dict(validate(raw_request(step_cache="auto"), Limits.for_model(FAKE_PROFILE)).options)["step_cache"] == "off"
     with pytest.raises(InvalidRequest, match="step_cache must be one of 'off', 'auto', 'taylorseer', 'reuse'"):
-        method(step_cache="fbcache")
+        method(step_cache="teacache")
     hires = dict(hires_fix=True, width=64, height=64)
     assert method(**hires) == "off"  # auto, by the server's default: off where it cannot run
     with pytest.raises(InvalidRequest, match="step_cache 'reuse' runs in step-level loops .* hires fix") as refused:

@@ -450,13 +450,14 @@ def test_the_loop_driver_runs_a_real_loop() -> None:
 
 # -- step caching per member (issue 50, ``engine.loop.step_cache``) ---------------------------------
 def cached_job(rid: str, cache: str, seed: int, steps: int, **over: Any) -> Any:
-    return job_b(request_id=rid, seeds=(seed,), num_inference_steps=steps, options=(("step_cache", cache),), **over)
+    fields = dict(request_id=rid, seeds=(seed,), num_inference_steps=steps, options=(("step_cache", cache),))
+    return job_b(**{**fields, **over})
 
 
-CASES = [("default", 7.5, 12), ("flux-dev", 3.5, 8), ("sd3", 3.0, 8), ("chroma", 3.0, 8), ("z-image", 3.0, 8)]
+CACHE_CASES = [("default", 7.5, 12), ("flux-dev", 3.5, 8), ("sd3", 3.0, 8), ("chroma", 3.0, 8), ("z-image", 3.0, 8)]
 
 
-@pytest.mark.parametrize(("name", "guidance", "steps"), CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(("name", "guidance", "steps"), CACHE_CASES, ids=[c[0] for c in CACHE_CASES])
 def test_a_cached_member_that_joins_mid_way_draws_what_it_draws_alone(name: str, guidance: float, steps: int) -> None:
     """A (auto: taylorseer) joins after 3 steps of X (off), beside R (reuse, joining after 4): each
     equals itself alone, and the cache skipped some of A's evaluations and changed its picture."""
@@ -486,3 +487,34 @@ def test_the_record_counts_a_members_own_evaluations_and_off_counts_none() -> No
             loop.decode(done)
     assert dict(loop.result_fields(slots["A"])["step_cache"]) == {"method": "taylorseer", "computed": 10, "skipped": 10}
     assert loop.result_fields(slots["O"])["step_cache"] == ()
+
+
+@pytest.mark.parametrize("name", ["flux-dev", "flux-schnell"])
+def test_first_block_cache_decides_per_row_and_a_joined_member_draws_what_it_draws_alone(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FLUX.1's First-Block Cache per row (issue 50): A (fbcache, two images) joins X (off) after 2 steps,
+    beside R (taylorseer); each equals itself alone; A's rows skipped some of their remaining blocks
+    (the tiny random transformer barely changes between steps, so a loose threshold makes them hit)."""
+    from pipeline.engine.loop import step_cache
+
+    monkeypatch.setitem(step_cache.ROW_METHODS, "fbcache", 0.5)
+    model = model_of(name)
+    assert "fbcache" in model.profile.step_caches
+    x = cached_job("X", "off", 1, 8, prompts=("a yellow star",))
+    a = cached_job("A", "fbcache", 9, 8, prompts=("a red circle", "a blue square"), negative_prompts=("", ""),
+                   seeds=(9, 10))  # fmt: skip
+    r = cached_job("R", "taylorseer", 2, 8, prompts=("a green triangle",))
+    run = drive(model, [(0, x), (2, a), (3, r)])
+    for job in (x, a, r):
+        assert_same(
+            f"{name} {job.request_id}", run.images[job.request_id], drive(model, [(0, job)]).images[job.request_id]
+        )
+    loop = model.open_loop(a)
+    slot = loop.add(a)
+    while loop.steps_done(slot) < loop.total_steps(slot):
+        loop.step()
+    loop.decode([slot])
+    report = dict(loop.result_fields(slot)["step_cache"])
+    assert report["method"] == "fbcache" and report["computed"] + report["skipped"] == 8 * 2
+    assert report["skipped"] > 0 and report["computed"] >= 2  # its first step computes both rows

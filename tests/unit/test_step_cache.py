@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from pipeline import fields
-from pipeline.engine.loop.step_cache import METHODS, MemberCache, Schedule
+from pipeline.engine.loop.step_cache import METHODS, ROW_METHODS, MemberCache, RowCache, Schedule
 
 
 def test_the_methods_the_app_names_are_the_methods_the_loop_runs() -> None:
-    assert tuple(METHODS) == fields.STEP_CACHE_METHODS
+    assert (*METHODS, *ROW_METHODS) == fields.STEP_CACHE_METHODS
 
 
 def test_each_schedule_computes_its_warm_up_its_last_step_and_one_in_its_interval() -> None:
@@ -35,3 +35,21 @@ def test_a_members_prediction_comes_from_its_own_last_two_outputs() -> None:
     assert reuse.predict(2).item() == 5.0
     assert dict(cache.report()) == {"method": "taylorseer", "computed": 2, "skipped": 1}
     assert MemberCache.of("off", 10) is None
+
+
+def test_a_row_cache_decides_each_row_from_its_own_last_computed_residual() -> None:
+    """First-Block Cache per row: a row hits when its first-block residual moved less than the threshold
+    from its own at its last computed step (which a hit does not replace); a hit adds its own cached
+    residual of the remaining blocks, a miss keeps its new one."""
+    cache = RowCache("fbcache", 0.1, rows=2)
+    first = torch.tensor([[1.0, 1.0], [1.0, 1.0]])
+    assert not cache.hits(first).any()  # nothing cached yet: both compute
+    rest = torch.tensor([[5.0, 5.0], [7.0, 7.0]])
+    assert torch.equal(cache.keep(torch.tensor([False, False]), first, rest), rest)
+    moved = torch.tensor([[1.05, 1.05], [2.0, 2.0]])  # row 0 moved 5 %, row 1 100 %
+    hits = cache.hits(moved)
+    assert hits.tolist() == [True, False]
+    new_rest = torch.tensor([[0.0, 0.0], [9.0, 9.0]])
+    assert cache.keep(hits, moved, new_rest).tolist() == [[5.0, 5.0], [9.0, 9.0]]  # row 0: its cached rest
+    assert cache.hits(torch.tensor([[1.12, 1.12], [2.1, 2.1]])).tolist() == [False, True]  # row 0 vs its step 0
+    assert dict(cache.report()) == {"method": "fbcache", "computed": 3, "skipped": 1}

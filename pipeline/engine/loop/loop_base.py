@@ -34,7 +34,7 @@ from ...protocol import InferenceJob
 from ..device_faults import kind_of
 from ..model.lora import use_of
 from ..model.previews import denoised, unpack
-from .step_cache import OFF, MemberCache
+from .step_cache import OFF, MemberCache, RowCache
 
 if TYPE_CHECKING:
     from ...protocol import ModelProfile
@@ -118,7 +118,7 @@ class LoopMember:
     shared: dict[str, Any] = field(default_factory=dict)  # the same for every member (FLUX's ids)
     step_kwargs: dict[str, Any] = field(default_factory=dict)
     done: int = 0
-    cache: MemberCache | None = None  # its own step cache (``step_cache``), or None: every step computed
+    cache: MemberCache | RowCache | None = None  # its own step cache (``step_cache``); None: every step computed
 
     @property
     def images(self) -> int:
@@ -180,7 +180,7 @@ class MemberLoop:
         switch_ms = self.model.use_adapter(job)  # its text encoders read its prompts through its own adapter
         self._offload_all()  # mid-loop, the denoiser is on the device: its encoders must not join it there
         member = self._guarded(job.request_id, self._enter, job)
-        member.cache = MemberCache.of(str(dict(job.options).get("step_cache", OFF)), member.total)
+        member.cache = MemberCache.of(str(dict(job.options).get("step_cache", OFF)), member.total, member.rows)
         if job.mode != "text":
             self._offload_all()  # its picture went through the VAE: the VAE leaves before the next denoiser call
         slot, self._next_slot = self._next_slot, self._next_slot + 1

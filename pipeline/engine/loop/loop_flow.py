@@ -69,6 +69,7 @@ from ...protocol import InferenceJob
 from ..model import samplers
 from ..model.families import call_arguments, call_default
 from .loop_base import LoopMember, MemberLoop, generators_of
+from .step_cache import RowCache
 
 
 def _cat_rows(members: list[LoopMember], name: str) -> torch.Tensor:
@@ -150,6 +151,14 @@ class FluxLoop(_FlowLoop):
         latents = torch.cat([m.latents for m in members])
         timestep = torch.cat([m.timestep.expand(m.images).to(latents.dtype) for m in members])
         transformer = self.pipe.transformer
+        if any(isinstance(m.cache, RowCache) for m in members):  # First-Block Cache, per row (issue 50)
+            out = flux_rows(
+                transformer, members, latents, timestep,
+                _cat_rows(members, "guidance") if "guidance" in members[0].rows_of else None,
+                _cat_rows(members, "pooled_projections"), _cat_rows(members, "encoder_hidden_states"),
+                members[0].shared["txt_ids"], members[0].shared["img_ids"],
+            )  # fmt: skip
+            return list(out.split([m.rows for m in members]))
         with transformer.cache_context("cond"):
             out = transformer(
                 hidden_states=latents,
@@ -167,6 +176,59 @@ class FluxLoop(_FlowLoop):
     def _pixels(self, latents: torch.Tensor, job: InferenceJob) -> list[Image.Image]:
         pipe = self.pipe
         return super()._pixels(pipe._unpack_latents(latents, job.height, job.width, pipe.vae_scale_factor), job)
+
+
+def flux_rows(
+    transformer: Any,
+    members: list[LoopMember],
+    latents: torch.Tensor,
+    timestep: torch.Tensor,
+    guidance: torch.Tensor | None,
+    pooled: torch.Tensor,
+    texts: torch.Tensor,
+    txt_ids: torch.Tensor,
+    img_ids: torch.Tensor,
+) -> torch.Tensor:
+    """diffusers 0.42's FLUX.1 transformer forward (no ControlNet or IP-Adapter), with First-Block
+    Cache decided per row (``step_cache.RowCache``): the first block on every row, the remaining blocks
+    only on the rows that miss, each row of a cached member adding its own residual of them otherwise.
+    Every row of a member without a row cache misses (runs every block), so with none cached this is
+    the transformer's own forward."""
+    t = transformer
+    hidden = t.x_embedder(latents)
+    steps = (timestep / 1000).to(hidden.dtype) * 1000  # the loop's call passes timestep / 1000
+    if guidance is None:
+        temb = t.time_text_embed(steps, pooled)
+    else:
+        temb = t.time_text_embed(steps, guidance.to(hidden.dtype) * 1000, pooled)
+    texts = t.context_embedder(texts)
+    rotary = t.pos_embed(torch.cat((txt_ids, img_ids), dim=0))
+    blocks = [*t.transformer_blocks, *t.single_transformer_blocks]
+    kwargs: dict[str, Any] = dict(temb=temb, image_rotary_emb=rotary, joint_attention_kwargs=None)
+    texts, first_out = blocks[0](hidden_states=hidden, encoder_hidden_states=texts, **kwargs)
+    first = first_out - hidden
+    spans = list(zip(members, first.split([m.rows for m in members])))
+    hits = torch.cat([
+        m.cache.hits(own) if isinstance(m.cache, RowCache) else torch.zeros(m.rows, dtype=torch.bool)
+        for m, own in spans
+    ])  # fmt: skip
+    out = first_out.clone()
+    miss = (~hits).nonzero().squeeze(1)
+    if miss.numel():
+        h, e = first_out.index_select(0, miss), texts.index_select(0, miss)
+        kwargs["temb"] = temb.index_select(0, miss)
+        for block in blocks[1:]:
+            e, h = block(hidden_states=h, encoder_hidden_states=e, **kwargs)
+        out.index_copy_(0, miss, h)
+    start = 0
+    for m, own in spans:
+        rows = slice(start, start + m.rows)
+        if isinstance(m.cache, RowCache):
+            rest = m.cache.keep(hits[rows], own, out[rows] - first_out[rows])
+            hit = hits[rows].reshape(-1, *[1] * (out.ndim - 1))
+            out[rows] = torch.where(hit, first_out[rows] + rest, out[rows])  # a missed row: its own output
+        start += m.rows
+    return t.proj_out(t.norm_out(out, temb))
 
 
 class SD3Loop(_FlowLoop):

@@ -15,6 +15,13 @@ from its own last outputs:
   the member's last two computed outputs (at its steps k₁ < k₂), interval 3;
 - ``reuse``: the last computed output again (FORA's and DeepCache's reuse, at the output), interval 2.
 
+**Data-dependent, per row** (``fbcache``: First-Block Cache, FLUX.1's loop): every row runs the
+transformer's first block; a row whose first-block residual changed by less than ``threshold``
+(mean |r - r_prev| / mean |r_prev|, against its own residual at its own last computed step) skips the
+remaining blocks and adds its own cached residual of them; the rows that miss run the remaining
+blocks together (``index_select``) and keep their new residuals. Rows of members with another method
+or none always run them (``RowCache``; ``loop_flow.flux_rows``).
+
 The output is what the loop's ``_predict`` returns for the member: its guided prediction (after
 classifier-free guidance), the tensor its sampler steps with. A member's steps count from its own
 first step (image-to-image: the shortened schedule's first). ``"auto"`` is the model's recommended
@@ -53,6 +60,7 @@ METHODS: dict[str, Schedule] = {
     "reuse": Schedule(warmup=2, interval=2, order=0),
 }
 OFF = STEP_CACHE_OFF
+ROW_METHODS: dict[str, float] = {"fbcache": 0.08}  # First-Block Cache: its threshold (ParaAttention's FLUX figure)
 
 
 @dataclass
@@ -67,8 +75,11 @@ class MemberCache:
     _outputs: list[tuple[int, torch.Tensor]] = field(default_factory=list)
 
     @classmethod
-    def of(cls, method: str, total: int) -> MemberCache | None:
-        """The cache of a member with ``total`` steps, or None where ``method`` is off."""
+    def of(cls, method: str, total: int, rows: int = 1) -> MemberCache | RowCache | None:
+        """The cache of a member with ``total`` steps (and ``rows`` denoiser rows), or None where
+        ``method`` is off."""
+        if method in ROW_METHODS:
+            return RowCache(method, ROW_METHODS[method], rows)
         schedule = METHODS.get(method)
         return cls(method, schedule, total) if schedule is not None else None
 
@@ -90,4 +101,52 @@ class MemberCache:
 
     def report(self) -> tuple[tuple[str, object], ...]:
         """What the info record says: the method and the evaluations computed and skipped."""
+        return (("method", self.method), ("computed", self.computed), ("skipped", self.skipped))
+
+
+@dataclass
+class RowCache:
+    """First-Block Cache for one member's rows: each row's first-block residual at its last computed
+    step and its residual of the remaining blocks there. The member computes every step at the loop's
+    level (``computes``); its family's forward asks ``hits`` and ``keep`` per step."""
+
+    method: str
+    threshold: float
+    rows: int
+    computed: int = 0  # row-steps whose remaining blocks ran
+    skipped: int = 0  # row-steps served from the cached residual
+    _first: torch.Tensor | None = None
+    _rest: torch.Tensor | None = None
+
+    def computes(self, step: int) -> bool:
+        return True
+
+    def record(self, step: int, output: torch.Tensor) -> None:
+        """Nothing at the loop's level: its rows decide inside the forward."""
+
+    def predict(self, step: int) -> torch.Tensor:
+        raise AssertionError("a row cache computes every step at the loop's level")
+
+    def hits(self, first: torch.Tensor) -> torch.Tensor:
+        """Which of its rows skip the remaining blocks, from their first-block residual ``first``."""
+        if self._first is None:
+            return torch.zeros(first.shape[0], dtype=torch.bool, device=first.device)
+        dims = tuple(range(1, first.ndim))
+        change = (first - self._first).abs().mean(dims) / self._first.abs().mean(dims).clamp_min(1e-12)
+        return change < self.threshold
+
+    def keep(self, hits: torch.Tensor, first: torch.Tensor, rest: torch.Tensor) -> torch.Tensor:
+        """After the step: the rows that missed keep ``first`` and ``rest`` (their remaining blocks'
+        residual); the rows that hit get their cached ``rest``. Returns each row's residual to add."""
+        miss = ~hits
+        if self._first is None or self._rest is None:
+            self._first, self._rest = first.clone(), rest.clone()
+        else:
+            self._first[miss], self._rest[miss] = first[miss], rest[miss]
+        self.skipped += int(hits.sum())
+        self.computed += int(miss.sum())
+        return torch.where(hits.reshape(-1, *[1] * (rest.ndim - 1)), self._rest, rest)
+
+    def report(self) -> tuple[tuple[str, object], ...]:
+        """The method and its row-steps (per image): remaining blocks computed and skipped."""
         return (("method", self.method), ("computed", self.computed), ("skipped", self.skipped))

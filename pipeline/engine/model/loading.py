@@ -70,6 +70,16 @@ def lora_batching(pipe: Any, loras: LoadedLoras | None, setting: str, device: st
     return setting
 
 
+def step_caches(kind: str | None, loras: Any) -> tuple[str, ...]:
+    """The step-cache methods a loop family runs per member: the schedule-based ones in every loop,
+    First-Block Cache per row in FLUX.1's (whose forward ``loop_flow.flux_rows`` runs; its rows shrink
+    inside the forward, which peft's per-row adapters would not follow, so not beside --lora)."""
+    if kind is None:
+        return ()
+    rows = ("fbcache",) if kind == "flux" and loras is None else ()
+    return (*(m for m in STEP_CACHE_METHODS if m != "fbcache"), *rows)
+
+
 def build_profile(
     pipe: Any,
     name: str,
@@ -105,7 +115,7 @@ def build_profile(
         family=t.family,
         samplers=t.samplers,
         step_joining=loop_kind(pipe) is not None,  # SD 1.x/2.x, FLUX, SD3, Chroma, Z-Image
-        step_caches=STEP_CACHE_METHODS if loop_kind(pipe) is not None else (),  # per member, in its loops
+        step_caches=step_caches(loop_kind(pipe), loras),  # per member, in its loops (issue 50)
         guidance_arg=t.guidance_arg,
         step_choices=t.step_choices,
         size_choices=t.size_choices,
