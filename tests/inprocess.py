@@ -151,3 +151,31 @@ def served_family(tmp: Path, folder: Path, launched: bool, *args: str) -> Iterat
 
     with running_app(tmp, *flags) as (url, _demo, adapter):
         yield Client(url, verbose=False, download_files=str(tmp / "dl")), adapter
+
+
+def cached_joined_and_alone(client: Any, adapter: LocalAdapter, request: dict[str, Any]) -> dict[str, Any]:
+    """Issue 50 through the app: ``request`` with ``step_cache="auto"`` sent while a long uncached request
+    runs (it joins that loop where the family has one), then alone. Returns both records and the two
+    pictures' mean difference (1/255 units), and whether the cached one joined mid-way."""
+    import time
+
+    import numpy as np
+    from PIL import Image
+
+    def picture(gallery: Any) -> Any:
+        with Image.open(gallery[0]["image"]) as png:
+            return np.asarray(png.convert("RGB"), dtype=np.float32)
+
+    p = adapter.profile
+    long_steps = p.max_steps if not p.step_choices else request["num_inference_steps"]
+    long = client.submit(**{**request, "seed": 3, "num_inference_steps": long_steps, "step_cache": "off"},
+                         api_name="/generate")  # fmt: skip
+    steps = adapter.metrics.denoise_steps
+    base, deadline = steps._value.get(), time.monotonic() + 60
+    while steps._value.get() < base + 1 and time.monotonic() < deadline:  # the long request's first step ran
+        time.sleep(0.002)
+    joined, joined_info = client.predict(**{**request, "step_cache": "auto"}, api_name="/generate")
+    long.result(timeout=600)
+    alone, alone_info = client.predict(**{**request, "step_cache": "auto"}, api_name="/generate")
+    difference = float(np.abs(picture(joined) - picture(alone)).mean())
+    return {"joined": joined_info, "alone": alone_info, "difference": difference}

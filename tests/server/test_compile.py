@@ -228,7 +228,8 @@ def test_lora_switches_under_compile_hotswap_and_never_recompile() -> None:
 def test_members_joining_and_leaving_a_loop_never_recompile_after_the_warm_up() -> None:
     """Issue 36 §4: the compiled denoiser's batch is dynamic from the warm-up on, so a loop whose rows
     go 2 -> 6 -> 2 as a member joins and leaves compiles nothing more. (Without ``dynamic_batch``
-    the first join recompiles: the count grows by one.)"""
+    the first join recompiles: the count grows by one.) Issue 50: a member whose step cache skips a
+    step leaves that step's call (here 6 -> 4 rows on its steps 4 and 5): no recompile either."""
     from torch._dynamo.utils import counters
 
     from pipeline.engine.model.loading import load_model
@@ -240,8 +241,10 @@ def test_members_joining_and_leaving_a_loop_never_recompile_after_the_warm_up() 
     model = load_model(Settings(compile=True))  # a new model: its warm-up compiles (batch 2: guidance)
     warmed = counters["stats"]["unique_graphs"]
     assert warmed > before, "the warm-up compiled nothing: the count below would prove nothing"
-    first = InferenceJob("a", ("a red circle",), ("",), (1,), 64, 64, 6, 4.0, joinable=True)
-    joiner = InferenceJob("b", ("a blue square", "a star"), ("", ""), (2, 3), 64, 64, 2, 4.0, joinable=True)
+    first = InferenceJob("a", ("a red circle",), ("",), (1,), 64, 64, 8, 4.0, joinable=True,
+                         options=(("step_cache", "taylorseer"),))  # computes steps 0-3, 6, 7  # fmt: skip
+    joiner = InferenceJob("b", ("a blue square", "a star"), ("", ""), (2, 3), 64, 64, 4, 4.0, joinable=True)
     ended = run_loop(model, first, joiner, join_at=2)
     assert set(ended) == {"a", "b"} and all(hasattr(e, "images") for e in ended.values()), ended
+    assert dict(ended["a"].step_cache) == {"method": "taylorseer", "computed": 6, "skipped": 2}
     assert counters["stats"]["unique_graphs"] == warmed, "a member joining or leaving recompiled the denoiser"
