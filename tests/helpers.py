@@ -109,11 +109,14 @@ def queue_call(url: str, fn_index: int, data: list[Any], timeout: float = 60.0) 
     return raw_http_predict(url, fn_index, data, timeout, session=f"tests{threading.get_ident()}")
 
 
-def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 30.0, every: float = 0.005) -> None:
-    """Poll, from a test thread, a condition the code under test reaches on its own."""
+def wait_for(
+    predicate: Callable[[], Any], what: str, timeout: float = 30.0, every: float = 0.005, about: Any = None
+) -> None:
+    """Poll, from a test thread, a condition the code under test reaches on its own (``about``: what to
+    show beside the timeout, such as the last state read)."""
     deadline = time.monotonic() + timeout
     while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        assert time.monotonic() < deadline, f"timed out waiting until {what}" + (f": {about()}" if about else "")
         time.sleep(every)
 
 

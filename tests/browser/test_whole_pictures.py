@@ -167,7 +167,7 @@ STOP_SEEN_JS = """() => {
   window.__t2iStopSeen = false;
   new MutationObserver(() => {
     const stop = document.querySelector("#stop");
-    if (stop && !stop.disabled && document.querySelector("#status .t2i-status[data-running]")) {
+    if (stop && !stop.disabled) {  // disabled before the click and after the end: enabled in between
       window.__t2iStopSeen = true;
     }
   }).observe(document.body, { childList: true, subtree: true, attributes: true });

@@ -36,13 +36,20 @@ def test_queue_full_rejects_exactly_the_excess_at_once(tmp_path: Path) -> None:
     # share it (the full run once saw two run and two wait, never "one runs and three wait").
     args = ("--queue-size", "2", "--concurrency", "2", "--max-waiting-per-user", "10", "--max-batch-size", "1")
     with running_app(tmp_path, *args, load=lambda: model) as (url, _d, _a):
-        health = lambda: httpx.get(url + "health").json()  # noqa: E731
+        seen: list[Any] = [None]  # the last health read, for the message if a wait times out
+
+        def health() -> Any:
+            seen[0] = httpx.get(url + "health").json()
+            return seen[0]
+
         # One client for all (a fresh one per request fetched the app's config each time; under the other
         # worker's load one such fetch ran past httpx's 5 s: conftest's _patient_gradio_client).
         client = Client(url, verbose=False)
         admitted = [client.submit(**raw_request(seed=i), api_name="/generate") for i in range(4)]
-        wait_for(lambda: health()["requests_in_flight"] == 4, "four requests are in the handler", timeout=120)
-        wait_for(lambda: health()["gpu_queue_depth"] == 3, "one runs and three wait in the fair line", timeout=60)
+        in_handler = lambda: health()["requests_in_flight"] == 4  # noqa: E731
+        wait_for(in_handler, "four requests are in the handler", timeout=120, every=0.05, about=lambda: seen[0])
+        in_line = lambda: health()["gpu_queue_depth"] == 3  # noqa: E731
+        wait_for(in_line, "one runs and three wait in the fair line", timeout=60, every=0.05, about=lambda: seen[0])
         assert health()["queue_depth"] == 3  # nothing in Gradio's own queue
         rejected = []
         for i in range(4, 7):

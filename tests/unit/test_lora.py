@@ -178,6 +178,22 @@ def test_members_with_different_adapters_share_each_denoiser_call_with_their_own
     assert mad(pictures[0], pictures[2]) > 1.0  # and the LoRAs did apply
 
 
+@pytest.mark.parametrize("family", ["default", "flux-dev"])
+def test_a_cached_member_with_its_adapter_leaves_the_calls_it_skips_with_its_own_pixels(family: str) -> None:
+    """Issue 50 with mixed adapters: a taylorseer member (its own LoRA) skips steps 4 and 5 of 8, leaving
+    those calls to the uncached member beside it (another LoRA); each draws what it draws alone."""
+    model = model_of(family)
+    cached = job("a", request_id="1", num_inference_steps=8, options=(("step_cache", "taylorseer"),))
+    beside = job("b", 0.6, request_id="2", num_inference_steps=8, seeds=(7, 8))
+    pictures, calls = drive(model, [cached, beside])
+    assert calls == 8  # the uncached member computes every step; the cached one joins 6 of them
+    for i, j in enumerate((cached, beside)):
+        assert mad(pictures[i], drive(model, [j])[0][0]) <= BOUND, f"member {i} ({j.lora})"
+    _, alone_calls = drive(model, [cached])
+    assert alone_calls == 6  # its own steps 0-3, 6 and 7
+    assert mad(pictures[0], run(model, replace(cached, options=()))) > 0.0  # the skipped steps were predicted
+
+
 def test_an_image_to_image_member_with_its_adapter_shares_the_calls_with_its_own_pixels() -> None:
     """The SD loop takes image-to-image members (``loop_sd``): with their own adapter, beside text members
     with others, each as alone (the family's image-to-image pipeline with the LoRA set)."""
