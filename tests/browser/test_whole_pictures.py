@@ -239,9 +239,11 @@ class Uploads:
         return list(self.page.evaluate("() => window.__t2iUploads"))
 
 
+@pytest.mark.parametrize("window", ["1280x900"], indirect=True)
 def test_an_inpaint_uploads_its_picture_and_mask_once(window: Any) -> None:
     """Painting uploads nothing; Generate uploads the picture and the painted mask once each (Gradio's editor
-    adds its composite), however many progress updates the run sends; the rate limit never answers."""
+    adds its composite), however many progress updates the run sends; the rate limit never answers. (One
+    window: the uploads do not depend on its size; the phone's layout is the slider test's.)"""
     generate(window, "a red circle on a blue background")
     uploads = Uploads(window)
     window.locator("#send-gallery-inpaint").click()
