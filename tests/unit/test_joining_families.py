@@ -489,21 +489,22 @@ def test_the_record_counts_a_members_own_evaluations_and_off_counts_none() -> No
     assert loop.result_fields(slots["O"])["step_cache"] == ()
 
 
-@pytest.mark.parametrize("name", ["flux-dev", "flux-schnell"])
+@pytest.mark.parametrize("name", ["flux-dev", "flux-schnell", "chroma"])
 def test_first_block_cache_decides_per_row_and_a_joined_member_draws_what_it_draws_alone(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """FLUX.1's First-Block Cache per row (issue 50): A (fbcache, two images) joins X (off) after 2 steps,
-    beside R (taylorseer); each equals itself alone; A's rows skipped some of their remaining blocks
-    (the tiny random transformer barely changes between steps, so a loose threshold makes them hit)."""
+    """First-Block Cache per row in FLUX.1's and Chroma's loops (issue 50): A (fbcache, two images) joins X
+    (off) after 2 steps, beside R (taylorseer); each equals itself alone; A's rows skipped some of their
+    remaining blocks (the tiny random transformer barely changes between steps: a loose threshold)."""
     from pipeline.engine.loop import step_cache
 
     monkeypatch.setitem(step_cache.ROW_METHODS, "fbcache", 0.5)
     model = model_of(name)
     assert "fbcache" in model.profile.step_caches
     x = cached_job("X", "off", 1, 8, prompts=("a yellow star",))
+    cfg = 3.0 if name == "chroma" else 1.0  # Chroma: guidance rows [negative, prompt], each its own decision
     a = cached_job("A", "fbcache", 9, 8, prompts=("a red circle", "a blue square"), negative_prompts=("", ""),
-                   seeds=(9, 10))  # fmt: skip
+                   seeds=(9, 10), guidance_scale=cfg)  # fmt: skip
     r = cached_job("R", "taylorseer", 2, 8, prompts=("a green triangle",))
     run = drive(model, [(0, x), (2, a), (3, r)])
     for job in (x, a, r):
@@ -516,5 +517,6 @@ def test_first_block_cache_decides_per_row_and_a_joined_member_draws_what_it_dra
         loop.step()
     loop.decode([slot])
     report = dict(loop.result_fields(slot)["step_cache"])
-    assert report["method"] == "fbcache" and report["computed"] + report["skipped"] == 8 * 2
+    rows = 2 * (2 if cfg > 1 else 1)
+    assert report["method"] == "fbcache" and report["computed"] + report["skipped"] == 8 * rows
     assert report["skipped"] > 0 and report["computed"] >= 2  # its first step computes both rows

@@ -207,11 +207,7 @@ def flux_rows(
     kwargs: dict[str, Any] = dict(temb=temb, image_rotary_emb=rotary, joint_attention_kwargs=None)
     texts, first_out = blocks[0](hidden_states=hidden, encoder_hidden_states=texts, **kwargs)
     first = first_out - hidden
-    spans = list(zip(members, first.split([m.rows for m in members])))
-    hits = torch.cat([
-        m.cache.hits(own) if isinstance(m.cache, RowCache) else torch.zeros(m.rows, dtype=torch.bool)
-        for m, own in spans
-    ])  # fmt: skip
+    hits = row_hits(members, first)
     out = first_out.clone()
     miss = (~hits).nonzero().squeeze(1)
     if miss.numel():
@@ -220,15 +216,77 @@ def flux_rows(
         for block in blocks[1:]:
             e, h = block(hidden_states=h, encoder_hidden_states=e, **kwargs)
         out.index_copy_(0, miss, h)
+    return t.proj_out(t.norm_out(rows_kept(members, hits, first, first_out, out), temb))
+
+
+def row_hits(members: list[LoopMember], first: torch.Tensor) -> torch.Tensor:
+    """Which rows skip the remaining blocks: each First-Block-cached member's rows by its own residuals
+    (``first``: every row's first-block residual); every other member's rows run them."""
+    return torch.cat([
+        m.cache.hits(own) if isinstance(m.cache, RowCache) else torch.zeros(m.rows, dtype=torch.bool)
+        for m, own in zip(members, first.split([m.rows for m in members]))
+    ])  # fmt: skip
+
+
+def rows_kept(
+    members: list[LoopMember], hits: torch.Tensor, first: torch.Tensor, first_out: torch.Tensor, out: torch.Tensor
+) -> torch.Tensor:
+    """``out`` (the last block's output, for the rows that missed) with each hit row's own cached residual
+    of the remaining blocks added to its first block's output; each cached member keeps its new ones."""
     start = 0
-    for m, own in spans:
+    for m, own in zip(members, first.split([m.rows for m in members])):
         rows = slice(start, start + m.rows)
         if isinstance(m.cache, RowCache):
             rest = m.cache.keep(hits[rows], own, out[rows] - first_out[rows])
             hit = hits[rows].reshape(-1, *[1] * (out.ndim - 1))
             out[rows] = torch.where(hit, first_out[rows] + rest, out[rows])  # a missed row: its own output
         start += m.rows
-    return t.proj_out(t.norm_out(out, temb))
+    return out
+
+
+def chroma_rows(
+    transformer: Any,
+    members: list[LoopMember],
+    inputs: torch.Tensor,
+    timestep: torch.Tensor,
+    texts: torch.Tensor,
+    txt_ids: torch.Tensor,
+    img_ids: torch.Tensor,
+    mask: torch.Tensor | None,
+) -> torch.Tensor:
+    """diffusers 0.42's Chroma transformer forward (no ControlNet or IP-Adapter), with First-Block Cache
+    per row as ``flux_rows``: its per-block modulations sliced from the pooled embedding, its text mask
+    and guidance rows selected with the rows that miss."""
+    t = transformer
+    hidden = t.x_embedder(inputs)
+    pooled = t.distilled_guidance_layer(t.time_text_embed((timestep / 1000).to(hidden.dtype) * 1000))
+    texts = t.context_embedder(texts)
+    rotary = t.pos_embed(torch.cat((txt_ids, img_ids), dim=0))
+    doubles, singles = t.transformer_blocks, t.single_transformer_blocks
+    img_offset = 3 * len(singles)
+    txt_offset = img_offset + 6 * len(doubles)
+
+    def double(i: int, p: torch.Tensor) -> torch.Tensor:
+        a, b = img_offset + 6 * i, txt_offset + 6 * i
+        return torch.cat((p[:, a : a + 6], p[:, b : b + 6]), dim=1)
+
+    kwargs: dict[str, Any] = dict(image_rotary_emb=rotary, attention_mask=mask, joint_attention_kwargs=None)
+    texts, first_out = doubles[0](hidden_states=hidden, encoder_hidden_states=texts, temb=double(0, pooled), **kwargs)
+    first = first_out - hidden
+    hits = row_hits(members, first)
+    out = first_out.clone()
+    miss = (~hits).nonzero().squeeze(1)
+    if miss.numel():
+        h, e, p = first_out.index_select(0, miss), texts.index_select(0, miss), pooled.index_select(0, miss)
+        kwargs["attention_mask"] = mask.index_select(0, miss) if mask is not None else None
+        for i in range(1, len(doubles)):
+            e, h = doubles[i](hidden_states=h, encoder_hidden_states=e, temb=double(i, p), **kwargs)
+        text_length = e.shape[1]
+        h = torch.cat([e, h], dim=1)
+        for i, block in enumerate(singles):
+            h = block(hidden_states=h, temb=p[:, 3 * i : 3 * i + 3], **kwargs)
+        out.index_copy_(0, miss, h[:, text_length:])
+    return t.proj_out(t.norm_out(rows_kept(members, hits, first, first_out, out), pooled[:, -2:]))
 
 
 class SD3Loop(_FlowLoop):
@@ -337,16 +395,21 @@ class ChromaLoop(_FlowLoop):
     def _predict(self, members: list[LoopMember]) -> list[torch.Tensor]:
         inputs = torch.cat([torch.cat([m.latents] * 2) if m.cfg else m.latents for m in members])
         timestep = torch.cat([m.timestep.expand(m.rows).to(inputs.dtype) for m in members])
-        out = self.pipe.transformer(
-            hidden_states=inputs,
-            timestep=timestep / 1000,
-            encoder_hidden_states=_cat_rows(members, "encoder_hidden_states"),
-            txt_ids=members[0].shared["txt_ids"],
-            img_ids=members[0].shared["img_ids"],
-            attention_mask=_cat_rows(members, "attention_mask"),
-            joint_attention_kwargs={},
-            return_dict=False,
-        )[0]
+        texts, mask = _cat_rows(members, "encoder_hidden_states"), _cat_rows(members, "attention_mask")
+        ids = members[0].shared["txt_ids"], members[0].shared["img_ids"]
+        if any(isinstance(m.cache, RowCache) for m in members):  # First-Block Cache, per row (issue 50)
+            out = chroma_rows(self.pipe.transformer, members, inputs, timestep, texts, *ids, mask)
+        else:
+            out = self.pipe.transformer(
+                hidden_states=inputs,
+                timestep=timestep / 1000,
+                encoder_hidden_states=texts,
+                txt_ids=ids[0],
+                img_ids=ids[1],
+                attention_mask=mask,
+                joint_attention_kwargs={},
+                return_dict=False,
+            )[0]
         return [m.guided(chunk) for m, chunk in zip(members, out.split([m.rows for m in members]))]
 
     def _pixels(self, latents: torch.Tensor, job: InferenceJob) -> list[Image.Image]:

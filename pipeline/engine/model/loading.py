@@ -72,11 +72,12 @@ def lora_batching(pipe: Any, loras: LoadedLoras | None, setting: str, device: st
 
 def step_caches(kind: str | None, loras: Any) -> tuple[str, ...]:
     """The step-cache methods a loop family runs per member: the schedule-based ones in every loop,
-    First-Block Cache per row in FLUX.1's (whose forward ``loop_flow.flux_rows`` runs; its rows shrink
+    First-Block Cache per row in FLUX.1's and Chroma's (whose forwards ``loop_flow.flux_rows`` and
+    ``chroma_rows`` run; its rows shrink
     inside the forward, which peft's per-row adapters would not follow, so not beside --lora)."""
     if kind is None:
         return ()
-    rows = ("fbcache",) if kind == "flux" and loras is None else ()
+    rows = ("fbcache",) if kind in ("flux", "chroma") and loras is None else ()
     return (*(m for m in STEP_CACHE_METHODS if m != "fbcache"), *rows)
 
 

@@ -164,7 +164,10 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
             demo.load(fn=None, outputs=[live_preview], js="() => true", api_visibility="private")
     if settings.mcp:  # the `generate` MCP tool answers with image content and the info as JSON text
         serve_images(demo)
-    demo.queue(max_size=settings.queue_size, api_open=False, default_concurrency_limit=1)
+    # Gradio's own queue is a backstop above everything the app admits (``handler_slots``): with
+    # ``max_size`` at ``queue_size``, a burst of admitted requests that arrived before Gradio's loop
+    # moved them into the handler was refused there, "Queue is full", under load (tests/server/test_load.py).
+    demo.queue(max_size=settings.handler_slots(), api_open=False, default_concurrency_limit=1)
     return demo
 
 
