@@ -134,6 +134,20 @@ def _one_cache_decision_for_every_row() -> None:
     step_cache.MemberCache.computes = computes  # type: ignore[method-assign]
 
 
+def _one_first_block_decision_for_the_batch() -> None:
+    """Issue 50: First-Block Cache decided once for the whole batch (diffusers' hook: one scalar over
+    every row), not per row: every row skips only when all would."""
+    from pipeline.engine.loop import loop_flow
+
+    original = loop_flow.row_hits
+
+    def row_hits(members: Any, first: Any) -> Any:
+        hits = original(members, first)
+        return hits.all().expand_as(hits).clone()
+
+    loop_flow.row_hits = row_hits
+
+
 async def _stopped_at_once(self: Any, session: str, timeout: float) -> bool:
     return True
 
@@ -356,6 +370,9 @@ MUTANTS: dict[str, list[Patch]] = (
         "img2img-loop-member-ignores-strength": on("pipeline.engine.loop.loop_sd", _pictures_from_step_0),
         "step-cache-decision-shared-across-rows": on(
             "pipeline.engine.loop.step_cache", _one_cache_decision_for_every_row
+        ),
+        "fbcache-one-decision-for-the-batch": on(
+            "pipeline.engine.loop.loop_flow", _one_first_block_decision_for_the_batch
         ),
         "img2img-never-joins-loops": attr(
             "pipeline.serving.scheduler", "joins_loops", lambda request, loop_modes=("text",): request.mode == "text"

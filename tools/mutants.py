@@ -37,7 +37,12 @@ TESTS: dict[str, str] = {
     ),
     "batch-ignores-max-size": "tests/unit/test_batching.py::test_max_batch_size_bounds_the_images_in_a_job",
     "img2img-loop-member-ignores-strength": "tests/unit/test_joining_families.py::test_image_to_image_members_join_a_text_loop_at_their_own_first_timestep",
-    "step-cache-decision-shared-across-rows": "tests/unit/test_step_cache.py",
+    "step-cache-decision-shared-across-rows": (
+        "tests/unit/test_joining_families.py::test_a_cached_member_that_joins_mid_way_draws_what_it_draws_alone"
+    ),
+    "fbcache-one-decision-for-the-batch": (
+        "tests/unit/test_joining_families.py::test_first_block_cache_decides_per_row_and_a_joined_member_draws_what_it_draws_alone"
+    ),
     "img2img-never-joins-loops": "tests/server/test_image_modes_app.py::test_image_to_image_joins_a_running_text_loop_and_still_equals_the_plain_pipeline",
     "img2img-never-shares-calls": "tests/unit/test_image_requests.py::test_image_modes_run_their_steps_through_the_same_line_and_join_text_loops_only_where_the_model_can",
     "image-modes-join-text-loops": "tests/unit/test_image_requests.py::test_image_modes_run_their_steps_through_the_same_line_and_join_text_loops_only_where_the_model_can",

@@ -53,21 +53,26 @@ def resident(monkeypatch: pytest.MonkeyPatch, offloaded: Any) -> Iterator[list[s
     yield seen
 
 
-def _job(model: Any, seed: int, steps: int) -> Any:
+def _job(model: Any, seed: int, steps: int, step_cache: str = "off") -> Any:
     from pipeline.request import Limits, validate
 
-    return validate(raw_request(seed=seed, num_inference_steps=steps), Limits.for_model(model.profile)).to_job()
+    raw = raw_request(seed=seed, num_inference_steps=steps, step_cache=step_cache)
+    return validate(raw, Limits.for_model(model.profile)).to_job()
 
 
+@pytest.mark.parametrize("step_cache", ["off", "taylorseer"])  # issue 50: a cached first member skips steps 4-5
 def test_a_loop_with_a_joiner_holds_no_more_components_at_once_than_pipe(
-    offloaded: Any, resident: list[set[str]]
+    offloaded: Any, resident: list[set[str]], step_cache: str
 ) -> None:
     from pipeline.protocol import InferenceResult
 
     offloaded.generate(_job(offloaded, 1, 4), NEVER, lambda *_: None)
     by_pipe = max(len(s) for s in resident)
     resident.clear()
-    ended = run_loop(offloaded, _job(offloaded, 2, 6), _job(offloaded, 3, 2), join_at=2)
+    first = _job(offloaded, 2, 8, step_cache)
+    ended = run_loop(offloaded, first, _job(offloaded, 3, 2), join_at=2)
     assert all(isinstance(e, InferenceResult) for e in ended.values()) and len(ended) == 2, ended
+    counted = {"method": "taylorseer", "computed": 6, "skipped": 2} if step_cache != "off" else {}
+    assert dict(ended[first.request_id].step_cache) == counted
     assert by_pipe == 1 and max(len(s) for s in resident) <= by_pipe, [s for s in resident if len(s) > 1]
     assert {"unet", "text_encoder", "vae"} <= set().union(*resident)  # each was on the device in its turn
