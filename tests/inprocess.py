@@ -170,9 +170,13 @@ def cached_joined_and_alone(client: Any, adapter: LocalAdapter, request: dict[st
     long_steps = p.max_steps if not p.step_choices else request["num_inference_steps"]
     long = client.submit(**{**request, "seed": 3, "num_inference_steps": long_steps, "step_cache": "off"},
                          api_name="/generate")  # fmt: skip
-    steps = adapter.metrics.denoise_steps
-    base, deadline = steps._value.get(), time.monotonic() + 60
-    while steps._value.get() < base + 1 and time.monotonic() < deadline:  # the long request's first step ran
+
+    def steps() -> float:  # the denoising steps run so far (prometheus' denoise_steps_total)
+        return sum(s.value for metric in adapter.metrics.denoise_steps.collect() for s in metric.samples
+                   if s.name.endswith("_total"))  # fmt: skip
+
+    base, deadline = steps(), time.monotonic() + 60
+    while steps() < base + 1 and time.monotonic() < deadline:  # the long request's first step ran
         time.sleep(0.002)
     joined, joined_info = client.predict(**{**request, "step_cache": "auto"}, api_name="/generate")
     long.result(timeout=600)
