@@ -153,6 +153,25 @@ def served_family(tmp: Path, folder: Path, launched: bool, *args: str) -> Iterat
         yield Client(url, verbose=False, download_files=str(tmp / "dl")), adapter
 
 
+def step_cache_row(client: Any, adapter: LocalAdapter, request: dict[str, Any], fewest_steps: int) -> str:
+    """Issue 50 through the app, a family matrix's "step cache" row: ``request`` with ``step_cache="auto"``
+    sent while a long uncached request runs joins that loop mid-way where the family has one, and equals
+    itself sent alone, taylorseer's steps skipped; a family without a loop runs it off (one call at its
+    ``fewest_steps``). Asserts both; returns the row's text."""
+    if not adapter.profile.step_caches:
+        _, info = client.predict(**{**request, "num_inference_steps": fewest_steps, "step_cache": "auto"},
+                                 api_name="/generate")  # fmt: skip
+        assert info["step_cache"]["method"] == "off", info
+        return "off (no step-level loop)"
+    seen = cached_joined_and_alone(client, adapter, request)
+    joined, alone = seen["joined"], seen["alone"]
+    assert joined["step_cache"] == alone["step_cache"] and alone["step_cache"]["method"] == "taylorseer", seen
+    assert alone["step_cache"]["skipped"] > 0 and joined["joined_at_step"] >= 1, seen
+    assert seen["difference"] <= 1.0, seen
+    skipped, steps = alone["step_cache"]["skipped"], request["num_inference_steps"]
+    return f"auto: {skipped} of {steps} skipped, joined {seen['difference']:.2f}/255 from alone"
+
+
 def cached_joined_and_alone(client: Any, adapter: LocalAdapter, request: dict[str, Any]) -> dict[str, Any]:
     """Issue 50 through the app: ``request`` with ``step_cache="auto"`` sent while a long uncached request
     runs (it joins that loop where the family has one), then alone. Returns both records and the two

@@ -26,7 +26,7 @@ from PIL import Image
 from pipeline.fields import WEIGHING
 from tests.families import built_family
 from tests.helpers import ROOT, gate_held, raw_request, wait_for
-from tests.inprocess import cached_joined_and_alone, handle_file, refused, served_family
+from tests.inprocess import handle_file, refused, served_family, step_cache_row
 
 WHOLE = "CLIP whole (chunks of 75, at most 300)"
 pytestmark = pytest.mark.timeout(900)
@@ -366,25 +366,10 @@ def test_a_step_cache_request_joins_and_draws_what_it_draws_alone(served: tuple[
     joined mid-way beside an uncached request, what it draws alone; a family without a loop runs it off."""
     family, client, adapter = served
     width, height = size_of(adapter)
-    base = raw_request(width=width, height=height, num_inference_steps=min(steps_of(adapter, 12), adapter.profile.max_steps),
+    steps = min(steps_of(adapter, 12), adapter.profile.max_steps)
+    base = raw_request(width=width, height=height, num_inference_steps=steps,
                        guidance_scale=adapter.profile.default_guidance, seed=9)  # fmt: skip
-    if not adapter.profile.step_caches:  # one call, its fewest steps: "auto" is off here
-        _, info = client.predict(**{**base, "num_inference_steps": steps_of(adapter), "step_cache": "auto"},
-                                 api_name="/generate")  # fmt: skip
-        assert info["step_cache"]["method"] == "off", info
-        record(family, "step cache", "off (no step-level loop)")
-        return
-    seen = cached_joined_and_alone(client, adapter, base)
-    joined, alone = seen["joined"], seen["alone"]
-    assert joined["step_cache"] == alone["step_cache"] and alone["step_cache"]["method"] == "taylorseer", seen
-    assert alone["step_cache"]["skipped"] > 0 and joined["joined_at_step"] >= 1, seen
-    assert seen["difference"] <= 1.0, seen
-    record(
-        family,
-        "step cache",
-        f"auto: {alone['step_cache']['skipped']} of {base['num_inference_steps']} skipped, "
-        f"joined {seen['difference']:.2f}/255 from alone",
-    )
+    record(family, "step cache", step_cache_row(client, adapter, base, steps_of(adapter)))
 
 
 def test_zz_write_the_matrix(served: tuple[str, Any, Any]) -> None:
