@@ -48,6 +48,7 @@ from ..errors import (
     ShuttingDown,
     TooManyWaiting,
 )
+from ..fields import STEP_CACHE_AUTO, STEP_CACHE_OFF
 from ..protocol import InferenceResult, ModelProfile, ModelSide, Output, StopSignal, Timings
 from ..request import (
     GenerateRequest,
@@ -107,7 +108,7 @@ class LocalAdapter(AdapterBase):
         # the running loop at a step boundary instead of waiting for the gate.
         self.step_joining = step_joining and side.profile.step_joining and self.streamer.many_in_flight
         if not self.step_joining and limits.step_caches:  # step caches run in loops (issue 50): none here
-            if limits.step_cache not in ("off", "auto"):
+            if limits.step_cache not in (STEP_CACHE_OFF, STEP_CACHE_AUTO):
                 raise SystemExit(f"--step-cache {limits.step_cache} needs step-level loops, off on this server")
             self.limits = replace(limits, step_caches=())
         self.scheduler = Scheduler(

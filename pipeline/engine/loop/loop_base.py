@@ -30,11 +30,12 @@ import torch
 from PIL import Image
 
 from ...errors import OutOfMemory
+from ...fields import STEP_CACHE_OFF
 from ...protocol import InferenceJob
 from ..device_faults import kind_of
 from ..model.lora import use_of
 from ..model.previews import denoised, unpack
-from .step_cache import OFF, MemberCache, RowCache
+from .step_cache import MemberCache, RowCache
 
 if TYPE_CHECKING:
     from ...protocol import ModelProfile
@@ -180,7 +181,8 @@ class MemberLoop:
         switch_ms = self.model.use_adapter(job)  # its text encoders read its prompts through its own adapter
         self._offload_all()  # mid-loop, the denoiser is on the device: its encoders must not join it there
         member = self._guarded(job.request_id, self._enter, job)
-        member.cache = MemberCache.of(str(dict(job.options).get("step_cache", OFF)), member.total, member.rows)
+        method = str(dict(job.options).get("step_cache", STEP_CACHE_OFF))
+        member.cache = MemberCache.of(method, member.total, member.rows)
         if job.mode != "text":
             self._offload_all()  # its picture went through the VAE: the VAE leaves before the next denoiser call
         slot, self._next_slot = self._next_slot, self._next_slot + 1

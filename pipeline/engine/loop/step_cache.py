@@ -34,8 +34,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ...fields import STEP_CACHE_OFF
-
 
 @dataclass(frozen=True)
 class Schedule:
@@ -59,7 +57,6 @@ METHODS: dict[str, Schedule] = {
     "taylorseer": Schedule(warmup=3, interval=3, order=1),
     "reuse": Schedule(warmup=2, interval=2, order=0),
 }
-OFF = STEP_CACHE_OFF
 ROW_METHODS: dict[str, float] = {"fbcache": 0.08}  # First-Block Cache: its threshold (ParaAttention's FLUX figure)
 
 
