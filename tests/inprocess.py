@@ -155,8 +155,8 @@ def served_family(tmp: Path, folder: Path, launched: bool, *args: str) -> Iterat
 
 def step_cache_row(client: Any, adapter: LocalAdapter, request: dict[str, Any], fewest_steps: int) -> str:
     """Issue 50 through the app, a family matrix's "step cache" row: ``request`` with ``step_cache="auto"``
-    sent while a long uncached request runs joins that loop mid-way where the family has one, and equals
-    itself sent alone, taylorseer's steps skipped; a family without a loop runs it off (one call at its
+    sent while a long uncached request runs (beside one with "reuse") joins that loop mid-way where the
+    family has one, and equals itself sent alone, taylorseer's steps skipped; a family without a loop runs it off (one call at its
     ``fewest_steps``). Asserts both; returns the row's text."""
     if not adapter.profile.step_caches:
         _, info = client.predict(**{**request, "num_inference_steps": fewest_steps, "step_cache": "auto"},
@@ -174,7 +174,7 @@ def step_cache_row(client: Any, adapter: LocalAdapter, request: dict[str, Any], 
 
 def cached_joined_and_alone(client: Any, adapter: LocalAdapter, request: dict[str, Any]) -> dict[str, Any]:
     """Issue 50 through the app: ``request`` with ``step_cache="auto"`` sent while a long uncached request
-    runs (it joins that loop where the family has one), then alone. Returns both records and the two
+    runs, beside one with ``"reuse"`` (they join that loop where the family has one), then alone. Returns both records and the two
     pictures' mean difference (1/255 units), and whether the cached one joined mid-way."""
     import time
 
@@ -197,8 +197,10 @@ def cached_joined_and_alone(client: Any, adapter: LocalAdapter, request: dict[st
     base, deadline = steps(), time.monotonic() + 60
     while steps() < base + 1 and time.monotonic() < deadline:  # the long request's first step ran
         time.sleep(0.002)
+    other = client.submit(**{**request, "seed": 4, "step_cache": "reuse"}, api_name="/generate")  # another method
     joined, joined_info = client.predict(**{**request, "step_cache": "auto"}, api_name="/generate")
     long.result(timeout=600)
+    assert other.result(timeout=600)[1]["step_cache"]["method"] == "reuse"
     alone, alone_info = client.predict(**{**request, "step_cache": "auto"}, api_name="/generate")
     difference = float(np.abs(picture(joined) - picture(alone)).mean())
     return {"joined": joined_info, "alone": alone_info, "difference": difference}

@@ -58,8 +58,9 @@ EXPECTED: dict[str, tuple[int, float, str | None, int, int, bool, str, dict[str,
 }
 FAMILIES = list(EXPECTED)
 # One family of each build group (tests/builds/) not launched by test_family_matrix.py goes through the
-# launched app and gradio_client; the others' engine in process (tests/inprocess.py), the same tests.
-LAUNCHED = ("z-image", "lumina2")
+# launched app and gradio_client (and Qwen-Image: issue 50 asks for its step cache there); the others'
+# engine in process (tests/inprocess.py), the same tests.
+LAUNCHED = ("z-image", "qwen-image", "lumina2")
 # Tiny builds whose text path does not reach the pixels (diffusers' dummy components zero-initialise it):
 # neither a guidance change nor a negative prompt can show there, in the app or in diffusers.
 INERT_TEXT = ("ernie-image", "kandinsky5")

@@ -166,6 +166,7 @@ CASES = [
     ("sd3", "default"),
     ("chroma", "default"),
     ("z-image", "default"),
+    ("qwen-image", "default"),
 ]
 
 
@@ -286,7 +287,7 @@ def test_inpainting_and_hires_fix_stay_whole_pipeline_calls() -> None:
     assert flux.profile.loop_modes == ("text",) and flux.loop_key(job_b(mode="image", images=(picture(1),))) is None
 
 
-@pytest.mark.parametrize("name", ["default", "sd1", "flux-dev", "sd3", "chroma", "z-image"])
+@pytest.mark.parametrize("name", ["default", "sd1", "flux-dev", "sd3", "chroma", "z-image", "qwen-image"])
 def test_a_member_leaves_when_its_own_steps_are_done(name: str) -> None:
     """Both start together; B (2 steps) is decoded after loop step 2 while A (4 steps) keeps running."""
     model = model_of(name)
@@ -311,7 +312,7 @@ def test_removing_a_member_leaves_the_others_images_unchanged(name: str, sampler
     assert_same(f"remove {name}/{sampler} A", run.images["A"], alone(name, a))
 
 
-@pytest.mark.parametrize("name", ["default", "flux-dev", "sd3", "chroma", "z-image"])
+@pytest.mark.parametrize("name", ["default", "flux-dev", "sd3", "chroma", "z-image", "qwen-image"])
 def test_previews_on_each_members_preview_steps_as_the_pipeline_shows_them(name: str) -> None:
     """A previews image 1 every 2 steps, B image 0 every step; none on a member's last step. Each preview
     looks like the one ``StepWatch`` shows for the same job alone."""
@@ -339,7 +340,9 @@ def test_previews_on_each_members_preview_steps_as_the_pipeline_shows_them(name:
 
 
 # Z-Image runs CFG whenever guidance > 0: B's guidance 1 has two rows there.
-@pytest.mark.parametrize(("name", "rows"), [("default", 5), ("flux-dev", 3), ("sd3", 5), ("chroma", 5), ("z-image", 6)])
+@pytest.mark.parametrize(
+    ("name", "rows"), [("default", 5), ("flux-dev", 3), ("sd3", 5), ("chroma", 5), ("z-image", 6), ("qwen-image", 5)]
+)
 def test_one_denoiser_call_per_step_with_guidance_rows_only_where_guidance_is_over_1(name: str, rows: int) -> None:
     """A (2 images, guidance 3): [uncond, cond] rows (none on FLUX: no true CFG); B (guidance 1): [cond] only."""
     model = model_of(name)
@@ -454,7 +457,14 @@ def cached_job(rid: str, cache: str, seed: int, steps: int, **over: Any) -> Any:
     return job_b(**{**fields, **over})
 
 
-CACHE_CASES = [("default", 7.5, 12), ("flux-dev", 3.5, 8), ("sd3", 3.0, 8), ("chroma", 3.0, 8), ("z-image", 3.0, 8)]
+CACHE_CASES = [
+    ("default", 7.5, 12),
+    ("flux-dev", 3.5, 8),
+    ("sd3", 3.0, 8),
+    ("chroma", 3.0, 8),
+    ("z-image", 3.0, 8),
+    ("qwen-image", 3.0, 8),
+]
 
 
 @pytest.mark.parametrize(("name", "guidance", "steps"), CACHE_CASES, ids=[c[0] for c in CACHE_CASES])
@@ -489,7 +499,7 @@ def test_the_record_counts_a_members_own_evaluations_and_off_counts_none() -> No
     assert loop.result_fields(slots["O"])["step_cache"] == ()
 
 
-@pytest.mark.parametrize("name", ["flux-dev", "flux-schnell", "chroma"])
+@pytest.mark.parametrize("name", ["flux-dev", "flux-schnell", "chroma", "qwen-image"])
 def test_first_block_cache_decides_per_row_and_a_joined_member_draws_what_it_draws_alone(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -502,7 +512,7 @@ def test_first_block_cache_decides_per_row_and_a_joined_member_draws_what_it_dra
     model = model_of(name)
     assert "fbcache" in model.profile.step_caches
     x = cached_job("X", "off", 1, 8, prompts=("a yellow star",))
-    cfg = 3.0 if name == "chroma" else 1.0  # Chroma: guidance rows [negative, prompt], each its own decision
+    cfg = 3.0 if name in ("chroma", "qwen-image") else 1.0  # guidance rows [negative, prompt], each deciding
     a = cached_job("A", "fbcache", 9, 8, prompts=("a red circle", "a blue square"), negative_prompts=("", ""),
                    seeds=(9, 10), guidance_scale=cfg)  # fmt: skip
     r = cached_job("R", "taylorseer", 2, 8, prompts=("a green triangle",))

@@ -15,12 +15,13 @@ from its own last outputs:
   the member's last two computed outputs (at its steps k₁ < k₂), interval 3;
 - ``reuse``: the last computed output again (FORA's and DeepCache's reuse, at the output), interval 2.
 
-**Data-dependent, per row** (``fbcache``: First-Block Cache, FLUX.1's loop): every row runs the
-transformer's first block; a row whose first-block residual changed by less than ``threshold``
+**Data-dependent, per row** (``fbcache``: First-Block Cache, FLUX.1's, Chroma's and Qwen-Image's loops):
+every row runs the transformer's first block; a row whose first-block residual changed by less than ``threshold``
 (mean |r - r_prev| / mean |r_prev|, against its own residual at its own last computed step) skips the
 remaining blocks and adds its own cached residual of them; the rows that miss run the remaining
 blocks together (``index_select``) and keep their new residuals. Rows of members with another method
-or none always run them (``RowCache``; ``loop_flow.flux_rows``).
+or none always run them (``RowCache``; ``loop_flow.flux_rows``, ``chroma_rows``,
+``loop_qwen.qwen_rows``).
 
 The output is what the loop's ``_predict`` returns for the member: its guided prediction (after
 classifier-free guidance), the tensor its sampler steps with. A member's steps count from its own

@@ -291,8 +291,8 @@ class DiffusersModel:
         return kwargs
 
     def loop_key(self, job: InferenceJob) -> Hashable | None:
-        """Step-level joining (``engine.loop.joining``) for SD 1.x/2.x, FLUX, SD3, Chroma and Z-Image;
-        ``None`` for the rest.
+        """Step-level joining (``engine.loop.joining``) for SD 1.x/2.x, FLUX, SD3, Chroma, Z-Image and
+        Qwen-Image; ``None`` for the rest.
 
         Members of one loop share the latent shape (width, height) and the sampler name; prompts,
         negative prompts, seeds, image counts, steps and guidance (with or without CFG) may differ,
@@ -312,6 +312,10 @@ class DiffusersModel:
             from ..loop.loop_sd import SDLoop
 
             return SDLoop(self)
+        if kind == "qwen-image":
+            from ..loop.loop_qwen import QwenImageLoop
+
+            return QwenImageLoop(self)
         from ..loop.loop_flow import ChromaLoop, FluxLoop, SD3Loop, ZImageLoop
 
         loops: dict[str, type[MemberLoop]] = {

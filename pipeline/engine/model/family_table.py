@@ -101,7 +101,8 @@ FAMILIES: tuple[Family, ...] = (
     _f("longcat-image", "LongCatImagePipeline", packing=2, bf16=True, encoders=(("Qwen", 512),)),
     _f("ernie-image", "ErnieImagePipeline", bf16=True, encoders=(("Mistral", None),),
        cards=(CardDefaults(r"turbo", 8, 1.0, by_name=True),)),
-    _f("qwen-image", "QwenImagePipeline", guidance="true_cfg", packing=2, bf16=True, min_steps=2),  # 1 step: NaN sigmas
+    _f("qwen-image", "QwenImagePipeline", guidance="true_cfg", packing=2, bf16=True, min_steps=2,  # 1 step: NaN sigmas
+       loop="qwen-image"),
     _f("z-image", "ZImagePipeline", bf16=True, default_size=1024, cfg_above=0.0, loop="z-image",
        cards=(CardDefaults(r"turbo", 9, 0.0, by_name=True),)),
     # HiDream rescales every size to 1024² pixels: these are the sizes its rescaling keeps

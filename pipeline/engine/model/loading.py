@@ -72,12 +72,12 @@ def lora_batching(pipe: Any, loras: LoadedLoras | None, setting: str, device: st
 
 def step_caches(kind: str | None, loras: Any) -> tuple[str, ...]:
     """The step-cache methods a loop family runs per member: the schedule-based ones in every loop,
-    First-Block Cache per row in FLUX.1's and Chroma's (whose forwards ``loop_flow.flux_rows`` and
-    ``chroma_rows`` run; its rows shrink
+    First-Block Cache per row in FLUX.1's, Chroma's and Qwen-Image's (whose forwards ``loop_flow.flux_rows``,
+    ``chroma_rows`` and ``loop_qwen.qwen_rows`` run; its rows shrink
     inside the forward, which peft's per-row adapters would not follow, so not beside --lora)."""
     if kind is None:
         return ()
-    rows = ("fbcache",) if kind in ("flux", "chroma") and loras is None else ()
+    rows = ("fbcache",) if kind in ("flux", "chroma", "qwen-image") and loras is None else ()
     return (*(m for m in STEP_CACHE_METHODS if m != "fbcache"), *rows)
 
 
@@ -115,7 +115,7 @@ def build_profile(
         supports_negative_prompt=t.negative_prompt,
         family=t.family,
         samplers=t.samplers,
-        step_joining=loop_kind(pipe) is not None,  # SD 1.x/2.x, FLUX, SD3, Chroma, Z-Image
+        step_joining=loop_kind(pipe) is not None,  # SD 1.x/2.x, FLUX, SD3, Chroma, Z-Image, Qwen-Image
         step_caches=step_caches(loop_kind(pipe), loras),  # per member, in its loops (issue 50)
         guidance_arg=t.guidance_arg,
         step_choices=t.step_choices,
