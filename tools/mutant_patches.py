@@ -141,8 +141,8 @@ def _one_first_block_decision_for_the_batch() -> None:
 
     original = loop_flow.row_hits
 
-    def row_hits(members: Any, first: Any) -> Any:
-        hits = original(members, first)
+    def row_hits(members: Any, first: Any, counts: Any = None) -> Any:
+        hits = original(members, first, counts)
         return hits.all().expand_as(hits).clone()
 
     loop_flow.row_hits = row_hits

@@ -53,3 +53,30 @@ def test_a_row_cache_decides_each_row_from_its_own_last_computed_residual() -> N
     assert cache.keep(hits, moved, new_rest).tolist() == [[5.0, 5.0], [9.0, 9.0]]  # row 0: its cached rest
     assert cache.hits(torch.tensor([[1.12, 1.12], [2.1, 2.1]])).tolist() == [False, True]  # row 0 vs its step 0
     assert dict(cache.report()) == {"method": "fbcache", "computed": 3, "skipped": 1}
+
+
+def test_a_row_cache_serves_its_first_rows_when_its_guidance_rows_leave_the_call() -> None:
+    """Z-Image truncates a member's CFG part-way: its negative rows (the last ones) leave the call. The
+    cache then decides its first rows against their own residuals and keeps the others' for nothing."""
+    cache = RowCache("fbcache", 0.1, rows=2)
+    cache.keep(torch.tensor([False, False]), torch.ones(2, 2), torch.tensor([[5.0, 5.0], [7.0, 7.0]]))
+    one = torch.tensor([[1.05, 1.05]])  # only the positive row now, 5 % moved: it hits, with its own rest
+    hits = cache.hits(one)
+    assert hits.tolist() == [True]
+    assert cache.keep(hits, one, torch.zeros(1, 2)).tolist() == [[5.0, 5.0]]
+    far = torch.tensor([[3.0, 3.0]])  # moved 200 %: it misses and keeps its new residuals in row 0 only
+    hits = cache.hits(far)
+    assert hits.tolist() == [False]
+    assert cache.keep(hits, far, torch.full((1, 2), 4.0)).tolist() == [[4.0, 4.0]]
+    assert cache.hits(torch.tensor([[3.1, 3.1], [1.0, 1.0]])).tolist() == [True, True]  # row 1 kept its own
+    assert dict(cache.report()) == {"method": "fbcache", "computed": 3, "skipped": 1}
+
+
+def test_first_block_cache_is_offered_where_a_family_runs_its_rows_forward_and_not_beside_loras() -> None:
+    from pipeline.engine.model.loading import step_caches
+
+    for kind in ("flux", "chroma", "qwen-image", "z-image"):
+        assert step_caches(kind, None) == ("taylorseer", "reuse", "fbcache"), kind
+        assert step_caches(kind, object()) == ("taylorseer", "reuse"), kind  # with --lora: rows shrink under peft
+    assert step_caches("sd", None) == step_caches("sd3", None) == ("taylorseer", "reuse")
+    assert step_caches(None, None) == ()  # no step-level loop: nothing to cache per member

@@ -219,28 +219,35 @@ def flux_rows(
     return t.proj_out(t.norm_out(rows_kept(members, hits, first, first_out, out), temb))
 
 
-def row_hits(members: list[LoopMember], first: torch.Tensor) -> torch.Tensor:
+def row_hits(members: list[LoopMember], first: torch.Tensor, counts: list[int] | None = None) -> torch.Tensor:
     """Which rows skip the remaining blocks: each First-Block-cached member's rows by its own residuals
-    (``first``: every row's first-block residual); every other member's rows run them."""
+    (``first``: every row's first-block residual; ``counts``: each member's rows in this call, else
+    ``m.rows``); every other member's rows run them."""
+    counts = counts or [m.rows for m in members]
     return torch.cat([
-        m.cache.hits(own) if isinstance(m.cache, RowCache) else torch.zeros(m.rows, dtype=torch.bool)
-        for m, own in zip(members, first.split([m.rows for m in members]))
+        m.cache.hits(own) if isinstance(m.cache, RowCache) else torch.zeros(n, dtype=torch.bool)
+        for m, n, own in zip(members, counts, first.split(counts))
     ])  # fmt: skip
 
 
 def rows_kept(
-    members: list[LoopMember], hits: torch.Tensor, first: torch.Tensor, first_out: torch.Tensor, out: torch.Tensor
+    members: list[LoopMember],
+    hits: torch.Tensor,
+    first: torch.Tensor,
+    first_out: torch.Tensor,
+    out: torch.Tensor,
+    counts: list[int] | None = None,
 ) -> torch.Tensor:
     """``out`` (the last block's output, for the rows that missed) with each hit row's own cached residual
     of the remaining blocks added to its first block's output; each cached member keeps its new ones."""
-    start = 0
-    for m, own in zip(members, first.split([m.rows for m in members])):
-        rows = slice(start, start + m.rows)
+    start, counts = 0, counts or [m.rows for m in members]
+    for m, n, own in zip(members, counts, first.split(counts)):
+        rows = slice(start, start + n)
         if isinstance(m.cache, RowCache):
             rest = m.cache.keep(hits[rows], own, out[rows] - first_out[rows])
             hit = hits[rows].reshape(-1, *[1] * (out.ndim - 1))
             out[rows] = torch.where(hit, first_out[rows] + rest, out[rows])  # a missed row: its own output
-        start += m.rows
+        start += n
     return out
 
 
@@ -490,7 +497,11 @@ class ZImageLoop(_FlowLoop):
                 latents += list(frames.unbind(0))
                 embeds += list(m.embeds)
                 timesteps.append(t)
-        out = transformer(latents, torch.cat(timesteps), embeds, joint_attention_kwargs=None, return_dict=False)[0]
+        counts = [m.images * (2 if m.cfg and scale > 0 else 1) for m, scale in zip(members, scales)]
+        if any(isinstance(m.cache, RowCache) for m in members):  # First-Block Cache, per row (issue 50)
+            out = z_image_rows(transformer, members, counts, latents, torch.cat(timesteps), embeds)
+        else:
+            out = transformer(latents, torch.cat(timesteps), embeds, joint_attention_kwargs=None, return_dict=False)[0]
         predictions: list[torch.Tensor] = []
         start = 0
         for m, scale in zip(members, scales):
@@ -520,3 +531,53 @@ class ZImageLoop(_FlowLoop):
 
     def _pixels(self, latents: torch.Tensor, job: InferenceJob) -> list[Image.Image]:
         return super()._pixels(latents.to(self.pipe.vae.dtype), job)
+
+
+def z_image_rows(
+    transformer: Any,
+    members: list[LoopMember],
+    counts: list[int],
+    latents: list[torch.Tensor],
+    timestep: torch.Tensor,
+    texts: list[torch.Tensor],
+) -> list[torch.Tensor]:
+    """diffusers 0.42's Z-Image transformer forward (its basic mode: no ControlNet, SigLIP or omni
+    inputs, patch 2x1), with First-Block Cache per row as ``flux_rows``: the first main layer on every
+    row, the remaining layers on the rows that miss with their masks, rotary tables and modulation.
+    A row's residuals are its image tokens' (they come first, the same count for every row of a loop;
+    the caption tokens after them are each row's own length, padded to the call's longest), so a row
+    decides from its own picture whoever shares the call (``counts``: each member's rows now)."""
+    t, key = transformer, "2-1"
+    device = latents[0].device
+    adaln = t.t_embedder(timestep * t.t_scale).type_as(latents[0])
+    x, caps, sizes, x_ids, cap_ids, x_pad, cap_pad = t.patchify_and_embed(latents, texts, 2, 1)
+    x_lengths = [len(xi) for xi in x]
+    x = t.all_x_embedder[key](torch.cat(x, dim=0))
+    x, x_freqs, x_mask, _, _ = t._prepare_sequence(list(x.split(x_lengths)), x_ids, x_pad, t.x_pad_token, None, device)
+    for layer in t.noise_refiner:
+        x = layer(x, x_mask, x_freqs, adaln, None, None, None)
+    cap_lengths = [len(c) for c in caps]
+    cap = t.cap_embedder(torch.cat(caps, dim=0))
+    cap, cap_freqs, cap_mask, _, _ = t._prepare_sequence(
+        list(cap.split(cap_lengths)), cap_ids, cap_pad, t.cap_pad_token, None, device
+    )
+    for layer in t.context_refiner:
+        cap = layer(cap, cap_mask, cap_freqs)
+    unified, freqs, mask, _ = t._build_unified_sequence(
+        x, x_freqs, x_lengths, None, cap, cap_freqs, cap_lengths, None, None, None, None, None, False, device
+    )
+    layers, image = t.layers, x_lengths[0]
+    first_out = layers[0](unified, mask, freqs, adaln, None, None, None)
+    first = (first_out - unified)[:, :image]
+    hits = row_hits(members, first, counts)
+    out = first_out.clone()
+    miss = (~hits).nonzero().squeeze(1)
+    if miss.numel():
+        h, f, c = first_out.index_select(0, miss), freqs.index_select(0, miss), adaln.index_select(0, miss)
+        m = mask.index_select(0, miss) if mask is not None else None
+        for layer in layers[1:]:
+            h = layer(h, m, f, c, None, None, None)
+        out.index_copy_(0, miss, h)
+    rows_kept(members, hits, first, first_out[:, :image], out[:, :image], counts)  # writes into ``out``
+    out = t.all_final_layer[key](out, c=adaln)
+    return list(t.unpatchify(list(out.unbind(dim=0)), sizes, 2, 1, None))

@@ -15,13 +15,13 @@ from its own last outputs:
   the member's last two computed outputs (at its steps k₁ < k₂), interval 3;
 - ``reuse``: the last computed output again (FORA's and DeepCache's reuse, at the output), interval 2.
 
-**Data-dependent, per row** (``fbcache``: First-Block Cache, FLUX.1's, Chroma's and Qwen-Image's loops):
+**Data-dependent, per row** (``fbcache``: First-Block Cache; FLUX.1's, Chroma's, Qwen-Image's, Z-Image's loops):
 every row runs the transformer's first block; a row whose first-block residual changed by less than ``threshold``
 (mean |r - r_prev| / mean |r_prev|, against its own residual at its own last computed step) skips the
 remaining blocks and adds its own cached residual of them; the rows that miss run the remaining
 blocks together (``index_select``) and keep their new residuals. Rows of members with another method
 or none always run them (``RowCache``; ``loop_flow.flux_rows``, ``chroma_rows``,
-``loop_qwen.qwen_rows``).
+``z_image_rows``, ``loop_qwen.qwen_rows``).
 
 The output is what the loop's ``_predict`` returns for the member: its guided prediction (after
 classifier-free guidance), the tensor its sampler steps with. A member's steps count from its own
@@ -126,24 +126,26 @@ class RowCache:
         raise AssertionError("a row cache computes every step at the loop's level")
 
     def hits(self, first: torch.Tensor) -> torch.Tensor:
-        """Which of its rows skip the remaining blocks, from their first-block residual ``first``."""
-        if self._first is None:
+        """Which of its rows skip the remaining blocks, from their first-block residual ``first``: its
+        first ``len(first)`` rows (Z-Image's guidance rows leave the call once its CFG is truncated)."""
+        if self._first is None or first.shape[0] > self._first.shape[0]:
             return torch.zeros(first.shape[0], dtype=torch.bool, device=first.device)
-        dims = tuple(range(1, first.ndim))
-        change = (first - self._first).abs().mean(dims) / self._first.abs().mean(dims).clamp_min(1e-12)
+        dims, before = tuple(range(1, first.ndim)), self._first[: first.shape[0]]
+        change = (first - before).abs().mean(dims) / before.abs().mean(dims).clamp_min(1e-12)
         return change < self.threshold
 
     def keep(self, hits: torch.Tensor, first: torch.Tensor, rest: torch.Tensor) -> torch.Tensor:
         """After the step: the rows that missed keep ``first`` and ``rest`` (their remaining blocks'
         residual); the rows that hit get their cached ``rest``. Returns each row's residual to add."""
         miss = ~hits
-        if self._first is None or self._rest is None:
+        if self._first is None or self._rest is None or first.shape[0] > self._first.shape[0]:
             self._first, self._rest = first.clone(), rest.clone()
         else:
-            self._first[miss], self._rest[miss] = first[miss], rest[miss]
+            rows = first.shape[0]
+            self._first[:rows][miss], self._rest[:rows][miss] = first[miss], rest[miss]
         self.skipped += int(hits.sum())
         self.computed += int(miss.sum())
-        return torch.where(hits.reshape(-1, *[1] * (rest.ndim - 1)), self._rest, rest)
+        return torch.where(hits.reshape(-1, *[1] * (rest.ndim - 1)), self._rest[: rest.shape[0]], rest)
 
     def report(self) -> tuple[tuple[str, object], ...]:
         """The method and its row-steps (per image): remaining blocks computed and skipped."""

@@ -72,12 +72,12 @@ def lora_batching(pipe: Any, loras: LoadedLoras | None, setting: str, device: st
 
 def step_caches(kind: str | None, loras: Any) -> tuple[str, ...]:
     """The step-cache methods a loop family runs per member: the schedule-based ones in every loop,
-    First-Block Cache per row in FLUX.1's, Chroma's and Qwen-Image's (whose forwards ``loop_flow.flux_rows``,
-    ``chroma_rows`` and ``loop_qwen.qwen_rows`` run; its rows shrink
+    First-Block Cache per row in FLUX.1's, Chroma's, Qwen-Image's and Z-Image's (whose forwards
+    ``loop_flow.flux_rows``, ``chroma_rows``, ``z_image_rows`` and ``loop_qwen.qwen_rows`` run; its rows shrink
     inside the forward, which peft's per-row adapters would not follow, so not beside --lora)."""
     if kind is None:
         return ()
-    rows = ("fbcache",) if kind in ("flux", "chroma", "qwen-image") and loras is None else ()
+    rows = ("fbcache",) if kind in ("flux", "chroma", "qwen-image", "z-image") and loras is None else ()
     return (*(m for m in STEP_CACHE_METHODS if m != "fbcache"), *rows)
 
 
