@@ -158,16 +158,19 @@ def looped_step_cache(
     options: tuple[tuple[str, Any], ...], raw: Mapping[str, Any], pictures: Any, loop_modes: tuple[str, ...]
 ) -> tuple[tuple[str, Any], ...]:
     """Step caching runs in step-level loops (issue 50): a method named for a request that runs as one
-    pipeline call (inpainting, outpainting, hires fix: a mode not in ``loop_modes``) is refused by name;
-    "auto" or the server's default is "off" there. (A rule that reads other fields: ``request.validate``'s.)"""
+    pipeline call (inpainting, outpainting: a mode not in ``loop_modes``; hires fix where the model's loop
+    does not run its image-to-image pass) is refused by name; "auto" or the server's default is "off"
+    there. (A rule that reads other fields: ``request.validate``'s.)"""
     method = dict(options).get("step_cache", STEP_CACHE_OFF)
-    if method == STEP_CACHE_OFF or (pictures.pipeline_mode in loop_modes and pictures.hires is None):
+    looped = pictures.pipeline_mode in loop_modes and (pictures.hires is None or "image" in loop_modes)
+    if method == STEP_CACHE_OFF or looped:
         return options
     if raw.get("step_cache") == method:
         where = "hires fix" if pictures.hires is not None else f"mode {pictures.pipeline_mode!r}"
+        hires = "with hires fix" if "image" in loop_modes else "without hires fix"
         raise InvalidRequest(
             "step_cache",
-            f"step_cache {method!r} runs in step-level loops ({', '.join(loop_modes)} without hires fix on "
+            f"step_cache {method!r} runs in step-level loops ({', '.join(loop_modes)} {hires} on "
             f"this model); {where} runs as one pipeline call: set step_cache to 'off' or 'auto'",
         )
     return tuple((k, STEP_CACHE_OFF if k == "step_cache" else v) for k, v in options)

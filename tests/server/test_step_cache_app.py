@@ -31,6 +31,12 @@ def written(gallery: Any) -> np.ndarray:
         return np.asarray(png.convert("RGB"), dtype=np.float32)
 
 
+def png_bytes(image: Image.Image) -> bytes:
+    out = io.BytesIO()
+    image.save(out, format="PNG")
+    return out.getvalue()
+
+
 def steps_counted(url: str) -> float:
     lines = httpx.get(url + "metrics", timeout=10).text.splitlines()
     return next(float(line.split()[1]) for line in lines if line.startswith("denoise_steps_total "))
@@ -81,7 +87,12 @@ def test_every_protocol_takes_a_method_and_refuses_one_that_cannot_run(client: A
         png = Image.open(io.BytesIO(base64.b64decode(answer.json()["images"][0])))
         assert "Step cache: taylorseer" in png.text["parameters"]
         hires = {**body, "enable_hr": True, "hr_scale": 2, "override_settings": {"step_cache": "reuse"}}
-        refused = http.post(url + "sdapi/v1/txt2img", json=hires)
+        answer = http.post(url + "sdapi/v1/txt2img", json=hires)  # each pass a loop member of its own
+        assert answer.status_code == 200 and "Step cache: reuse" in answer.json()["info"], answer.text
+        picture = base64.b64encode(png_bytes(Image.new("RGB", (SIZE, SIZE), "gray"))).decode()
+        mask = base64.b64encode(png_bytes(Image.new("L", (SIZE, SIZE), 255))).decode()
+        inpaint = {**body, "init_images": [picture], "mask": mask, "override_settings": {"step_cache": "reuse"}}
+        refused = http.post(url + "sdapi/v1/img2img", json=inpaint)
         assert refused.status_code == 422 and "step_cache 'reuse' runs in step-level loops" in refused.text
     api = openai.OpenAI(base_url=url + "v1", api_key="unused", max_retries=0)
     small = dict(model="dall-e-2", prompt="a red circle", size="64x64", response_format="b64_json")

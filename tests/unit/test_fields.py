@@ -100,7 +100,7 @@ def test_a_table_field_is_checked_carried_written_and_read_back() -> None:
 def test_step_cache_resolves_default_and_auto_and_refuses_what_the_model_cannot_run() -> None:
     """Issue 50: "default" is the server's ``--step-cache``, "auto" the model's first method ("off" where it
     offers none); a method is refused by name where the request runs as one pipeline call (inpainting,
-    hires fix), while "auto" and the default are "off" there; the PNG text names a method, never "off"."""
+    hires fix where the loop runs text only), while "auto" and the default are "off" there; the PNG text names a method, never "off"."""
     import dataclasses
 
     from pipeline.request import Limits, validate
@@ -120,10 +120,12 @@ def test_step_cache_resolves_default_and_auto_and_refuses_what_the_model_cannot_
     with pytest.raises(InvalidRequest, match="step_cache must be one of 'off', 'auto', 'taylorseer', 'reuse'"):
         method(step_cache="teacache")
     hires = dict(hires_fix=True, width=64, height=64)
-    assert method(**hires) == "off"  # auto, by the server's default: off where it cannot run
+    assert method(**hires) == "off"  # its loop runs text only (FLUX.1's): off where it cannot run
     with pytest.raises(InvalidRequest, match="step_cache 'reuse' runs in step-level loops .* hires fix") as refused:
         method(step_cache="reuse", **hires)
     assert refused.value.field == "step_cache"
+    limits = Limits.for_model(dataclasses.replace(looped, loop_modes=("text", "image")), step_cache="auto")
+    assert method(**hires) == "taylorseer" and method(step_cache="reuse", **hires) == "reuse"  # both passes loop
     assert fields.png_settings({"step_cache": "taylorseer"}) == {"Step cache": "taylorseer"}
     assert fields.png_settings({"step_cache": "off"}) == {}
 

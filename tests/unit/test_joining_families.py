@@ -531,3 +531,25 @@ def test_first_block_cache_decides_per_row_and_a_joined_member_draws_what_it_dra
     rows = 2 * (2 if cfg > 1 else 1)
     assert report["method"] == "fbcache" and report["computed"] + report["skipped"] == 8 * rows
     assert report["skipped"] > 0 and report["computed"] >= 2  # its first step computes both rows
+
+
+def test_a_cached_hires_fix_runs_each_pass_as_a_member_of_its_own_with_its_own_warm_up() -> None:
+    """Issue 50: hires fix with a step cache on a model whose loop runs text and image-to-image (the
+    embedded model): the text pass equals the same text request cached, the second pass equals an
+    image-to-image request cached on the upscaled first pass (its warm-up from its own first step),
+    and the record counts both passes' evaluations."""
+    model = model_of("default")
+    hires = dict(hires_width=96, hires_height=96, hires_steps=12, hires_strength=0.75)
+    job = cached_job("H", "taylorseer", 9, 12, guidance_scale=7.5, **hires)
+    progress: list[tuple[int, int]] = []
+    result = model.generate(job, threading.Event(), lambda k, n, _: progress.append((k, n)))
+    assert progress == [(k, 21) for k in range(1, 22)]  # one progress over 12 + 9 steps
+    # 12 steps: 0-3, 6, 9 and 11 computed; 9 steps: 0-3, 6 and 8
+    assert dict(result.step_cache) == {"method": "taylorseer", "computed": 7 + 6, "skipped": 5 + 3}
+    text = replace(job, hires_width=0, hires_height=0, hires_steps=0, hires_strength=0.0)
+    assert_same("hires first pass", result.first_pass, drive(model, [(0, text)]).images["H"])
+    upscaled = tuple(p.resize((96, 96), Image.Resampling.LANCZOS) for p in result.first_pass)
+    second = replace(text, mode="image", images=upscaled, strength=0.75, width=96, height=96)
+    assert_same("hires second pass", result.images, drive(model, [(0, second)]).images["H"])
+    uncached = model.generate(replace(job, options=(("step_cache", "off"),)), threading.Event(), lambda *_: None)
+    assert uncached.step_cache == () and mad(result.images, uncached.images) > 0.0  # the cache ran

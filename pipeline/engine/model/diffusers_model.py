@@ -18,7 +18,7 @@ import torch
 from PIL import Image
 
 from ...errors import Cancelled, OutOfMemory
-from ...fields import DEFAULT_EMPHASIS, T5_WEIGHING, WEIGHING, resolved_emphasis
+from ...fields import DEFAULT_EMPHASIS, STEP_CACHE_OFF, T5_WEIGHING, WEIGHING, resolved_emphasis
 from ...prompt_syntax import plain
 from ...protocol import InferenceJob, InferenceResult, ModelProfile, StepCallback, StopFlag, loop_key
 from ..device_faults import kind_of
@@ -139,12 +139,34 @@ class DiffusersModel:
         """One pipeline call in ``job``'s mode. The job's own scheduler (schedulers are stateful: step
         index, multistep history), built from the model's config on this thread, is put in the
         pipeline for this call only."""
+        if dict(job.options).get("step_cache", STEP_CACHE_OFF) != STEP_CACHE_OFF and self.loop_key(job) is not None:
+            return self._looped(job, stop, on_step)  # a hires fix pass with a step cache
         pipe = self._pipe_for(job)
         pipe.scheduler = samplers.build(self.base_sampler, job.sampler)
         try:
             return self._generate(job, stop, on_step, pipe)
         finally:
             pipe.scheduler = self.base_sampler
+
+    def _looped(self, job: InferenceJob, stop: StopFlag, on_step: StepCallback) -> InferenceResult:
+        """One pass as a step-level loop of its own member (hires fix with a step cache, issue 50: each pass
+        a member of its own, with its own cache and warm-up), with the call's progress, stop and previews."""
+        loop = self.open_loop(job)
+        slot = loop.add(job)
+        started, total = time.time(), loop.total_steps(slot)
+        try:
+            while loop.steps_done(slot) < total:
+                if stop.is_set():
+                    raise Cancelled(steps_done=loop.steps_done(slot))
+                shown = loop.step().get(slot, {})
+                on_step(loop.steps_done(slot), total, shown)
+            images = loop.decode([slot])[slot]
+        except OutOfMemory:
+            loop.remove(slot)
+            loop.release()
+            raise
+        return InferenceResult(images, total, started, time.time(), loop.peak_memory_bytes(),
+                               step_cache=loop.result_fields(slot)["step_cache"])  # fmt: skip
 
     def _hires(self, job: InferenceJob, stop: StopFlag, on_step: StepCallback) -> InferenceResult:
         """Hires fix, one job in two passes with one progress over both: the text pass, each picture
@@ -183,6 +205,7 @@ class DiffusersModel:
             first_pass=drawn.images,
             steps_done=drawn.steps_done + final.steps_done,
             started=drawn.started,
+            step_cache=both_passes(drawn.step_cache, final.step_cache),
             peak_memory_bytes=max(peaks, default=None),
         )
 
@@ -336,3 +359,15 @@ class DiffusersModel:
         gc.collect()
         if self._device == "cuda":
             torch.cuda.empty_cache()
+
+
+def both_passes(first: tuple[tuple[str, Any], ...], second: tuple[tuple[str, Any], ...]) -> tuple[tuple[str, Any], ...]:
+    """A hires fix's step cache record: the method, and both passes' evaluations computed and skipped."""
+    if not first or not second:
+        return first or second
+    a, b = dict(first), dict(second)
+    return (
+        ("method", a["method"]),
+        ("computed", a["computed"] + b["computed"]),
+        ("skipped", a["skipped"] + b["skipped"]),
+    )
