@@ -27,6 +27,14 @@
 #            case), then a batch of 2 (a new shape: a recompile), and the images' difference from
 #            eager; compile.json
 #            (measured on an H200 2026-12-04: 191 s, so it comes after the serving benchmarks)
+#   cache    (on request: STEPS="cuda build cache openloop", a call of its own) step caching, issue 50:
+#            python -m bench.gpu_cache on the SD 1.5 build at 512 px (each method, 8 mixed callers,
+#            the compiled loop's recompiles with a shrinking batch) and a full-width, full-depth
+#            FLUX.1-dev transformer with random weights built on the device, 1024 px; cache.json
+#   openloop (on request, as cache) python -m bench.openloop --quick on the SD 1.5 build at 512 px,
+#            20 steps: Poisson arrivals at four loads up to saturation, throughput against p50/p99
+#            latency for one request at a time (none), the whole-handler lock (lock), step joining
+#            with the cache off (step) and "auto" (cache); openloop.json
 #   fast     the fast-device profiles of bench.fast --quick (a simulated device: the serving layer on
 #            this machine's CPUs), 8 and 32 callers; the model side in a process and in a thread for
 #            the SD-Turbo-like and launch-bound profiles; fast-<profile>.json. They need no GPU, so
@@ -283,6 +291,15 @@ for flags in ([], ["--compile"]):
     torch.cuda.reset_peak_memory_stats()
 print(json.dumps(result, indent=1))
 PY
+fi
+
+if wanted cache; then
+  gpu_step cache 420 60 python -m bench.gpu_cache --model "$model" --device cuda --json "$out/cache.json"
+fi
+
+if wanted openloop; then
+  gpu_step openloop 420 60 python -m bench.openloop --quick --model "$model" --size 512 --steps 20 \
+    --designs none,lock,step,cache --loads 0.5,0.8,0.95,1.1 --json "$out/openloop.json"
 fi
 
 if wanted fast; then

@@ -73,7 +73,13 @@ DESIGNS: dict[str, tuple[str, ...]] = {
     "none": ("--max-batch-size", "1", "--step-joining", "off"),
     "job": ("--max-batch-size", str(BATCH), "--step-joining", "off"),
     "step": ("--max-batch-size", str(BATCH), "--step-joining", "on"),
+    # on request (--designs): the app with every request's step cache "auto" (issue 50), and the naive
+    # design, one lock around the whole handler (bench.servers' whole_lock), one request at a time
+    "cache": ("--max-batch-size", str(BATCH), "--step-joining", "on", "--step-cache", "auto"),
+    "lock": ("--max-batch-size", "1", "--step-joining", "off"),
 }
+DEFAULT_DESIGNS = ("none", "job", "step")
+SERVER_DESIGN = {"lock": "whole_lock"}  # bench.servers' design of each (else "gated": this app)
 # The same serving limits for every design: room for the 16-request memory check and for the
 # open loop's backlog at 95 % load, so that no design refuses or queues in Gradio's line instead of
 # its own. Every request has its own session, so the per-user cap (half of --concurrency) is moot.
@@ -460,7 +466,8 @@ def start_servers(model: Model, tmp: Path, designs: Sequence[str]) -> dict[str, 
     servers: dict[str, Server] = {}
     try:
         for d in designs:
-            servers[d] = Server("gated", tmp / f"{model.name}-{d}", *model.flags(), *COMMON, *DESIGNS[d], start=False)
+            servers[d] = Server(SERVER_DESIGN.get(d, "gated"), tmp / f"{model.name}-{d}", *model.flags(), *COMMON,
+                                *DESIGNS[d], start=False)  # fmt: skip
         for d, server in servers.items():
             server.wait_ready()
             if server.proc.poll() is not None:
@@ -476,7 +483,7 @@ def start_servers(model: Model, tmp: Path, designs: Sequence[str]) -> dict[str, 
 
 
 def run_section(
-    model: Model, plan: Plan, tmp: Path, designs: Sequence[str] = tuple(DESIGNS), base: str = "none"
+    model: Model, plan: Plan, tmp: Path, designs: Sequence[str] = DEFAULT_DESIGNS, base: str = "none"
 ) -> dict[str, Any]:
     if "none" not in designs:
         raise ValueError("the none design defines 100 % load and the sequential reference")
@@ -524,13 +531,16 @@ def run(
     quick: bool,
     model: str | None = None,
     plan: Plan | None = None,
-    designs: Sequence[str] = tuple(DESIGNS),
+    designs: Sequence[str] = DEFAULT_DESIGNS,
     base: str = "none",
+    size: int | None = None,
+    steps: int | None = None,
 ) -> dict[str, Any]:
     plan = plan or (QUICK if quick else FULL)
     started = time.monotonic()
+    models = [dataclasses.replace(m, size=size or m.size, steps=steps or m.steps) for m in models_for(model, quick)]
     with tempfile.TemporaryDirectory(prefix="bench-openloop-") as tmpdir:
-        sections = [run_section(m, plan, Path(tmpdir), designs, base) for m in models_for(model, quick)]
+        sections = [run_section(m, plan, Path(tmpdir), designs, base) for m in models]
     return {
         "quick": quick,
         "cores": psutil.cpu_count(),
@@ -653,14 +663,24 @@ def main(argv: list[str] | None = None) -> int:
         help="whose saturated rate is 100 %% load: none (one request per inference, the "
         "GPU's own capacity; default) or job (job-level batching, the app before step joining)",
     )
+    parser.add_argument("--designs", default=",".join(DEFAULT_DESIGNS),
+                        help=f"comma-separated, of {', '.join(DESIGNS)} (none is required)")  # fmt: skip
+    parser.add_argument("--size", type=int, default=None, help="pixels a side (default: the model's, 64 for a folder)")
+    parser.add_argument("--steps", type=int, default=None, help="steps a request (default: 8 quick, else 20)")
+    parser.add_argument("--loads", default=None, help="open-loop loads, fractions of 100 %% (default 0.5,0.8,0.95)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
+    designs = tuple(d for d in args.designs.split(",") if d)
+    if "none" not in designs or not set(designs) <= set(DESIGNS):
+        parser.error(f"--designs: none and any of {', '.join(DESIGNS)}")
     if args.model not in (None, "default") and not args.model.startswith("sim:") and not Path(args.model).is_dir():
         parser.error("--model is default, a sim:... spec or a model folder")
     plan = QUICK if args.quick else FULL
     if args.requests:
         plan = dataclasses.replace(plan, open_requests=args.requests)
-    result = run(args.quick, args.model, plan, base=args.load_base)
+    if args.loads:
+        plan = dataclasses.replace(plan, loads=tuple(float(x) for x in args.loads.split(",")))
+    result = run(args.quick, args.model, plan, designs, args.load_base, args.size, args.steps)
     print(render(result))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

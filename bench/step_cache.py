@@ -12,7 +12,8 @@ all alike):
   mixed load a server sees), and all ``auto``: images a second;
 - **FLUX.1-dev at its real width** (``wide_flux``: 3072 wide, 1 + 2 of its blocks, random weights, 512
   T5 tokens as its call pads them, 64 px), one request at 20 steps per method, with ``fbcache``'s
-  hit rate (random weights: its threshold decides little; a trained model's rate is what counts);
+  hit rate (random weights: its threshold decides little; a trained model's rate is what counts),
+  and the 8 callers' three loads there at 10 steps (``--flux-callers-steps``);
 - **quality**: the default model's evaluation (``pipeline.default_model.evaluate``: background,
   foreground and shape scored from the pixels, held-out and seen combinations, two seeds) per method,
   and each picture's mean difference from the same request uncached (1/255 units).
@@ -36,11 +37,12 @@ METHODS = ("off", "taylorseer", "reuse")
 STEPS = 20
 
 
-def _job(rid: str, prompt: str, seed: int, cache: str, guidance: float, steps: int = STEPS) -> Any:
+def cache_job(rid: str, prompt: str, seed: int, cache: str, guidance: float, steps: int = STEPS, size: int = 64) -> Any:
+    """One image of ``prompt`` with ``cache`` as its step cache, joinable (a loop member)."""
     from pipeline.protocol import InferenceJob
 
-    return InferenceJob(request_id=rid, prompts=(prompt,), negative_prompts=("",), seeds=(seed,), width=64,
-                        height=64, num_inference_steps=steps, guidance_scale=guidance, joinable=True,
+    return InferenceJob(request_id=rid, prompts=(prompt,), negative_prompts=("",), seeds=(seed,), width=size,
+                        height=size, num_inference_steps=steps, guidance_scale=guidance, joinable=True,
                         options=(("step_cache", cache),))  # fmt: skip
 
 
@@ -67,19 +69,14 @@ def speed(model: Any, rounds: int, guidance: float) -> dict[str, Any]:
 
     prompt = "a red circle on a blue background"
     times: dict[str, list[float]] = {name: [] for name in (*METHODS, "raw pipeline")}
-    mixed: dict[str, list[float]] = {"8 off": [], "4 auto + 4 off": [], "8 auto": []}
     for r in range(rounds):
         order = list(METHODS) if r % 2 == 0 else list(reversed(METHODS))
         for name in order:
-            times[name].append(run_loop(model, [_job("one", prompt, r, name, guidance)])[1])
+            times[name].append(run_loop(model, [cache_job("one", prompt, r, name, guidance)])[1])
         started = time.perf_counter()
         model.pipe(prompt, num_inference_steps=STEPS, guidance_scale=guidance, width=64, height=64,
                    generator=[torch.Generator().manual_seed(r)])  # fmt: skip
         times["raw pipeline"].append(time.perf_counter() - started)
-        for label, cached in (("8 off", 0), ("4 auto + 4 off", 4), ("8 auto", 8)):
-            jobs = [_job(f"c{i}", prompt, r * 10 + i, "taylorseer" if i < cached else "off", guidance)
-                    for i in range(8)]  # fmt: skip
-            mixed[label].append(run_loop(model, jobs)[1])
     off = statistics.median(times["off"])
     one = {
         name: {
@@ -89,15 +86,7 @@ def speed(model: Any, rounds: int, guidance: float) -> dict[str, Any]:
         }
         for name, ts in times.items()
     }
-    eight_off = statistics.median(mixed["8 off"])
-    concurrent = {
-        label: {
-            "images_per_s": round(8 / statistics.median(ts), 2),
-            "vs_8_off": round(eight_off / statistics.median(ts), 2),
-        }
-        for label, ts in mixed.items()
-    }
-    return {"one_request_20_steps": one, "eight_callers": concurrent}
+    return {"one_request_20_steps": one, "eight_callers": eight_callers(model, rounds, guidance, STEPS)}
 
 
 def quality(model: Any, guidance: float) -> dict[str, Any]:
@@ -111,7 +100,7 @@ def quality(model: Any, guidance: float) -> dict[str, Any]:
         seconds = 0.0
         for start in range(0, len(items), 16):
             batch = items[start : start + 16]
-            jobs = [_job(f"i{start + i}", p, seed, name, guidance) for i, (p, _, seed) in enumerate(batch)]
+            jobs = [cache_job(f"i{start + i}", p, seed, name, guidance) for i, (p, _, seed) in enumerate(batch)]
             images, took = run_loop(model, jobs)
             pictures.update({rid: imgs[0] for rid, imgs in images.items()})
             seconds += took
@@ -166,9 +155,10 @@ def wide_flux(out: Path) -> Path:
     return out
 
 
-def flux_speed(rounds: int, steps: int = STEPS) -> dict[str, Any]:
-    """The one-request and four-caller figures on ``wide_flux`` at 64 px (the transformer's time per
-    step dominates): each method against off, and the First-Block Cache's hit rate."""
+def flux_speed(rounds: int, steps: int = STEPS, callers_steps: int = 10) -> dict[str, Any]:
+    """The one-request and eight-caller figures on ``wide_flux`` at 64 px (the transformer's time per
+    step dominates): each method against off, the First-Block Cache's hit rate, and 8 concurrent callers
+    mixed cached and uncached at ``callers_steps`` steps (0: none)."""
     import tempfile
 
     from pipeline.config import Settings
@@ -183,7 +173,7 @@ def flux_speed(rounds: int, steps: int = STEPS) -> dict[str, Any]:
     reports: dict[str, Any] = {}
     for r in range(rounds):
         for name in methods if r % 2 == 0 else tuple(reversed(methods)):
-            job = _job("one", prompt, r, name, guidance, steps)
+            job = cache_job("one", prompt, r, name, guidance, steps)
             loop = model.open_loop(job)
             started = time.perf_counter()
             slot = loop.add(job)
@@ -192,6 +182,7 @@ def flux_speed(rounds: int, steps: int = STEPS) -> dict[str, Any]:
             loop.decode([slot])
             times[name].append(time.perf_counter() - started)
             reports[name] = dict(loop.result_fields(slot)["step_cache"]) or {"computed": steps, "skipped": 0}
+    callers = eight_callers(model, rounds, guidance, callers_steps) if callers_steps else {}
     off = statistics.median(times["off"])
     out = {}
     for name in methods:
@@ -202,7 +193,23 @@ def flux_speed(rounds: int, steps: int = STEPS) -> dict[str, Any]:
                      "computed": rep["computed"], "skipped": rep["skipped"],
                      "hit_rate": round(rep["skipped"] / total, 3) if total else 0.0}  # fmt: skip
     return {"model": "FLUX.1-dev, real width (3072), 1 + 2 blocks, random weights", "steps": steps, "size": 64,
-            "one_request": out}  # fmt: skip
+            "one_request": out, "eight_callers": callers, "eight_callers_steps": callers_steps}  # fmt: skip
+
+
+def eight_callers(model: Any, rounds: int, guidance: float, steps: int, size: int = 64) -> dict[str, Any]:
+    """8 concurrent callers in one loop of ``model``: all off, four auto (taylorseer) beside four off, all
+    auto; images a second and the ratio to all off (rounds alternate the order)."""
+    prompt = "a red circle on a blue background"
+    loads = (("8 off", 0), ("4 auto + 4 off", 4), ("8 auto", 8))
+    mixed: dict[str, list[float]] = {label: [] for label, _ in loads}
+    for r in range(rounds):
+        for label, cached in loads if r % 2 == 0 else tuple(reversed(loads)):
+            jobs = [cache_job(f"c{i}", prompt, r * 10 + i, "taylorseer" if i < cached else "off", guidance, steps,
+                              size) for i in range(8)]  # fmt: skip
+            mixed[label].append(run_loop(model, jobs)[1])
+    eight_off = statistics.median(mixed["8 off"])
+    return {label: {"images_per_s": round(8 / statistics.median(ts), 3),
+                    "vs_8_off": round(eight_off / statistics.median(ts), 2)} for label, ts in mixed.items()}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -211,6 +218,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--no-quality", action="store_true", help="speed only (the test's quick run)")
     parser.add_argument("--flux-rounds", type=int, default=1, help="rounds of the wide FLUX.1-dev section (0: none)")
+    parser.add_argument("--flux-callers-steps", type=int, default=10,
+                        help="steps of the wide FLUX.1-dev 8-caller loads (0: none; 8 rows a step cost ~8x one)")  # fmt: skip
     args = parser.parse_args(argv)
 
     from pipeline.config import Settings
@@ -218,14 +227,14 @@ def main(argv: list[str] | None = None) -> None:
 
     model: Any = load_model(Settings(), warmup=False)
     guidance = model.profile.default_guidance
-    run_loop(model, [_job("warm", "a red circle", 0, "off", guidance, steps=2)])  # first-call costs aside
+    run_loop(model, [cache_job("warm", "a red circle", 0, "off", guidance, steps=2)])  # first-call costs aside
     result: dict[str, Any] = {"model": model.profile.name, "cores": os.cpu_count(), "steps": STEPS, "size": 64,
                               "guidance": guidance}  # fmt: skip
     result.update(speed(model, args.rounds, guidance))
     if not args.no_quality:
         result["quality"] = quality(model, guidance)
     if args.flux_rounds:
-        result["flux"] = flux_speed(args.flux_rounds)
+        result["flux"] = flux_speed(args.flux_rounds, callers_steps=args.flux_callers_steps)
     text = json.dumps(result, indent=2)
     print(text)
     if args.json is not None:

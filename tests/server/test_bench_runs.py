@@ -119,3 +119,23 @@ def test_the_step_cache_benchmark_runs_end_to_end(tmp_path: Path) -> None:
     assert [one[m]["evaluations"] for m in ("off", "taylorseer", "reuse")] == [20, 10, 12]
     assert one["off"]["speedup_vs_off"] == 1.0 and all(0 < m["median_s"] < 60 for m in one.values())
     assert set(result["eight_callers"]) == {"8 off", "4 auto + 4 off", "8 auto"}
+
+
+def test_the_gpu_cache_step_runs_here_at_toy_sizes(tmp_path: Path) -> None:
+    """``bench/gpu.sh``'s ``cache`` step (``python -m bench.gpu_cache``) on this CPU at toy sizes, so that a
+    lent device's one call does not find it broken: each method's evaluations, the eight callers, and a
+    FLUX.1 transformer built in place of the loaded one (its depth and width from the flags)."""
+    out = tmp_path / "cache.json"
+    done = subprocess.run([sys.executable, "-m", "bench.gpu_cache", "--model", str(ROOT / "assets" / "default-model"),
+                           "--device", "cpu", "--size", "64", "--steps", "8", "--rounds", "1", "--flux-size", "64",
+                           "--flux-blocks", "1,1", "--flux-heads", "1", "--sections", "sd15,flux", "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    one = result["sd15"]["one_request"]
+    assert [(one[m]["computed"], one[m]["skipped"]) for m in ("off", "taylorseer", "reuse")] == [(8, 0), (6, 2), (6, 2)]
+    assert set(result["sd15"]["eight_callers"]) == {"8 off", "4 auto + 4 off", "8 auto"}
+    flux = result["flux"]
+    assert flux["model"].startswith("FLUX.1-dev transformer, width 128, 1 + 1 blocks")
+    assert flux["one_request"]["taylorseer"]["skipped"] == 10 and set(flux["one_request"]) == {
+        "off", "taylorseer", "reuse", "fbcache"}  # fmt: skip

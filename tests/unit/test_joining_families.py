@@ -553,3 +553,25 @@ def test_a_cached_hires_fix_runs_each_pass_as_a_member_of_its_own_with_its_own_w
     assert_same("hires second pass", result.images, drive(model, [(0, second)]).images["H"])
     uncached = model.generate(replace(job, options=(("step_cache", "off"),)), threading.Event(), lambda *_: None)
     assert uncached.step_cache == () and mad(result.images, uncached.images) > 0.0  # the cache ran
+
+
+def test_a_cached_image_to_image_member_warms_up_from_its_own_first_step_and_previews_its_skipped_steps() -> None:
+    """Issue 50 §5: I (image-to-image, 12 steps at strength 0.75: its last 9, taylorseer) joins a text loop
+    after 2 steps, previewing every step: its warm-up counts from its own first step (computed 0-3, 6
+    and 8 of its 9: 6 computed, 3 skipped), its skipped steps show previews from the predicted output,
+    and its pictures and previews equal it alone."""
+    model = model_of("default")
+    x = cached_job("X", "off", 1, 12, prompts=("a yellow star",), guidance_scale=7.5)
+    i = cached_job("I", "taylorseer", 9, 12, mode="image", images=(picture(1),), strength=0.75, guidance_scale=7.5,
+                   preview_every=1, preview_images=(0,))  # fmt: skip
+    run, alone = drive(model, [(0, x), (2, i)]), drive(model, [(0, i)])
+    assert_same("cached image-to-image", run.images["I"], alone.images["I"])
+    assert sorted(run.previews["I"]) == list(range(1, 9))  # every step but its last, skipped ones too
+    for step, shown in run.previews["I"].items():
+        assert_same(f"cached preview {step}", (shown[0],), (alone.previews["I"][step][0],))
+    loop = model.open_loop(i)
+    slot = loop.add(i)
+    while loop.steps_done(slot) < loop.total_steps(slot):
+        loop.step()
+    loop.decode([slot])
+    assert dict(loop.result_fields(slot)["step_cache"]) == {"method": "taylorseer", "computed": 6, "skipped": 3}
