@@ -133,9 +133,12 @@ def test_the_designs_alternate_so_that_drift_favours_none() -> None:
         ["step", "job", "none"],
         ["none", "job", "step"],
     ]
-    assert set(openloop.DESIGNS) == {"none", "job", "step"}
+    assert openloop.DEFAULT_DESIGNS == ("none", "job", "step")
+    assert set(openloop.DESIGNS) == {"none", "job", "step", "cache", "lock"}  # the last two on request
     for flags in openloop.DESIGNS.values():
         assert "--max-batch-size" in flags and "--step-joining" in flags
+    assert openloop.DESIGNS["cache"][-2:] == ("--step-cache", "auto")
+    assert openloop.SERVER_DESIGN == {"lock": "whole_lock"}  # bench.servers' one lock around the handler
 
 
 def test_the_sections() -> None:
