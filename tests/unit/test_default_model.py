@@ -103,7 +103,7 @@ def test_training_is_deterministic_and_writes_a_loadable_model(tmp_path: Path) -
     from pipeline.default_model.train import train
     from pipeline.engine.model.loading import load_model
 
-    tiny = dict(vae_images=32, vae_steps=3, vae_batch=4, images=64, unet_steps=3, unet_batch=8)
+    tiny = dict(vae_images=32, vae_large=8, vae_steps=3, vae_batch=4, images=64, unet_steps=3, unet_batch=8)
     train(tmp_path / "a", seed=5, config=tiny, threads=1)
     train(tmp_path / "b", seed=5, config=tiny, threads=1)
     files = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*.safetensors"))
