@@ -34,6 +34,7 @@ from typing import Any, Callable
 from bench.step_cache import cache_job, eight_callers, run_loop, wide_flux
 
 PROMPT = "a red circle on a blue background"
+SMALL = dict(num_layers=1, num_single_layers=1, num_attention_heads=1)  # the loaded folder's, swapped out at once
 
 
 def _sync(device: str) -> None:
@@ -118,7 +119,9 @@ def flux(args: argparse.Namespace) -> dict[str, Any]:
 
     doubles, singles = (int(n) for n in args.flux_blocks.split(","))
     with tempfile.TemporaryDirectory() as tmp:
-        model: Any = load_model(load_settings(["--model", str(wide_flux(Path(tmp) / "flux")), "--device", args.device]))
+        model: Any = load_model(
+            load_settings(["--model", str(wide_flux(Path(tmp) / "flux", **SMALL)), "--device", args.device])
+        )
     small = model.pipe.transformer
     config = {**dict(small.config), "num_layers": doubles, "num_single_layers": singles,
               "num_attention_heads": args.flux_heads}  # fmt: skip

@@ -129,8 +129,9 @@ WIDE_FLUX = dict(num_layers=1, num_single_layers=2, attention_head_dim=128, num_
                  axes_dims_rope=(16, 56, 56))  # fmt: skip
 
 
-def wide_flux(out: Path) -> Path:
-    """A FLUX.1-dev pipeline folder with ``WIDE_FLUX``'s transformer and seeded random weights."""
+def wide_flux(out: Path, **config: Any) -> Path:
+    """A FLUX.1-dev pipeline folder with ``WIDE_FLUX``'s transformer (``config`` overriding its own) and
+    seeded random weights."""
     import torch
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
 
@@ -139,7 +140,7 @@ def wide_flux(out: Path) -> Path:
     tokenizer, tokenizer_2 = make_clip_tokenizer(), make_t5_tokenizer(512)
     torch.manual_seed(1)
     transformer = FluxTransformer2DModel(patch_size=1, in_channels=64, joint_attention_dim=64, pooled_projection_dim=32,
-                                         guidance_embeds=True, **WIDE_FLUX)  # fmt: skip
+                                         guidance_embeds=True, **{**WIDE_FLUX, **config})  # fmt: skip
     torch.manual_seed(2)
     vae = AutoencoderKL(down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
                         block_out_channels=(8, 16, 16, 16), layers_per_block=1, latent_channels=16, norm_num_groups=8,

@@ -226,7 +226,7 @@ def _components(mask: np.ndarray) -> list[np.ndarray]:
     return out
 
 
-def _shape_mask(a: np.ndarray, bg_rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+def foreground(a: np.ndarray, bg_rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """The foreground's mask and colour: the pixels nearer the foreground colour than the background's,
     largest connected piece only, holes filled. None when nothing differs from the background."""
     h, w, _ = a.shape
@@ -270,7 +270,7 @@ def score(image: Image.Image) -> Score:
     )
     bg_rgb = np.median(border, axis=0)
     bg = nearest_colour(bg_rgb)
-    found = _shape_mask(a, bg_rgb)
+    found = foreground(a, bg_rgb)
     if found is None:
         return Score(bg, None, None)
     mask, fg_rgb = found
