@@ -62,6 +62,7 @@ EXTERNAL: dict[str, str] = {
     "AutoPipelineForInpainting": "diffusers.AutoPipelineForInpainting",
     "Image": "PIL.Image (Pillow), not a name of this repository",
     "StableDiffusionPipeline": "diffusers.StableDiffusionPipeline",
+    "ControlNetModel": "diffusers.ControlNetModel",
     "StableDiffusionImg2ImgPipeline": "diffusers.StableDiffusionImg2ImgPipeline",
     "DDIMScheduler": "diffusers.DDIMScheduler",
     "DeploymentHandle": "ray.serve.handle.DeploymentHandle",
