@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from .controls import ControlSpec
 from .fields import STEP_CACHE_METHODS
 from .loras import LoraSpec, parse_all, split_env
 
@@ -102,8 +103,16 @@ class Settings:
     loras: tuple[str, ...] = ()  # --lora NAME=PATH_OR_HUB_ID[:SCALE] specs (pipeline.loras), in order
     lora_batching: str = "auto"  # auto | mixed | separate: requests with different LoRAs in one loop or not
 
+    controlnets: tuple[str, ...] = ()  # --controlnet NAME=PATH_OR_HUB_ID specs (pipeline.controls), in order
+
     def lora_specs(self) -> tuple[LoraSpec, ...]:
         return parse_all(self.loras)
+
+    def control_specs(self) -> tuple[ControlSpec, ...]:
+        """The ``--controlnet`` specs (the embedded model's own is added where it loads: ``engine.model.loading``)."""
+        from .controls import parse_all as parse_controls
+
+        return parse_controls(self.controlnets)
 
     def auth_pair(self) -> tuple[str, str] | None:
         if self.auth is None:
@@ -364,6 +373,16 @@ def build_parser() -> argparse.ArgumentParser:
         "the page suggests for it, default 1) [T2I_LORAS: specs separated by commas or line breaks]",
     )
     parser.add_argument(
+        "--controlnet",
+        dest="controlnets",
+        action="append",
+        default=None,
+        metavar="NAME=PATH_OR_HUB_ID",
+        help="a ControlNet loaded at start that requests may pick by NAME (repeatable; it must fit the "
+        "model's family; the embedded model loads its own, shapes) [T2I_CONTROLNETS: specs separated by "
+        "commas or line breaks]",
+    )
+    parser.add_argument(
         "--lora-batching",
         dest="lora_batching",
         default=None,
@@ -395,6 +414,10 @@ def load_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] 
         values["loras"] = tuple(args.loras)
     elif environ.get("T2I_LORAS", "").strip():
         values["loras"] = tuple(split_env(environ["T2I_LORAS"]))
+    if args.controlnets is not None:
+        values["controlnets"] = tuple(args.controlnets)
+    elif environ.get("T2I_CONTROLNETS", "").strip():
+        values["controlnets"] = tuple(split_env(environ["T2I_CONTROLNETS"]))
     if args.lora_batching is not None or environ.get("T2I_LORA_BATCHING"):
         values["lora_batching"] = args.lora_batching or environ["T2I_LORA_BATCHING"]
     settings = Settings(**values)  # type: ignore[arg-type]
@@ -460,6 +483,7 @@ def _check(s: Settings) -> None:
         raise SystemExit(f"--lora-batching must be auto, mixed or separate; got {s.lora_batching!r}")
     try:
         s.lora_specs()
+        s.control_specs()
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
     if s.concurrency < 2:

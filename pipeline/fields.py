@@ -43,6 +43,10 @@ SIDES = ("outpaint_left", "outpaint_top", "outpaint_right", "outpaint_bottom")
 # Step caching (issue 50, ``engine.loop.step_cache``): "off", "auto" (the model's recommended method),
 # "default" (the server's ``--step-cache``), or one of the methods a model with step-level loops offers.
 STEP_CACHE_OFF, STEP_CACHE_AUTO, STEP_CACHE_DEFAULT = "off", "auto", "default"
+NONE = "none"  # ``protocol.NONE``: no LoRA, no ControlNet
+Options = tuple[tuple[str, Any], ...]  # the table fields of a request, by name (``checked``)
+CONTROL_MODES = ("text", "image", "inpaint")  # the modes a ControlNet acts in (not outpainting: its canvas)
+CONTROL_PREPROCESSORS = ("none", "canny", "invert")  # ``controls.PREPROCESSORS``
 STEP_CACHE_METHODS = ("taylorseer", "reuse", "fbcache")  # every method the app knows, "auto"'s first
 # AUTOMATIC1111's prompt syntax (``prompt_syntax``): its ``emphasis`` option's names, in its order, and
 # "default": the server's (``--prompt-syntax``) and the family's. The families whose CLIP tokens are
@@ -176,12 +180,48 @@ def looped_step_cache(
     return tuple((k, STEP_CACHE_OFF if k == "step_cache" else v) for k, v in options)
 
 
+def control_rule(
+    options: tuple[tuple[str, Any], ...], raw: Mapping[str, Any], mode: str
+) -> tuple[tuple[str, Any], ...]:
+    """The control fields together: a map where a control is picked and none where it is not, a mode
+    it acts in, and a window that does not end before it starts. (``request.validate``'s cross-field rule.)"""
+    values = dict(options)
+    name = values.get("control", NONE)
+    if name != NONE and mode not in CONTROL_MODES:
+        raise InvalidRequest("control", f"control: a ControlNet acts in {', '.join(CONTROL_MODES)} modes; mode "
+                             f"{mode!r} draws on a larger canvas than its map: set control to 'none'")  # fmt: skip
+    sent = raw.get("control_image") not in (None, b"", "")
+    if name == NONE and sent:
+        raise InvalidRequest("control_image", "control_image: no ControlNet is picked (control is 'none'); "
+                             "pick one in control, or send no control_image")  # fmt: skip
+    if name != NONE and not sent:
+        raise InvalidRequest("control_image", f"control_image: control {name!r} needs a map (PNG, JPEG or WebP; "
+                             "white where things go, on black)")  # fmt: skip
+    start, end = values.get("control_start", 0.0), values.get("control_end", 1.0)
+    if end < start:
+        raise InvalidRequest("control_end", f"control_end must be at least control_start ({start:g}), from 0 to 1; "
+                             f"got {end:g}")  # fmt: skip
+    return options
+
+
 def server_step_cache(method: str, offered: tuple[str, ...], model: str) -> str:
     """``--step-cache``, where the model runs it: a method it does not offer stops the start, by name."""
     if method not in (STEP_CACHE_OFF, STEP_CACHE_AUTO, *offered):
         methods = ", ".join(offered) or "none: its family runs no step-level loop"
         raise SystemExit(f"--step-cache {method}: {model} does not run it (it offers {methods})")
     return method
+
+
+def _control(value: Any, limits: Any) -> str:
+    return choice("control", NONE if value in (None, "") else value, (NONE, *getattr(limits, "controls", ())))
+
+
+def _fraction(name: str, hi: float = 1.0) -> Callable[[Any, Any], float]:
+    return lambda value, limits: real_number(name, value, 0.0, hi)
+
+
+def _preprocess(value: Any, limits: Any) -> str:
+    return choice("control_preprocess", value, CONTROL_PREPROCESSORS)
 
 
 def family_emphasis(family: str) -> str:
@@ -266,6 +306,21 @@ TABLE: tuple[Field, ...] = (
           "(word:1.2), [word] and BREAK read, CLIP prompts of any length in chunks of 75 tokens), \"Original\" "
           "(weights, the mean restored), \"No norm\" (weights alone) or \"None\" (the prompt as written).",
           a1111="override_settings.emphasis", openai="extra_body", png="Emphasis", check=_emphasis),
+    Field("control", str, NONE, 'A ControlNet the server loaded (--controlnet; /health\'s "controls"), by name, or '
+          '"none": a map (control_image) says where things go.', modes=CONTROL_MODES, openai="extra_body",
+          check=_control, unwritten=(NONE,)),
+    Field("control_image", Any, None, "The control's map, an uploaded image (PNG, JPEG or WebP): for the "
+          "embedded model's \"shapes\", white where the shape goes, on black; resized to width x height.",
+          modes=CONTROL_MODES),
+    Field("control_scale", float, 1.0, "How strongly the control acts, 0 to 2 (0: as without it).",
+          modes=CONTROL_MODES, openai="extra_body", check=_fraction("control_scale", 2.0)),
+    Field("control_start", float, 0.0, "The fraction of the steps after which the control starts acting, 0 to 1.",
+          modes=CONTROL_MODES, openai="extra_body", check=_fraction("control_start")),
+    Field("control_end", float, 1.0, "The fraction of the steps after which it stops, control_start to 1.",
+          modes=CONTROL_MODES, openai="extra_body", check=_fraction("control_end")),
+    Field("control_preprocess", str, "none", 'How the upload becomes the map: "none" (it is the map), "canny" '
+          '(edges drawn from a picture) or "invert" (a dark sketch on white).', modes=CONTROL_MODES,
+          openai="extra_body", check=_preprocess),
 )  # fmt: skip
 BY_NAME: dict[str, Field] = {f.name: f for f in TABLE}
 NAMES: tuple[str, ...] = tuple(f.name for f in TABLE)

@@ -78,11 +78,13 @@ class ModelProfile:
     mode_notes: tuple[tuple[str, str], ...] = ()
     # The modes whose jobs enter step-level loops (with ``step_joining``): text, and image-to-image
     # where the family's loop starts a member from a picture (``engine.loop.loop_sd``); the others
-    # run as whole-pipeline calls.
+    # run as whole-pipeline calls. "control": its loops run a ControlNet per member (issue 51).
     loop_modes: tuple[str, ...] = ("text",)
     # The step-cache methods its loops run per member (``engine.loop.step_cache``; "auto"'s first), where
     # jobs run step-level; () elsewhere (issue 50).
     step_caches: tuple[str, ...] = ()
+    # The ControlNets loaded at start (``--controlnet``), by name, in flag order (issue 51).
+    controls: tuple[str, ...] = ()
 
     @property
     def model_id(self) -> str:
@@ -167,8 +169,11 @@ class InferenceJob:
     hires_height: int = 0
     hires_steps: int = 0
     hires_strength: float = 0.0
-    # The table fields (``fields.TABLE_FIELDS``: step_cache, ...), by name, as the request checked them.
+    # The table fields (``fields.TABLE_FIELDS``: step_cache, control, ...), by name, as the request checked them.
     options: tuple[tuple[str, Any], ...] = ()
+    # ControlNet (issue 51; its name, scale and window in ``options``): one map per image, RGB at
+    # width x height, already preprocessed by the serving side; () without a control.
+    controls: tuple[Image.Image, ...] = ()
 
     @property
     def num_images(self) -> int:

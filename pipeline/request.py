@@ -97,6 +97,7 @@ class Limits:
     loop_modes: tuple[str, ...] = ("text",)  # the modes whose jobs run in step-level loops (``ModelProfile``)
     step_caches: tuple[str, ...] = ()  # the step-cache methods the model offers ("auto"'s first; issue 50)
     step_cache: str = "off"  # ``--step-cache``: what a request's "default" runs
+    controls: tuple[str, ...] = ()  # the ControlNets' names (``--controlnet``); a request may pick one or "none"
 
     @classmethod
     def for_model(
@@ -116,33 +117,24 @@ class Limits:
         pixels = max_pixels or top * top
         steps = max_steps or profile.max_steps
         return cls(
-            min_size=profile.min_size,
             max_size=top,
-            size_multiple=profile.size_multiple,
             max_pixels=pixels,
-            min_steps=profile.min_steps,
             max_steps=steps,
-            min_guidance=profile.min_guidance,
-            max_guidance=profile.max_guidance,
             max_images=max_images,
             max_prompt_chars=max_prompt_chars,
-            text_encoders=profile.text_encoders,
             negative_prompt=profile.supports_negative_prompt,
-            samplers=profile.samplers,
             max_pixel_steps=max_pixel_steps or default_budget(profile, pixels, steps),
             negative_reason=profile.negative_prompt_reason,
-            step_choices=profile.step_choices,
-            size_choices=profile.size_choices,
-            cfg_above=profile.cfg_above,
             loras=tuple(info.name for info in profile.loras),
-            modes=profile.modes,
-            mode_notes=profile.mode_notes,
-            family=profile.family,
             prompt_syntax=prompt_syntax,
-            loop_modes=profile.loop_modes,
-            step_caches=profile.step_caches,
             step_cache=step_cache,
+            **{name: getattr(profile, name) for name in _AS_PROFILE},
         )
+
+
+_AS_PROFILE = ("min_size", "size_multiple", "min_steps", "min_guidance", "max_guidance", "text_encoders", "samplers",
+               "step_choices", "size_choices", "cfg_above", "modes", "mode_notes", "family", "loop_modes",
+               "step_caches", "controls")  # the limits that are the profile's own, under its names  # fmt: skip
 
 
 def default_budget(profile: ModelProfile, max_pixels: int, max_steps: int) -> int:
@@ -221,7 +213,7 @@ class ImageFields:
 
 def has_pictures(raw: Mapping[str, Any]) -> bool:
     """Whether ``raw`` carries an upload (its decode takes milliseconds: the caller runs ``validate`` off the loop)."""
-    return any(raw.get(name) is not None for name in ("image", "mask"))
+    return any(raw.get(name) is not None for name in ("image", "mask", "control_image"))
 
 
 def image_fields(
@@ -364,6 +356,7 @@ class GenerateRequest:
     options: tuple[tuple[str, Any], ...] = ()  # the table fields (``fields.checked``), by name
     family: str = ""  # the model's family: how the job carries the prompts (``_read_text``)
     prompt_chunks: int = 1  # CLIP chunks of 75 tokens its longest text takes (``with_token_notes``)
+    control_map: Image.Image | None = field(default=None, compare=False, repr=False)  # its ControlNet's (issue 51)
 
     @property
     def mode(self) -> str:
@@ -415,6 +408,7 @@ class GenerateRequest:
             hires_steps=hires.steps if hires else 0,
             hires_strength=hires.strength if hires else 0.0,
             options=self.options,
+            controls=(self.control_map,) * n if self.control_map is not None else (),
         )
 
     def parameters(self) -> dict[str, Any]:
@@ -528,15 +522,20 @@ def with_pictures(request: GenerateRequest, raw: Mapping[str, Any], limits: Limi
     """``request`` (validated with ``pictures_later``) with its pictures decoded from ``raw``: each
     picture's header is held to what the cost budget leaves before its rows are decoded. Milliseconds
     to a second of CPU at the caps (``uploads``): run off the event loop, after the request's gates."""
-    if request.pictures.mode == "text":
-        return request
     w, h, steps, images = request.width, request.height, request.num_inference_steps, request.num_images
     spent, _ = _cost(w, h, steps, images, request.pictures)  # the job, without the uploads
     left = limits.max_pixel_steps - spent if limits.max_pixel_steps else MAX_UPLOAD_PIXELS
-    fields = image_fields(raw, limits, width=w, height=h, steps=steps, modes=limits.modes,
-                          mode_notes=dict(limits.mode_notes), upload_pixels=left)  # fmt: skip
-    _within_budget(w, h, steps, images, limits, fields)
-    return dataclasses.replace(request, pictures=fields)
+    if request.pictures.mode != "text":
+        pictures = image_fields(raw, limits, width=w, height=h, steps=steps, modes=limits.modes,
+                                mode_notes=dict(limits.mode_notes), upload_pixels=left)  # fmt: skip
+        _within_budget(w, h, steps, images, limits, pictures)
+        request = dataclasses.replace(request, pictures=pictures)
+        left -= pictures.pictures.upload_pixels if pictures.pictures is not None else 0
+    if raw.get("control_image") is None:
+        return request
+    from .controls import decoded_map  # only a request with a ControlNet map reads it (issue 51)
+
+    return dataclasses.replace(request, control_map=decoded_map(raw, request.options, request.job_size, left))
 
 
 def _steps(raw: Mapping[str, Any], limits: Limits) -> int:
@@ -634,6 +633,7 @@ def validate(
     )  # fmt: skip
     _within_budget(width, height, steps, num_images, limits, pictures)
     options = fields.looped_step_cache(fields.checked(raw, limits), raw, pictures, limits.loop_modes)
+    options = fields.control_rule(options, raw, pictures.mode)
 
     request = GenerateRequest(
         request_id=request_id or new_request_id(),

@@ -32,7 +32,7 @@ def free_port() -> int:
 
 # The picture fields and the table fields of a text-to-image request, as the page and gradio_client
 # send their defaults.
-TEXT_MODE: dict[str, Any] = {**PICTURE_DEFAULTS, **{f.name: f.default for f in TABLE_FIELDS}}
+TEXT_MODE: dict[str, Any] = {**PICTURE_DEFAULTS, **{f.name: f.default for f in TABLE_FIELDS}, "control_image": None}
 
 
 def raw_request(**overrides: Any) -> dict[str, Any]:

@@ -63,6 +63,7 @@ EXTERNAL: dict[str, str] = {
     "Image": "PIL.Image (Pillow), not a name of this repository",
     "StableDiffusionPipeline": "diffusers.StableDiffusionPipeline",
     "ControlNetModel": "diffusers.ControlNetModel",
+    "StableDiffusionControlNetPipeline": "diffusers.StableDiffusionControlNetPipeline",
     "StableDiffusionImg2ImgPipeline": "diffusers.StableDiffusionImg2ImgPipeline",
     "DDIMScheduler": "diffusers.DDIMScheduler",
     "DeploymentHandle": "ray.serve.handle.DeploymentHandle",

@@ -134,6 +134,30 @@ def _one_cache_decision_for_every_row() -> None:
     step_cache.MemberCache.computes = computes  # type: ignore[method-assign]
 
 
+def _one_control_map_for_the_batch() -> None:
+    """Issue 51: one ControlNet map for the whole batch (diffusers' pipelines take one per call): every
+    controlled member of a step is given the first one's map."""
+    import dataclasses
+
+    from pipeline.engine.loop import loop_sd
+
+    original = loop_sd.residuals
+
+    def residuals(controlnets: Any, members: Any, inputs: Any, times: Any, texts: Any) -> Any:
+        held = [m.control for m in members]
+        first = next((c for c in held if c is not None), None)
+        for m in members:
+            if m.control is not None and first is not None:
+                m.control = dataclasses.replace(m.control, cond=first.cond[:1].expand(m.rows, -1, -1, -1))
+        try:
+            return original(controlnets, members, inputs, times, texts)
+        finally:
+            for m, control in zip(members, held):
+                m.control = control
+
+    loop_sd.residuals = residuals
+
+
 def _one_first_block_decision_for_the_batch() -> None:
     """Issue 50: First-Block Cache decided once for the whole batch (diffusers' hook: one scalar over
     every row), not per row: every row skips only when all would."""
@@ -374,6 +398,7 @@ MUTANTS: dict[str, list[Patch]] = (
         "fbcache-one-decision-for-the-batch": on(
             "pipeline.engine.loop.loop_flow", _one_first_block_decision_for_the_batch
         ),
+        "controlnet-one-map-for-the-batch": on("pipeline.engine.loop.loop_sd", _one_control_map_for_the_batch),
         "img2img-never-joins-loops": attr(
             "pipeline.serving.scheduler", "joins_loops", lambda request, loop_modes=("text",): request.mode == "text"
         ),

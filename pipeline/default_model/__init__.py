@@ -12,12 +12,15 @@ offline tooling, imported by its own module path:
 - ``shapes``: the pictures it learns from, their captions and the model-free scorer;
 - ``train``: ``python -m pipeline.default_model.train`` writes the trained folder;
 - ``evaluate``: ``python -m pipeline.default_model.evaluate`` scores a model folder;
-- ``folder``: the folder's build stamp, read and written.
+- ``folder``: the folder's build stamp, read and written;
+- ``control``: ``python -m pipeline.default_model.control`` trains its ControlNet (issue 51).
 """
 
 from __future__ import annotations
 
 from .folder import (
+    CONTROL_NAME,
+    DEFAULT_CONTROL_DIR,
     DEFAULT_MODEL_DIR,
     DefaultModelMissing,
     ensure_default_model,
@@ -26,6 +29,8 @@ from .folder import (
 from .prompts import EXAMPLE_PROMPTS, GENERIC_PROMPTS
 
 __all__ = [
+    "CONTROL_NAME",
+    "DEFAULT_CONTROL_DIR",
     "DEFAULT_MODEL_DIR",
     "EXAMPLE_PROMPTS",
     "GENERIC_PROMPTS",

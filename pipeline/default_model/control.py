@@ -37,12 +37,9 @@ from tqdm import tqdm
 
 from . import shapes
 from .architecture import SCHEDULER_CONFIG
-from .folder import DEFAULT_MODEL_DIR
+from .folder import CONTROL_NAME, DEFAULT_CONTROL_DIR, DEFAULT_MODEL_DIR
 
 log = logging.getLogger(__name__)
-
-DEFAULT_CONTROL_DIR = DEFAULT_MODEL_DIR.parent / "default-controlnet"
-CONTROL_NAME = "shapes"  # its name on the server (``--controlnet``, ``/health``'s ``controls``)
 STAMP = "controlnet_build.json"
 FULL = dict(images=8192, steps=3000, batch=32)
 QUICK = dict(images=256, steps=40, batch=16)
@@ -51,8 +48,11 @@ CAPTION_DROP = 0.1
 MIN_SNR_GAMMA = 5.0
 EMBEDDING_CHANNELS = (16, 32, 64)  # the conditioning embedding: two stride-2 convolutions, the VAE's factor 4
 DISC_SHARE = 0.5
-CENTRE_RANGE = (0.28, 0.72)  # where a shape's centre may be, as a fraction of the image
-HIT = 0.25  # a drawn shape counts as placed when its centre is within this fraction of the image of the map's
+MARGIN = 0.02  # a shape stays this far inside the image, as a fraction of it
+# A drawn shape counts as placed when its centre is within this fraction of the image of the map's, on
+# each axis (the evaluation's discs are at least OFF_CENTRE from the middle: a centred shape misses).
+HIT, QUARTER = 0.125, 0.25
+OFF_CENTRE = 0.15
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,11 +64,19 @@ class Placed:
     disc: bool  # whether its map is a disc over its extent (else the shape's own outline)
 
 
-def place(rng: random.Random, combo: tuple[str, str, str], disc: bool) -> Placed:
+def place(rng: random.Random, combo: tuple[str, str, str], disc: bool, size: str | None = None,
+          off_centre: float = 0.0) -> Placed:  # fmt: skip
+    """``combo`` at a random place where it fits whole (``off_centre``: at least that far from the middle
+    on one axis), of ``size`` (else either)."""
     fg, shape, bg = combo
-    cx, cy = rng.uniform(*CENTRE_RANGE), rng.uniform(*CENTRE_RANGE)
-    size = rng.choice(list(shapes.SIZES))
-    spec = shapes.Spec(fg, shape, bg, "center", size, False, dx=cx - 0.5, dy=cy - 0.5, scale=rng.uniform(0.9, 1.1))
+    size = size or rng.choice(list(shapes.SIZES))
+    scale = rng.uniform(0.9, 1.1)
+    lo = shapes.SIZES[size] * scale / 2 + MARGIN
+    while True:
+        cx, cy = rng.uniform(lo, 1 - lo), rng.uniform(lo, 1 - lo)
+        if max(abs(cx - 0.5), abs(cy - 0.5)) >= off_centre:
+            break
+    spec = shapes.Spec(fg, shape, bg, "center", size, False, dx=cx - 0.5, dy=cy - 0.5, scale=scale)
     return Placed(spec, (cx, cy), disc)
 
 
@@ -170,8 +178,9 @@ def train_controlnet(pipe: Any, cfg: dict[str, int], seed: int) -> tuple[Any, di
 
 
 def evaluation_set(n_positions: int = 8, seed: int = 7) -> list[tuple[str, Placed]]:
-    """(prompt, placed) pairs: discs at positions drawn from another seed than training's, every shape,
-    one seen and one held-out colour combination per shape and position."""
+    """(prompt, placed) pairs: small discs at positions drawn from another seed than training's, off the
+    middle (where the model alone draws an undetailed caption's shape), every shape, one seen and one
+    held-out colour combination per shape and position."""
     rng = random.Random(seed)
     seen, held = shapes.training_combos(), sorted(shapes.HELD_OUT)
     out = []
@@ -179,7 +188,7 @@ def evaluation_set(n_positions: int = 8, seed: int = 7) -> list[tuple[str, Place
         for shape in shapes.SHAPES:
             for pool in (seen, held):
                 fg, _, bg = rng.choice([c for c in pool if c[1] == shape])
-                p = place(rng, (fg, shape, bg), disc=True)
+                p = place(rng, (fg, shape, bg), disc=True, size="small", off_centre=OFF_CENTRE)
                 out.append((shapes.caption(p.spec), p))
     return out
 
@@ -196,16 +205,18 @@ def centre_of(image: Image.Image) -> tuple[float, float] | None:
     return float(xs.mean() + 0.5) / a.shape[1], float(ys.mean() + 0.5) / a.shape[0]
 
 
-def placed_within(image: Image.Image, centre: tuple[float, float], within: float = HIT) -> bool:
+def distance(image: Image.Image, centre: tuple[float, float]) -> float:
+    """How far the drawn shape's centre is from ``centre`` on the farther axis (fractions of the image;
+    1.0 where nothing is drawn)."""
     found = centre_of(image)
-    return found is not None and max(abs(found[0] - centre[0]), abs(found[1] - centre[1])) <= within
+    return 1.0 if found is None else max(abs(found[0] - centre[0]), abs(found[1] - centre[1]))
 
 
 def evaluate(pipe: Any, controlnet: Any, guidance: float, seeds: tuple[int, ...] = (0, 1), steps: int = 20,
              n_positions: int = 8) -> dict[str, Any]:  # fmt: skip
     """The rate at which the prompt's shape is drawn where the disc is (its centre within ``HIT`` of the
-    image), and the shape, colours, beside the same prompts without control (where the model draws
-    an undetailed caption: large, centred)."""
+    image's, and within a quarter), the mean distance, the shape and colours, beside the same prompts
+    without control (where the model draws an undetailed caption's shape large and centred)."""
     from diffusers import StableDiffusionControlNetPipeline
 
     control = StableDiffusionControlNetPipeline.from_pipe(pipe, controlnet=controlnet)
@@ -222,12 +233,15 @@ def evaluate(pipe: Any, controlnet: Any, guidance: float, seeds: tuple[int, ...]
         for name, images in (("control", controlled), ("none", plain)):
             for (_, p, _), image in zip(chunk, images):
                 s = shapes.score(image)
-                rows[name].append({"placed": placed_within(image, p.centre), "shape": s.shape == p.spec.shape,
+                far = distance(image, p.centre)
+                rows[name].append({"placed": far <= HIT, "within_quarter": far <= QUARTER, "distance": far,
+                                   "shape": s.shape == p.spec.shape,
                                    "fg": s.fg == p.spec.fg, "bg": s.bg == p.spec.bg,
                                    "held_out": p.spec.combo in shapes.HELD_OUT})  # fmt: skip
 
     def rates(rs: list[dict[str, Any]]) -> dict[str, float]:
-        return {k: round(float(np.mean([r[k] for r in rs])), 4) for k in ("placed", "shape", "fg", "bg")}
+        keys = ("placed", "within_quarter", "distance", "shape", "fg", "bg")
+        return {k: round(float(np.mean([r[k] for r in rs])), 4) for k in keys}
 
     return {
         name: {"all": rates(rs), "held_out_colours": rates([r for r in rs if r["held_out"]]), "images": len(rs)}

@@ -16,6 +16,9 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[2] / "assets" / "default-model"
+# Its ControlNet, trained here (``control``), and the name the server gives it (issue 51).
+DEFAULT_CONTROL_DIR = DEFAULT_MODEL_DIR.parent / "default-controlnet"
+CONTROL_NAME = "shapes"
 # Bump when the architecture or the tokenizer (``architecture.py``) changes, so stale builds are rebuilt.
 BUILD_VERSION = 2
 STAMP = "default_model_build.json"

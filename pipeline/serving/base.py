@@ -300,6 +300,8 @@ class AdapterBase:
             "loras": [] if dead else [i.name for i in getattr(self.profile, "loras", ())],  # the --lora names
             "modes": [] if dead else list(getattr(self.profile, "modes", ("text",))),  # engine.model.modes
             "step_cache": self._step_cache_health(),
+            # the --controlnet names a request's "control" may pick, "none" first (issue 51)
+            "controls": [] if dead else ["none", *getattr(self.profile, "controls", ())],
             **own,
             "gpu_queue_depth": self.gpu_queue_depth,
             "inference_in_progress": self.inference_in_progress,

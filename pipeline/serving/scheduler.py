@@ -83,16 +83,20 @@ def batch_key(request: GenerateRequest) -> tuple[Hashable, ...]:
     picture its own), and the same hires fix; and prompts of one CLIP chunk count (``prompt_weights``:
     a call pads every text to its longest, which would change a shorter prompt's picture)."""
     r, p = request, request.pictures
+    control = tuple(v for k, v in r.options if k.startswith("control"))  # one ControlNet, scale and window a call
     return (*r.job_size, r.num_inference_steps, r.guidance_scale, bool(r.negative_prompt), r.sampler,
-            r.lora_use, p.pipeline_mode, p.strength, p.hires, r.prompt_chunks)  # fmt: skip
+            r.lora_use, p.pipeline_mode, p.strength, p.hires, r.prompt_chunks, control)  # fmt: skip
 
 
 def joins_loops(request: GenerateRequest, loop_modes: Collection[str] = ("text",)) -> bool:
     """Whether ``request`` may run in a step-level loop: its mode is one the model's loops take
     (``ModelProfile.loop_modes``: text, and image-to-image where the family's loop starts from a
     picture), without hires fix (its second pass runs as a whole-pipeline call); inpainting and
-    outpainting run as whole-pipeline calls."""
-    return request.pictures.pipeline_mode in loop_modes and request.pictures.hires is None
+    outpainting run as whole-pipeline calls. A request with a ControlNet joins only where the loops run
+    one per member (``loop_modes`` has "control": the SD 1.x/2.x loop, ``engine.loop.control``)."""
+    controlled = dict(request.options).get("control", "none") != "none"
+    return (request.pictures.pipeline_mode in loop_modes and request.pictures.hires is None
+            and (not controlled or "control" in loop_modes))  # fmt: skip
 
 
 def loop_key(request: GenerateRequest, mixed_loras: bool) -> tuple[Hashable, ...]:

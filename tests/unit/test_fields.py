@@ -83,7 +83,8 @@ def test_a_table_field_is_checked_carried_written_and_read_back() -> None:
 
     limits = Limits(64, 512, 8, 512 * 512, 1, 50, 0.0, 20.0, 4, 2000, (("clip", 77),))
     request = validate(raw_request(step_cache="off"), limits)
-    options = {"step_cache": "off", "emphasis": "default"}
+    options = {"step_cache": "off", "emphasis": "default", "control": "none", "control_scale": 1.0,
+               "control_start": 0.0, "control_end": 1.0, "control_preprocess": "none"}  # fmt: skip
     assert dict(request.options) == options and dict(request.to_job().options) == options
     assert request.parameters()["step_cache"] == "off"
     refusal = "step_cache must be one of 'off', 'auto', 'default'; got &#x27;fast&#x27;"  # this model: no loops

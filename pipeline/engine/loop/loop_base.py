@@ -55,6 +55,7 @@ class LoopHost(Protocol):
     preview_map: Previewer | None
     loras: LoadedLoras | None
     loads: int
+    controlnets: dict[str, Any]  # the ControlNets loaded at start (``--controlnet``), by name
 
     def use_adapter(self, job: InferenceJob) -> float: ...
 
@@ -120,6 +121,7 @@ class LoopMember:
     step_kwargs: dict[str, Any] = field(default_factory=dict)
     done: int = 0
     cache: MemberCache | RowCache | None = None  # its own step cache (``step_cache``); None: every step computed
+    control: Any = None  # its own ControlNet map, scale and window (``control.MemberControl``); None: none
 
     @property
     def images(self) -> int:

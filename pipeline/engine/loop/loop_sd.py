@@ -45,6 +45,7 @@ from PIL import Image
 
 from ...protocol import InferenceJob
 from ..model import samplers
+from .control import member_control, residuals
 from .loop_base import LoopMember, MemberLoop, generators_of, step_kwargs
 
 
@@ -87,6 +88,8 @@ class SDLoop(MemberLoop):
             cfg=cfg,
             rows_of=rows_of,
             step_kwargs=step_kwargs(sampler, generators),
+            # 6. Its ControlNet map, scale and window (issue 51), as the ControlNet pipeline prepares them.
+            control=member_control(pipe, self.model.controlnets, job, cfg, device, latents.dtype),
         )
 
     def _from_pictures(
@@ -119,16 +122,21 @@ class SDLoop(MemberLoop):
             times.append(m.timestep.reshape(1).expand(x.shape[0]))
         conditioning = {name: torch.cat([m.rows_of[name] for m in members]) for name in members[0].rows_of if
                         name != "encoder_hidden_states"}  # fmt: skip
-        texts, mask = stacked_texts([m.rows_of["encoder_hidden_states"] for m in members])
+        own_texts = [m.rows_of["encoder_hidden_states"] for m in members]
+        texts, mask = stacked_texts(own_texts)
+        x, t = torch.cat(inputs), torch.cat(times)
+        down, mid = residuals(self.model.controlnets, members, x, t, own_texts)  # each member's own ControlNet
         with text_pooled_per_row(self.pipe.unet, mask):
             out = self.pipe.unet(
-                torch.cat(inputs),
-                torch.cat(times),
+                x,
+                t,
                 encoder_hidden_states=texts,
                 encoder_attention_mask=mask,
                 timestep_cond=conditioning.get("timestep_cond"),
                 cross_attention_kwargs=None,
                 added_cond_kwargs=None,
+                down_block_additional_residuals=down,
+                mid_block_additional_residual=mid,
                 return_dict=False,
             )[0]
         return [m.guided(chunk) for m, chunk in zip(members, out.split([m.rows for m in members]))]

@@ -20,10 +20,10 @@ from PIL import Image
 from ...errors import Cancelled, OutOfMemory
 from ...fields import DEFAULT_EMPHASIS, STEP_CACHE_OFF, T5_WEIGHING, WEIGHING, resolved_emphasis
 from ...prompt_syntax import plain
-from ...protocol import InferenceJob, InferenceResult, ModelProfile, StepCallback, StopFlag, loop_key
+from ...protocol import NONE, InferenceJob, InferenceResult, ModelProfile, StepCallback, StopFlag, loop_key
 from ..device_faults import kind_of
 from ..loop.loop_base import MemberLoop, loop_kind
-from . import samplers
+from . import controls, samplers
 from .families import call_arguments, call_default, counted_text, encoder_tokenizers, guidance_arguments, traits
 from .family_table import family_for
 from .lora import LoadedLoras, use_of
@@ -43,9 +43,12 @@ class DiffusersModel:
         preview_map: Previewer | None = None,
         loras: LoadedLoras | None = None,
         modes: dict[str, Any] | None = None,
+        controlnets: dict[str, Any] | None = None,
     ) -> None:
         self.pipe = pipe
         self.modes = modes or {}  # mode -> its pipeline, sharing pipe's components (``engine.model.modes``)
+        self.controlnets = controlnets or {}  # the --controlnets by name (``engine.model.controls``)
+        self._control_pipes: dict[tuple[str, str], Any] = {}  # (mode, name) -> its ControlNet pipeline
         self.loras = loras  # the --LoRAs (engine.model.lora), or None
         self.loads = 0  # how many times this process has loaded a model (engine.model.loading sets it)
         self.profile = profile
@@ -210,11 +213,20 @@ class DiffusersModel:
         )
 
     def _pipe_for(self, job: InferenceJob) -> Any:
-        """The pipeline that runs ``job``'s mode: the loaded one, or its mode pipeline with the loaded
-        one's current components (a compiled denoiser included: ``from_pipe`` ran before the compile)."""
-        if job.mode == "text":
+        """The pipeline that runs ``job``'s mode: the loaded one, or its mode pipeline (or ControlNet
+        pipeline, issue 51) with the loaded one's current components (a compiled denoiser included:
+        ``from_pipe`` ran before the compile)."""
+        control = controls.acting(job)
+        if control != NONE:
+            if control not in self.controlnets:
+                raise ValueError(f"no ControlNet named {control!r} is loaded")
+            key = (job.mode, control)
+            if key not in self._control_pipes:
+                self._control_pipes[key] = controls.control_pipeline(self.pipe, job.mode, self.controlnets[control])
+            pipe = self._control_pipes[key]
+        elif job.mode == "text":
             return self.pipe
-        if (pipe := self.modes.get(job.mode)) is None:
+        elif (pipe := self.modes.get(job.mode)) is None:
             raise ValueError(f"{self.profile.name} does not serve mode {job.mode!r}")
         for name, component in self.pipe.components.items():
             if name != "scheduler" and name in pipe.components and getattr(pipe, name) is not component:
@@ -266,6 +278,8 @@ class DiffusersModel:
                 kwargs["mask_image"] = list(job.masks)
             if not takes_size(pipe):
                 del kwargs["width"], kwargs["height"]
+        if controls.acting(job) != NONE:  # its ControlNet's maps, scale and window (issue 51)
+            kwargs.update(controls.call_arguments(job, job.mode))
         if stop.is_set():
             raise Cancelled(steps_done=0)
         cuda = self._device == "cuda"
@@ -324,6 +338,8 @@ class DiffusersModel:
         """
         kind = loop_kind(self.pipe)
         if kind is None or not self.profile.step_joining or job.mode not in self.profile.loop_modes or job.hires_width:
+            return None
+        if job.controls and kind not in controls.CONTROL_LOOPS:  # a whole call of its ControlNet pipeline
             return None
         per_lora = self.loras is not None and self.profile.lora_batching != "mixed"  # a loop per LoRA and scale
         return (kind, *loop_key(job.width, job.height, job.sampler, use_of(job), per_lora=per_lora))

@@ -16,13 +16,15 @@ from typing import Any
 import torch
 
 from ...config import Settings
-from ...default_model import ensure_default_model, model_defaults
+from ...controls import ControlSpec
+from ...default_model import CONTROL_NAME, DEFAULT_CONTROL_DIR, ensure_default_model, model_defaults
 from ...errors import ModelRefused
 from ...fields import STEP_CACHE_METHODS
 from ...protocol import InferenceJob, InferenceResult, ModelProfile, Submission
 from ..hosting.zerogpu import zero_gpu_active
 from ..loop.joining import LoopDriver, in_a_loop
 from ..loop.loop_base import IMAGE_LOOPS, MIXED_LORA_LOOPS, loop_kind
+from .controls import CONTROL_LOOPS, load_controlnets
 from .diffusers_model import DiffusersModel
 from .families import pick_dtype_name, pipeline_class_of, traits
 from .lora import LoadedLoras, load_loras
@@ -131,8 +133,9 @@ def build_profile(
 def load_model(settings: Settings, *, warmup: bool = True) -> DiffusersModel | SimulatedModel:
     """Load ``settings.model`` (or the embedded default) through ``from_pretrained``. Runs on the model thread."""
     if settings.model and settings.model.startswith(SIM_PREFIX):  # a benchmark's simulated device
-        if settings.loras:
-            raise ModelRefused(f"--lora needs a diffusers pipeline; {settings.model} has no layers to adapt")
+        if settings.loras or settings.controlnets:
+            flag = "--lora" if settings.loras else "--controlnet"
+            raise ModelRefused(f"{flag} needs a diffusers pipeline; {settings.model} has no layers to adapt")
         return SimulatedModel(SimSpec.parse(settings.model), settings.model)
     source = settings.model or str(ensure_default_model())
     name = settings.model or DEFAULT_MODEL_NAME
@@ -176,7 +179,15 @@ def load_model(settings: Settings, *, warmup: bool = True) -> DiffusersModel | S
     if preview_off:
         log.warning("live previews are off for %s: %s", name, preview_off)
         profile = dataclasses.replace(profile, previews=False, preview_note=preview_off)
-    model = DiffusersModel(pipe, profile, preview_map, loras, modes)
+    # ControlNets (issue 51), each checked against the family, beside the model on its device.
+    specs = settings.control_specs()
+    if not specs and settings.model is None and (DEFAULT_CONTROL_DIR / "config.json").exists():
+        specs = (ControlSpec(CONTROL_NAME, str(DEFAULT_CONTROL_DIR)),)  # the embedded model's own, trained here
+    controlnets = load_controlnets(specs, pipe, profile.family, device, dtype)
+    profile = dataclasses.replace(profile, controls=tuple(controlnets))
+    if controlnets and profile.step_joining and loop_kind(pipe) in CONTROL_LOOPS:  # a ControlNet per member
+        profile = dataclasses.replace(profile, loop_modes=(*profile.loop_modes, "control"))
+    model = DiffusersModel(pipe, profile, preview_map, loras, modes, controlnets)
     global _LOADS
     _LOADS += 1
     model.loads = _LOADS

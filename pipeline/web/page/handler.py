@@ -155,7 +155,7 @@ def make_generate(
                 gradio_checks(raw)  # the validator's own, again: a call may skip the join-time validator
                 if ui:
                     raw = page_values(raw)  # only what the page's mode reads
-                if raw["image"] is not None or raw["mask"] is not None:  # the uploads' bytes, read off the loop
+                if any(raw.get(name) is not None for name in UPLOADS):  # the uploads' bytes, read off the loop
                     raw, copies = await asyncio.to_thread(with_upload_bytes, raw)
                     forget_temp_files(demo, copies)  # Gradio's copies, read and deleted: nothing is left behind
                 events = adapter.run(raw, request_id=request_id, alive=alive, user=user, account=account)
@@ -226,6 +226,9 @@ def _alive(
     return alive
 
 
+UPLOADS = ("image", "mask", "control_image")  # the fields that take an uploaded picture
+
+
 def with_upload_bytes(raw: dict[str, Any]) -> tuple[dict[str, Any], set[str]]:
     """``raw`` with its image inputs' files as bytes, and the copies read (deleted once read).
 
@@ -234,7 +237,7 @@ def with_upload_bytes(raw: dict[str, Any]) -> tuple[dict[str, Any], set[str]]:
     file outside Gradio's upload folder is refused, whatever let it in. The page's image editor
     sends its mask as a painted layer (strokes on a clear layer) and its picture as the background."""
     out, copies = dict(raw), set()
-    for name in ("image", "mask"):
+    for name in UPLOADS:
         value = raw.get(name)
         if isinstance(value, dict) and "layers" in value:  # gr.ImageEditor's value
             layers = [layer for layer in value.get("layers") or [] if isinstance(layer, dict)]

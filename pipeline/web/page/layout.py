@@ -175,6 +175,8 @@ def unshown(field: fields.Field) -> Any:
     """A hidden input for a field the page has no control for: the page sends its default, and the API
     lists the field (with that default) for ``gradio_client`` and MCP."""
     label = field.name
+    if field.name == "control_image":  # a file: gradio_client's handle_file (the page's panel comes later)
+        return gr.Image(label=label, type="filepath", visible=False, elem_id="api-control-image")
     if field.type is bool:
         return gr.Checkbox(value=field.default, visible=False, label=label)
     if field.type is float:

@@ -1,0 +1,105 @@
+"""ControlNets beside the model (issue 51): loaded at start by name, checked against the family, and
+the ControlNet pipeline of each mode for whole calls (``from_pipe``: the loaded components, no new
+memory but the ControlNet's).
+
+Which class fits which family (diffusers 0.42): SD 1.x/2.x and SDXL ``ControlNetModel`` (SDXL also
+``ControlNetUnionModel``), SD3 ``SD3ControlNetModel``, FLUX.1 ``FluxControlNetModel``, Qwen-Image
+``QwenImageControlNetModel``, Z-Image ``ZImageControlNetModel``; a ``ControlNetModel`` must also match
+the UNet's cross-attention width and block layout. Anything else stops the start, by name. Step-level
+loops run the ControlNet per member in the SD 1.x/2.x loop (``engine.loop.control``); elsewhere a
+request with a control runs as a whole call of the family's ControlNet pipeline.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ...controls import ControlSpec
+from ...errors import ModelRefused
+from ...protocol import InferenceJob
+
+CLASSES: dict[str, tuple[str, ...]] = {
+    "sd": ("ControlNetModel",),
+    "sdxl": ("ControlNetModel", "ControlNetUnionModel"),
+    "sd3": ("SD3ControlNetModel",),
+    "flux": ("FluxControlNetModel",),
+    "qwen-image": ("QwenImageControlNetModel",),
+    "z-image": ("ZImageControlNetModel",),
+}
+CONTROL_LOOPS = frozenset({"sd"})  # loops that run a ControlNet per member (``engine.loop.control``)
+
+
+def class_of(source: str) -> str:
+    """The ControlNet class its ``config.json`` names (a local folder; a hub id: downloaded config)."""
+    folder = Path(source)
+    if folder.is_dir():
+        config = json.loads((folder / "config.json").read_text())
+    else:
+        from huggingface_hub import hf_hub_download
+
+        config = json.loads(Path(hf_hub_download(source, "config.json")).read_text())
+    return str(config.get("_class_name", ""))
+
+
+def load_controlnets(specs: tuple[ControlSpec, ...], pipe: Any, family: str, device: str, dtype: Any) -> dict[str, Any]:
+    """Each ``--controlnet`` through its class's ``from_pretrained``, on the model's device and dtype;
+    ``ModelRefused`` naming the one that does not fit the model."""
+    import diffusers
+
+    loaded: dict[str, Any] = {}
+    for spec in specs:
+        cls = class_of(spec.source)
+        fits = CLASSES.get(family, ())
+        if cls not in fits:
+            offered = ", ".join(fits) or f"none: diffusers has no ControlNet pipeline for {type(pipe).__name__}"
+            raise ModelRefused(f"--controlnet {spec.name}: a {cls or 'model of no known class'} does not fit "
+                               f"{type(pipe).__name__} (family {family}; it takes {offered})")  # fmt: skip
+        model = getattr(diffusers, cls).from_pretrained(spec.source, torch_dtype=dtype)
+        unet = getattr(pipe, "unet", None)
+        if cls == "ControlNetModel" and unet is not None:
+            ours, theirs = unet.config, model.config
+            for key in ("cross_attention_dim", "block_out_channels", "in_channels", "addition_embed_type"):
+                if ours.get(key) != theirs.get(key):
+                    why = f"its {key} {theirs.get(key)!r} is not the model's UNet's ({ours.get(key)!r})"
+                    raise ModelRefused(f"--controlnet {spec.name}: {why}: it was trained for another model")
+        loaded[spec.name] = model.to(device).eval()
+    return loaded
+
+
+def settings_of(job: InferenceJob) -> tuple[str, float, float, float]:
+    """(name, scale, start, end) of the job's control ("none": no control)."""
+    options = dict(job.options)
+    return (str(options.get("control", "none")), float(options.get("control_scale", 1.0)),
+            float(options.get("control_start", 0.0)), float(options.get("control_end", 1.0)))  # fmt: skip
+
+
+def acting(job: InferenceJob) -> str:
+    """The job's ControlNet where it acts on some step, else "none": weight 0, or a window that ends where
+    it starts (which diffusers' pipelines refuse), draws as without it (``MemberControl.now``)."""
+    name, scale, start, end = settings_of(job)
+    return name if name != "none" and scale != 0.0 and end > start else "none"
+
+
+def control_pipeline(pipe: Any, mode: str, controlnet: Any) -> Any:
+    """The family's ControlNet pipeline of ``mode`` over ``pipe``'s components (``AutoPipelineFor*.from_pipe``)."""
+    from diffusers import AutoPipelineForImage2Image, AutoPipelineForInpainting, AutoPipelineForText2Image
+
+    auto = {"text": AutoPipelineForText2Image, "image": AutoPipelineForImage2Image,
+            "inpaint": AutoPipelineForInpainting}[mode]  # fmt: skip
+    try:
+        made = auto.from_pipe(pipe, controlnet=controlnet)
+    except ValueError as exc:
+        raise ValueError(f"control: diffusers has no {mode} ControlNet pipeline for {type(pipe).__name__}") from exc
+    made.set_progress_bar_config(disable=True)
+    return made
+
+
+def call_arguments(job: InferenceJob, mode: str) -> dict[str, Any]:
+    """The ControlNet pipeline's arguments for ``job``: its maps (``image`` for text to image, else
+    ``control_image``), scale and window."""
+    _, scale, start, end = settings_of(job)
+    maps = list(job.controls)
+    return {"image" if mode == "text" else "control_image": maps, "controlnet_conditioning_scale": scale,
+            "control_guidance_start": start, "control_guidance_end": end}  # fmt: skip

@@ -1,0 +1,80 @@
+"""ControlNet through the launched app on the embedded model and its own ControlNet (issue 51), with the
+real ``gradio_client``: a white disc on the left of the map, then on the right, and the shape the prompt
+asks for is drawn where the disc is; ``/health`` lists the controls; a bad control is refused by name
+before any GPU work; the map goes through the upload route as an image input does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image, ImageDraw
+
+from pipeline.default_model.control import centre_of
+from tests.helpers import raw_request
+
+pytestmark = pytest.mark.timeout(600)
+
+SIZE = 64
+
+
+@pytest.fixture(scope="module")
+def url(launch: Any) -> str:
+    return str(launch(name="control")[0])
+
+
+def disc_file(tmp: Path, cx: float, name: str) -> Path:
+    image = Image.new("RGB", (SIZE, SIZE), "black")
+    x = cx * SIZE
+    ImageDraw.Draw(image).ellipse([x - 11, 21, x + 11, 43], fill="white")
+    path = tmp / name
+    image.save(path)
+    return path
+
+
+def picture(gallery: Any) -> Image.Image:
+    with Image.open(gallery[0]["image"]) as png:
+        return png.convert("RGB")
+
+
+def test_the_shape_is_drawn_where_the_disc_is(client: Any, url: str, tmp_path: Path) -> None:
+    from gradio_client import handle_file
+
+    health = httpx.get(url + "health", timeout=10).json()
+    assert health["controls"] == ["none", "shapes"]
+    seen = []
+    for prompt, seed in (("a red circle on a blue background", 1), ("a yellow square on a purple background", 2)):
+        for side, cx in (("left", 0.25), ("right", 0.75)):
+            request = raw_request(prompt=prompt, seed=seed, width=SIZE, height=SIZE, num_inference_steps=16,
+                                  guidance_scale=4.0, control="shapes",
+                                  control_image=handle_file(str(disc_file(tmp_path, cx, f"{side}.png"))))  # fmt: skip
+            gallery, info = client.predict(**request, api_name="/generate")
+            assert info["status"] == "done" and info["control"] == "shapes" and info["control_scale"] == 1.0
+            found = centre_of(picture(gallery))
+            assert found is not None and abs(found[0] - cx) <= 0.25 and abs(found[1] - 0.5) <= 0.25, (prompt, side)
+            seen.append(found[0])
+    assert seen[0] < 0.5 < seen[1] and seen[2] < 0.5 < seen[3]  # left, then right, for both prompts
+
+
+def test_a_bad_control_is_refused_by_name_and_none_draws_as_before(client: Any, tmp_path: Path) -> None:
+    from gradio_client import handle_file
+    from gradio_client.exceptions import ValidationError
+
+    disc = handle_file(str(disc_file(tmp_path, 0.3, "disc.png")))
+    with pytest.raises(ValidationError, match="control must be one of 'none', 'shapes'"):
+        client.predict(**raw_request(control="depth", control_image=disc), api_name="/generate")
+    with pytest.raises(ValidationError, match="control_scale must be a number between 0 and 2"):
+        client.predict(**raw_request(control="shapes", control_image=disc, control_scale=3), api_name="/generate")
+    with pytest.raises(ValidationError, match="control_image: control 'shapes' needs a map"):
+        client.predict(**raw_request(control="shapes"), api_name="/generate")
+    base = raw_request(prompt="a red circle on a blue background", seed=5, width=SIZE, height=SIZE,
+                       num_inference_steps=8, guidance_scale=4.0)  # fmt: skip
+    plain, info = client.predict(**base, api_name="/generate")
+    zero, zero_info = client.predict(**{**base, "control": "shapes", "control_image": disc, "control_scale": 0.0},
+                                     api_name="/generate")  # fmt: skip
+    assert info["control"] == "none" and zero_info["control_scale"] == 0.0
+    difference = np.abs(np.asarray(picture(plain), np.float32) - np.asarray(picture(zero), np.float32)).mean()
+    assert difference <= 0.5, difference  # weight 0: as without the control
