@@ -101,11 +101,19 @@ def _step_cache(d: dict[str, Any]) -> str:
             f"{_f(100 * q['taylorseer']['all']['shape'], '.1f')} % taylorseer")  # fmt: skip
 
 
+def _control(d: dict[str, Any]) -> str:
+    one, eight = d["one_request"], d["eight_callers"]
+    return (f"ControlNet: one request {_f(one['control']['vs_no_control'])}x a plain one (raw pipeline "
+            f"{_f(one['raw ControlNet pipeline']['vs_no_control'])}x); 8 mixed callers "
+            f"{_f(eight['one loop, mixed']['images_per_s'])} img/s in one loop, "
+            f"{_f(eight['one at a time']['images_per_s'])} one at a time")  # fmt: skip
+
+
 HEADLINES: dict[str, Callable[[dict[str, Any]], str]] = {
     "bench-full": _full, "bench-quick": _full, "bench-openloop": _openloop, "bench-cpu": _cpu,
     "bench-fast": _fast, "bench-page": _page, "bench-lora": _lora, "bench-fairness": _fairness,
     "bench-ray": _ray, "bench-loadgen": _what, "ab-fast": _what, "gpu-h200": _gpu,
-    "bench-imagejoin": _imagejoin, "bench-hostile": _hostile, "bench-step": _step_cache,
+    "bench-imagejoin": _imagejoin, "bench-hostile": _hostile, "bench-step": _step_cache, "bench-control": _control,
 }  # fmt: skip
 
 

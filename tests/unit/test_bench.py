@@ -30,6 +30,7 @@ PUBLISHED = sorted(
             "bench-imagejoin-",
             "bench-hostile-",
             "bench-step-cache-",
+            "bench-control-",
         )
     )
 )
@@ -71,6 +72,21 @@ def test_the_published_step_cache_runs_are_complete(path: Path) -> None:
     assert one["off"]["evaluations"] == 20 and one["taylorseer"]["evaluations"] < 20
     assert set(result["quality"]) == {"off", "taylorseer", "reuse"}
     assert all(q["all"]["images"] == result["quality"]["off"]["all"]["images"] > 0 for q in result["quality"].values())
+
+
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "bench" / "results").glob("bench-control-*.json")), ids=lambda p: p.name
+)
+def test_the_published_control_runs_are_complete(path: Path) -> None:
+    result = json.loads(path.read_text())
+    assert finite_figures(result) and result["rounds"] >= 1
+    assert set(result["one_request"]) == {"no control", "control", "raw ControlNet pipeline"}
+    assert set(result["eight_callers"]) == {"one loop, mixed", "one at a time", "a loop per kind"}
+    assert (
+        result["one_request"]["no control"]["vs_no_control"]
+        == result["eight_callers"]["one loop, mixed"]["vs_one_loop"]
+        == 1.0
+    )
 
 
 @pytest.mark.parametrize(
