@@ -127,9 +127,18 @@ def a1111_parameters(params: dict[str, Any], seed: int, model: str, scheduler_cl
     if lora and lora != NONE and params.get("lora_hash"):
         settings["Lora hashes"] = f"{lora}: {params['lora_hash']}"
     settings.update(fields.png_settings(params))  # the table fields not at their default
+    if params.get("control", NONE) != NONE:  # as AUTOMATIC1111's ControlNet extension writes a unit
+        settings["ControlNet 0"] = control_unit(params)
     settings["RNG"] = "CPU"  # the noise comes from a CPU generator on every device (A1111's "RNG: CPU")
     lines.append(", ".join(f"{key}: {quote(str(value))}" for key, value in settings.items()))
     return "\n".join(lines)
+
+
+def control_unit(params: dict[str, Any]) -> str:
+    """AUTOMATIC1111's ControlNet unit text (its map is not in it)."""
+    return (f"Module: {params.get('control_preprocess', 'none')}, Model: {params['control']}, "
+            f"Weight: {params.get('control_scale', 1.0):g}, Guidance Start: {params.get('control_start', 0.0):g}, "
+            f"Guidance End: {params.get('control_end', 1.0):g}")  # fmt: skip
 
 
 def quote(text: str) -> str:

@@ -91,3 +91,23 @@ def test_the_preprocessors_make_the_map_the_model_reads() -> None:
     assert inverted[32, 32].min() > 200 and inverted[2, 2].max() < 50  # light disc on black, resized to 64
     assert controls.control_map(disc(), "none", 64, 64).tobytes() == disc().tobytes()
     assert fields.CONTROL_PREPROCESSORS == controls.PREPROCESSORS
+
+
+def test_the_png_text_carries_the_unit_as_automatic1111_writes_it_and_a_paste_restores_it() -> None:
+    from pipeline.serving.postprocess import a1111_parameters
+    from pipeline.web.apis.a1111 import fill_from, parse_parameters
+
+    raw = raw_request(control="shapes", control_image=png(disc()), control_scale=0.8, control_end=0.75,
+                      control_preprocess="invert")  # fmt: skip
+    params = with_pictures(validate(raw, LIMITS, pictures_later=True), raw, LIMITS).parameters()
+    text = a1111_parameters(params, 1, "fake-model", "EulerDiscreteScheduler")
+    unit = 'ControlNet 0: "Module: invert, Model: shapes, Weight: 0.8, Guidance Start: 0, Guidance End: 0.75"'
+    assert unit in text.splitlines()[-1]
+    assert "ControlNet" not in a1111_parameters(validate(raw_request(), LIMITS).parameters(), 1, "m", "DDIM")
+    filled = fill_from(parse_parameters(text), LIMITS)
+    names = ("control", "control_scale", "control_start", "control_end", "control_preprocess")
+    expected = ("shapes", 0.8, 0.0, 0.75, "invert")
+    assert tuple(filled.values[k] for k in names) == expected
+    assert any("its map is not in the text" in note for note in filled.notes)
+    other = fill_from(parse_parameters(text.replace("Model: shapes", "Model: depth_sd15")), LIMITS)
+    assert "control" not in other.values and any("Model 'depth_sd15' not applied" in n for n in other.notes)

@@ -35,8 +35,11 @@ _SIZE = re.compile(r"^\s*(\d+)\s*[x×]\s*(\d+)\s*$")
 _NEGATIVE = "Negative prompt:"
 # Keys this app reads; every other key of the settings line is listed as "not used".
 _READ = {"Steps", "Sampler", "Schedule type", "CFG scale", "Seed", "Size", "Model", "Lora hashes", "RNG",
-         "Denoising strength", "Mask blur", "Hires upscale", "Hires steps", "Hires upscaler",
+         "Denoising strength", "Mask blur", "Hires upscale", "Hires steps", "Hires upscaler", "ControlNet 0",
          *fields.png_keys()}  # fmt: skip
+# A ControlNet unit's keys (``ControlNet 0: "Module: canny, Model: shapes, Weight: 1, ..."``) and our fields.
+_UNIT = {"Module": "control_preprocess", "Model": "control", "Weight": "control_scale",
+         "Guidance Start": "control_start", "Guidance End": "control_end"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -195,6 +198,8 @@ def fill_from(
     if "Sampler" in s:
         _sampler(s["Sampler"], s.get("Schedule type", ""), samplers, values, notes)
     _mode(s, limits, values, notes)
+    if "ControlNet 0" in s:
+        _control_unit(s["ControlNet 0"], limits, values, notes)
     table_values, table_notes = fields.pasted(s, limits)  # the table fields (``fields.TABLE_FIELDS``)
     values.update(table_values)
     notes += table_notes
@@ -208,6 +213,22 @@ def fill_from(
     if unused:
         notes.append("Not used by this app: " + ", ".join(unused) + ".")
     return Fill(values, notes)
+
+
+def _control_unit(text: str, limits: Limits, values: dict[str, Any], notes: list[str]) -> None:
+    """AUTOMATIC1111's first ControlNet unit: each key the control fields check; the map is not in the text."""
+    unit = {key.strip(): value.strip() for key, _, value in (part.partition(":") for part in text.split(","))}
+    for key, name in _UNIT.items():
+        if key not in unit:
+            continue
+        row = fields.BY_NAME[name]
+        raw: Any = unit[key] if row.type is str else _number(unit[key])
+        try:
+            values[name] = row.check(raw, limits) if row.check is not None else raw
+        except InvalidRequest as exc:
+            notes.append(f"ControlNet 0: {key} {unit[key]!r} not applied: {exc}")
+    if values.get("control", NONE) != NONE:
+        notes.append("ControlNet 0: its map is not in the text: upload it again as the control image.")
 
 
 def _mode(s: dict[str, str], limits: Limits, values: dict[str, Any], notes: list[str]) -> None:
