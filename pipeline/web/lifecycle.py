@@ -43,8 +43,10 @@ def own_gradio_cache(settings: Settings, environ: MutableMapping[str, str]) -> P
 # The HTTP APIs' bodies: an image in base64 is 4/3 of its bytes (A1111's img2img: a picture and a
 # mask; png-info: one picture), a multipart edit its bytes (a picture and a mask) and the fields.
 _B64 = MAX_UPLOAD_BYTES * 4 // 3
-PEER_BODY_CAPS = {
-    f"{SDAPI}/img2img": 2 * _B64 + 2**20,
+PEER_BODY_CAPS = {  # (txt2img and img2img: one more picture, a ControlNet unit's map)
+    f"{SDAPI}/txt2img": _B64 + 2**20,
+    f"{SDAPI}/img2img": 3 * _B64 + 2**20,
+    "/controlnet/detect": _B64 + 64 * 1024,
     f"{SDAPI}/png-info": _B64 + 64 * 1024,
     f"{OPENAI}/edits": 2 * MAX_UPLOAD_BYTES + 256 * 1024,
 }

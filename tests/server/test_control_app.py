@@ -78,3 +78,38 @@ def test_a_bad_control_is_refused_by_name_and_none_draws_as_before(client: Any, 
     assert info["control"] == "none" and zero_info["control_scale"] == 0.0
     difference = np.abs(np.asarray(picture(plain), np.float32) - np.asarray(picture(zero), np.float32)).mean()
     assert difference <= 0.5, difference  # weight 0: as without the control
+
+
+def test_webuiapis_controlnet_unit_equals_generate_pixel_for_pixel_and_its_lists_answer(
+    client: Any, url: str, tmp_path: Path
+) -> None:
+    """issue 51 §4: AUTOMATIC1111's ControlNet extension API, through the real ``webuiapi``."""
+    import webuiapi
+    from gradio_client import handle_file
+
+    port = int(url.rstrip("/").rsplit(":", 1)[1])
+    api = webuiapi.WebUIApi(host="127.0.0.1", port=port)
+    assert api.controlnet_model_list() == ["shapes"] and api.controlnet_version() == 2
+    assert api.controlnet_module_list() == ["none", "canny", "invert"]
+    path = disc_file(tmp_path, 0.25, "unit.png")
+    unit = webuiapi.ControlNetUnit(image=Image.open(path), module="none", model="shapes", weight=0.9,
+                                   guidance_end=0.9, resize_mode="Just Resize")  # fmt: skip
+    result = api.txt2img(prompt="a red circle on a blue background", seed=7, steps=8, cfg_scale=4, width=SIZE,
+                         height=SIZE, sampler_name="Euler", controlnet_units=[unit])  # fmt: skip
+    ours, _ = client.predict(**raw_request(prompt="a red circle on a blue background", seed=7, width=SIZE,
+                                              height=SIZE, num_inference_steps=8, guidance_scale=4.0,
+                                              scheduler="Euler", control="shapes", control_scale=0.9, control_end=0.9,
+                                              control_image=handle_file(str(path))), api_name="/generate")  # fmt: skip
+    assert np.array_equal(np.asarray(result.image.convert("RGB")), np.asarray(picture(ours)))
+    unit_text = 'ControlNet 0: "Module: none, Model: shapes, Weight: 0.9, Guidance Start: 0, Guidance End: 0.9"'
+    assert unit_text in result.image.info["parameters"]
+    found = centre_of(result.image.convert("RGB"))
+    assert found is not None and found[0] < 0.45  # on the left, where the disc is
+    wrong = webuiapi.ControlNetUnit(image=Image.open(path), model="control_v11p_sd15_depth [cfd03158]")
+    answer = httpx.post(url + "sdapi/v1/txt2img", timeout=60, json={
+        "prompt": "a red circle", "steps": 4, "width": SIZE, "height": SIZE,
+        "alwayson_scripts": {"controlnet": {"args": [wrong.to_dict()]}}})  # fmt: skip
+    assert answer.status_code == 422 and "model must be one of shapes" in answer.text
+    edges = api.controlnet_detect([Image.open(path)], module="canny").images  # the disc's outline
+    lit = np.asarray(edges[0].convert("L")) > 0
+    assert len(edges) == 1 and lit[32, 2:10].any() and not lit[32, 14:20].any() and not lit[:12].any()

@@ -236,7 +236,7 @@ def b64_bytes(value: Any, field_name: str) -> bytes:
 def charge_pictures(uploads: UploadBook | None, caller: Caller, raw: Mapping[str, Any], field: str) -> None:
     """The pictures of ``raw`` (sent inline: base64 or multipart) counted against the caller's uploads
     a minute (``UploadBook.charge``), before any is decoded: ``TooManyPictures`` past the rate."""
-    pictures = sum(1 for name in ("image", "mask") if raw.get(name) is not None)
+    pictures = sum(1 for name in ("image", "mask", "control_image") if raw.get(name) is not None)
     if uploads is None or not pictures:
         return
     try:

@@ -36,7 +36,7 @@ from ...errors import InvalidRequest, ServingError
 from ...protocol import ModelProfile
 from ...request import HIRES_UPSCALER
 from ...serving.base import Adapter
-from ...uploads import png_text, sniff, work_problem
+from ...uploads import png_text, read_image, sniff, work_problem
 from ..door import asgi
 from ..door.upload_route import UploadBook
 from . import a1111
@@ -53,6 +53,8 @@ from .peer_api import (
 )
 from .sdapi_fields import (
     A1111_NAME,
+    MODULE_LIST,
+    MODULES,
     VERSION,
     a1111_info,
     a1111_raw,
@@ -118,10 +120,45 @@ class SdApi:
             ("embeddings", self.embeddings, get),
             ("png-info", self.png_info, post),
         ]
-        return [
-            APIRoute(f"{SDAPI}/{path}", fn, methods=m, include_in_schema=False)  # type: ignore[arg-type]
-            for path, fn, m in table
+        controlnet = [
+            ("version", self.controlnet_version, get),
+            ("model_list", self.controlnet_models, get),
+            ("module_list", self.controlnet_modules, get),
+            ("detect", self.controlnet_detect, post),
         ]
+        # the ControlNet extension's discovery routes, where clients probe them (issue 51)
+        paths = [(f"{SDAPI}/{p}", fn, m) for p, fn, m in table]
+        paths += [(f"/controlnet/{p}", fn, m) for p, fn, m in controlnet]
+        return [APIRoute(path, fn, methods=m, include_in_schema=False) for path, fn, m in paths]  # type: ignore[arg-type]
+
+    async def controlnet_version(self) -> JSONResponse:
+        return JSONResponse({"version": 2})
+
+    async def controlnet_models(self) -> JSONResponse:
+        """The ControlNets loaded at start (``--controlnet``), as the extension lists its models."""
+        return JSONResponse({"model_list": list(getattr(self.profile, "controls", ()))})
+
+    async def controlnet_modules(self) -> JSONResponse:
+        return JSONResponse({"module_list": MODULE_LIST, "module_detail": {m: {"model_free": True, "sliders": []}
+                                                                           for m in MODULE_LIST}})  # fmt: skip
+
+    async def controlnet_detect(self, request: Request) -> JSONResponse:
+        """The extension's ``detect``: each picture through a module (a preprocessor), as the map a
+        request would get, through the same upload checks; off the loop."""
+        try:
+            body = await json_body(request)
+            module = MODULES.get(str(body.get("controlnet_module", "none")).lower())
+            if module is None:
+                raise InvalidRequest("controlnet_module", f"controlnet_module must be one of {', '.join(MODULE_LIST)}")
+            images = body.get("controlnet_input_images") or body.get("controlnet_images") or []
+            if not isinstance(images, list) or not 1 <= len(images) <= 4:
+                raise InvalidRequest("controlnet_input_images", "controlnet_input_images: one to four base64 images")
+            raw = {"image": b64_bytes(images[0], "controlnet_input_images")}
+            charge_pictures(self.uploads, http_caller(request), raw, "controlnet_input_images")
+            maps = await asyncio.to_thread(detected, images, module)
+        except (ServingError, ValueError) as exc:
+            return _error(exc)
+        return JSONResponse({"images": maps, "info": "Success"})
 
     async def txt2img(self, request: Request) -> JSONResponse:
         return await self._generate(request, img2img=False)
@@ -134,17 +171,17 @@ class SdApi:
         try:
             body = await json_body(request)
             args = (body, self.profile, self.adapter.limits)
-            # img2img's base64 pictures (up to 27 MiB of text each): decoded to bytes off the loop
+            # base64 pictures (img2img's, a ControlNet unit's: up to 27 MiB of text each): decoded off the loop
             raw, notes = (
-                await asgi.off_loop(partial(a1111_raw, img2img=True), *args)
-                if img2img
+                await asgi.off_loop(partial(a1111_raw, img2img=img2img), *args)
+                if img2img or body.get("alwayson_scripts")
                 else a1111_raw(*args, img2img=False)
             )
             charge_pictures(self.uploads, caller, raw, "init_images")
             ended = await run_request(self.adapter, raw, caller, self.jobs, request)
         except (ServingError, ValueError) as exc:
             return _error(exc)
-        echo = {k: v for k, v in body.items() if k not in ("init_images", "mask")}
+        echo = {k: v for k, v in body.items() if k not in ("init_images", "mask", "alwayson_scripts")}
         if ended.done is None:  # interrupted by its own caller: no images, as A1111 says so in its info
             info = {"interrupted": True, "steps_done": ended.steps_done, "version": VERSION}
             return JSONResponse({"images": [], "parameters": echo, "info": json.dumps(info)})
@@ -278,6 +315,19 @@ def _progress_body(
         "current_image": image,
         "textinfo": text or None,
     }
+
+
+def detected(images: list[Any], module: str) -> list[str]:
+    """Each base64 picture as its map (``controls.control_map`` at its own size), base64 PNG."""
+    from ...controls import control_map
+
+    out = []
+    for image in images:
+        picture = read_image(b64_bytes(image, "controlnet_input_images"), "controlnet_input_images")
+        buffer = io.BytesIO()
+        control_map(picture, module, *picture.size).save(buffer, format="PNG")
+        out.append(_b64(buffer.getvalue()))
+    return out
 
 
 def _b64(data: bytes) -> str:

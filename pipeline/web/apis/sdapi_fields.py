@@ -32,7 +32,6 @@ _REFUSED_UNLESS: dict[str, tuple[Any, ...]] = {
     "styles": ([], None),
     "script_name": (None, ""),
     "script_args": ([], None),
-    "alwayson_scripts": ({}, None),
     "hr_checkpoint_name": (None, ""),
     "hr_prompt": ("", None),
     "hr_negative_prompt": ("", None),
@@ -126,11 +125,71 @@ def a1111_raw(
         raw["lora"], raw["lora_scale"] = known[name.lower()], scale
     overrides = body.get("override_settings") or {}
     raw.update((name, overrides[name]) for name in fields.passed_through("a1111") if name in overrides)
+    _controlnet(body.get("alwayson_scripts"), limits, raw, notes)
     if img2img:
         _img2img(body, raw, notes)
     elif body.get("enable_hr"):
         _hires(body, raw)
     return raw, notes
+
+
+def _controlnet(scripts: Any, limits: Limits, raw: dict[str, Any], notes: list[str]) -> None:
+    """AUTOMATIC1111's ControlNet extension's units (``alwayson_scripts.controlnet.args``) as the control
+    fields: the one enabled unit's ``model``, ``module``, ``weight``, ``image``, ``guidance_start`` and
+    ``guidance_end``; ``resize_mode`` and ``control_mode`` where they map; any other script refused by name."""
+    if scripts in (None, {}):
+        return
+    if not isinstance(scripts, dict):
+        raise InvalidRequest("alwayson_scripts", "alwayson_scripts must be an object of scripts")
+    for name in scripts:
+        if str(name).lower() != "controlnet":
+            raise InvalidRequest("alwayson_scripts", f"alwayson_scripts: {str(name)[:40]!r} is not supported by "
+                                 "this app; only ControlNet")  # fmt: skip
+    script = next(iter(scripts.values()))
+    args = script.get("args", []) if isinstance(script, dict) else None
+    if not isinstance(args, list) or not all(isinstance(unit, dict) for unit in args):
+        raise InvalidRequest("alwayson_scripts", "alwayson_scripts.controlnet.args must be a list of units")
+    units = [u for u in args if u.get("enabled", True) and str(u.get("model", "None")).lower() not in ("none", "")]
+    if not units:
+        return
+    if len(units) > 1:
+        raise InvalidRequest("alwayson_scripts", f"alwayson_scripts.controlnet: this app runs one ControlNet unit a "
+                             f"request; {len(units)} are enabled")  # fmt: skip
+    unit, field = units[0], "alwayson_scripts.controlnet.args"
+    model = str(unit.get("model")).split(" [", 1)[0]  # A1111 lists "NAME [hash]"
+    if model not in limits.controls:
+        raise InvalidRequest(field, f"{field}: model must be one of {', '.join(limits.controls) or 'none'} "
+                             f"(/controlnet/model_list); got {show(unit.get('model'))}")  # fmt: skip
+    module = MODULES.get(str(unit.get("module", "none")).lower())
+    if module is None:
+        raise InvalidRequest(field, f"{field}: module must be one of {', '.join(MODULE_LIST)} "
+                             f"(/controlnet/module_list); got {show(unit.get('module'))}")  # fmt: skip
+    if unit.get("control_mode", 0) not in (0, "Balanced"):
+        raise InvalidRequest(field, f"{field}: control_mode must be 0 (Balanced) on this app; got "
+                             f"{show(unit.get('control_mode'))}")  # fmt: skip
+    if unit.get("mask") not in (None, ""):
+        raise InvalidRequest(field, f"{field}: a unit's mask is not supported by this app; send none")
+    image = unit.get("image") or unit.get("input_image")
+    if isinstance(image, dict):  # the extension's newer {"image": ..., "mask": ...}
+        image = image.get("image")
+    if not isinstance(image, str) or not image:
+        raise InvalidRequest(field, f"{field}: the unit needs its image (base64)")
+    resize = unit.get("resize_mode", "Crop and Resize")
+    if resize not in RESIZE_MODES:
+        raise InvalidRequest(field, f"{field}: resize_mode must be one of {', '.join(RESIZE_MODES[:3])}; got "
+                             f"{show(resize)}")  # fmt: skip
+    if resize not in ("Just Resize", 0):
+        notes.append(f"resize_mode {resize!r}: the map is resized to the image's size (Just Resize); a map of "
+                     "the image's shape gives the same picture")  # fmt: skip
+    raw.update(control=model, control_preprocess=module, control_image=b64_bytes(image, field),
+               control_scale=unit.get("weight", 1.0), control_start=unit.get("guidance_start", 0.0),
+               control_end=unit.get("guidance_end", 1.0))  # fmt: skip
+
+
+# The extension's module names this app runs (its preprocessors, ``controls.PREPROCESSORS``).
+MODULES = {"none": "none", "canny": "canny", "invert": "invert", "invert (from white bg & black line)": "invert"}
+MODULE_LIST = ["none", "canny", "invert"]
+RESIZE_MODES = ("Just Resize", "Crop and Resize", "Resize and Fill", 0, 1, 2)
 
 
 def _img2img(body: Mapping[str, Any], raw: dict[str, Any], notes: list[str]) -> None:

@@ -53,6 +53,8 @@ ROUTES: tuple[tuple[frozenset[str], re.Pattern[str], str], ...] = tuple(
             "peer",
         ),
         ("POST", r"/sdapi/v1/(txt2img|img2img|interrupt|options|png-info)", "peer"),
+        ("GET", r"/controlnet/(version|model_list|module_list)", "peer"),  # the ControlNet extension's
+        ("POST", r"/controlnet/detect", "peer"),
         ("POST", r"/v1/images/(generations|edits)", "peer"),
         ("GET", r"/v1/models", "peer"),
     )
