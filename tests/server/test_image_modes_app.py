@@ -192,12 +192,15 @@ def test_an_event_may_name_only_its_callers_own_upload(url: str, tmp_path: Path)
             {"path": "https://example.com/a.png", "meta": {"_type": "gradio.FileData"}},
             {"path": path, "url": "https://example.com/a.png", "meta": {"_type": "gradio.FileData"}},
         ):
-            data = _data(mode="image", image=value)
-            joined = other.post(
-                url + "gradio_api/queue/join", json={"data": data, "fn_index": index, "session_hash": "s1"}
-            )
-            assert joined.status_code == 422, (value, joined.text)
-            assert "image must be an image you uploaded" in joined.text
+            for field, data in (
+                ("image", _data(mode="image", image=value)),
+                ("control_image", _data(control="shapes", control_image=value)),
+            ):  # issue 51
+                joined = other.post(
+                    url + "gradio_api/queue/join", json={"data": data, "fn_index": index, "session_hash": "s1"}
+                )
+                assert joined.status_code == 422, (field, value, joined.text)
+                assert f"{field} must be an image you uploaded" in joined.text, joined.text
         data = _data(mode="image", image={"path": path, "meta": {"_type": "gradio.FileData"}})
         mine = owner.post(url + "gradio_api/queue/join", json={"data": data, "fn_index": index, "session_hash": "s2"})
         assert mine.status_code == 200, mine.text

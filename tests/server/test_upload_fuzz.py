@@ -55,13 +55,23 @@ class Probe:
         self._thread.join(HANG)
 
 
-def test_every_malformed_upload_is_refused_by_name_while_health_answers(tmp_path: Path) -> None:
+# The picture fields, each with what else its request needs: image-to-image's picture, and a ControlNet's
+# map (issue 51: "through every upload test the image input has").
+FIELDS = {"image": {"mode": "image", "mask": None}, "control_image": {"control": "shapes"}}
+
+
+@pytest.mark.parametrize("field", list(FIELDS))
+def test_every_malformed_upload_is_refused_by_name_while_health_answers(tmp_path: Path, field: str) -> None:
+    import dataclasses
+
     from gradio_client import Client, handle_file
 
     files = {name: build() for name, (build, _word) in malformed.REFUSED.items()}  # built before the baseline
     for name, data in files.items():
         (tmp_path / f"{abs(hash(name))}.bin").write_bytes(data)
-    with running_app(tmp_path / "app", load=lambda: FakeModel()) as (url, _demo, _adapter):
+    model = FakeModel()
+    model.profile = dataclasses.replace(model.profile, controls=("shapes",))
+    with running_app(tmp_path / "app", load=lambda: model) as (url, _demo, _adapter):
         client = Client(url, verbose=False)
         client.predict(**raw_request(), api_name="/generate")  # warm: the idle baseline is a served app's
         idle = psutil.Process().memory_info().rss
@@ -77,8 +87,8 @@ def test_every_malformed_upload_is_refused_by_name_while_health_answers(tmp_path
                 else:
                     assert up.status_code == 200, (name, up.text)
                     path = tmp_path / f"{abs(hash(name))}.bin"
-                    with pytest.raises(Exception, match=r"image: ") as refused:
-                        client.predict(**{**raw_request(mode="image", image=handle_file(str(path))), "mask": None},
+                    with pytest.raises(Exception, match=rf"{field}: ") as refused:
+                        client.predict(**{**raw_request(**{field: handle_file(str(path))}), **FIELDS[field]},
                                        api_name="/generate")  # fmt: skip
                     assert "Internal error" not in str(refused.value), (name, refused.value)
                 times[name] = time.monotonic() - started
