@@ -15,6 +15,7 @@ import statistics
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -57,7 +58,7 @@ class Probe:
 
 # The picture fields, each with what else its request needs: image-to-image's picture, and a ControlNet's
 # map (issue 51: "through every upload test the image input has").
-FIELDS = {"image": {"mode": "image", "mask": None}, "control_image": {"control": "shapes"}}
+FIELDS: dict[str, dict[str, Any]] = {"image": {"mode": "image", "mask": None}, "control_image": {"control": "shapes"}}
 
 
 @pytest.mark.parametrize("field", list(FIELDS))
