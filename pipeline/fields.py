@@ -311,7 +311,7 @@ TABLE: tuple[Field, ...] = (
           check=_control, unwritten=(NONE,)),
     Field("control_image", Any, None, "The control's map, an uploaded image (PNG, JPEG or WebP): for the "
           "embedded model's \"shapes\", white where the shape goes, on black; resized to width x height.",
-          modes=CONTROL_MODES),
+          modes=CONTROL_MODES, openai="extra_body"),
     Field("control_scale", float, 1.0, "How strongly the control acts, 0 to 2 (0: as without it).",
           modes=CONTROL_MODES, openai="extra_body", check=_fraction("control_scale", 2.0)),
     Field("control_start", float, 0.0, "The fraction of the steps after which the control starts acting, 0 to 1.",

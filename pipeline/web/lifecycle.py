@@ -47,8 +47,9 @@ PEER_BODY_CAPS = {  # (txt2img and img2img: one more picture, a ControlNet unit'
     f"{SDAPI}/txt2img": _B64 + 2**20,
     f"{SDAPI}/img2img": 3 * _B64 + 2**20,
     "/controlnet/detect": _B64 + 64 * 1024,
+    f"{OPENAI}/generations": _B64 + 256 * 1024,  # a ControlNet's map in its extra body
     f"{SDAPI}/png-info": _B64 + 64 * 1024,
-    f"{OPENAI}/edits": 2 * MAX_UPLOAD_BYTES + 256 * 1024,
+    f"{OPENAI}/edits": 2 * MAX_UPLOAD_BYTES + _B64 + 256 * 1024,
 }
 
 

@@ -113,3 +113,27 @@ def test_webuiapis_controlnet_unit_equals_generate_pixel_for_pixel_and_its_lists
     edges = api.controlnet_detect([Image.open(path)], module="canny").images  # the disc's outline
     lit = np.asarray(edges[0].convert("L")) > 0
     assert len(edges) == 1 and lit[32, 2:10].any() and not lit[32, 14:20].any() and not lit[:12].any()
+
+
+def test_openai_callers_send_the_map_in_the_extra_body(client: Any, url: str, tmp_path: Path) -> None:
+    import base64
+    import io
+
+    import openai
+    from gradio_client import handle_file
+
+    path = disc_file(tmp_path, 0.75, "openai.png")
+    api = openai.OpenAI(base_url=url + "v1", api_key="unused", max_retries=0)
+    extra = {"seed": 3, "num_inference_steps": 8, "guidance_scale": 4.0, "control": "shapes", "control_end": 0.8,
+             "control_image": base64.b64encode(path.read_bytes()).decode()}  # fmt: skip
+    answer = api.images.generate(model="dall-e-2", prompt="a green star on a black background", size="64x64",
+                                 response_format="b64_json", extra_body=extra)  # fmt: skip
+    theirs = Image.open(io.BytesIO(base64.b64decode(answer.data[0].b64_json or ""))).convert("RGB")
+    ours, _ = client.predict(**raw_request(prompt="a green star on a black background", seed=3, width=SIZE,
+                                           height=SIZE, num_inference_steps=8, guidance_scale=4.0, control="shapes",
+                                           control_end=0.8, control_image=handle_file(str(path))),
+                             api_name="/generate")  # fmt: skip
+    assert np.array_equal(np.asarray(theirs), np.asarray(picture(ours)))
+    with pytest.raises(openai.BadRequestError) as refused:
+        api.images.generate(model="dall-e-2", prompt="a star", size="64x64", extra_body={"control": "shapes"})
+    assert refused.value.body["param"] == "control_image"

@@ -32,6 +32,7 @@ import io
 import logging
 import re
 import time
+from functools import partial
 from typing import Any, AsyncIterator, Mapping
 from urllib.parse import quote
 
@@ -48,10 +49,12 @@ from ...protocol import ModelProfile, Output
 from ...request import DEFAULT_STRENGTH, Limits
 from ...serving.base import Adapter
 from ...uploads import MAX_UPLOAD_BYTES, MaskUpload
+from ..door import asgi
 from ..door.upload_route import UploadBook
 from ..gradio_internals import served_name
 from .peer_api import (
     PeerJobs,
+    b64_bytes,
     charge_pictures,
     http_caller,
     http_error,
@@ -169,9 +172,11 @@ def openai_raw(
         "live_preview": stream and partials > 0,
         "mode": "text",
     }
-    for name in sorted(_OWN - {"seed", "negative_prompt"}, key=fields.NAMES.index):
+    for name in sorted(_OWN - {"seed", "negative_prompt", "control_image"}, key=fields.NAMES.index):
         if body.get(name) not in (None, ""):
             raw[name] = _number(body, name) if fields.BY_NAME[name].type is float else body[name]
+    if body.get("control_image") not in (None, ""):  # a ControlNet's map, base64 (off the loop: ``generations``)
+        raw["control_image"] = b64_bytes(body["control_image"], "control_image")
     if edit:
         raw["strength"] = _number(body, "strength") if body.get("strength") not in (None, "") else DEFAULT_STRENGTH
     answer = {"format": output_format, "compression": compression, "response_format": response_format,
@@ -255,7 +260,10 @@ class OpenAIImages:
     async def generations(self, request: Request) -> Response:
         try:
             body = await json_body(request)
-            raw, answer = openai_raw(body, self.adapter.profile, self.adapter.limits, edit=False)
+            args = (body, self.adapter.profile, self.adapter.limits)
+            raw, answer = (await asgi.off_loop(partial(openai_raw, edit=False), *args) if body.get("control_image")
+                           else openai_raw(*args, edit=False))  # fmt: skip
+            charge_pictures(self.uploads, http_caller(request), raw, "control_image")
         except ServingError as exc:
             return error_response(exc)
         return await self._answer(request, raw, answer, "image_generation", body)
@@ -265,7 +273,7 @@ class OpenAIImages:
             body, image, mask = await self._form(request)
             raw, answer = openai_raw(body, self.adapter.profile, self.adapter.limits, edit=True)
             raw["image"] = image
-            charge_pictures(self.uploads, http_caller(request), {"image": image, "mask": mask}, "image")
+            charge_pictures(self.uploads, http_caller(request), {**raw, "mask": mask}, "image")
             if mask is not None:
                 raw["mask"] = MaskUpload(mask, transparent_edits=True)  # decoded with the request, after its gates
                 raw["mode"], raw["mask_blur"] = "inpaint", 0
