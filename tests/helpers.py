@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from pipeline.fields import TABLE_FIELDS
-from pipeline.request import PICTURE_DEFAULTS
+from pipeline.request import FIELDS, PICTURE_DEFAULTS
 from pipeline.serving.local import LocalAdapter
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,7 +32,8 @@ def free_port() -> int:
 
 # The picture fields and the table fields of a text-to-image request, as the page and gradio_client
 # send their defaults.
-TEXT_MODE: dict[str, Any] = {**PICTURE_DEFAULTS, **{f.name: f.default for f in TABLE_FIELDS}, "control_image": None}
+_TEXT = {**PICTURE_DEFAULTS, **{f.name: f.default for f in TABLE_FIELDS}, "control_image": None}
+TEXT_MODE: dict[str, Any] = {name: _TEXT[name] for name in FIELDS if name in _TEXT}  # in the API's order
 
 
 def raw_request(**overrides: Any) -> dict[str, Any]:

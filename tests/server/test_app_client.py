@@ -135,6 +135,12 @@ def test_only_generate_is_in_the_api_and_the_rest_shortcut_is_closed(client: Any
         *IMAGE_FIELDS,  # every one with a default: a text-to-image call names none of them
         "step_cache",  # a table field (pipeline.fields): at its default unless named
         "emphasis",  # issue 49: how AUTOMATIC1111's prompt syntax reads
+        "control",  # issue 51: a ControlNet and its map, weight, window and preprocessor
+        "control_image",
+        "control_scale",
+        "control_start",
+        "control_end",
+        "control_preprocess",
     ]
     params = api["named_endpoints"]["/generate"]["parameters"]
     assert all(p["parameter_has_default"] for p in params[13:]), params[13:]
