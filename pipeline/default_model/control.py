@@ -38,6 +38,7 @@ from tqdm import tqdm
 from . import shapes
 from .architecture import SCHEDULER_CONFIG
 from .folder import CONTROL_NAME, DEFAULT_CONTROL_DIR, DEFAULT_MODEL_DIR
+from .train import min_snr_loss, step_with_ema
 
 log = logging.getLogger(__name__)
 STAMP = "controlnet_build.json"
@@ -45,7 +46,6 @@ FULL = dict(images=8192, steps=3000, batch=32)
 QUICK = dict(images=256, steps=40, batch=16)
 LR = 5e-4
 CAPTION_DROP = 0.1
-MIN_SNR_GAMMA = 5.0
 EMBEDDING_CHANNELS = (16, 32, 64)  # the conditioning embedding: two stride-2 convolutions, the VAE's factor 4
 DISC_SHARE = 0.5
 MARGIN = 0.02  # a shape stays this far inside the image, as a fraction of it
@@ -156,17 +156,8 @@ def train_controlnet(pipe: Any, cfg: dict[str, int], seed: int) -> tuple[Any, di
         noisy = schedule.add_noise(x0, noise, t)
         down, mid = controlnet(noisy, t, context, controlnet_cond=cond, return_dict=False)
         pred = unet(noisy, t, context, down_block_additional_residuals=down, mid_block_additional_residual=mid).sample
-        snr = alphas_cumprod[t] / (1 - alphas_cumprod[t])
-        weight = torch.clamp(snr, max=MIN_SNR_GAMMA) / (snr + 1)
-        loss = (weight * ((pred - schedule.get_velocity(x0, noise, t)) ** 2).mean(dim=(1, 2, 3))).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        decay = min(0.999, (1 + step) / (10 + step))
-        with torch.no_grad():
-            for e, p in zip(ema.parameters(), params):
-                e.mul_(decay).add_(p.detach(), alpha=1 - decay)
+        loss = min_snr_loss(pred, schedule.get_velocity(x0, noise, t), alphas_cumprod[t])  # the UNet's own loss
+        step_with_ema(opt, loss, params, list(ema.parameters()), step)
         losses.append(float(loss.detach()))
         if step % 20 == 0:
             bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}")

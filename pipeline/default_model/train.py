@@ -108,6 +108,26 @@ def encode(vae: Any, pictures: torch.Tensor) -> torch.Tensor:
     return torch.cat([vae.encode(pictures[i : i + 256]).latent_dist.mean for i in range(0, len(pictures), 256)])
 
 
+def min_snr_loss(pred: torch.Tensor, target: torch.Tensor, alphas_cumprod: torch.Tensor) -> torch.Tensor:
+    """The v-prediction loss with Min-SNR-gamma weighting (Hang et al. 2023, its v-prediction form: the
+    nearly clean timesteps, where only edges are left to learn, stop dominating the loss)."""
+    snr = alphas_cumprod / (1 - alphas_cumprod)
+    weight = torch.clamp(snr, max=MIN_SNR_GAMMA) / (snr + 1)
+    return (weight * ((pred - target) ** 2).mean(dim=(1, 2, 3))).mean()
+
+
+def step_with_ema(opt: Any, loss: torch.Tensor, params: list[Any], ema_params: list[Any], step: int) -> None:
+    """One optimizer step (gradients clipped to norm 1), then the EMA copy's update (decay up to 0.999)."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    decay = min(0.999, (1 + step) / (10 + step))
+    with torch.no_grad():
+        for e, p in zip(ema_params, params):
+            e.mul_(decay).add_(p.detach(), alpha=1 - decay)
+
+
 def train_unet(
     pipe: Any, latents: torch.Tensor, captions: list[str], steps: int, batch: int, gen: torch.Generator
 ) -> tuple[Any, Any, list[float]]:
@@ -157,19 +177,8 @@ def train_unet(
         target = noise_schedule.get_velocity(x0, noise, t)
         context = text_encoder(tokens)[0]
         pred = unet(noisy, t, context).sample
-        # Min-SNR-gamma weighting (Hang et al. 2023), in its v-prediction form: the nearly clean
-        # timesteps, where only edges are left to learn, stop dominating the loss.
-        snr = alphas_cumprod[t] / (1 - alphas_cumprod[t])
-        weight = torch.clamp(snr, max=MIN_SNR_GAMMA) / (snr + 1)
-        loss = (weight * ((pred - target) ** 2).mean(dim=(1, 2, 3))).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        decay = min(0.999, (1 + step) / (10 + step))
-        with torch.no_grad():
-            for e, p in zip(ema_params, params):
-                e.mul_(decay).add_(p.detach(), alpha=1 - decay)
+        loss = min_snr_loss(pred, target, alphas_cumprod[t])
+        step_with_ema(opt, loss, params, ema_params, step)
         losses.append(float(loss.detach()))
         if step % 20 == 0:
             bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}")
