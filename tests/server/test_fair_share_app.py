@@ -40,9 +40,10 @@ def test_in_the_launched_app_two_forwarded_addresses_are_two_users(tmp_path: Any
 
 
 def _loop_app(tmp_path: Any, cap: int) -> Any:
-    """The launched app at the default ``--concurrency`` with step-level joining on a fake loop of 20 ms
-    steps, two images a loop."""
-    model = FakeModel(joining=True, step_seconds=0.02)
+    """The launched app at the default ``--concurrency`` with step-level joining on a fake loop of 50 ms
+    steps, two images a loop (a loop of 8 steps, 0.4 s, outlasts a loaded machine's submit: 20 ms steps
+    let a client's own send latency span two loops, which the count from the send then blamed on the line)."""
+    model = FakeModel(joining=True, step_seconds=0.05)
     args = ("--max-waiting-per-user", str(cap), "--max-batch-size", "2")
     return model, running_app(tmp_path, *args, load=lambda: model)
 
