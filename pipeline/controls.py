@@ -107,15 +107,27 @@ def canny(rgb: np.ndarray, low: int = CANNY_LOW, high: int = CANNY_HIGH) -> np.n
     for where, (dy, dx) in sectors:
         keep |= where & (m > shifted(dy, dx)) & (m >= shifted(-dy, -dx))
     strong, weak = keep & (m > high), keep & (m > low)
-    # Hysteresis: weak pixels 8-connected to a strong one are edges.
-    edges = strong
-    while True:
-        grown = np.pad(edges, 1)
-        near = np.zeros_like(edges)
+    return (_hysteresis(strong, weak) * 255).astype(np.uint8)
+
+
+def _hysteresis(strong: np.ndarray, weak: np.ndarray) -> np.ndarray:
+    """The weak pixels 8-connected to a strong one (strong pixels are weak too): one flood from every
+    strong pixel, each pixel visited once, so its cost is linear in the picture's size."""
+    h, w = weak.shape
+    edges = np.zeros_like(weak)
+    stack = [int(i) for i in np.flatnonzero(strong)]
+    flat, seen = weak.ravel(), edges.ravel()
+    for i in stack:
+        seen[i] = True
+    while stack:
+        i = stack.pop()
+        y, x = divmod(i, w)
         for dy in (-1, 0, 1):
             for dx in (-1, 0, 1):
-                near |= grown[1 + dy : 1 + dy + h, 1 + dx : 1 + dx + w]
-        more = weak & near
-        if (more == edges).all():
-            return (edges * 255).astype(np.uint8)
-        edges = more
+                ny, nx = y + dy, x + dx
+                if 0 <= ny < h and 0 <= nx < w:
+                    j = ny * w + nx
+                    if flat[j] and not seen[j]:
+                        seen[j] = True
+                        stack.append(j)
+    return edges
