@@ -65,6 +65,12 @@ def decoded_map(raw: Mapping[str, Any], options: tuple[tuple[str, Any], ...], si
     return control_map(picture, str(dict(options).get("control_preprocess", "none")), *size)
 
 
+def map_preview(data: bytes, preprocess: str, width: int, height: int) -> Image.Image:
+    """The map a request with this upload would give the model (the page's "Show the map"): the same
+    upload checks and ``control_map``. Off the event loop, on the decode threads (``serving.decoding``)."""
+    return control_map(read_image(data, "control_image"), preprocess, width, height)
+
+
 def control_map(picture: Image.Image, preprocess: str, width: int, height: int) -> Image.Image:
     """The map the model reads: the upload resized to the job's size (Lanczos), then preprocessed."""
     image = picture.convert("RGB")

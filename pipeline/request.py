@@ -457,7 +457,7 @@ def _text(field: str, value: Any, max_chars: int) -> str:
     return normalized(value)
 
 
-def _size(field: str, value: Any, limits: Limits) -> int:
+def side_length(field: str, value: Any, limits: Limits) -> int:
     m, lo, hi = limits.size_multiple, limits.min_size, limits.max_size
     number = whole_number(field, value, lo, hi, f"a multiple of {m} between {lo} and {hi}")
     if number % m:
@@ -595,8 +595,8 @@ def validate(
             whole_number("seed", seed_value, 0, MAX_SEED)
     else:
         seed = whole_number("seed", seed_value, 0, MAX_SEED)
-    width = _size("width", raw.get("width"), limits)
-    height = _size("height", raw.get("height"), limits)
+    width = side_length("width", raw.get("width"), limits)
+    height = side_length("height", raw.get("height"), limits)
     if width * height > limits.max_pixels:
         raise InvalidRequest(
             "width",

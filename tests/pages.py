@@ -3,6 +3,7 @@ download). The tier's marks and its skip without chromium come from the folder (
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -138,3 +139,44 @@ def paint(page: Any) -> None:
     for x in (0.55, 0.6, 0.55, 0.5, 0.45, 0.4):
         page.mouse.move(box["x"] + box["width"] * x, y, steps=3)
     page.mouse.up()
+
+
+def record(page: Any) -> dict[str, Any]:
+    """The last result's info record (the JSON panel, which must be open)."""
+    text = page.evaluate("() => document.querySelector('#info .json-holder, #info')?.innerText ?? ''")
+    return json.loads(text[text.index("{") :]) if "{" in text else {}
+
+
+def generate_here(page: Any, prompt: str) -> dict[str, Any]:
+    """Generate and wait for this request's record (its own id: two quick jobs can leave the same "done in
+    0.31 s" behind); the record."""
+    before = record(page).get("request_id")
+    page.locator("#prompt textarea").fill(prompt)
+    page.locator("#generate").click()
+    wait_for(lambda: record(page).get("request_id") not in (None, before), "this request's record", 60)
+    page.locator("#status").get_by_text(DONE).wait_for(timeout=60_000)
+    assert record(page).get("prompt") == prompt, record(page)
+    return record(page)
+
+
+_PIXELS_JS = """async (selector) => {
+  const img = document.querySelector(selector);
+  if (!img) { return null; }
+  await img.decode();
+  const canvas = document.createElement('canvas');
+  canvas.width = img.naturalWidth;
+  canvas.height = img.naturalHeight;
+  const pen = canvas.getContext('2d');
+  pen.drawImage(img, 0, 0);
+  return { width: canvas.width, height: canvas.height,
+           rgba: Array.from(pen.getImageData(0, 0, canvas.width, canvas.height).data) };
+}"""
+
+
+def pixels(page: Any, selector: str) -> Any:
+    """The RGB pixels of the first ``<img>`` under ``selector``, as the page loaded it (a numpy array)."""
+    import numpy as np
+
+    got = page.evaluate(_PIXELS_JS, selector)
+    assert got is not None, f"no picture under {selector}"
+    return np.asarray(got["rgba"], dtype=np.uint8).reshape(got["height"], got["width"], 4)[..., :3]

@@ -4,7 +4,6 @@ image-to-image" from the history, outpainting, and the same on a phone."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -13,7 +12,7 @@ import pytest
 from PIL import Image
 
 from tests.helpers import wait_for
-from tests.pages import DONE, PHONE, open_ready, paint, shot
+from tests.pages import DONE, PHONE, generate_here, open_ready, paint, shot
 
 
 @pytest.fixture(scope="module")
@@ -30,23 +29,6 @@ def mode_of(page: Any) -> str | None:
 def choose(page: Any, label: str, value: str) -> None:
     page.locator("#mode").get_by_text(label, exact=True).click()
     wait_for(lambda: mode_of(page) == value, f"the mode {value}")
-
-
-def record(page: Any) -> dict[str, Any]:
-    """The last result's info record (the JSON panel)."""
-    text = page.evaluate("() => document.querySelector('#info .json-holder, #info')?.innerText ?? ''")
-    return json.loads(text[text.index("{") :]) if "{" in text else {}
-
-
-def generate_here(page: Any, prompt: str) -> dict[str, Any]:
-    # This request's record (its own id: two quick jobs can leave the same "done in 0.31 s" behind).
-    before = record(page).get("request_id")
-    page.locator("#prompt textarea").fill(prompt)
-    page.locator("#generate").click()
-    wait_for(lambda: record(page).get("request_id") not in (None, before), "this request's record", 60)
-    page.locator("#status").get_by_text(DONE).wait_for(timeout=60_000)
-    assert record(page).get("prompt") == prompt, record(page)
-    return record(page)
 
 
 def test_image_to_image_from_a_file_shows_before_and_after(page: Any, picture: Path) -> None:

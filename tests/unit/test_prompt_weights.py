@@ -378,11 +378,11 @@ def test_flux_weighs_t5_by_comfyuis_rule_and_reads_a_plain_prompt_as_its_pipelin
         theirs = model.pipe.encode_prompt(prompt=list(job.prompts), prompt_2=None, device=device,
                                           num_images_per_prompt=1, max_sequence_length=length)  # fmt: skip
     for got, expected in zip(ours, theirs):
-        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)  # the same ids; float order aside
+        torch.testing.assert_close(got, expected, rtol=1e-3, atol=1e-4)  # the same ids; float order aside
     weighted = replace(job, prompts=("a (red:1.5) circle on [blue]",))
     embeds, pooled, _ = model.flux_embeddings(weighted, device)
     expected_t5 = comfyui_t5(model, [("a ", 1.0), ("red", 1.5), (" circle on ", 1.0), ("blue", 1 / 1.1)], length)
-    torch.testing.assert_close(embeds, expected_t5, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(embeds, expected_t5, rtol=1e-3, atol=1e-4)  # 1.4e-5 seen on another CPU
     torch.testing.assert_close(pooled, theirs[1], rtol=1e-5, atol=1e-6)  # CLIP pooled: the words alone
     d = lambda a, b: float(np.abs(a - b).mean())  # noqa: E731
     plain_run = run(model, "a red circle", steps=2)

@@ -49,3 +49,20 @@ async def test_the_validator_gives_the_handlers_message_at_the_bad_field_only() 
     good = {**raw_request(), "live_preview": False}
     assert all(r["is_valid"] for r in await check(*(good[f] for f in FIELDS)))
     assert _rejected(adapter) == 1
+
+
+@pytest.mark.anyio
+async def test_the_pages_validator_says_it_under_the_prompt_and_a_held_inputs_message_at_its_control() -> None:
+    """The page's refusals are said under the prompt too (a control in a folded panel shows nothing), and
+    a message about an input Generate's first step holds (hidden) at the control a person sees beside it."""
+    from dataclasses import replace
+
+    adapter = _Adapter()
+    adapter.limits = replace(adapter.limits, controls=("shapes",))
+    check = make_validator(adapter, ui=True)
+    bad = {**raw_request(width=7), "live_preview": False}
+    said = {f: r["message"] for f, r in zip(FIELDS, await check(*(bad[f] for f in FIELDS))) if not r["is_valid"]}
+    assert said == {"width": FAKE_WIDTH_ERROR, "prompt": FAKE_WIDTH_ERROR}
+    no_map = {**raw_request(control="shapes"), "live_preview": False}
+    said = {f: r["message"] for f, r in zip(FIELDS, await check(*(no_map[f] for f in FIELDS))) if not r["is_valid"]}
+    assert set(said) == {"control", "prompt"} and "control 'shapes' needs a map" in said["control"], said

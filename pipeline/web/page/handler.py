@@ -17,8 +17,9 @@ from typing import Any, AsyncGenerator, Awaitable, Callable, Iterator, Sequence
 import gradio as gr
 
 from ... import fields
+from ...controls import map_preview
 from ...errors import Cancelled, InvalidRequest, RetryLater, ServingError, StorageFull
-from ...request import FIELDS, gradio_checks, new_request_id, validate
+from ...request import FIELDS, gradio_checks, new_request_id, side_length, validate
 from ...serving.base import Adapter
 from ...uploads import MAX_UPLOAD_BYTES
 from ..door.identity import Caller, TrustedProxies, caller_of
@@ -235,13 +236,17 @@ def with_upload_bytes(raw: dict[str, Any]) -> tuple[dict[str, Any], set[str]]:
     Gradio has copied each upload into its cache (the front door let in only the caller's own:
     ``upload_route``, which keeps the original for the caller's next request); a value naming any
     file outside Gradio's upload folder is refused, whatever let it in. The page's image editor
-    sends its mask as a painted layer (strokes on a clear layer) and its picture as the background."""
+    sends its mask as a painted layer (strokes on a clear layer) and its picture as the background; the
+    control pad its map as the composite (the picture and the strokes drawn over it)."""
     out, copies = dict(raw), set()
     for name in UPLOADS:
         value = raw.get(name)
         if isinstance(value, dict) and "layers" in value:  # gr.ImageEditor's value
             layers = [layer for layer in value.get("layers") or [] if isinstance(layer, dict)]
-            value = (layers[0] if layers else None) if name == "mask" else value.get("background")
+            if name == "mask":
+                value = layers[0] if layers else None
+            else:  # the control pad's map is its composite (``control_panel``); the mask editor's picture its own
+                value = (value.get("composite") if name == "control_image" else None) or value.get("background")
         if value is None or isinstance(value, bytes):
             out[name] = value
             continue
@@ -256,6 +261,38 @@ def with_upload_bytes(raw: dict[str, Any]) -> tuple[dict[str, Any], set[str]]:
             where.unlink(missing_ok=True)
             copies.add(str(path))
     return out, copies
+
+
+def make_preview(adapter: Adapter, demo: gr.Blocks, site: Site) -> Callable[..., Awaitable[Any]]:
+    """The page's "Show the map" (``control_panel.wire_preview``): the map a request with the pad's value
+    would give the model, at the picture's size. The pad's files as the generate handler reads them (the
+    caller's own uploads: the front door checked them), decoded and preprocessed on the decode threads
+    in the caller's turn (``serving.decoding``): a preview holds neither the loop nor a shared pool."""
+    limits = adapter.limits
+
+    async def preview(pad: Any, preprocess: Any, width: Any, height: Any, request: gr.Request) -> Any:
+        try:
+            how = fields.choice("control_preprocess", preprocess, fields.CONTROL_PREPROCESSORS)
+            size = side_length("width", width, limits), side_length("height", height, limits)
+            if pad is None:
+                raise InvalidRequest("control_image", "control_image: draw on the pad or upload a map first")
+            raw, copies = await asyncio.to_thread(with_upload_bytes, {"control_image": pad})
+            forget_temp_files(demo, copies)
+            if raw["control_image"] is None:
+                raise InvalidRequest("control_image", "control_image: draw on the pad or upload a map first")
+            caller = request_caller(request, site.trusted)
+            user = caller.key if caller is not None else None
+            return await adapter.decoder.run(user, map_preview, raw["control_image"], how, *size)
+        except InvalidRequest as exc:
+            raise gr.Error(str(exc), title="Invalid input", print_exception=False) from None
+
+    return preview
+
+
+# The page's inputs held by Generate's first step are hidden (``mode_panel.hold_mask``): a message about
+# one is painted at the control a person sees beside it; every page refusal is also said under the prompt
+# (a control in a folded panel shows nothing) and in the status line (``shown.REFUSED_JS``).
+HELD_SAID_AT = {"mask": "mode", "control_image": "control"}
 
 
 def make_validator(adapter: Adapter, *, ui: bool = False) -> Callable[..., Awaitable[list[dict[str, Any]]]]:
@@ -279,8 +316,11 @@ def make_validator(adapter: Adapter, *, ui: bool = False) -> Callable[..., Await
             validate(page_values(raw) if ui else raw, adapter.limits, pictures_later=True)
         except InvalidRequest as exc:
             adapter.metrics.jobs.labels("rejected").inc()  # answered here, it never reaches the adapter
-            bad = FIELDS.index(exc.field) if exc.field in FIELDS else 0
-            return [gr.validate(i != bad, str(exc) if i == bad else "") for i in range(len(values))]
+            field = HELD_SAID_AT.get(exc.field, exc.field) if ui else exc.field
+            bad = {FIELDS.index(field) if field in FIELDS else 0}
+            if ui:  # said under the prompt too: the field's control may be in a folded panel
+                bad.add(FIELDS.index("prompt"))
+            return [gr.validate(i not in bad, str(exc) if i in bad else "") for i in range(len(values))]
         return [gr.validate(True, "") for _ in values]
 
     return introspected_once(check)

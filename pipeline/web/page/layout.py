@@ -17,7 +17,8 @@ from ...serving.base import Adapter
 from ...serving.postprocess import sampler_name
 from ..apis.mcp_tool import serve_images
 from ..door.identity import TrustedProxies
-from .handler import PageJobs, make_generate, make_validator, selected_index
+from .control_panel import control_controls, wire_preview
+from .handler import PageJobs, make_generate, make_preview, make_validator, selected_index
 from .mode_panel import hold_mask, mode_controls, wire_modes
 from .page_tools import UI_CONCURRENCY, Controls, reuse_seed, wire_history, wire_keys, wire_paste, wire_sizes
 from .presets import preset_value, size_presets
@@ -32,10 +33,12 @@ STOP_WAIT_SECONDS = 60.0  # how long Stop waits for the session's job to end bef
 
 
 PASTED_MODE_CONTROLS = ("mode", "strength", "mask_blur", "hires_fix", "hires_scale", "hires_strength", "hires_steps")
+# the ControlNet unit's settings (its map is not in a text: ``control_panel``)
+PASTED_CONTROL_FIELDS = ("control", "control_scale", "control_start", "control_end", "control_preprocess")
 # The controls a pasted parameters text, a history entry or a reused seed fills (``page_tools.Controls``).
 PASTED_CONTROLS = ("prompt", "negative_prompt", "seed", "randomize_seed", "width", "height", "num_inference_steps",
                    "guidance_scale", "scheduler", "lora", "lora_scale", "step_cache",
-                   *PASTED_MODE_CONTROLS)  # fmt: skip
+                   *PASTED_MODE_CONTROLS, *PASTED_CONTROL_FIELDS)  # fmt: skip
 
 
 def device_words(device: str) -> str:
@@ -83,7 +86,7 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
                     buttons=["download", "fullscreen"],
                 )
                 reuse_button = gr.Button("Reuse this image's seed", size="sm", elem_id="reuse-seed")
-                send_results = send_buttons("gallery", p.modes)
+                send_results = send_buttons("gallery", p.modes, p.controls)
                 slider = before_after()
                 summary = gr.Markdown("", elem_id="summary")
                 with gr.Accordion("Info: the full record (JSON)", open=False, elem_id="info-panel"):
@@ -100,6 +103,7 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
                     )
                     swap_button = gr.Button("⇄ Swap", size="sm", elem_id="swap", scale=0, min_width=80)
                 picture = mode_controls(p, lim)
+                panel = control_controls(p)  # hidden without --controlnet (the embedded model has its own)
                 with gr.Accordion("Advanced settings", open=False, elem_id="advanced"):
                     adv = _advanced_settings(p, lim)
                 with gr.Accordion("Paste parameters", open=False, elem_id="paste"):
@@ -116,7 +120,7 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
             f"History: this tab's last {HISTORY_SIZE} images", open=False, elem_id="history-panel"
         ) as history_panel:
             history_gallery, download_button, history_zip = _history_panel()
-            send_history = send_buttons("history", p.modes)
+            send_history = send_buttons("history", p.modes, p.controls)
         gr.Markdown(
             f"Model: `{p.name}` on {p.device} ({p.dtype}). Many people can queue; {device_words(p.device)} draws "
             "one job at a time.",
@@ -124,13 +128,20 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
         )
         # The events' inputs: one control a field, in the table's order (``fields.TABLE``); a field the
         # page shows no control for yet is sent at its default from a hidden one (the API still takes it).
-        shown = {"prompt": prompt, **adv, **{name: picture[name] for name in IMAGE_FIELDS}}  # the mask: its editor
+        shown = {
+            "prompt": prompt,
+            **adv,
+            **{name: picture[name] for name in IMAGE_FIELDS},  # the mask: its editor
+            **{name: block for name, block in panel.items() if name in FIELDS},
+        }  # control_image: the pad
         inputs = [shown[name] if name in shown else unshown(fields.BY_NAME[name]) for name in FIELDS]
         seed, randomize_seed, width, height, lora, lora_scale, live_preview = (
             adv[n] for n in ("seed", "randomize_seed", "width", "height", "lora", "lora_scale", "live_preview")
         )
         api_mask = gr.Image(label="mask", type="filepath", visible=False, elem_id="api-mask")
-        api_inputs = [api_mask if i == FIELDS.index("mask") else block for i, block in enumerate(inputs)]
+        api_control = unshown(fields.BY_NAME["control_image"])
+        api_pictures = {FIELDS.index("mask"): api_mask, FIELDS.index("control_image"): api_control}
+        api_inputs = [api_pictures.get(i, block) for i, block in enumerate(inputs)]
         generate_event = _wire_generate(
             adapter,
             demo,
@@ -140,7 +151,7 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
             (inputs, api_inputs),
             (gallery, info, status),
             stop_button,
-            picture,
+            (picture, panel),
         )
         ui: dict[str, Any] = dict(api_visibility="private", concurrency_id="ui", concurrency_limit=UI_CONCURRENCY)
         wire_modes(picture, heading)  # in the browser alone (mode_panel's docstring says why)
@@ -148,14 +159,15 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
         gallery.select(fn=selected_index, inputs=None, outputs=[selected], **ui)
         reuse_button.click(fn=reuse_seed(site), inputs=[selected], outputs=[seed, randomize_seed], **ui)
         # Size presets and swap, the tab's history (restore, zip), pasted parameters, Escape.
-        controls = Controls(**{name: shown[name] for name in PASTED_CONTROLS})
+        controls = Controls(**{name: shown[name] for name in PASTED_CONTROLS})  # the pad: not a pasted value
         suggested = {info.name: info.scale for info in p.loras}
         lora.input(fn=lambda name: suggested.get(name, gr.skip()), inputs=[lora], outputs=[lora_scale], **ui)
         wire_sizes(presets, size_preset, swap_button, width, height)
         wire_history(generate_event, site, summary, (history_panel, history_gallery), download_button, history_zip,
                      controls)  # fmt: skip
-        wire_send_to(gallery, "gallery", send_results, picture)
-        wire_send_to(history_gallery, "history", send_history, picture)
+        wire_send_to(gallery, "gallery", send_results, picture, panel, p.controls)
+        wire_send_to(history_gallery, "history", send_history, picture, panel, p.controls)
+        wire_preview(panel, (width, height), make_preview(adapter, demo, site))
         wire_slider(slider, generate_event, gallery, info)
         wire_mask_upload(picture)
         wire_paste(paste_button, paste_text, paste_notes, controls, lim, p.name, {i.name: i.hash for i in p.loras})
@@ -175,7 +187,7 @@ def unshown(field: fields.Field) -> Any:
     """A hidden input for a field the page has no control for: the page sends its default, and the API
     lists the field (with that default) for ``gradio_client`` and MCP."""
     label = field.name
-    if field.name == "control_image":  # a file: gradio_client's handle_file (the page's panel comes later)
+    if field.name == "control_image":  # the API's map: a file (gradio_client's handle_file); the page's: its pad
         return gr.Image(label=label, type="filepath", visible=False, elem_id="api-control-image")
     if field.type is bool:
         return gr.Checkbox(value=field.default, visible=False, label=label)
@@ -332,15 +344,17 @@ def _wire_generate(
     inputs: tuple[list[Any], list[Any]],
     outputs: tuple[gr.Gallery, gr.JSON, gr.HTML],
     stop_button: gr.Button,
-    picture: dict[str, Any],
+    panels: tuple[dict[str, Any], dict[str, Any]],
 ) -> Any:
     """The page's and the API's generate events, and Stop; returns the page's event (for the history).
     ``inputs``: the page's (its mask painted in an editor) and the API's (its mask an uploaded image).
-    The page's event reads the editor's value from the hidden input Generate's first step fills
-    (``mode_panel.hold_mask``): the editor is no input of an event with a handler."""
+    The page's event reads the mask editor's and the control pad's values from the hidden inputs
+    Generate's first step fills (``mode_panel.hold_mask``): no editor is an input of an event with a
+    handler. ``panels``: the mode's controls and the ControlNet panel."""
     gallery, info, status = outputs
-    held_step, held = hold_mask(triggers, picture)
-    page_inputs = [held if i == FIELDS.index("mask") else block for i, block in enumerate(inputs[0])]
+    held_step, held, held_map = hold_mask(triggers, *panels)
+    page_pictures = {FIELDS.index("mask"): held, FIELDS.index("control_image"): held_map}
+    page_inputs = [page_pictures.get(i, block) for i, block in enumerate(inputs[0])]
     api_inputs = inputs[1]
     # Two events, one handler, one shared concurrency limit: the page's (with a progress bar
     # as a third output) and the API's `/generate` (images + info, as documented). Gradio admits

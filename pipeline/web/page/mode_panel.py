@@ -25,6 +25,7 @@ from typing import Any
 
 import gradio as gr
 
+from ...fields import NONE
 from ...protocol import ModelProfile
 from ...request import (
     DEFAULT_HIRES_STRENGTH,
@@ -35,18 +36,20 @@ from ...request import (
     PIPELINE_MODE,
     Limits,
 )
+from .control_panel import PAD_JS
 
 MODE_LABELS = {"text": "Text to image", "image": "Image to image", "inpaint": "Inpaint", "outpaint": "Outpaint"}
 # which controls each mode reads (the rest are hidden)
 _SHOWN = {
-    "text": {"hires"},
-    "image": {"image", "strength", "slider"},
-    "inpaint": {"editor", "strength", "mask_blur", "slider"},
+    "text": {"hires", "control"},
+    "image": {"image", "strength", "slider", "control"},
+    "inpaint": {"editor", "strength", "mask_blur", "slider", "control"},
     "outpaint": {"image", "strength", "mask_blur", "outpaint", "slider"},
 }
 # each group's element ("slider": the result's before/after, made beside the gallery)
 GROUP_IDS = {"image": "image-group", "editor": "editor-group", "strength": "strength", "mask_blur": "mask-blur",
-             "outpaint": "outpaint-row", "hires": "hires", "slider": "before-after"}  # fmt: skip
+             "outpaint": "outpaint-row", "hires": "hires", "slider": "before-after",
+             "control": "control-panel"}  # fmt: skip
 
 
 def _mode_css() -> str:
@@ -74,11 +77,12 @@ MODE_JS = (
     "  return '## ' + (names[mode] || names.text);\n}"
 )
 
-# Generate's first step (no handler, so no progress message ever reaches the editor): the editor's value,
-# which Gradio uploads as it gathers it, in inpaint mode; nothing otherwise. The handler's event reads it.
-# A mask file uploaded just before Generate whose change event has not yet put it in the editor (a slow
-# upload) is the editor's one layer here too, as that event makes it (``send_to._MASK_JS``).
-HOLD_JS = """
+# Generate's first step (no handler, so no progress message ever reaches the editors): the mask editor's
+# value, which Gradio uploads as it gathers it, in inpaint mode (nothing otherwise), and the control pad's
+# (``control_panel.PAD_JS``). The handler's event reads them. A mask file uploaded just before Generate
+# whose change event has not yet put it in the editor (a slow upload) is the editor's one layer here
+# too, as that event makes it (``send_to._MASK_JS``).
+MASK_JS = """
 (mode, editor, file) => {
   if (mode !== 'inpaint') { return null; }
   const layers = (editor && editor.layers) || [];
@@ -88,6 +92,7 @@ HOLD_JS = """
   return { background: background, layers: [file], composite: composite, id: null };
 }
 """
+HOLD_JS = f"(mode, editor, file, control, pad) => [({MASK_JS})(mode, editor, file), ({PAD_JS})(control, pad)]"
 
 
 def brush_radius(p: ModelProfile) -> int:
@@ -158,14 +163,18 @@ def wire_modes(picture: dict[str, Any], heading: gr.Markdown) -> None:
     picture["mode"].change(fn=None, inputs=[picture["mode"]], outputs=[heading], js=MODE_JS, api_visibility="private")
 
 
-def hold_mask(triggers: list[Any], picture: dict[str, Any]) -> tuple[Any, gr.ImageEditor]:
-    """Generate's first step (``HOLD_JS``) and the hidden input that holds the editor's value for the
-    handler's event (never drawn: Gradio asks it for nothing); the handler's event goes ``.then``."""
+def hold_mask(
+    triggers: list[Any], picture: dict[str, Any], panel: dict[str, Any]
+) -> tuple[Any, gr.ImageEditor, gr.ImageEditor]:
+    """Generate's first step (``HOLD_JS``) and the hidden inputs that hold the mask editor's and the control
+    pad's values for the handler's event (never drawn: Gradio asks them for nothing); the handler's event
+    goes ``.then``."""
     held = gr.ImageEditor(type="filepath", visible=False, layers=False, elem_id="held-mask")
-    inputs = [picture["mode"], picture["mask"], picture["_mask_file"]]
-    step = gr.on(triggers=triggers, fn=None, inputs=inputs, outputs=[held], js=HOLD_JS, api_visibility="private",
-                 show_progress="hidden")  # fmt: skip
-    return step, held
+    held_map = gr.ImageEditor(type="filepath", visible=False, layers=False, elem_id="held-control")
+    inputs = [picture["mode"], picture["mask"], picture["_mask_file"], panel["control"], panel["control_image"]]
+    step = gr.on(triggers=triggers, fn=None, inputs=inputs, outputs=[held, held_map], js=HOLD_JS,
+                 api_visibility="private", show_progress="hidden")  # fmt: skip
+    return step, held, held_map
 
 
 def page_values(raw: dict[str, Any]) -> dict[str, Any]:
@@ -184,4 +193,6 @@ def page_values(raw: dict[str, Any]) -> dict[str, Any]:
         out.update({f"outpaint_{side}": 0 for side in ("left", "top", "right", "bottom")})
     if "hires" not in shown:
         out["hires_fix"] = False
+    if "control" not in shown or raw.get("control") in (None, "", NONE):  # the pad is read with a control only
+        out.update(control=NONE, control_image=None)
     return out

@@ -93,6 +93,11 @@ class Controls:
     hires_scale: gr.Radio | None = None
     hires_strength: gr.Slider | None = None
     hires_steps: gr.Slider | None = None
+    control: gr.Dropdown | None = None
+    control_scale: gr.Slider | None = None
+    control_start: gr.Slider | None = None
+    control_end: gr.Slider | None = None
+    control_preprocess: gr.Radio | None = None
 
     def names(self) -> list[str]:
         return [f.name for f in fields(self) if getattr(self, f.name) is not None]

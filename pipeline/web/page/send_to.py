@@ -17,18 +17,17 @@ from typing import Any, Sequence
 
 import gradio as gr
 
-# The picture a gallery's chosen item shows, uploaded as the caller's own; ``{mode}``, ``{gallery}``
-# filled in per button. Returns the new input value and the mode (or, on failure, what was there).
-_SEND_JS = """
-async (items, image, editor, mode) => {
-  const keep = [image, editor, mode];
+# The picture a gallery's chosen item shows (the selected one, else the first), uploaded as the caller's
+# own; ``{gallery}`` filled in per button. The file value, or null (nothing to send, or refused: said).
+_UPLOAD_JS = """
+async (items, gallery) => {
   const list = Array.isArray(items) ? items : [];
-  if (!list.length) { return keep; }
-  const thumbs = [...document.querySelectorAll('#%(gallery)s .thumbnail-item')];
+  if (!list.length) { return null; }
+  const thumbs = [...document.querySelectorAll('#' + gallery + ' .thumbnail-item')];
   const at = Math.max(0, thumbs.findIndex((t) => t.classList.contains('selected')));
   const chosen = list[Math.min(at, list.length - 1)];
   const picture = chosen && (chosen.image || chosen);
-  if (!picture || !picture.url) { return keep; }
+  if (!picture || !picture.url) { return null; }
   const root = ((window.gradio_config && window.gradio_config.root) || '').replace(/\\/$/, '');
   const route = (path) => (root ? root + '/' + path : new URL(path, document.baseURI).href);
   try {
@@ -39,19 +38,41 @@ async (items, image, editor, mode) => {
     if (!answer.ok) {
       const why = await answer.json().catch(() => ({}));
       window.alert(why.detail || ('The upload was refused (' + answer.status + ')'));
-      return keep;
+      return null;
     }
     const [path] = await answer.json();
-    const file = { path: path, url: route('gradio_api/file=' + path), orig_name: 'sent.png', size: blob.size,
-                   mime_type: 'image/png', is_stream: false, meta: { _type: 'gradio.FileData' } };
-    if ('%(mode)s' === 'inpaint') {
-      return [image, { background: file, layers: [], composite: file, id: null }, 'inpaint'];
-    }
-    return [file, editor, 'image'];
+    return { path: path, url: route('gradio_api/file=' + path), orig_name: 'sent.png', size: blob.size,
+             mime_type: 'image/png', is_stream: false, meta: { _type: 'gradio.FileData' } };
   } catch (error) {
     window.alert('Could not send the picture: ' + error);
-    return keep;
+    return null;
   }
+}
+"""
+
+# Send to a mode: the new input value and the mode (or, on failure, what was there).
+_SEND_JS = """
+async (items, image, editor, mode) => {
+  const file = await (%(upload)s)(items, '%(gallery)s');
+  if (!file) { return [image, editor, mode]; }
+  if ('%(mode)s' === 'inpaint') {
+    return [image, { background: file, layers: [], composite: file, id: null }, 'inpaint'];
+  }
+  return [file, editor, 'image'];
+}
+"""
+
+# Send to control: the picture becomes the control pad's (``control_panel``), the first control is
+# picked if none was, and a picture is read for its edges unless another preprocessor was chosen; the
+# panel opens.
+_SEND_CONTROL_JS = """
+async (items, pad, control, preprocess) => {
+  const file = await (%(upload)s)(items, '%(gallery)s');
+  if (!file) { return [pad, control, preprocess]; }
+  const label = document.querySelector('#control-panel > button.label-wrap');
+  if (label && !label.classList.contains('open')) { label.click(); }
+  return [{ background: file, layers: [], composite: file, id: null },
+          control === 'none' ? '%(first)s' : control, preprocess === 'none' ? 'canny' : preprocess];
 }
 """
 
@@ -156,21 +177,29 @@ def before_after() -> gr.ImageSlider:
                           elem_id="before-after", max_height=360)  # fmt: skip
 
 
-def send_buttons(elem_id: str, modes: tuple[str, ...]) -> dict[str, gr.Button]:
-    """The buttons under the gallery ``elem_id``, one per mode the model serves (made where they show)."""
+def send_buttons(elem_id: str, modes: tuple[str, ...], controls: tuple[str, ...] = ()) -> dict[str, gr.Button]:
+    """The buttons under the gallery ``elem_id``: one per mode the model serves, and "Send to control"
+    where the server loaded a ControlNet (made where they show)."""
     buttons = {}
-    with gr.Row(elem_id=f"send-{elem_id}", visible=bool(set(modes) & {"image", "inpaint"})):
-        for mode, words in (("image", "Send to image-to-image"), ("inpaint", "Send to inpaint")):
-            if mode in modes:
-                buttons[mode] = gr.Button(words, size="sm", elem_id=f"send-{elem_id}-{mode}", min_width=80)
+    targets = [(mode, words) for mode, words in (("image", "Send to image-to-image"), ("inpaint", "Send to inpaint"))
+               if mode in modes] + ([("control", "Send to control")] if controls else [])  # fmt: skip
+    with gr.Row(elem_id=f"send-{elem_id}", visible=bool(targets)):
+        for target, words in targets:
+            buttons[target] = gr.Button(words, size="sm", elem_id=f"send-{elem_id}-{target}", min_width=80)
     return buttons
 
 
-def wire_send_to(gallery: gr.Gallery, elem_id: str, buttons: dict[str, gr.Button], picture: dict[str, Any]) -> None:
+def wire_send_to(gallery: gr.Gallery, elem_id: str, buttons: dict[str, gr.Button], picture: dict[str, Any],
+                 panel: dict[str, Any], controls: tuple[str, ...] = ()) -> None:  # fmt: skip
     targets = [picture["image"], picture["mask"], picture["mode"]]
     for mode, button in buttons.items():
+        if mode == "control":
+            pad = [panel["control_image"], panel["control"], panel["control_preprocess"]]
+            js = _SEND_CONTROL_JS % {"upload": _UPLOAD_JS, "gallery": elem_id, "first": controls[0]}
+            button.click(fn=None, inputs=[gallery, *pad], outputs=pad, api_visibility="private", js=js)
+            continue
         button.click(fn=None, inputs=[gallery, *targets], outputs=targets, api_visibility="private",
-                     js=_SEND_JS % {"mode": mode, "gallery": elem_id})  # fmt: skip
+                     js=_SEND_JS % {"upload": _UPLOAD_JS, "mode": mode, "gallery": elem_id})  # fmt: skip
 
 
 def wire_slider(slider: gr.ImageSlider, generated: Any, gallery: gr.Gallery, info: gr.JSON) -> None:

@@ -175,7 +175,7 @@ REFUSED_JS = """
     if (!now || now.textContent !== before) { return; }
     const said = [...document.querySelectorAll('.validation-error')].filter((e) => !old.has(e))
       .map((e) => e.textContent.trim()).filter(Boolean);
-    if (said.length) { now.textContent = 'Error: ' + said.join('; '); return; }
+    if (said.length) { now.textContent = 'Error: ' + [...new Set(said)].join('; '); return; }
     if (Date.now() < until) { setTimeout(look, 50); }
   };
   setTimeout(look, 50);
