@@ -1,16 +1,20 @@
-"""ControlNet per member (issue 51), in process, on the embedded model and its ControlNet: what a map costs
-and what sharing a loop buys, side by side in one run.
+"""ControlNet per member (issue 51), in process, on the embedded model and its ControlNet (or a family's
+tiny build with a random-weight ControlNet, ``--family``): what a map costs and what sharing a loop buys,
+side by side in one run.
 
     python -m bench.control [--rounds 5] [--json PATH]
+    python -m bench.control --family flux-dev [--steps 8]   # FLUX.1's loop (tests/families.py builds)
 
-Through the app's own step-level loop (``DiffusersModel.open_loop``), 64 px, 20 steps, guidance 4,
-rounds alternating the order:
+Through the app's own step-level loop (``DiffusersModel.open_loop``), 64 px, 20 steps, rounds
+alternating the order:
 
 - **one request**: without a control (the loop's path with no map: the code before this issue), with
-  the ``shapes`` ControlNet, and the raw ``StableDiffusionControlNetPipeline`` call: seconds and ratios;
+  the ControlNet, and the raw ControlNet pipeline call (the family's, ``from_pipe``): seconds and ratios;
 - **8 callers**: four with maps (each its own disc) and four without, in one loop (this design), against
-  the naive designs: one request at a time, and a loop per kind (the controlled ones, then the others),
-  as a server that keys its batches by the ControlNet would: images a second.
+  the naive designs: one request at a time; a loop per kind (the controlled ones, then the others), as a
+  server that keys its batches by the ControlNet would; and the controlled ones as one whole call of the
+  ControlNet pipeline beside a loop of the others (what FLUX.1 ran before its loop ran a ControlNet per
+  member): images a second.
 
 No thresholds: figures for ``docs/performance.md#controlnet``.
 """
@@ -18,10 +22,13 @@ No thresholds: figures for ``docs/performance.md#controlnet``.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import statistics
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +37,22 @@ from PIL import Image, ImageDraw
 from bench.step_cache import run_loop
 
 STEPS = 20
+NAME = "shapes"  # the control's name: the embedded model's own, or "tiny" (``--family``)
+
+
+@dataclass
+class Queued:
+    """What ``scheduler.call_job`` reads of a line's entry: its request's job and its image count."""
+
+    job: Any
+    images: int = 1
+
+    @property
+    def request(self) -> Queued:
+        return self
+
+    def to_job(self) -> Any:
+        return self.job
 
 
 def disc(cx: float) -> Image.Image:
@@ -41,34 +64,50 @@ def disc(cx: float) -> Image.Image:
 def job(rid: str, seed: int, where: float | None, guidance: float) -> Any:
     from pipeline.protocol import InferenceJob
 
-    control = (("control", "shapes" if where is not None else "none"),)
+    control = (("control", NAME if where is not None else "none"),)
     return InferenceJob(request_id=rid, prompts=("a red circle on a blue background",), negative_prompts=("",),
                         seeds=(seed,), width=64, height=64, num_inference_steps=STEPS, guidance_scale=guidance,
                         joinable=True, options=control, controls=(disc(where),) if where is not None else ())  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
+    global NAME, STEPS
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--family", default=None, help="a tiny build of tests/families.py, with a random ControlNet")
+    parser.add_argument("--steps", type=int, default=STEPS)
     args = parser.parse_args(argv)
+    STEPS = args.steps
 
     import torch
-    from diffusers import StableDiffusionControlNetPipeline
 
     from pipeline.config import Settings
+    from pipeline.engine.model.controls import control_pipeline
     from pipeline.engine.model.loading import load_model
+    from pipeline.serving.scheduler import call_job
 
-    model: Any = load_model(Settings(), warmup=False)
+    settings = Settings()
+    if args.family:
+        from tests.families import built_controlnet, built_family
+
+        NAME = "tiny"
+        settings = Settings(model=str(built_family(args.family)), device="cpu",
+                            controlnets=(f"tiny={built_controlnet(args.family)}",))  # fmt: skip
+    model: Any = load_model(settings, warmup=False)
     guidance = model.profile.default_guidance
-    raw = StableDiffusionControlNetPipeline.from_pipe(model.pipe, controlnet=model.controlnets["shapes"])
-    raw.set_progress_bar_config(disable=True)
+    raw = control_pipeline(model.pipe, "text", model.controlnets[NAME])
+    taken = "control_image" if "control_image" in inspect.signature(raw.__call__).parameters else "image"
     run_loop(model, [job("warm", 0, 0.3, guidance), job("warm2", 1, None, guidance)])  # first calls aside
 
     def raw_call(seed: int) -> None:
         with torch.inference_mode():
-            raw("a red circle on a blue background", image=disc(0.3), num_inference_steps=STEPS,
+            raw("a red circle on a blue background", **{taken: disc(0.3)}, num_inference_steps=STEPS,
                 guidance_scale=guidance, width=64, height=64, generator=torch.Generator().manual_seed(seed))  # fmt: skip
+
+    def whole_call(jobs: list[Any]) -> Any:
+        queued: list[Any] = [Queued(j) for j in jobs]  # what call_job reads of the line's entries
+        return model.generate(call_job(queued), threading.Event(), lambda *_: None)
 
     def timed(fn: Any) -> float:
         started = time.perf_counter()
@@ -76,7 +115,8 @@ def main(argv: list[str] | None = None) -> None:
         return time.perf_counter() - started
 
     one: dict[str, list[float]] = {"no control": [], "control": [], "raw ControlNet pipeline": []}
-    eight: dict[str, list[float]] = {"one loop, mixed": [], "one at a time": [], "a loop per kind": []}
+    eight: dict[str, list[float]] = {"one loop, mixed": [], "one at a time": [], "a loop per kind": [],
+                                     "a whole call for the controlled": []}  # fmt: skip
     for r in range(args.rounds):
         singles = [("no control", lambda: run_loop(model, [job("n", r, None, guidance)])),
                    ("control", lambda: run_loop(model, [job("c", r, 0.3, guidance)])),
@@ -86,13 +126,16 @@ def main(argv: list[str] | None = None) -> None:
         callers = [job(f"k{i}", r * 10 + i, (0.25 + 0.5 * (i % 2)) if i < 4 else None, guidance) for i in range(8)]
         designs = [("one loop, mixed", lambda: run_loop(model, callers)),
                    ("one at a time", lambda: [run_loop(model, [c]) for c in callers]),
-                   ("a loop per kind", lambda: (run_loop(model, callers[:4]), run_loop(model, callers[4:])))]  # fmt: skip
+                   ("a loop per kind", lambda: (run_loop(model, callers[:4]), run_loop(model, callers[4:]))),
+                   ("a whole call for the controlled", lambda: (whole_call(callers[:4]), run_loop(model, callers[4:])))]  # fmt: skip
         for name, fn in designs if r % 2 == 0 else reversed(designs):
             eight[name].append(timed(fn))
     base = statistics.median(one["no control"])
     shared = statistics.median(eight["one loop, mixed"])
     result = {
-        "model": model.profile.name, "cores": os.cpu_count(), "steps": STEPS, "size": 64, "rounds": args.rounds,
+        "model": f"{args.family} (tiny build, random weights)" if args.family else model.profile.name,
+        "family": args.family or "embedded", "cores": os.cpu_count(), "steps": STEPS,
+        "size": 64, "rounds": args.rounds,
         "one_request": {k: {"median_s": round(statistics.median(v), 4),
                             "vs_no_control": round(statistics.median(v) / base, 2)} for k, v in one.items()},
         "eight_callers": {k: {"images_per_s": round(8 / statistics.median(v), 2),

@@ -181,10 +181,13 @@ def looped_step_cache(
 
 
 def control_rule(
-    options: tuple[tuple[str, Any], ...], raw: Mapping[str, Any], mode: str
+    options: tuple[tuple[str, Any], ...], raw: Mapping[str, Any], mode: str, loop_modes: tuple[str, ...] = ()
 ) -> tuple[tuple[str, Any], ...]:
     """The control fields together: a map where a control is picked and none where it is not, a mode
-    it acts in, and a window that does not end before it starts. (``request.validate``'s cross-field rule.)"""
+    it acts in, and a window that does not end before it starts; where the model's loops run no
+    ControlNet (``loop_modes`` without "control"), a request with one is one pipeline call, so a step
+    cache named for it is refused by name ("auto" or the server's default: off there). (``request.validate``'s
+    cross-field rule.)"""
     values = dict(options)
     name = values.get("control", NONE)
     if name != NONE and mode not in CONTROL_MODES:
@@ -201,7 +204,14 @@ def control_rule(
     if end < start:
         raise InvalidRequest("control_end", f"control_end must be at least control_start ({start:g}), from 0 to 1; "
                              f"got {end:g}")  # fmt: skip
-    return options
+    method = values.get("step_cache", STEP_CACHE_OFF)
+    if name == NONE or "control" in loop_modes or method == STEP_CACHE_OFF:
+        return options
+    if raw.get("step_cache") == method:
+        raise InvalidRequest("step_cache", f"step_cache {method!r} runs in step-level loops, and this model's loops "
+                             "run no ControlNet: a request with a control is one pipeline call; set step_cache to "
+                             "'off' or 'auto'")  # fmt: skip
+    return tuple((k, STEP_CACHE_OFF if k == "step_cache" else v) for k, v in options)
 
 
 def server_step_cache(method: str, offered: tuple[str, ...], model: str) -> str:

@@ -633,7 +633,7 @@ def validate(
     )  # fmt: skip
     _within_budget(width, height, steps, num_images, limits, pictures)
     options = fields.looped_step_cache(fields.checked(raw, limits), raw, pictures, limits.loop_modes)
-    options = fields.control_rule(options, raw, pictures.mode)
+    options = fields.control_rule(options, raw, pictures.mode, limits.loop_modes)
 
     request = GenerateRequest(
         request_id=request_id or new_request_id(),

@@ -193,6 +193,45 @@ def built_family(name: str) -> Path:
     return _BUILT[name]
 
 
+def build_controlnet(family: str, out_dir: Path) -> Path:
+    """A tiny random-weight ControlNet for family ``family``'s build (issue 51), written with ``save_pretrained``:
+    ``ControlNetModel.from_unet`` for SD 1.x and SDXL, ``FluxControlNetModel.from_transformer`` (one block of
+    each kind) for FLUX.1. Its zero-initialised convolutions and blocks are given small seeded weights, so
+    that the map moves the pictures (a zero ControlNet would make every control test pass vacuously)."""
+    import torch
+    from diffusers import ControlNetModel, FluxControlNetModel
+
+    pipe = build_pipeline(family)
+    torch.manual_seed(5)
+    if hasattr(pipe, "unet"):
+        net = ControlNetModel.from_unet(pipe.unet)
+    else:
+        config = pipe.transformer.config
+        net = FluxControlNetModel.from_transformer(pipe.transformer, num_layers=1, num_single_layers=1,
+                                                   attention_head_dim=config.attention_head_dim,
+                                                   num_attention_heads=config.num_attention_heads)  # fmt: skip
+    with torch.no_grad():
+        for parameter in net.parameters():
+            if parameter.ndim > 1 and not parameter.any():  # weights only: a bias would add the same everywhere
+                parameter.normal_(0.0, 0.2)
+        embedding = getattr(net, "controlnet_cond_embedding", None)
+        for name, parameter in embedding.named_parameters() if embedding is not None else ():
+            # the map's own part: zero where the map is black, strong where it is white
+            parameter.zero_() if name.endswith("bias") else parameter.normal_(0.0, 0.5)
+    out_dir = Path(out_dir)
+    net.save_pretrained(out_dir, safe_serialization=True)
+    return out_dir
+
+
+def built_controlnet(family: str) -> Path:
+    """``build_controlnet`` into the process's temporary folder, once per family."""
+    key = f"controlnet-{family}"
+    if key not in _BUILT:
+        built_family(family)  # makes the folder
+        _BUILT[key] = build_controlnet(family, _ROOT[0] / key)
+    return _BUILT[key]
+
+
 def plain_diffusers_images(
     name: str, size: int, steps: int, guidance: float, seed: int, dtype: Any = None
 ) -> list[Any]:

@@ -134,28 +134,50 @@ def _one_cache_decision_for_every_row() -> None:
     step_cache.MemberCache.computes = computes  # type: ignore[method-assign]
 
 
-def _one_control_map_for_the_batch() -> None:
-    """Issue 51: one ControlNet map for the whole batch (diffusers' pipelines take one per call): every
-    controlled member of a step is given the first one's map."""
+def _first_map_for_all(original: Any) -> Any:
+    """Issue 51's mutant: every controlled member of a step given the first one's map."""
     import dataclasses
 
-    from pipeline.engine.loop import loop_sd
-
-    original = loop_sd.residuals
-
-    def residuals(controlnets: Any, members: Any, inputs: Any, times: Any, texts: Any) -> Any:
+    def residuals(controlnets: Any, members: Any, *args: Any) -> Any:
         held = [m.control for m in members]
         first = next((c for c in held if c is not None), None)
         for m in members:
             if m.control is not None and first is not None:
-                m.control = dataclasses.replace(m.control, cond=first.cond[:1].expand(m.rows, -1, -1, -1))
+                m.control = dataclasses.replace(m.control, cond=first.cond[:1].expand(m.rows, *first.cond.shape[1:]))
         try:
-            return original(controlnets, members, inputs, times, texts)
+            return original(controlnets, members, *args)
         finally:
             for m, control in zip(members, held):
                 m.control = control
 
-    loop_sd.residuals = residuals
+    return residuals
+
+
+def _one_sd_control_map() -> None:
+    from pipeline.engine.loop import loop_sd
+
+    loop_sd.residuals = _first_map_for_all(loop_sd.residuals)
+
+
+def _one_flux_control_map() -> None:
+    from pipeline.engine.loop import loop_flow
+
+    loop_flow.flux_residuals = _first_map_for_all(loop_flow.flux_residuals)
+
+
+def _one_call_control_map() -> None:
+    """A whole call's batch given the first request's map for every image (``scheduler.call_job``)."""
+    import dataclasses
+
+    from pipeline.serving import scheduler
+
+    original = scheduler.call_job
+
+    def call_job(entries: Any) -> Any:
+        job = original(entries)
+        return dataclasses.replace(job, controls=job.controls[:1] * len(job.controls)) if job.controls else job
+
+    scheduler.call_job = call_job
 
 
 def _one_first_block_decision_for_the_batch() -> None:
@@ -398,7 +420,13 @@ MUTANTS: dict[str, list[Patch]] = (
         "fbcache-one-decision-for-the-batch": on(
             "pipeline.engine.loop.loop_flow", _one_first_block_decision_for_the_batch
         ),
-        "controlnet-one-map-for-the-batch": on("pipeline.engine.loop.loop_sd", _one_control_map_for_the_batch),
+        # Issue 51: one ControlNet map for the whole batch (diffusers' pipelines take one per call), in the
+        # SD 1.x/2.x and FLUX.1 loops and in a whole call's batch.
+        # FLUX.1's own forward under First-Block Cache without the ControlNet's samples
+        "flux-control-lost-under-fbcache": attr("pipeline.engine.loop.loop_flow", "_sampled", lambda *args: None),
+        "controlnet-one-map-for-the-batch": on("pipeline.engine.loop.loop_sd", _one_sd_control_map)
+        + on("pipeline.engine.loop.loop_flow", _one_flux_control_map)
+        + on("pipeline.serving.scheduler", _one_call_control_map),
         "img2img-never-joins-loops": attr(
             "pipeline.serving.scheduler", "joins_loops", lambda request, loop_modes=("text",): request.mode == "text"
         ),

@@ -43,9 +43,8 @@ TESTS: dict[str, str] = {
     "fbcache-one-decision-for-the-batch": (
         "tests/unit/test_joining_families.py::test_first_block_cache_decides_per_row_and_a_joined_member_draws_what_it_draws_alone"
     ),
-    "controlnet-one-map-for-the-batch": (
-        "tests/unit/test_joining_families.py::test_members_with_their_own_control_maps_share_a_loop_and_each_draws_what_it_draws_alone"
-    ),
+    "flux-control-lost-under-fbcache": "tests/unit/test_control_loops.py::test_on_flux_a_control_beside_first_block_cache_is_added_after_each_block_as_the_transformer_adds_it",
+    "controlnet-one-map-for-the-batch": ("tests/unit/test_control_loops.py"),
     "img2img-never-joins-loops": "tests/server/test_image_modes_app.py::test_image_to_image_joins_a_running_text_loop_and_still_equals_the_plain_pipeline",
     "img2img-never-shares-calls": "tests/unit/test_image_requests.py::test_image_modes_run_their_steps_through_the_same_line_and_join_text_loops_only_where_the_model_can",
     "image-modes-join-text-loops": "tests/unit/test_image_requests.py::test_image_modes_run_their_steps_through_the_same_line_and_join_text_loops_only_where_the_model_can",

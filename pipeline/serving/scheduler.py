@@ -166,7 +166,8 @@ def call_job(entries: list[Entry]) -> InferenceJob:
     jobs = [e.request.to_job() for e in entries]
     offsets = image_offsets(entries)
     # The batch key makes every other field (size, steps, guidance, sampler, LoRA, mode, strength,
-    # hires fix) the same for all: the first job's. Per image: prompts, seeds, pictures.
+    # hires fix, ControlNet and its weight and window) the same for all: the first job's. Per image: prompts,
+    # seeds, pictures, control maps.
     return dataclasses.replace(
         jobs[0],
         request_id=",".join(j.request_id for j in jobs),
@@ -177,6 +178,7 @@ def call_job(entries: list[Entry]) -> InferenceJob:
         preview_images=tuple(offsets[i] for i, j in enumerate(jobs) if j.preview_every),
         images=tuple(image for j in jobs for image in j.images),
         masks=tuple(mask for j in jobs for mask in j.masks),
+        controls=tuple(map_ for j in jobs for map_ in j.controls),  # each image its own ControlNet map
     )
 
 

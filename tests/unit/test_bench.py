@@ -81,7 +81,7 @@ def test_the_published_control_runs_are_complete(path: Path) -> None:
     result = json.loads(path.read_text())
     assert finite_figures(result) and result["rounds"] >= 1
     assert set(result["one_request"]) == {"no control", "control", "raw ControlNet pipeline"}
-    assert set(result["eight_callers"]) == {"one loop, mixed", "one at a time", "a loop per kind"}
+    assert {"one loop, mixed", "one at a time", "a loop per kind"} <= set(result["eight_callers"])  # and later designs
     assert (
         result["one_request"]["no control"]["vs_no_control"]
         == result["eight_callers"]["one loop, mixed"]["vs_one_loop"]

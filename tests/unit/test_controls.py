@@ -111,3 +111,17 @@ def test_the_png_text_carries_the_unit_as_automatic1111_writes_it_and_a_paste_re
     assert any("its map is not in the text" in note for note in filled.notes)
     other = fill_from(parse_parameters(text.replace("Model: shapes", "Model: depth_sd15")), LIMITS)
     assert "control" not in other.values and any("Model 'depth_sd15' not applied" in n for n in other.notes)
+
+
+def test_a_step_cache_named_for_a_control_the_loops_do_not_run_is_refused_by_name() -> None:
+    """Where the model's loops run no ControlNet, a request with one is one pipeline call: a named step
+    cache is refused by name, "auto" runs off; where they run one per member, it is kept."""
+    cached = dataclasses.replace(LIMITS, step_caches=("taylorseer",), loop_modes=("text",))
+    base = dict(control="shapes", control_image=png(disc()))
+    with pytest.raises(InvalidRequest, match="this model's loops run no ControlNet") as refused:
+        validate(raw_request(**base, step_cache="taylorseer"), cached)
+    assert refused.value.field == "step_cache"
+    assert dict(validate(raw_request(**base, step_cache="auto"), cached).options)["step_cache"] == "off"
+    assert dict(validate(raw_request(step_cache="taylorseer"), cached).options)["step_cache"] == "taylorseer"
+    looped = dataclasses.replace(cached, loop_modes=("text", "control"))
+    assert dict(validate(raw_request(**base, step_cache="taylorseer"), looped).options)["step_cache"] == "taylorseer"

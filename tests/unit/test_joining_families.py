@@ -16,13 +16,14 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from PIL import Image, ImageDraw
+from PIL import Image
 
 from pipeline.config import Settings
 from pipeline.engine.model.diffusers_model import DiffusersModel
 from pipeline.errors import OutOfMemory
 from pipeline.protocol import InferenceJob, InferenceResult, StepEvent
 from tests.families import built_family
+from tests.loops import assert_same, drive, mad
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -47,27 +48,6 @@ def alone(name: str, job: InferenceJob) -> tuple[Image.Image, ...]:
     if (name, job) not in _ALONE:
         _ALONE[name, job] = model_of(name).generate(job, threading.Event(), lambda *_: None).images
     return _ALONE[name, job]
-
-
-# The bound the issue sets: a mean |difference| of at most 1/255 (GPU batches may round differently). On the
-# CPU the batched denoiser is nearly batch-invariant (measured: at most 0.0003), and the tiny random-weight
-# FLUX barely depends on its timestep (a wrong member's timestep moved B by 0.67): the tighter CPU bound is
-# what catches such a mistake there.
-BOUND, CPU_BOUND = 1.0, 0.05
-
-
-def mad(a: tuple[Image.Image, ...], b: tuple[Image.Image, ...]) -> float:
-    """The largest, over the images, mean |a - b| on uint8 pixels (1.0 = 1/255)."""
-    assert len(a) == len(b)
-    return max(float(np.abs(np.asarray(x, np.float32) - np.asarray(y, np.float32)).mean()) for x, y in zip(a, b))
-
-
-def assert_same(label: str, got: tuple[Image.Image, ...], expected: tuple[Image.Image, ...]) -> float:
-    value = mad(got, expected)
-    print(f"MAD {label}: {value:.4f}")
-    assert value <= BOUND, f"{label}: mean |difference| {value:.3f} > 1/255"
-    assert value <= CPU_BOUND, f"{label}: mean |difference| {value:.3f} (1/255 units) > the CPU bound {CPU_BOUND}"
-    return value
 
 
 def job_a(sampler: str = "default", guidance: float = 3.0, **over: Any) -> InferenceJob:
@@ -102,49 +82,6 @@ def job_b(sampler: str = "default", **over: Any) -> InferenceJob:
         joinable=True,
     )
     return InferenceJob(**{**fields, **over})
-
-
-@dataclass
-class Run:
-    """What a directly driven loop gave: images, (steps_done, total) after every step, decodes, previews."""
-
-    images: dict[str, tuple[Image.Image, ...]] = field(default_factory=dict)
-    progress: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
-    decoded: list[tuple[int, list[str]]] = field(default_factory=list)  # (loop step, request ids)
-    previews: dict[str, dict[int, dict[int, Image.Image]]] = field(default_factory=dict)  # id -> step -> index
-
-
-def drive(model: DiffusersModel, plan: list[tuple[int, InferenceJob]], remove_at: dict[str, int] | None = None) -> Run:
-    """Run one loop the way ``joining.LoopDriver`` does: ``plan`` is (loop step it joins before, job)."""
-    remove_at = remove_at or {}
-    run, slots, step = Run(), {}, 0
-    loop = model.open_loop(plan[0][1])
-    while True:
-        for at, job in plan:
-            if at == step:
-                slots[job.request_id] = loop.add(job)
-                run.progress[job.request_id] = []
-        for rid, at in remove_at.items():
-            if at == step and rid in slots:
-                loop.remove(slots.pop(rid))
-        if not slots:
-            assert all(at <= step for at, _ in plan)
-            assert loop.images == 0
-            return run
-        assert loop.images == sum(len(j.prompts) for _, j in plan if j.request_id in slots)
-        previews = loop.step()
-        step += 1
-        by_slot = {slot: rid for rid, slot in slots.items()}
-        for slot, shown in previews.items():
-            run.previews.setdefault(by_slot[slot], {})[loop.steps_done(slot)] = dict(shown)
-        for rid, slot in slots.items():
-            run.progress[rid].append((loop.steps_done(slot), loop.total_steps(slot)))
-        finished = [rid for rid, slot in slots.items() if loop.steps_done(slot) >= loop.total_steps(slot)]
-        if finished:
-            leaving = [slots.pop(rid) for rid in finished]
-            decoded = loop.decode(leaving)
-            run.images.update({rid: decoded[slot] for rid, slot in zip(finished, leaving)})
-            run.decoded.append((step, finished))
 
 
 # (model, sampler): the SD family with every sampler it offers on the embedded model, the SD builds with
@@ -575,55 +512,3 @@ def test_a_cached_image_to_image_member_warms_up_from_its_own_first_step_and_pre
         loop.step()
     loop.decode([slot])
     assert dict(loop.result_fields(slot)["step_cache"]) == {"method": "taylorseer", "computed": 6, "skipped": 3}
-
-
-# -- ControlNet per member (issue 51, ``engine.loop.control``) --------------------------------------
-def disc_at(cx: float) -> Image.Image:
-    """A white disc on black at (cx, 0.5) of a 64 px map: what a person draws for the embedded ControlNet."""
-    image = Image.new("RGB", (64, 64), "black")
-    x = cx * 64
-    ImageDraw.Draw(image).ellipse([x - 11, 21, x + 11, 43], fill="white")
-    return image
-
-
-def controlled(rid: str, seed: int, where: float | None, **over: Any) -> InferenceJob:
-    options = {"control": "shapes" if where is not None else "none", **over}
-    return job_b(request_id=rid, prompts=("a red circle on a blue background",), seeds=(seed,), num_inference_steps=12,
-                 guidance_scale=4.0, options=tuple(options.items()),
-                 controls=(disc_at(where),) if where is not None else ())  # fmt: skip
-
-
-def centre_x(picture: Image.Image) -> float:
-    """The drawn shape's centre, as a fraction of the width (``default_model.control.centre_of``)."""
-    from pipeline.default_model.control import centre_of
-
-    found = centre_of(picture)
-    assert found is not None
-    return found[0]
-
-
-def test_members_with_their_own_control_maps_share_a_loop_and_each_draws_what_it_draws_alone() -> None:
-    """N (no control) runs; L (a disc on the left) joins after 2 steps, R (on the right, weight 0.8 until
-    80 % of its steps) after 3: each equals itself alone and the ControlNet pipeline's own call, and the
-    circle is drawn where its disc is."""
-    model = model_of("default")
-    assert model.profile.controls == ("shapes",) and "control" in model.profile.loop_modes
-    n, left = controlled("N", 3, None), controlled("L", 1, 0.3)
-    right = controlled("R", 2, 0.7, control_scale=0.8, control_end=0.8)
-    run = drive(model, [(0, n), (2, left), (3, right)])
-    for job in (n, left, right):
-        alone = drive(model, [(0, job)]).images[job.request_id]
-        assert_same(f"control {job.request_id}", run.images[job.request_id], alone)
-        whole = model.generate(job, threading.Event(), lambda *_: None).images  # the ControlNet pipeline's call
-        assert_same(f"control {job.request_id} against its pipeline", alone, whole)
-    assert centre_x(run.images["L"][0]) < 0.4 and centre_x(run.images["R"][0]) > 0.6  # where the maps say
-    assert 0.4 < centre_x(run.images["N"][0]) < 0.6  # without a map: the centre, as the caption is drawn
-
-
-def test_a_control_at_weight_0_or_a_window_that_ends_at_step_0_is_no_control() -> None:
-    model = model_of("default")
-    plain = drive(model, [(0, controlled("Z", 1, None))]).images["Z"]
-    for over in ({"control_scale": 0.0}, {"control_end": 0.0}):
-        job = controlled("Z", 1, 0.3, **over)
-        assert mad(drive(model, [(0, job)]).images["Z"], plain) <= 0.5, over  # the issue's bound (0.00 here)
-        assert mad(model.generate(job, threading.Event(), lambda *_: None).images, plain) <= 0.5, over

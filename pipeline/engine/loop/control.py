@@ -10,6 +10,14 @@ that use it now (grouped by prompt length: the ControlNet's cross-attention take
 each row's residuals by its member's scale, and adds them to those rows of the UNet's blocks; every
 other row gets zeros, which leave it as it is without a ControlNet (``x + 0 == x``), so a member draws
 what it draws alone whoever shares its steps.
+
+FLUX.1 (``FluxControlNetPipeline``) likewise: a member's map is prepared as that pipeline prepares it
+(``flux_member_control``: encoded by the VAE with the member's own generators, before its starting
+latents are drawn from them, and packed; a ControlNet with an input hint block takes the pixels), its
+ControlNet gets its own guidance rows where its config embeds guidance, and ``flux_residuals`` gives
+the transformer's ``controlnet_block_samples`` and ``controlnet_single_block_samples`` for the whole
+call, zeros on the rows of members without a control acting now. The ControlNets of one FLUX loop
+share their block counts (``loopable``); otherwise control requests run as whole calls.
 """
 
 from __future__ import annotations
@@ -51,6 +59,89 @@ def member_control(pipe: Any, controlnets: dict[str, Any], job: InferenceJob, cf
         raise ValueError(f"a control map per image: {job.num_images} images, {len(job.controls)} maps")
     cond = prepared(pipe, list(job.controls), job.width, job.height, device, dtype)
     return MemberControl(name, torch.cat([cond] * 2) if cfg else cond, scale, start, end)
+
+
+@dataclass
+class FlowControl(MemberControl):
+    """A FLUX.1 member's ControlNet: its map packed (or its pixels, for a hint block) and its guidance rows."""
+
+    guidance: torch.Tensor | None = None  # its ControlNet's own, where its config embeds guidance, per image
+
+
+def flux_member_control(pipe: Any, controlnets: dict[str, Any], job: InferenceJob, generators: list[torch.Generator],
+                        device: torch.device) -> FlowControl | None:  # fmt: skip
+    """The member's control as ``FluxControlNetPipeline`` prepares it (step 3, before the latents: the
+    VAE's sample takes the member's generators first), or None without one."""
+    name, scale, start, end = settings_of(job)
+    if name == NONE:
+        return None
+    if name not in controlnets:
+        raise ValueError(f"no ControlNet named {name!r} is loaded")
+    net = controlnets[name]
+    image = pipe.image_processor.preprocess(list(job.controls), height=job.height, width=job.width)
+    cond = image.to(device=device, dtype=pipe.vae.dtype)
+    if net.input_hint_block is None:  # InstantX's kind: the map's packed VAE latents
+        from diffusers.pipelines.flux.pipeline_flux_controlnet import retrieve_latents
+
+        latents = retrieve_latents(pipe.vae.encode(cond), generator=generators)  # type: ignore[arg-type]  # a list, as the pipeline passes
+        latents = (latents - pipe.vae.config.shift_factor) * pipe.vae.config.scaling_factor
+        cond = pipe._pack_latents(latents, latents.shape[0], latents.shape[1], latents.shape[2], latents.shape[3])
+    guidance = None
+    if net.config.guidance_embeds:
+        guidance = torch.full([job.num_images], job.guidance_scale, device=device, dtype=torch.float32)
+    return FlowControl(name, cond, scale, start, end, guidance)
+
+
+def loopable(controlnets: dict[str, Any]) -> bool:
+    """Whether the ControlNets can share one FLUX loop: the same block counts and kind (the transformer
+    takes one list of samples for every row)."""
+    shapes = {(len(n.controlnet_blocks), len(n.controlnet_single_blocks), n.input_hint_block is None)
+              for n in controlnets.values()}  # fmt: skip
+    return len(shapes) <= 1
+
+
+def flux_residuals(
+    controlnets: dict[str, Any], members: list[Any], latents: torch.Tensor, timestep: torch.Tensor,
+    texts: torch.Tensor, pooled: torch.Tensor, ids: tuple[torch.Tensor, torch.Tensor],
+) -> tuple[list[torch.Tensor] | None, list[torch.Tensor] | None, bool]:  # fmt: skip
+    """The FLUX.1 transformer's ``controlnet_block_samples``, ``controlnet_single_block_samples`` and
+    ``controlnet_blocks_repeat`` for one call of ``members`` (their rows of ``latents``, ``timestep``, the
+    call's ``timestep / 1000``, ``texts`` and ``pooled`` in order; ``ids``: the text's and the image's),
+    each row's scaled by its member's weight, zeros elsewhere; (None, None, False) where none acts now."""
+    groups: dict[str, list[tuple[int, Any, float]]] = {}
+    start = 0
+    for m in members:
+        control = getattr(m, "control", None)
+        if control is not None and (scale := control.now(m.done, m.total)) != 0.0:
+            groups.setdefault(control.name, []).append((start, m, scale))
+        start += m.rows
+    if not groups:
+        return None, None, False
+    totals: list[list[torch.Tensor] | None] = [None, None]
+    repeat = False
+    for name, entries in groups.items():
+        net = controlnets[name]
+        repeat = net.input_hint_block is not None
+        rows = torch.cat([torch.arange(s, s + m.rows) for s, m, _ in entries]).to(latents.device)
+        scales = torch.cat([torch.full((m.rows,), scale) for _, m, scale in entries]).to(latents.device)
+        guidance = [m.control.guidance for _, m, _ in entries]
+        cond = torch.cat([m.control.cond for _, m, _ in entries])
+        got = net(hidden_states=latents.index_select(0, rows), controlnet_cond=cond, controlnet_mode=None,
+                  conditioning_scale=1.0, timestep=timestep.index_select(0, rows),
+                  guidance=torch.cat(guidance) if guidance[0] is not None else None,
+                  pooled_projections=pooled.index_select(0, rows), encoder_hidden_states=texts.index_select(0, rows),
+                  txt_ids=ids[0], img_ids=ids[1], joint_attention_kwargs={}, return_dict=False)  # fmt: skip
+        for k, parts in enumerate(got):
+            if parts is None:
+                continue
+            if totals[k] is None:
+                totals[k] = [
+                    torch.zeros((latents.shape[0], *p.shape[1:]), dtype=p.dtype, device=p.device) for p in parts
+                ]
+            for total, part in zip(totals[k] or [], parts):
+                shape = (-1, *[1] * (part.ndim - 1))
+                total.index_copy_(0, rows, (part.float() * scales.reshape(shape)).to(part.dtype))
+    return totals[0], totals[1], repeat
 
 
 def prepared(pipe: Any, maps: list[Any], width: int, height: int, device: torch.device, dtype: torch.dtype) -> Any:

@@ -68,6 +68,7 @@ from PIL import Image
 from ...protocol import InferenceJob
 from ..model import samplers
 from ..model.families import call_arguments, call_default
+from .control import flux_member_control, flux_residuals
 from .loop_base import LoopMember, MemberLoop, generators_of
 from .step_cache import RowCache
 
@@ -76,11 +77,13 @@ def _cat_rows(members: list[LoopMember], name: str) -> torch.Tensor:
     return torch.cat([m.rows_of[name] for m in members])
 
 
-def packed_latents(pipe: Any, job: InferenceJob, dtype: torch.dtype, device: torch.device) -> Any:
-    """FLUX-style 2x2-packed starting latents and their image ids, from the member's own generators."""
+def packed_latents(pipe: Any, job: InferenceJob, dtype: torch.dtype, device: torch.device,
+                   generators: list[torch.Generator] | None = None) -> Any:  # fmt: skip
+    """FLUX-style 2x2-packed starting latents and their image ids, from the member's own generators
+    (``generators``: those a ControlNet's map was encoded with first, else fresh ones)."""
     channels = pipe.transformer.config.in_channels // 4
     return pipe.prepare_latents(
-        job.num_images, channels, job.height, job.width, dtype, device, generators_of(job), None
+        job.num_images, channels, job.height, job.width, dtype, device, generators or generators_of(job), None
     )
 
 
@@ -122,8 +125,11 @@ class FluxLoop(_FlowLoop):
         pipe, device = self.pipe, self.device
         # 1. Prompts (CLIP pooled + T5, A1111's syntax read), exactly as the model's calls encode them.
         embeds, pooled, text_ids = self.model.flux_embeddings(job, device)
-        # 2. Packed latents and their image ids from the member's own generators.
-        latents, image_ids = packed_latents(pipe, job, embeds.dtype, device)
+        # 2. Its ControlNet's map (issue 51), encoded with the member's own generators first, as
+        #    ``FluxControlNetPipeline`` does; then packed latents and their image ids from the same generators.
+        generators = generators_of(job)
+        control = flux_member_control(pipe, self.model.controlnets, job, generators, device)
+        latents, image_ids = packed_latents(pipe, job, embeds.dtype, device, generators)
         # 3. The member's own scheduler: the pipeline's sigmas and dynamic shift.
         sampler = samplers.build(self.model.base_sampler, job.sampler)
         steps = job.num_inference_steps
@@ -145,18 +151,22 @@ class FluxLoop(_FlowLoop):
             cfg=False,
             rows_of=rows_of,
             shared={"txt_ids": text_ids, "img_ids": image_ids},
+            control=control,
         )
 
     def _predict(self, members: list[LoopMember]) -> list[torch.Tensor]:
         latents = torch.cat([m.latents for m in members])
         timestep = torch.cat([m.timestep.expand(m.images).to(latents.dtype) for m in members])
         transformer = self.pipe.transformer
+        pooled, texts = _cat_rows(members, "pooled_projections"), _cat_rows(members, "encoder_hidden_states")
+        ids = (members[0].shared["txt_ids"], members[0].shared["img_ids"])
+        # each member's own ControlNet on its rows (issue 51), zeros on the others'
+        control = flux_residuals(self.model.controlnets, members, latents, timestep / 1000, texts, pooled, ids)
         if any(isinstance(m.cache, RowCache) for m in members):  # First-Block Cache, per row (issue 50)
             out = flux_rows(
                 transformer, members, latents, timestep,
                 _cat_rows(members, "guidance") if "guidance" in members[0].rows_of else None,
-                _cat_rows(members, "pooled_projections"), _cat_rows(members, "encoder_hidden_states"),
-                members[0].shared["txt_ids"], members[0].shared["img_ids"],
+                pooled, texts, *ids, control,
             )  # fmt: skip
             return list(out.split([m.rows for m in members]))
         with transformer.cache_context("cond"):
@@ -164,12 +174,15 @@ class FluxLoop(_FlowLoop):
                 hidden_states=latents,
                 timestep=timestep / 1000,
                 guidance=_cat_rows(members, "guidance") if "guidance" in members[0].rows_of else None,
-                pooled_projections=_cat_rows(members, "pooled_projections"),
-                encoder_hidden_states=_cat_rows(members, "encoder_hidden_states"),
-                txt_ids=members[0].shared["txt_ids"],
-                img_ids=members[0].shared["img_ids"],
+                pooled_projections=pooled,
+                encoder_hidden_states=texts,
+                controlnet_block_samples=control[0],
+                controlnet_single_block_samples=control[1],
+                txt_ids=ids[0],
+                img_ids=ids[1],
                 joint_attention_kwargs={},
                 return_dict=False,
+                controlnet_blocks_repeat=control[2],
             )[0]
         return list(out.split([m.rows for m in members]))
 
@@ -188,12 +201,14 @@ def flux_rows(
     texts: torch.Tensor,
     txt_ids: torch.Tensor,
     img_ids: torch.Tensor,
+    control: tuple[list[torch.Tensor] | None, list[torch.Tensor] | None, bool] = (None, None, False),
 ) -> torch.Tensor:
-    """diffusers 0.42's FLUX.1 transformer forward (no ControlNet or IP-Adapter), with First-Block
-    Cache decided per row (``step_cache.RowCache``): the first block on every row, the remaining blocks
-    only on the rows that miss, each row of a cached member adding its own residual of them otherwise.
-    Every row of a member without a row cache misses (runs every block), so with none cached this is
-    the transformer's own forward."""
+    """diffusers 0.42's FLUX.1 transformer forward (no IP-Adapter), with First-Block Cache decided per row
+    (``step_cache.RowCache``): the first block on every row, the remaining blocks only on the rows that
+    miss, each row of a cached member adding its own residual of them otherwise. Every row of a member
+    without a row cache misses (runs every block), so with none cached this is the transformer's own
+    forward. ``control``: the ControlNet samples (``control.flux_residuals``), added after each block as
+    the forward adds them; a row decides from its first block's own residual, before its sample."""
     t = transformer
     hidden = t.x_embedder(latents)
     steps = (timestep / 1000).to(hidden.dtype) * 1000  # the loop's call passes timestep / 1000
@@ -212,11 +227,37 @@ def flux_rows(
     miss = (~hits).nonzero().squeeze(1)
     if miss.numel():
         h, e = first_out.index_select(0, miss), texts.index_select(0, miss)
+        added = _sampled(control, (len(t.transformer_blocks), len(t.single_transformer_blocks)), miss)
+        h = h + added(0) if added else h
         kwargs["temb"] = temb.index_select(0, miss)
-        for block in blocks[1:]:
+        for i, block in enumerate(blocks[1:], 1):
             e, h = block(hidden_states=h, encoder_hidden_states=e, **kwargs)
+            h = h + added(i) if added else h
         out.index_copy_(0, miss, h)
     return t.proj_out(t.norm_out(rows_kept(members, hits, first, first_out, out), temb))
+
+
+def _sampled(
+    control: tuple[list[torch.Tensor] | None, list[torch.Tensor] | None, bool], counts: tuple[int, int],
+    rows: torch.Tensor,
+) -> Any:  # fmt: skip
+    """The ControlNet sample the FLUX.1 forward adds after its block ``i`` (the double blocks, then the
+    single ones; ``counts``: how many of each), on ``rows``, as a function of ``i``; None without a
+    ControlNet acting now."""
+    samples, singles, repeat = control
+    if samples is None and singles is None:
+        return None
+    doubles = counts[0]
+
+    def at(i: int) -> torch.Tensor | float:
+        listed, index, count = (samples, i, doubles) if i < doubles else (singles, i - doubles, counts[1])
+        if not listed:
+            return 0.0
+        if repeat and i < doubles:
+            return listed[index % len(listed)].index_select(0, rows)
+        return listed[index // int(np.ceil(count / len(listed)))].index_select(0, rows)
+
+    return at
 
 
 def row_hits(members: list[LoopMember], first: torch.Tensor, counts: list[int] | None = None) -> torch.Tensor:

@@ -6,8 +6,9 @@ Which class fits which family (diffusers 0.42): SD 1.x/2.x and SDXL ``ControlNet
 ``ControlNetUnionModel``), SD3 ``SD3ControlNetModel``, FLUX.1 ``FluxControlNetModel``, Qwen-Image
 ``QwenImageControlNetModel``, Z-Image ``ZImageControlNetModel``; a ``ControlNetModel`` must also match
 the UNet's cross-attention width and block layout. Anything else stops the start, by name. Step-level
-loops run the ControlNet per member in the SD 1.x/2.x loop (``engine.loop.control``); elsewhere a
-request with a control runs as a whole call of the family's ControlNet pipeline.
+loops run the ControlNet per member in the SD 1.x/2.x and FLUX.1 loops (``engine.loop.control``; FLUX.1's
+where its ControlNets share their block counts); elsewhere a request with a control runs as a whole call
+of the family's ControlNet pipeline.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ CLASSES: dict[str, tuple[str, ...]] = {
     "qwen-image": ("QwenImageControlNetModel",),
     "z-image": ("ZImageControlNetModel",),
 }
-CONTROL_LOOPS = frozenset({"sd"})  # loops that run a ControlNet per member (``engine.loop.control``)
+CONTROL_LOOPS = frozenset({"sd", "flux"})  # loops that run a ControlNet per member (``engine.loop.control``)
 
 
 def class_of(source: str) -> str:
@@ -96,10 +97,14 @@ def control_pipeline(pipe: Any, mode: str, controlnet: Any) -> Any:
     return made
 
 
-def call_arguments(job: InferenceJob, mode: str) -> dict[str, Any]:
-    """The ControlNet pipeline's arguments for ``job``: its maps (``image`` for text to image, else
-    ``control_image``), scale and window."""
+def call_arguments(job: InferenceJob, pipe: Any) -> dict[str, Any]:
+    """The ControlNet pipeline's arguments for ``job``: its maps (``control_image`` where the pipeline
+    takes one: every image mode's, and FLUX.1's, SD3's, Qwen-Image's and Z-Image's text to image; else
+    ``image``, SD's and SDXL's text to image), scale and window."""
+    import inspect
+
     _, scale, start, end = settings_of(job)
-    maps = list(job.controls)
-    return {"image" if mode == "text" else "control_image": maps, "controlnet_conditioning_scale": scale,
-            "control_guidance_start": start, "control_guidance_end": end}  # fmt: skip
+    takes = inspect.signature(pipe.__call__).parameters
+    return {"control_image" if "control_image" in takes else "image": list(job.controls),
+            "controlnet_conditioning_scale": scale, "control_guidance_start": start,
+            "control_guidance_end": end}  # fmt: skip

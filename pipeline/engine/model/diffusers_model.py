@@ -279,7 +279,7 @@ class DiffusersModel:
             if not takes_size(pipe):
                 del kwargs["width"], kwargs["height"]
         if controls.acting(job) != NONE:  # its ControlNet's maps, scale and window (issue 51)
-            kwargs.update(controls.call_arguments(job, job.mode))
+            kwargs.update(controls.call_arguments(job, pipe))
         if stop.is_set():
             raise Cancelled(steps_done=0)
         cuda = self._device == "cuda"
@@ -339,7 +339,7 @@ class DiffusersModel:
         kind = loop_kind(self.pipe)
         if kind is None or not self.profile.step_joining or job.mode not in self.profile.loop_modes or job.hires_width:
             return None
-        if job.controls and kind not in controls.CONTROL_LOOPS:  # a whole call of its ControlNet pipeline
+        if job.controls and "control" not in self.profile.loop_modes:  # a whole call of its ControlNet pipeline
             return None
         per_lora = self.loras is not None and self.profile.lora_batching != "mixed"  # a loop per LoRA and scale
         return (kind, *loop_key(job.width, job.height, job.sampler, use_of(job), per_lora=per_lora))

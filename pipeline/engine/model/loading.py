@@ -22,6 +22,7 @@ from ...errors import ModelRefused
 from ...fields import STEP_CACHE_METHODS
 from ...protocol import InferenceJob, InferenceResult, ModelProfile, Submission
 from ..hosting.zerogpu import zero_gpu_active
+from ..loop.control import loopable
 from ..loop.joining import LoopDriver, in_a_loop
 from ..loop.loop_base import IMAGE_LOOPS, MIXED_LORA_LOOPS, loop_kind
 from .controls import CONTROL_LOOPS, load_controlnets
@@ -185,8 +186,9 @@ def load_model(settings: Settings, *, warmup: bool = True) -> DiffusersModel | S
         specs = (ControlSpec(CONTROL_NAME, str(DEFAULT_CONTROL_DIR)),)  # the embedded model's own, trained here
     controlnets = load_controlnets(specs, pipe, profile.family, device, dtype)
     profile = dataclasses.replace(profile, controls=tuple(controlnets))
-    if controlnets and profile.step_joining and loop_kind(pipe) in CONTROL_LOOPS:  # a ControlNet per member
-        profile = dataclasses.replace(profile, loop_modes=(*profile.loop_modes, "control"))
+    kind = loop_kind(pipe)
+    if controlnets and profile.step_joining and kind in CONTROL_LOOPS and (kind != "flux" or loopable(controlnets)):
+        profile = dataclasses.replace(profile, loop_modes=(*profile.loop_modes, "control"))  # one per member
     model = DiffusersModel(pipe, profile, preview_map, loras, modes, controlnets)
     global _LOADS
     _LOADS += 1
