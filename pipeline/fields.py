@@ -22,7 +22,9 @@ their checks in ``request.validate``; the table still declares them. A new table
 here, the model side that reads it, and its tests.
 
 One set of number parsers (``number``, ``whole_number``, ``real_number``, ``flag``, ``choice``): the
-validation and both wire formats read numbers through them, and every error names the field.
+validation and both wire formats read numbers through them, and every error names the field. And the
+prompt fields' text encoder windows: whether a prompt surely fits them (``fits_every_window``) and the
+note for one that does not (``truncation_notes``).
 """
 
 from __future__ import annotations
@@ -180,19 +182,26 @@ def looped_step_cache(
     return tuple((k, STEP_CACHE_OFF if k == "step_cache" else v) for k, v in options)
 
 
-def control_rule(
-    options: tuple[tuple[str, Any], ...], raw: Mapping[str, Any], mode: str, loop_modes: tuple[str, ...] = ()
-) -> tuple[tuple[str, Any], ...]:
+def control_rule(options: tuple[tuple[str, Any], ...], raw: Mapping[str, Any], pictures: Any,
+                 limits: Any) -> tuple[tuple[str, Any], ...]:  # fmt: skip
     """The control fields together: a map where a control is picked and none where it is not, a mode
-    it acts in, and a window that does not end before it starts; where the model's loops run no
-    ControlNet (``loop_modes`` without "control"), a request with one is one pipeline call, so a step
-    cache named for it is refused by name ("auto" or the server's default: off there). (``request.validate``'s
-    cross-field rule.)"""
+    it acts in (``CONTROL_MODES``, where the model's family has the ControlNet pipeline:
+    ``limits.control_modes``; a hires fix's second pass is image to image), and a window that does not
+    end before it starts; where the model's loops run no ControlNet (``loop_modes`` without "control"),
+    a request with one is one pipeline call, so a step cache named for it is refused by name ("auto" or
+    the server's default: off there). (``request.validate``'s cross-field rule.)"""
     values = dict(options)
     name = values.get("control", NONE)
+    mode, served = pictures.mode, getattr(limits, "control_modes", CONTROL_MODES)
     if name != NONE and mode not in CONTROL_MODES:
         raise InvalidRequest("control", f"control: a ControlNet acts in {', '.join(CONTROL_MODES)} modes; mode "
                              f"{mode!r} draws on a larger canvas than its map: set control to 'none'")  # fmt: skip
+    hires = "image" if pictures.hires else None  # a hires fix's second pass
+    for needed, what in ((pictures.pipeline_mode, f"mode {mode!r}"), (hires, "hires fix")):
+        if name != NONE and needed is not None and needed not in served:
+            raise InvalidRequest("control", f"control: diffusers has no ControlNet pipeline for {what} on this model "
+                                 f"(a ControlNet acts in {', '.join(served) or 'no mode'} here): set control to "
+                                 "'none'")  # fmt: skip
     sent = raw.get("control_image") not in (None, b"", "")
     if name == NONE and sent:
         raise InvalidRequest("control_image", "control_image: no ControlNet is picked (control is 'none'); "
@@ -205,7 +214,7 @@ def control_rule(
         raise InvalidRequest("control_end", f"control_end must be at least control_start ({start:g}), from 0 to 1; "
                              f"got {end:g}")  # fmt: skip
     method = values.get("step_cache", STEP_CACHE_OFF)
-    if name == NONE or "control" in loop_modes or method == STEP_CACHE_OFF:
+    if name == NONE or "control" in getattr(limits, "loop_modes", ()) or method == STEP_CACHE_OFF:
         return options
     if raw.get("step_cache") == method:
         raise InvalidRequest("step_cache", f"step_cache {method!r} runs in step-level loops, and this model's loops "
@@ -410,3 +419,41 @@ def docstring(summary: str) -> str:
 def raw_from(arguments: Mapping[str, Any]) -> dict[str, Any]:
     """The raw request from the handler's bound arguments: the fields, in the table's order."""
     return {name: arguments[name] for name in NAMES}
+
+
+# -- the text encoders' windows ----------------------------------------------------------------------
+# Whether a prompt fits its text encoders' windows, and the note for one that does not. Pure.
+#
+# ``fits_every_window`` answers without counting (most prompts are short enough), and
+# ``truncation_notes`` words the note for each encoder that cuts a counted text.
+
+
+def fits_every_window(text: str, encoders: tuple[tuple[str, int], ...]) -> bool:
+    """Whether ``text`` is surely within every text encoder's window, without counting its tokens.
+
+    Every tokenizer of these model families spends at least one character of an ASCII text on each
+    token: CLIP's byte-level BPE, and T5's and Gemma's SentencePiece, whose one exception is the
+    word marker it puts before the first word. So an ASCII text of n characters is at most n + 1
+    tokens (``tests/unit/test_request.py`` checks it on each family's tokenizer). Counting a prompt
+    costs a round trip to the model process; most prompts are short enough to need none.
+    A ByT5 glyph encoder (HunyuanImage) reads the quoted text formatted as ``Text "...". ``: at
+    most five bytes for each character of the prompt (an empty ``""`` becomes ten), so its window
+    counts a fifth.
+    """
+    windows = [limit // 5 if name == "ByT5" else limit for name, limit in encoders]
+    return bool(encoders) and text.isascii() and len(text) + 1 <= min(windows)
+
+
+def truncation_notes(field: str, tokens: Mapping[str, int], encoders: tuple[tuple[str, int], ...]) -> list[str]:
+    """One note per text encoder that cut the text, naming it (CLIP reads 75 tokens, T5 its own length)."""
+    notes = []
+    for encoder, limit in dict(encoders).items():
+        if (n := tokens.get(encoder, 0)) > limit:
+            others = [f"{e} reads up to {lim}" for e, lim in dict(encoders).items() if e != encoder and lim >= n]
+            rest = f" ({'; '.join(others)})" if others else ""
+            what = f"{field}'s quoted text" if encoder == "ByT5" else field  # the glyphs HunyuanImage draws
+            notes.append(
+                f"{what} is {n} tokens; the {encoder} text encoder reads the first {limit}, "
+                f"so it ignored the rest{rest}"
+            )
+    return notes

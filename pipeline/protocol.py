@@ -85,6 +85,9 @@ class ModelProfile:
     step_caches: tuple[str, ...] = ()
     # The ControlNets loaded at start (``--controlnet``), by name, in flag order (issue 51).
     controls: tuple[str, ...] = ()
+    # The pipeline modes its family has a ControlNet pipeline for (``AutoPipelineFor*.from_pipe``), of text,
+    # image and inpaint (issue 51); a control in another is refused by name.
+    control_modes: tuple[str, ...] = ()
 
     @property
     def model_id(self) -> str:

@@ -42,7 +42,19 @@ from PIL import Image
 
 from . import fields
 from .errors import InvalidRequest
-from .fields import DEFAULT_EMPHASIS, MODES, SIDES, T5_WEIGHING, WEIGHING, flag, real_number, show, whole_number
+from .fields import (
+    DEFAULT_EMPHASIS,
+    MODES,
+    SIDES,
+    T5_WEIGHING,
+    WEIGHING,
+    fits_every_window,
+    flag,
+    real_number,
+    show,
+    truncation_notes,
+    whole_number,
+)
 from .loras import SCALE_MAX, SCALE_MIN
 from .prompt_syntax import BREAK, plain
 from .protocol import NONE, InferenceJob, LoraUse, ModelProfile
@@ -98,6 +110,7 @@ class Limits:
     step_caches: tuple[str, ...] = ()  # the step-cache methods the model offers ("auto"'s first; issue 50)
     step_cache: str = "off"  # ``--step-cache``: what a request's "default" runs
     controls: tuple[str, ...] = ()  # the ControlNets' names (``--controlnet``); a request may pick one or "none"
+    control_modes: tuple[str, ...] = ()  # the pipeline modes its family has ControlNet pipelines for
 
     @classmethod
     def for_model(
@@ -132,9 +145,10 @@ class Limits:
         )
 
 
+# the limits that are the profile's own, under its names
 _AS_PROFILE = ("min_size", "size_multiple", "min_steps", "min_guidance", "max_guidance", "text_encoders", "samplers",
                "step_choices", "size_choices", "cfg_above", "modes", "mode_notes", "family", "loop_modes",
-               "step_caches", "controls")  # the limits that are the profile's own, under its names  # fmt: skip
+               "step_caches", "controls", "control_modes")  # fmt: skip
 
 
 def default_budget(profile: ModelProfile, max_pixels: int, max_steps: int) -> int:
@@ -633,7 +647,7 @@ def validate(
     )  # fmt: skip
     _within_budget(width, height, steps, num_images, limits, pictures)
     options = fields.looped_step_cache(fields.checked(raw, limits), raw, pictures, limits.loop_modes)
-    options = fields.control_rule(options, raw, pictures.mode, limits.loop_modes)
+    options = fields.control_rule(options, raw, pictures, limits)
 
     request = GenerateRequest(
         request_id=request_id or new_request_id(),
@@ -760,41 +774,3 @@ def text_problem(value: str) -> str | None:
 def normalized(value: str) -> str:
     """``value`` with every carriage return written as a newline (the one change made to a text)."""
     return _RETURNS.sub("\n", value) if "\r" in value else value
-
-
-# -- the text encoders' windows ----------------------------------------------------------------------
-# Whether a prompt fits its text encoders' windows, and the note for one that does not. Pure.
-#
-# ``fits_every_window`` answers without counting (most prompts are short enough), and
-# ``truncation_notes`` words the note for each encoder that cuts a counted text.
-
-
-def fits_every_window(text: str, encoders: tuple[tuple[str, int], ...]) -> bool:
-    """Whether ``text`` is surely within every text encoder's window, without counting its tokens.
-
-    Every tokenizer of these model families spends at least one character of an ASCII text on each
-    token: CLIP's byte-level BPE, and T5's and Gemma's SentencePiece, whose one exception is the
-    word marker it puts before the first word. So an ASCII text of n characters is at most n + 1
-    tokens (``tests/unit/test_request.py`` checks it on each family's tokenizer). Counting a prompt
-    costs a round trip to the model process; most prompts are short enough to need none.
-    A ByT5 glyph encoder (HunyuanImage) reads the quoted text formatted as ``Text "...". ``: at
-    most five bytes for each character of the prompt (an empty ``""`` becomes ten), so its window
-    counts a fifth.
-    """
-    windows = [limit // 5 if name == "ByT5" else limit for name, limit in encoders]
-    return bool(encoders) and text.isascii() and len(text) + 1 <= min(windows)
-
-
-def truncation_notes(field: str, tokens: Mapping[str, int], encoders: tuple[tuple[str, int], ...]) -> list[str]:
-    """One note per text encoder that cut the text, naming it (CLIP reads 75 tokens, T5 its own length)."""
-    notes = []
-    for encoder, limit in dict(encoders).items():
-        if (n := tokens.get(encoder, 0)) > limit:
-            others = [f"{e} reads up to {lim}" for e, lim in dict(encoders).items() if e != encoder and lim >= n]
-            rest = f" ({'; '.join(others)})" if others else ""
-            what = f"{field}'s quoted text" if encoder == "ByT5" else field  # the glyphs HunyuanImage draws
-            notes.append(
-                f"{what} is {n} tokens; the {encoder} text encoder reads the first {limit}, "
-                f"so it ignored the rest{rest}"
-            )
-    return notes

@@ -230,7 +230,7 @@ class LocalAdapter(AdapterBase):
                 #    the pictures decoded (``request.with_pictures``: up to a second of CPU at the caps),
                 #    on the decode threads, one request at a time per identity (``decoding``). Counting a
                 #    prompt's tokens (only one that might not fit its text encoders' windows:
-                #    ``request.fits_every_window``) may ask the model process, so it runs off the loop too.
+                #    ``fields.fits_every_window``) may ask the model process, so it runs off the loop too.
                 t.prepare_start = self._clock()
                 request = validate(raw, self.limits, request_id=rid, pictures_later=True)
                 held = cleanup.enter_context(self.quota_held(account or user, request.num_images))

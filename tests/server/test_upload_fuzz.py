@@ -71,7 +71,7 @@ def test_every_malformed_upload_is_refused_by_name_while_health_answers(tmp_path
     for name, data in files.items():
         (tmp_path / f"{abs(hash(name))}.bin").write_bytes(data)
     model = FakeModel()
-    model.profile = dataclasses.replace(model.profile, controls=("shapes",))
+    model.profile = dataclasses.replace(model.profile, controls=("shapes",), control_modes=("text", "image", "inpaint"))
     with running_app(tmp_path / "app", load=lambda: model) as (url, _demo, _adapter):
         client = Client(url, verbose=False)
         client.predict(**raw_request(), api_name="/generate")  # warm: the idle baseline is a served app's

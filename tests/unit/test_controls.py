@@ -17,8 +17,8 @@ from pipeline.request import Limits, validate, with_pictures
 from tests.fakes import FAKE_PROFILE
 from tests.helpers import raw_request
 
-LIMITS = Limits.for_model(dataclasses.replace(FAKE_PROFILE, controls=("shapes",), modes=("text", "image", "inpaint",
-                                                                                          "outpaint")))  # fmt: skip
+LIMITS = Limits.for_model(dataclasses.replace(FAKE_PROFILE, controls=("shapes",), modes=("text", "image", "inpaint"),
+                                              control_modes=("text", "image", "inpaint")))  # fmt: skip
 
 
 def png(image: Image.Image) -> bytes:
@@ -125,3 +125,17 @@ def test_a_step_cache_named_for_a_control_the_loops_do_not_run_is_refused_by_nam
     assert dict(validate(raw_request(step_cache="taylorseer"), cached).options)["step_cache"] == "taylorseer"
     looped = dataclasses.replace(cached, loop_modes=("text", "control"))
     assert dict(validate(raw_request(**base, step_cache="taylorseer"), looped).options)["step_cache"] == "taylorseer"
+
+
+def test_a_control_in_a_mode_its_family_has_no_controlnet_pipeline_for_is_refused_by_name() -> None:
+    """``ModelProfile.control_modes``: the modes diffusers has the family's ControlNet pipeline for (found at
+    load); a control in another mode, or with a hires fix (its second pass is image to image) where image
+    to image has none, is refused by name before any work, saying where it acts."""
+    text_only = dataclasses.replace(LIMITS, control_modes=("text",))
+    base = dict(control="shapes", control_image=png(disc()))
+    cases = [dict(mode="image", image=png(disc())), dict(hires_fix=True)]
+    for over in cases:
+        with pytest.raises(InvalidRequest, match="a ControlNet acts in text here") as refused:
+            validate(raw_request(**base, **over), text_only)
+        assert refused.value.field == "control", over
+        validate(raw_request(**base, **over), LIMITS)  # where the family has the pipelines

@@ -179,7 +179,7 @@ def test_a_short_ascii_prompt_needs_no_token_count() -> None:
 
 @pytest.mark.parametrize("family", ["clip", "t5", "gemma"])
 def test_an_ascii_text_is_at_most_one_token_per_character_plus_one(family: str) -> None:
-    """What ``request.fits_every_window`` rests on, checked on each family's tokenizer as the model counts."""
+    """What ``fields.fits_every_window`` rests on, checked on each family's tokenizer as the model counts."""
     import random
     import string
 
@@ -209,7 +209,7 @@ def test_the_byt5_glyph_window_counts_only_the_quoted_text_and_the_shortcut_hold
     from transformers import ByT5Tokenizer
 
     from pipeline.engine.model.families import counted_text
-    from pipeline.request import fits_every_window
+    from pipeline.fields import fits_every_window
 
     tokenizer = ByT5Tokenizer()
 

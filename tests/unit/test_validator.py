@@ -58,7 +58,7 @@ async def test_the_pages_validator_says_it_under_the_prompt_and_a_held_inputs_me
     from dataclasses import replace
 
     adapter = _Adapter()
-    adapter.limits = replace(adapter.limits, controls=("shapes",))
+    adapter.limits = replace(adapter.limits, controls=("shapes",), control_modes=("text",))
     check = make_validator(adapter, ui=True)
     bad = {**raw_request(width=7), "live_preview": False}
     said = {f: r["message"] for f, r in zip(FIELDS, await check(*(bad[f] for f in FIELDS))) if not r["is_valid"]}

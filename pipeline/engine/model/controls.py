@@ -97,6 +97,24 @@ def control_pipeline(pipe: Any, mode: str, controlnet: Any) -> Any:
     return made
 
 
+def control_modes(pipe: Any, modes: tuple[str, ...], controlnets: dict[str, Any]) -> tuple[str, ...]:
+    """The pipeline modes of ``modes`` (text, image, inpaint) diffusers has the family's ControlNet pipeline
+    for: each made once over the loaded components (``from_pipe``: no new weights); () without a ControlNet."""
+    if not controlnets:
+        return ()
+    first = next(iter(controlnets.values()))
+    found = []
+    for mode in ("text", "image", "inpaint"):
+        if mode not in modes:
+            continue
+        try:
+            control_pipeline(pipe, mode, first)
+        except (ValueError, TypeError):
+            continue
+        found.append(mode)
+    return tuple(found)
+
+
 def call_arguments(job: InferenceJob, pipe: Any) -> dict[str, Any]:
     """The ControlNet pipeline's arguments for ``job``: its maps (``control_image`` where the pipeline
     takes one: every image mode's, and FLUX.1's, SD3's, Qwen-Image's and Z-Image's text to image; else

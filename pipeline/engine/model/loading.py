@@ -25,7 +25,7 @@ from ..hosting.zerogpu import zero_gpu_active
 from ..loop.control import loopable
 from ..loop.joining import LoopDriver, in_a_loop
 from ..loop.loop_base import IMAGE_LOOPS, MIXED_LORA_LOOPS, loop_kind
-from .controls import CONTROL_LOOPS, load_controlnets
+from .controls import CONTROL_LOOPS, control_modes, load_controlnets
 from .diffusers_model import DiffusersModel
 from .families import pick_dtype_name, pipeline_class_of, traits
 from .lora import LoadedLoras, load_loras
@@ -185,7 +185,8 @@ def load_model(settings: Settings, *, warmup: bool = True) -> DiffusersModel | S
     if not specs and settings.model is None and (DEFAULT_CONTROL_DIR / "config.json").exists():
         specs = (ControlSpec(CONTROL_NAME, str(DEFAULT_CONTROL_DIR)),)  # the embedded model's own, trained here
     controlnets = load_controlnets(specs, pipe, profile.family, device, dtype)
-    profile = dataclasses.replace(profile, controls=tuple(controlnets))
+    profile = dataclasses.replace(profile, controls=tuple(controlnets),
+                                  control_modes=control_modes(pipe, profile.modes, controlnets))  # fmt: skip
     kind = loop_kind(pipe)
     if controlnets and profile.step_joining and kind in CONTROL_LOOPS and (kind != "flux" or loopable(controlnets)):
         profile = dataclasses.replace(profile, loop_modes=(*profile.loop_modes, "control"))  # one per member
