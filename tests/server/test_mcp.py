@@ -110,6 +110,35 @@ async def test_an_image_mode_takes_its_picture_as_data_and_refuses_a_url(url: st
     assert result.isError and "image" in " ".join(shown), shown
 
 
+async def test_a_control_map_goes_as_data_and_the_shape_is_drawn_where_it_says(url: str) -> None:
+    """Issue 51 through MCP: ``control`` and ``control_image`` (a ``data:`` URI, as the tool's image is) are
+    tool arguments; the embedded model draws the circle on the side its disc is."""
+    from PIL import ImageDraw
+
+    from pipeline.default_model.control import centre_of
+
+    seen = []
+    for cx in (0.25, 0.75):
+        disc = Image.new("RGB", (64, 64), "black")
+        ImageDraw.Draw(disc).ellipse([cx * 64 - 11, 21, cx * 64 + 11, 43], fill="white")
+        data = io.BytesIO()
+        disc.save(data, format="PNG")
+        args = {"prompt": "a red circle on a blue background", "seed": 1, "randomize_seed": False, "width": 64,
+                "height": 64, "num_inference_steps": 16, "guidance_scale": 4.0, "num_images": 1,
+                "live_preview": False, "control": "shapes",
+                "control_image": "data:image/png;base64," + base64.b64encode(data.getvalue()).decode()}  # fmt: skip
+        result = await _session(url, lambda s, a=args: s.call_tool("generate", a))
+        shown = _summary(result.content)
+        assert not result.isError, shown
+        info = next(json.loads(c.text) for c in result.content if c.type == "text" and c.text.startswith("{"))
+        assert info["control"] == "shapes", info
+        block = next(c for c in result.content if c.type == "image")
+        found = centre_of(Image.open(io.BytesIO(base64.b64decode(block.data))).convert("RGB"))
+        assert found is not None, shown
+        seen.append(found[0])
+    assert seen[0] < 0.5 < seen[1], seen
+
+
 # -- under --auth, with forged headers, and a caller that goes away (issue 26) ---------------------------------
 
 

@@ -18,7 +18,7 @@ caller (``peer_api``), so the fair share, the caps, the quota and the gate are t
   ``lora_scale``, and on edits ``strength``.
 - Edits (multipart): ``image`` (one file) and ``mask`` (optional: inpainting where the mask is
   fully transparent, OpenAI's convention, or white on an opaque mask; without one, image-to-image
-  at ``strength``, 0.75 by default).
+  at ``strength``, 0.75 by default); a ControlNet's ``control_image`` as a file part or a base64 field.
 - ``GET /v1/models`` lists the one model, by its id (``ModelProfile.model_id``).
 - Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``, the field in
   ``param``; the front door's own refusals on these routes (401, 413, 429) take the same shape.
@@ -270,10 +270,12 @@ class OpenAIImages:
 
     async def edits(self, request: Request) -> Response:
         try:
-            body, image, mask = await self._form(request)
+            body, image, mask, control = await self._form(request)
             raw, answer = openai_raw(body, self.adapter.profile, self.adapter.limits, edit=True)
             raw["image"] = image
-            charge_pictures(self.uploads, http_caller(request), {**raw, "mask": mask}, "image")
+            if control is not None:  # a ControlNet's map as a file part (issue 51)
+                raw["control_image"] = control
+            charge_pictures(self.uploads, http_caller(request), {**raw, "mask": mask}, "image")  # the map counted too
             if mask is not None:
                 raw["mask"] = MaskUpload(mask, transparent_edits=True)  # decoded with the request, after its gates
                 raw["mode"], raw["mask_blur"] = "inpaint", 0
@@ -283,8 +285,9 @@ class OpenAIImages:
             return error_response(exc)
         return await self._answer(request, raw, answer, "image_edit", body)
 
-    async def _form(self, request: Request) -> tuple[dict[str, Any], bytes, bytes | None]:
-        """The multipart edit: its text fields, the image's bytes and the mask's (each capped)."""
+    async def _form(self, request: Request) -> tuple[dict[str, Any], bytes, bytes | None, bytes | None]:
+        """The multipart edit: its text fields, the image's bytes, the mask's and a ControlNet map's
+        (``control_image``, issue 51), each capped."""
         try:
             form = await request.form(max_files=3, max_fields=40, max_part_size=64 * 1024)
         except Exception as exc:  # a malformed body, too many parts, a field over the part size
@@ -301,14 +304,16 @@ class OpenAIImages:
             if len(images) != 1:
                 raise InvalidRequest("image", "image must be one PNG, JPEG or WebP file (this app edits one image)")
             image = await images[0].read(MAX_UPLOAD_BYTES + 1)
-            masks = files.get("mask", [])
-            if len(masks) > 1:
-                raise InvalidRequest("mask", "mask must be one file")
-            mask = await masks[0].read(MAX_UPLOAD_BYTES + 1) if masks else None
-            for name, data in (("image", image), ("mask", mask)):
+            optional: dict[str, bytes | None] = {}
+            for name in ("mask", "control_image"):
+                parts = files.get(name, [])
+                if len(parts) > 1:
+                    raise InvalidRequest(name, f"{name} must be one file")
+                optional[name] = await parts[0].read(MAX_UPLOAD_BYTES + 1) if parts else None
+            for name, data in (("image", image), *optional.items()):
                 if data is not None and len(data) > MAX_UPLOAD_BYTES:
                     raise InvalidRequest(name, f"{name}: the file is over {MAX_UPLOAD_BYTES // 2**20} MiB")
-            return body, image, mask
+            return body, image, optional["mask"], optional["control_image"]
         finally:
             await form.close()
 
