@@ -168,7 +168,7 @@ class GpuJobs:
             return outcome
         images = outcome.batch_images or job.num_images
         self.metrics.batch_images.observe(images)
-        self.memory.learn(job.width, job.height, images, outcome)
+        self.memory.learn(job.width, job.height, images, outcome, control=bool(job.controls))
         for i, entry in enumerate(entries):
             share = slice(offsets[i], offsets[i + 1])
             entry.deliver(

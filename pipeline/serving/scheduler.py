@@ -93,10 +93,14 @@ def joins_loops(request: GenerateRequest, loop_modes: Collection[str] = ("text",
     (``ModelProfile.loop_modes``: text, and image-to-image where the family's loop starts from a
     picture), without hires fix (its second pass runs as a whole-pipeline call); inpainting and
     outpainting run as whole-pipeline calls. A request with a ControlNet joins only where the loops run
-    one per member (``loop_modes`` has "control": the SD 1.x/2.x loop, ``engine.loop.control``)."""
-    controlled = dict(request.options).get("control", "none") != "none"
+    one per member (``loop_modes`` has "control": the SD 1.x/2.x and FLUX.1 loops, ``engine.loop.control``)."""
     return (request.pictures.pipeline_mode in loop_modes and request.pictures.hires is None
-            and (not controlled or "control" in loop_modes))  # fmt: skip
+            and (not controlled(request) or "control" in loop_modes))  # fmt: skip
+
+
+def controlled(request: GenerateRequest) -> bool:
+    """Whether ``request`` picked a ControlNet (issue 51)."""
+    return dict(request.options).get("control", "none") != "none"
 
 
 def loop_key(request: GenerateRequest, mixed_loras: bool) -> tuple[Hashable, ...]:
@@ -197,24 +201,40 @@ class MemoryRoom:
     says what a loop of n images at a size needs. A joiner fits while ``base + per_pixel * (images in
     the loop + its images) * width * height`` stays under ``HEADROOM`` of the device. Until a job has
     been measured on a device that reports memory (not the CPU), everything fits.
+
+    ControlNets (issue 51): their weights are in the idle footprint (loaded at start, beside the model);
+    their activations are learned apart (``per_pixel_control``, from jobs with a control: a loop's peak
+    with controlled members), and a loop where a ControlNet runs (a controlled joiner, or one already
+    in it) is held to the larger of the two figures. Until a job with a control has been measured,
+    a controlled joiner does not join a loop the plain figure admits: it waits for a batch of its own,
+    whose peak then measures it.
     """
 
     def __init__(self) -> None:
         self.total: int | None = None
         self.base: int | None = None
         self.per_pixel = 0.0
+        self.per_pixel_control = 0.0
 
-    def learn(self, width: int, height: int, images: int, result: InferenceResult) -> None:
+    def learn(self, width: int, height: int, images: int, result: InferenceResult, control: bool = False) -> None:
         total, base, peak = result.device_total_bytes, result.idle_bytes, result.peak_memory_bytes
         if total is None or base is None or peak is None or images < 1:
             return
         self.total, self.base = total, base
-        self.per_pixel = max(self.per_pixel, max(0, peak - base) / (images * width * height))
+        rate = max(0, peak - base) / (images * width * height)
+        if control:
+            self.per_pixel_control = max(self.per_pixel_control, rate)
+        else:
+            self.per_pixel = max(self.per_pixel, rate)
 
-    def fits(self, width: int, height: int, loop_images: int, images: int) -> bool:
-        if self.total is None or self.base is None or not self.per_pixel:
+    def fits(self, width: int, height: int, loop_images: int, images: int, control: bool = False) -> bool:
+        """``control``: a ControlNet runs in the loop (the joiner's or a member's)."""
+        if self.total is None or self.base is None or not (self.per_pixel or self.per_pixel_control):
             return True
-        return self.base + self.per_pixel * (loop_images + images) * width * height <= HEADROOM * self.total
+        if control and not self.per_pixel_control:
+            return False  # not yet measured: a batch of its own first
+        rate = max(self.per_pixel, self.per_pixel_control) if control else self.per_pixel or self.per_pixel_control
+        return self.base + rate * (loop_images + images) * width * height <= HEADROOM * self.total
 
 
 @dataclass(frozen=True)
@@ -345,11 +365,12 @@ class Scheduler:
                 break
             if not self.fits(staying, entry):
                 break
-            if not self.memory.fits(r.width, r.height, staying, entry.images):
+            control = controlled(r) or any(controlled(e.request) for e in batch.entries)
+            if not self.memory.fits(r.width, r.height, staying, entry.images, control):
                 break
             # Room now (in the batch and in memory beside every member), or a step early: the place of
             # the entries on their last step, which the memory check above already counted as gone.
-            room_now = self.fits(images, entry) and self.memory.fits(r.width, r.height, images, entry.images)
+            room_now = self.fits(images, entry) and self.memory.fits(r.width, r.height, images, entry.images, control)
             enters_after = () if room_now else batch.enters_after()
             staying += entry.images
             images += entry.images

@@ -26,6 +26,7 @@ from typing import Any, Iterator
 import numpy as np
 import pytest
 import torch
+from PIL import Image, ImageDraw
 
 from pipeline.config import Settings
 from pipeline.engine.model.speedups import compile_denoiser, cpu_compiler, is_compiled, use_channels_last
@@ -229,7 +230,8 @@ def test_members_joining_and_leaving_a_loop_never_recompile_after_the_warm_up() 
     """Issue 36 §4: the compiled denoiser's batch is dynamic from the warm-up on, so a loop whose rows
     go 2 -> 6 -> 2 as a member joins and leaves compiles nothing more. (Without ``dynamic_batch``
     the first join recompiles: the count grows by one.) Issue 50: a member whose step cache skips a
-    step leaves that step's call (here 6 -> 4 rows on its steps 4 and 5): no recompile either."""
+    step leaves that step's call (here 6 -> 4 rows on its steps 4 and 5): no recompile either. Issue 51:
+    nor a member with a ControlNet map (the warm-up compiles the call with its residuals too)."""
     from torch._dynamo.utils import counters
 
     from pipeline.engine.model.loading import load_model
@@ -247,4 +249,12 @@ def test_members_joining_and_leaving_a_loop_never_recompile_after_the_warm_up() 
     ended = run_loop(model, first, joiner, join_at=2)
     assert set(ended) == {"a", "b"} and all(hasattr(e, "images") for e in ended.values()), ended
     assert dict(ended["a"].step_cache) == {"method": "taylorseer", "computed": 6, "skipped": 2}
+    # Issue 51: a member with a ControlNet map joins a plain loop (its residuals on its rows, zeros on
+    # the others'): the warm-up compiled that call too.
+    disc = Image.new("RGB", (64, 64))
+    ImageDraw.Draw(disc).ellipse([5, 21, 27, 43], fill="white")
+    mapped = InferenceJob("c", ("a red circle",), ("",), (4,), 64, 64, 4, 4.0, joinable=True,
+                          options=(("control", "shapes"),), controls=(disc,))  # fmt: skip
+    ended = run_loop(model, first, mapped, join_at=2)
+    assert set(ended) == {"a", "c"} and all(hasattr(e, "images") for e in ended.values()), ended
     assert counters["stats"]["unique_graphs"] == warmed, "a member joining or leaving recompiled the denoiser"

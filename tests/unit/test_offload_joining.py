@@ -76,3 +76,42 @@ def test_a_loop_with_a_joiner_holds_no_more_components_at_once_than_pipe(
     assert dict(ended[first.request_id].step_cache) == counted
     assert by_pipe == 1 and max(len(s) for s in resident) <= by_pipe, [s for s in resident if len(s) > 1]
     assert {"unet", "text_encoder", "vae"} <= set().union(*resident)  # each was on the device in its turn
+
+
+def test_a_controlnet_under_offload_is_on_the_device_only_beside_the_denoiser_as_in_its_pipelines_call(
+    offloaded: Any, resident: list[set[str]]
+) -> None:
+    """Issue 51: under ``--cpu-offload`` a ControlNet stays in CPU memory and comes to the device when it
+    runs (``controls.offload_controlnets``): a loop where a member with a map joins a plain one holds no
+    more at once than the family's ControlNet pipeline's own call (the ControlNet beside one model at a
+    time), and the ControlNet leaves with the UNet before a decode (the pipeline's call keeps it beside
+    the VAE)."""
+    from PIL import Image, ImageDraw
+
+    from pipeline.engine.model.controls import offload_controlnets
+    from pipeline.protocol import InferenceResult
+    from pipeline.request import Limits, validate, with_pictures
+
+    offloaded.control_hooks = offload_controlnets(offloaded.controlnets, "cpu")
+    disc = Image.new("RGB", (64, 64))
+    ImageDraw.Draw(disc).ellipse([5, 21, 27, 43], fill="white")
+    data = __import__("io").BytesIO()
+    disc.save(data, format="PNG")
+    limits = Limits.for_model(offloaded.profile)
+    raw = raw_request(seed=4, num_inference_steps=4, control="shapes", control_image=data.getvalue())
+    mapped = with_pictures(validate(raw, limits, pictures_later=True), raw, limits).to_job()
+    try:
+        offloaded.generate(mapped, NEVER, lambda *_: None)  # StableDiffusionControlNetPipeline's call
+        by_pipe = max(len(s) for s in resident)
+        pairs = {frozenset(s) for s in resident if len(s) == 2}  # the ControlNet beside each model in turn
+        assert by_pipe == 2 and frozenset({"unet", "ControlNetModel"}) in pairs, pairs
+        resident.clear()
+        ended = run_loop(offloaded, _job(offloaded, 2, 8), mapped, join_at=2)
+        assert all(isinstance(e, InferenceResult) and e.ok for e in ended.values()) and len(ended) == 2, ended
+        assert max(len(s) for s in resident) <= by_pipe, [s for s in resident if len(s) > by_pipe]
+        assert {frozenset(s) for s in resident if len(s) == 2} <= pairs - {frozenset({"ControlNetModel", "vae"})}
+        assert {"ControlNetModel", "vae"} <= set().union(*resident)
+    finally:
+        for hook in offloaded.control_hooks:
+            hook.remove()
+        offloaded.control_hooks = []

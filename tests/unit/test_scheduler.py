@@ -11,7 +11,7 @@ from typing import Any
 
 from pipeline.protocol import InferenceResult, StopSignal
 from pipeline.request import Limits, validate
-from pipeline.serving.scheduler import Entry, Scheduler, WaitLine
+from pipeline.serving.scheduler import Entry, MemoryRoom, Scheduler, WaitLine
 from tests.fakes import FAKE_PROFILE
 from tests.helpers import raw_request
 
@@ -149,3 +149,15 @@ def test_sd3_loops_are_keyed_by_the_prompts_chunk_count_and_sd_loops_are_not() -
     assert loop_key(dataclasses.replace(one, family="sd3"), False) != loop_key(
         dataclasses.replace(two, family="sd3"), False
     )
+
+
+def test_a_controlnets_activations_are_measured_apart_before_a_controlled_joiner_shares_a_loop() -> None:
+    """Issue 51: a ControlNet's weights sit in the idle footprint; its activations are learned from jobs with
+    a control. Until one has been measured a controlled joiner waits for a batch of its own; then a loop with
+    a ControlNet in it is held to the larger per-pixel figure."""
+    room = MemoryRoom()
+    room.learn(64, 64, 1, _result(peak=300, total=1000, idle=100))  # plain: 200 an image
+    assert room.fits(64, 64, 2, 1) and not room.fits(64, 64, 2, 1, control=True)  # unmeasured: not beside others
+    room.learn(64, 64, 1, _result(peak=400, total=1000, idle=100), control=True)  # controlled: 300 an image
+    assert room.fits(64, 64, 1, 1, control=True) and not room.fits(64, 64, 2, 1, control=True)  # 700 / 1000
+    assert room.fits(64, 64, 3, 1) and not room.fits(64, 64, 3, 1, control=True)  # 900 plain; 1300 with a ControlNet

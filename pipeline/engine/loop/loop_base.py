@@ -56,6 +56,7 @@ class LoopHost(Protocol):
     loras: LoadedLoras | None
     loads: int
     controlnets: dict[str, Any]  # the ControlNets loaded at start (``--controlnet``), by name
+    control_hooks: list[Any]  # under --cpu-offload, their offload hooks
 
     def use_adapter(self, job: InferenceJob) -> float: ...
 
@@ -316,7 +317,7 @@ class MemberLoop:
         without this, the chain would hold the denoiser beside a text encoder (for FLUX, 33 GB where
         offload promises 24). No-op without offload.
         """
-        for hook in getattr(self.pipe, "_all_hooks", None) or ():
+        for hook in (*(getattr(self.pipe, "_all_hooks", None) or ()), *self.model.control_hooks):  # ControlNets'
             hook.offload()
 
     def release(self) -> None:

@@ -69,6 +69,17 @@ def load_controlnets(specs: tuple[ControlSpec, ...], pipe: Any, family: str, dev
     return loaded
 
 
+def offload_controlnets(controlnets: dict[str, Any], device: Any) -> list[Any]:
+    """Under ``--cpu-offload``: each ControlNet kept in CPU memory and moved to the device when it runs, as
+    diffusers' own offload does with a component outside its chain (``cpu_offload_with_hook``): on the
+    device beside the denoiser during the steps, as in the family's ControlNet pipeline's call. The hooks,
+    for ``DiffusersModel.control_hooks``: off the device with every other component (the loops'
+    ``_offload_all``) and after each whole call."""
+    from accelerate import cpu_offload_with_hook  # type: ignore[import-untyped]
+
+    return [cpu_offload_with_hook(net, device)[1] for net in controlnets.values()]
+
+
 def settings_of(job: InferenceJob) -> tuple[str, float, float, float]:
     """(name, scale, start, end) of the job's control ("none": no control)."""
     options = dict(job.options)

@@ -48,6 +48,7 @@ class DiffusersModel:
         self.pipe = pipe
         self.modes = modes or {}  # mode -> its pipeline, sharing pipe's components (``engine.model.modes``)
         self.controlnets = controlnets or {}  # the --controlnets by name (``engine.model.controls``)
+        self.control_hooks: list[Any] = []  # under --cpu-offload, theirs (``controls.offload_controlnets``)
         self._control_pipes: dict[tuple[str, str], Any] = {}  # (mode, name) -> its ControlNet pipeline
         self.loras = loras  # the --LoRAs (engine.model.lora), or None
         self.loads = 0  # how many times this process has loaded a model (engine.model.loading sets it)
@@ -298,6 +299,9 @@ class DiffusersModel:
             if kind_of(exc) != "out_of_memory":
                 raise
             oom = True
+        finally:
+            for hook in self.control_hooks:  # under --cpu-offload a ControlNet leaves with the call's components
+                hook.offload()
         if oom:
             self.free_memory()
             raise OutOfMemory(job.request_id)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from PIL import Image
 
 from ...config import Settings
 from ...controls import ControlSpec
@@ -25,7 +26,7 @@ from ..hosting.zerogpu import zero_gpu_active
 from ..loop.control import loopable
 from ..loop.joining import LoopDriver, in_a_loop
 from ..loop.loop_base import IMAGE_LOOPS, MIXED_LORA_LOOPS, loop_kind
-from .controls import CONTROL_LOOPS, control_modes, load_controlnets
+from .controls import CONTROL_LOOPS, control_modes, load_controlnets, offload_controlnets
 from .diffusers_model import DiffusersModel
 from .families import pick_dtype_name, pipeline_class_of, traits
 from .lora import LoadedLoras, load_loras
@@ -184,13 +185,16 @@ def load_model(settings: Settings, *, warmup: bool = True) -> DiffusersModel | S
     specs = settings.control_specs()
     if not specs and settings.model is None and (DEFAULT_CONTROL_DIR / "config.json").exists():
         specs = (ControlSpec(CONTROL_NAME, str(DEFAULT_CONTROL_DIR)),)  # the embedded model's own, trained here
-    controlnets = load_controlnets(specs, pipe, profile.family, device, dtype)
+    offloaded = settings.cpu_offload and device == "cuda"
+    controlnets = load_controlnets(specs, pipe, profile.family, "cpu" if offloaded else device, dtype)
     profile = dataclasses.replace(profile, controls=tuple(controlnets),
                                   control_modes=control_modes(pipe, profile.modes, controlnets))  # fmt: skip
     kind = loop_kind(pipe)
     if controlnets and profile.step_joining and kind in CONTROL_LOOPS and (kind != "flux" or loopable(controlnets)):
         profile = dataclasses.replace(profile, loop_modes=(*profile.loop_modes, "control"))  # one per member
     model = DiffusersModel(pipe, profile, preview_map, loras, modes, controlnets)
+    if offloaded:  # in CPU memory, on the device when they run
+        model.control_hooks = offload_controlnets(controlnets, device)
     global _LOADS
     _LOADS += 1
     model.loads = _LOADS
@@ -245,8 +249,9 @@ def _warm_up(model: DiffusersModel, *, compiled: bool = False, step_joining: boo
     Uncompiled: one tiny image. Compiled: one image of the default size and guidance, the shape
     most requests have, through the step-level loop where requests run in one (``_draw_once``), so
     this call compiles the graph they will use; its batch is dynamic (``speedups.dynamic_batch``),
-    so members joining and leaving compile nothing more. If compiling fails, the denoiser goes back
-    to eager and the warm-up runs again: the model still serves.
+    so members joining and leaving compile nothing more. Where the loops run ControlNets (issue 51), a
+    second call with a (black) map compiles the denoiser's call with their residuals too. If compiling
+    fails, the denoiser goes back to eager and the warm-up runs again: the model still serves.
     """
     p = model.profile  # the family's fewest valid steps (PixArt's scheduler fails a 1-step run)
     width, height = (p.default_width, p.default_height) if compiled else (p.min_size, p.min_size)
@@ -261,6 +266,10 @@ def _warm_up(model: DiffusersModel, *, compiled: bool = False, step_joining: boo
     t0 = time.time()
     try:
         _draw_once(model, job, through_loop=compiled and step_joining)
+        if compiled and step_joining and "control" in p.loop_modes:  # the denoiser's call with ControlNet residuals
+            black = Image.new("RGB", (width, height))
+            control = (("control", p.controls[0]),)
+            _draw_once(model, dataclasses.replace(job, options=control, controls=(black,)), through_loop=True)
     except Exception as exc:  # a model that cannot warm up may still serve: say so, and carry on
         if model.traits.guessed:  # an unknown class that the generic call cannot drive: refused now
             raise ModelRefused(

@@ -125,7 +125,8 @@ def dynamic_batch(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     of 1 stays static (dynamo specialises 0 and 1): at most one more graph, once.
     """
     for value in (*args, *kwargs.values()):
-        tensors = value.values() if isinstance(value, dict) else (value,)  # SDXL's added_cond_kwargs
+        # SDXL's added_cond_kwargs (a dict); a ControlNet's residuals (a list: down_block_additional_residuals)
+        tensors = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else (value,)
         for tensor in tensors:
             if isinstance(tensor, torch.Tensor) and tensor.ndim >= 1 and tensor.shape[0] > 1:
                 torch._dynamo.maybe_mark_dynamic(tensor, 0)
