@@ -4,6 +4,7 @@ side by side in one run.
 
     python -m bench.control [--rounds 5] [--json PATH]
     python -m bench.control --family flux-dev [--steps 8]   # FLUX.1's loop (tests/families.py builds)
+    python -m bench.control --model SD15_FOLDER --device cuda --size 512   # bench/gpu.sh's control step
 
 Through the app's own step-level loop (``DiffusersModel.open_loop``), 64 px, 20 steps, rounds
 alternating the order:
@@ -15,6 +16,11 @@ alternating the order:
   server that keys its batches by the ControlNet would; and the controlled ones as one whole call of the
   ControlNet pipeline beside a loop of the others (what FLUX.1 ran before its loop ran a ControlNet per
   member): images a second.
+
+With ``--model`` (an SD 1.x folder: ``bench.sd15``'s full-size build on a lent GPU) the ControlNet is
+built from its UNet (``ControlNetModel.from_unet``: the real SD 1.5 ControlNet's architecture, random
+weights) into a temporary folder and loaded as ``--controlnet`` is; the device is synchronised around
+every timing.
 
 No thresholds: figures for ``docs/performance.md#controlnet``.
 """
@@ -37,7 +43,8 @@ from PIL import Image, ImageDraw
 from bench.step_cache import run_loop
 
 STEPS = 20
-NAME = "shapes"  # the control's name: the embedded model's own, or "tiny" (``--family``)
+SIZE = 64
+NAME = "shapes"  # the control's name: the embedded model's own, "tiny" (``--family``) or "sd15" (``--model``)
 
 
 @dataclass
@@ -56,8 +63,9 @@ class Queued:
 
 
 def disc(cx: float) -> Image.Image:
-    image = Image.new("RGB", (64, 64), "black")
-    ImageDraw.Draw(image).ellipse([cx * 64 - 11, 21, cx * 64 + 11, 43], fill="white")
+    image = Image.new("RGB", (SIZE, SIZE), "black")
+    r = SIZE * 11 / 64
+    ImageDraw.Draw(image).ellipse([cx * SIZE - r, SIZE / 2 - r, cx * SIZE + r, SIZE / 2 + r], fill="white")
     return image
 
 
@@ -66,19 +74,32 @@ def job(rid: str, seed: int, where: float | None, guidance: float) -> Any:
 
     control = (("control", NAME if where is not None else "none"),)
     return InferenceJob(request_id=rid, prompts=("a red circle on a blue background",), negative_prompts=("",),
-                        seeds=(seed,), width=64, height=64, num_inference_steps=STEPS, guidance_scale=guidance,
+                        seeds=(seed,), width=SIZE, height=SIZE, num_inference_steps=STEPS, guidance_scale=guidance,
                         joinable=True, options=control, controls=(disc(where),) if where is not None else ())  # fmt: skip
 
 
+def controlnet_from_unet(model: str, out: Path) -> Path:
+    """``ControlNetModel.from_unet`` of the folder's UNet (random weights stay random), saved in fp16."""
+    import torch
+    from diffusers import ControlNetModel, UNet2DConditionModel
+
+    unet = UNet2DConditionModel.from_pretrained(model, subfolder="unet")
+    ControlNetModel.from_unet(unet).to(torch.float16).save_pretrained(out, safe_serialization=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
-    global NAME, STEPS
+    global NAME, STEPS, SIZE
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--family", default=None, help="a tiny build of tests/families.py, with a random ControlNet")
     parser.add_argument("--steps", type=int, default=STEPS)
+    parser.add_argument("--model", default=None, help="an SD 1.x folder: its ControlNet built from its UNet")
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--size", type=int, default=SIZE)
     args = parser.parse_args(argv)
-    STEPS = args.steps
+    STEPS, SIZE = args.steps, args.size
 
     import torch
 
@@ -87,8 +108,14 @@ def main(argv: list[str] | None = None) -> None:
     from pipeline.engine.model.loading import load_model
     from pipeline.serving.scheduler import call_job
 
-    settings = Settings()
-    if args.family:
+    settings = Settings(device=args.device or "auto")
+    if args.model:
+        import tempfile
+
+        NAME = "sd15"
+        built = controlnet_from_unet(args.model, Path(tempfile.mkdtemp(prefix="controlnet-")))
+        settings = Settings(model=args.model, device=args.device or "auto", controlnets=(f"sd15={built}",))
+    elif args.family:
         from tests.families import built_controlnet, built_family
 
         NAME = "tiny"
@@ -103,15 +130,21 @@ def main(argv: list[str] | None = None) -> None:
     def raw_call(seed: int) -> None:
         with torch.inference_mode():
             raw("a red circle on a blue background", **{taken: disc(0.3)}, num_inference_steps=STEPS,
-                guidance_scale=guidance, width=64, height=64, generator=torch.Generator().manual_seed(seed))  # fmt: skip
+                guidance_scale=guidance, width=SIZE, height=SIZE, generator=torch.Generator().manual_seed(seed))  # fmt: skip
 
     def whole_call(jobs: list[Any]) -> Any:
         queued: list[Any] = [Queued(j) for j in jobs]  # what call_job reads of the line's entries
         return model.generate(call_job(queued), threading.Event(), lambda *_: None)
 
+    cuda = str(model.profile.device).startswith("cuda")
+
     def timed(fn: Any) -> float:
+        if cuda:
+            torch.cuda.synchronize()
         started = time.perf_counter()
         fn()
+        if cuda:
+            torch.cuda.synchronize()
         return time.perf_counter() - started
 
     one: dict[str, list[float]] = {"no control": [], "control": [], "raw ControlNet pipeline": []}
@@ -134,8 +167,8 @@ def main(argv: list[str] | None = None) -> None:
     shared = statistics.median(eight["one loop, mixed"])
     result = {
         "model": f"{args.family} (tiny build, random weights)" if args.family else model.profile.name,
-        "family": args.family or "embedded", "cores": os.cpu_count(), "steps": STEPS,
-        "size": 64, "rounds": args.rounds,
+        "family": args.family or ("sd 1.x, its ControlNet from its UNet" if args.model else "embedded"), "cores": os.cpu_count(), "steps": STEPS,
+        "size": SIZE, "device": str(model.profile.device), "rounds": args.rounds,
         "one_request": {k: {"median_s": round(statistics.median(v), 4),
                             "vs_no_control": round(statistics.median(v) / base, 2)} for k, v in one.items()},
         "eight_callers": {k: {"images_per_s": round(8 / statistics.median(v), 2),

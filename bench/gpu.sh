@@ -31,6 +31,10 @@
 #            python -m bench.gpu_cache on the SD 1.5 build at 512 px (each method, 8 mixed callers,
 #            the compiled loop's recompiles with a shrinking batch) and a full-width, full-depth
 #            FLUX.1-dev transformer with random weights built on the device, 1024 px; cache.json
+#   control  (on request, as cache) ControlNet, issue 51: python -m bench.control on the SD 1.5 build at
+#            512 px, 20 steps, its ControlNet built from its UNet (random weights): one request with a
+#            map against one without and the raw ControlNet pipeline; 8 callers (4 maps, 4 none) in one
+#            loop against one at a time, a loop per kind and a whole call for the mapped; control.json
 #   openloop (on request, as cache) python -m bench.openloop --quick on the SD 1.5 build at 512 px,
 #            20 steps: Poisson arrivals at four loads up to saturation, throughput against p50/p99
 #            latency for one request at a time (none), the whole-handler lock (lock), step joining
@@ -295,6 +299,11 @@ fi
 
 if wanted cache; then
   gpu_step cache 420 60 python -m bench.gpu_cache --model "$model" --device cuda --json "$out/cache.json"
+fi
+
+if wanted control; then
+  gpu_step control 300 60 python -m bench.control --model "$model" --device cuda --size 512 --steps 20 \
+    --rounds 2 --json "$out/control.json"
 fi
 
 if wanted openloop; then

@@ -30,6 +30,7 @@ STEP_IMPORTS = {
     "fast": ("bench.fast", "isal", "httptools", "uvicorn"),
     "cache": ("bench.gpu_cache", "bench.step_cache", "pipeline.engine.loop.step_cache"),
     "openloop": ("bench.openloop", "bench.servers", "httpx"),
+    "control": ("bench.control", "bench.step_cache", "pipeline.engine.loop.control"),
 }
 
 

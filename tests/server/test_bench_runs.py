@@ -139,3 +139,20 @@ def test_the_gpu_cache_step_runs_here_at_toy_sizes(tmp_path: Path) -> None:
     assert flux["model"].startswith("FLUX.1-dev transformer, width 128, 1 + 1 blocks")
     assert flux["one_request"]["taylorseer"]["skipped"] == 10 and set(flux["one_request"]) == {
         "off", "taylorseer", "reuse", "fbcache"}  # fmt: skip
+
+
+def test_the_gpu_control_step_runs_here_at_toy_sizes(tmp_path: Path) -> None:
+    """``bench/gpu.sh``'s ``control`` step (``python -m bench.control --model``) on this CPU at toy sizes:
+    the ControlNet built from the folder's UNet, loaded as ``--controlnet``, every design measured."""
+    from tests.families import built_family
+
+    out = tmp_path / "control.json"
+    done = subprocess.run([sys.executable, "-m", "bench.control", "--model", str(built_family("sd1")), "--device",
+                           "cpu", "--size", "64", "--steps", "2", "--rounds", "1", "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["family"].startswith("sd 1.x") and result["size"] == 64 and result["device"] == "cpu"
+    assert set(result["one_request"]) == {"no control", "control", "raw ControlNet pipeline"}
+    assert set(result["eight_callers"]) == {"one loop, mixed", "one at a time", "a loop per kind",
+                                            "a whole call for the controlled"}  # fmt: skip
