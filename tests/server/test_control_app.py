@@ -115,6 +115,31 @@ def test_webuiapis_controlnet_unit_equals_generate_pixel_for_pixel_and_its_lists
     assert len(edges) == 1 and lit[32, 2:10].any() and not lit[32, 14:20].any() and not lit[:12].any()
 
 
+def test_webuiapis_unit_on_img2img_equals_generates_image_to_image_with_the_control(
+    client: Any, url: str, tmp_path: Path
+) -> None:
+    """issue 51 §4 on ``/sdapi/v1/img2img``: a ``ControlNetUnit`` beside the init image is image to image with
+    the control (``StableDiffusionControlNetImg2ImgPipeline``), pixel for pixel as ``/generate``'s."""
+    import webuiapi
+    from gradio_client import handle_file
+
+    port = int(url.rstrip("/").rsplit(":", 1)[1])
+    api = webuiapi.WebUIApi(host="127.0.0.1", port=port)
+    path, start = disc_file(tmp_path, 0.75, "img2img-map.png"), tmp_path / "img2img-start.png"
+    Image.new("RGB", (SIZE, SIZE), (40, 60, 200)).save(start)
+    unit = webuiapi.ControlNetUnit(image=Image.open(path), module="none", model="shapes", weight=1.0)
+    result = api.img2img(images=[Image.open(start)], prompt="a red circle on a blue background", seed=5, steps=8,
+                         cfg_scale=4, width=SIZE, height=SIZE, sampler_name="Euler", denoising_strength=0.75,
+                         controlnet_units=[unit])  # fmt: skip
+    ours, info = client.predict(**raw_request(prompt="a red circle on a blue background", seed=5, width=SIZE,
+                                              height=SIZE, num_inference_steps=8, guidance_scale=4.0,
+                                              scheduler="Euler", mode="image", image=handle_file(str(start)),
+                                              strength=0.75, control="shapes",
+                                              control_image=handle_file(str(path))), api_name="/generate")  # fmt: skip
+    assert info["mode"] == "image" and info["control"] == "shapes"
+    assert np.array_equal(np.asarray(result.image.convert("RGB")), np.asarray(picture(ours)))
+
+
 def test_openai_callers_send_the_map_in_the_extra_body(client: Any, url: str, tmp_path: Path) -> None:
     import base64
     import io
