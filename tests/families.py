@@ -232,6 +232,22 @@ def built_controlnet(family: str) -> Path:
     return _BUILT[key]
 
 
+def built_modular(family: str) -> Path:
+    """Family ``family``'s build as a ``ModularPipeline`` folder (issue 52 §5): ``ModularPipeline.from_pretrained``
+    of its folder, components loaded, written with ``save_pretrained``: a ``modular_model_index.json`` and
+    the components, no ``model_index.json`` (as FLUX.3's repository has only the modular index)."""
+    from diffusers import ModularPipeline
+
+    key = f"modular-{family}"
+    if key not in _BUILT:
+        modular = ModularPipeline.from_pretrained(str(built_family(family)))
+        modular.load_components()
+        out = _ROOT[0] / key
+        modular.save_pretrained(str(out))
+        _BUILT[key] = out
+    return _BUILT[key]
+
+
 def plain_diffusers_images(
     name: str, size: int, steps: int, guidance: float, seed: int, dtype: Any = None
 ) -> list[Any]:

@@ -52,6 +52,7 @@ EXTERNAL: dict[str, str] = {
     "helpers.special_args": "gradio.helpers, not tests/helpers.py",
     # Other libraries' classes.
     "Block": "gradio.blocks.Block",
+    "ModularPipeline": "diffusers.ModularPipeline (its from_pretrained), not the app's modular.py",
     "Component": "gradio.components.Component",
     "GradioMCPServer": "gradio.mcp.GradioMCPServer",
     "LocalContext": "gradio.context.LocalContext",

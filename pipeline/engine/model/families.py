@@ -80,6 +80,8 @@ def pipeline_class_of(source: str) -> str:
     index = Path(source) / "model_index.json"
     if index.exists():
         return str(json.loads(index.read_text()).get("_class_name", ""))
+    if (Path(source) / "modular_model_index.json").exists():  # a ModularPipeline folder (``modular``)
+        return str(json.loads((Path(source) / "modular_model_index.json").read_text()).get("_class_name", ""))
     try:  # a hub id, where the hub is reachable (offline this raises at once)
         from diffusers import DiffusionPipeline
 

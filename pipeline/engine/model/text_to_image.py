@@ -1,6 +1,7 @@
 """Load ``--model`` as a text-to-image pipeline, or refuse it at start with what it holds.
 
-A folder's ``model_index.json`` names its pipeline class. A text-to-image class diffusers'
+A folder's ``model_index.json`` names its pipeline class (a ``modular_model_index.json`` alone: a
+``ModularPipeline``, ``modular``). A text-to-image class diffusers'
 ``AutoPipelineForText2Image`` knows is loaded through it; one the family registry knows but the
 auto mapping does not (HiDream, HunyuanImage, Kandinsky 5, Sana Sprint, LongCat, ERNIE) through
 ``DiffusionPipeline``; an image-to-image, inpainting, video or audio pipeline is refused with a
@@ -19,6 +20,7 @@ from typing import Any
 
 from ...errors import ModelRefused
 from .family_table import family_for
+from .modular import load_modular, modular_class
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +122,12 @@ def load_text_to_image(source: str, dtype: Any) -> Any:
     """``source`` (a folder or hub id) loaded through ``from_pretrained``, or ``ModelRefused``."""
     from diffusers import AutoPipelineForText2Image, DiffusionPipeline
 
+    if (modular := modular_class(source)) is not None:  # a ModularPipeline folder (issue 52 §5)
+        if (what := what_it_holds(modular.replace("ModularPipeline", "Pipeline"))) is not None:
+            raise ModelRefused(f"{source} holds {what} ({modular}); --model needs a text-to-image pipeline")
+        pipe = load_modular(source, dtype)
+        refuse_unless_callable(pipe, source)
+        return pipe
     index = Path(source) / "model_index.json"
     cls = ""
     if index.exists():

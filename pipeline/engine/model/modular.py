@@ -1,0 +1,110 @@
+"""``--model`` a diffusers ``ModularPipeline`` (issue 52 §5): a folder or hub id whose index is a
+``modular_model_index.json`` (diffusers 0.42.1 ships FLUX.3, Qwen-Image 2.1, Krea 2 and others only as
+modular pipelines), loaded with ``ModularPipeline.from_pretrained`` and ``load_components``.
+
+The loaded pipeline is served through the same profile as any other (``families.traits``, which reads
+its ``__call__``): ``ModularText2Image`` shows it as a text-to-image pipeline, its components as its
+attributes and a ``__call__`` whose parameters are the inputs its blocks take (the prompt, the size,
+the steps, the guidance, the generators, ...), calling the blocks with ``output="images"``. Its family
+is served the generic way: whole calls, job-level batching (its blocks are not the classic pipeline's
+methods the step-level loops call); progress, stop and previews come from its scheduler's steps, as
+for every pipeline (``stepping.StepWatch``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+MODULAR_INDEX = "modular_model_index.json"
+# The blocks' inputs a text-to-image call may pass (an image input would make an auto pipeline edit)
+_TEXT_INPUTS = ("prompt", "negative_prompt", "prompt_2", "height", "width", "num_inference_steps", "guidance_scale",
+                "true_cfg_scale", "generator", "num_images_per_prompt", "max_sequence_length", "sigmas")  # fmt: skip
+
+
+def modular_class(source: str) -> str | None:
+    """The modular pipeline class a folder's ``modular_model_index.json`` names (a folder with no
+    ``model_index.json``); None for anything else."""
+    folder = Path(source)
+    if not (folder / MODULAR_INDEX).exists() or (folder / "model_index.json").exists():
+        return None
+    return str(json.loads((folder / MODULAR_INDEX).read_text()).get("_class_name", "ModularPipeline"))
+
+
+class _QuietStops(logging.Filter):
+    """A modular pipeline logs any exception from its blocks with its traceback, then raises it: a stop at
+    a step (``stepping.StoppedAtStep``, how a cancel ends a call) is no error to log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        handled = sys.exc_info()[1]  # the blocks log from their ``except`` clause
+        return type(handled).__name__ != "StoppedAtStep" and "StoppedAtStep" not in record.getMessage()
+
+
+def load_modular(source: str, dtype: Any) -> Any:
+    """The modular pipeline at ``source`` with its components loaded in ``dtype``, as ``ModularText2Image``."""
+    from diffusers import ModularPipeline
+
+    blocks_log = logging.getLogger("diffusers.modular_pipelines.modular_pipeline")
+    if not any(isinstance(f, _QuietStops) for f in blocks_log.filters):
+        blocks_log.addFilter(_QuietStops())
+
+    modular = ModularPipeline.from_pretrained(source)
+    modular.load_components(dtype=dtype)
+    return served(modular)
+
+
+class ModularText2Image:
+    """A ``ModularPipeline`` seen as a text-to-image pipeline (see the module docstring)."""
+
+    def __init__(self, modular: Any) -> None:
+        object.__setattr__(self, "modular", modular)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.modular, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.modular, name, value)
+
+    @property
+    def components(self) -> dict[str, Any]:
+        return dict(self.modular.components)
+
+    def set_progress_bar_config(self, **kwargs: Any) -> None:
+        """The pipeline's and each denoising loop block's own (the loop blocks draw the bar)."""
+        stack = [self.modular, self.modular.blocks]
+        while stack:
+            item = stack.pop()
+            if (setter := getattr(item, "set_progress_bar_config", None)) is not None:
+                setter(**kwargs)
+            stack.extend(dict(getattr(item, "sub_blocks", None) or {}).values())
+
+    def to(self, *args: Any, **kwargs: Any) -> ModularText2Image:
+        self.modular.to(*args, **kwargs)
+        return self
+
+
+def served(modular: Any) -> ModularText2Image:
+    """``modular`` wrapped in a class of its own name (``/health`` names the modular class), whose
+    ``__call__`` takes the text-to-image inputs its blocks take, with the blocks' defaults."""
+    inputs = {i.name: i for i in modular.blocks.inputs}
+    parameters = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    for name in _TEXT_INPUTS:
+        if name in inputs:
+            default = inputs[name].default
+            parameters.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default))
+    takes = frozenset(p.name for p in parameters[1:])
+
+    def __call__(self: ModularText2Image, **kwargs: Any) -> SimpleNamespace:
+        unknown = set(kwargs) - takes
+        if unknown:
+            raise TypeError(f"{type(self).__name__} takes no {', '.join(sorted(unknown))}")
+        return SimpleNamespace(images=list(self.modular(**kwargs, output="images")))
+
+    __call__.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+    cls = type(type(modular).__name__, (ModularText2Image,), {"__call__": __call__, "__module__": __name__})
+    return cls(modular)
