@@ -1,6 +1,7 @@
 """A ``ModularPipeline`` served end to end (issue 52 §5): the launched app with ``--model`` the tiny FLUX.1-dev
 build saved as a modular pipeline folder (``tests/families.built_modular``), answered by the real
-``gradio_client``: the app serves the modular class, ``/generate`` returns its pictures and the record."""
+``gradio_client``: served as FLUX.1's classic pipeline over its components (its family's loop), ``/generate``
+returns its pictures and the record."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def url(served: tuple[str, Any]) -> str:
 
 def test_a_modular_pipeline_is_served_end_to_end(client: Any, served: tuple[str, Any]) -> None:
     url, adapter = served
-    assert adapter.profile.pipeline_class == "FluxModularPipeline"
+    assert adapter.profile.pipeline_class == "FluxPipeline" and adapter.step_joining
     assert httpx.get(url + "health", timeout=10).json()["status"] == "ok"
     gallery, info = client.predict(**raw_request(prompt="a red circle", seed=4, width=64, height=64,
                                                  num_inference_steps=3, guidance_scale=3.5, num_images=2),

@@ -2,11 +2,14 @@
 ``modular_model_index.json`` (diffusers 0.42.1 ships FLUX.3, Qwen-Image 2.1, Krea 2 and others only as
 modular pipelines), loaded with ``ModularPipeline.from_pretrained`` and ``load_components``.
 
-The loaded pipeline is served through the same profile as any other (``families.traits``, which reads
-its ``__call__``): ``ModularText2Image`` shows it as a text-to-image pipeline, its components as its
-attributes and a ``__call__`` whose parameters are the inputs its blocks take (the prompt, the size,
-the steps, the guidance, the generators, ...), calling the blocks with ``output="images"``. Its family
-is served the generic way: whole calls, job-level batching (its blocks are not the classic pipeline's
+Where diffusers has the family's classic pipeline (``FluxModularPipeline``: ``FluxPipeline``), that
+pipeline is made over the loaded components (``classic_of``: no new memory, the same pixels) and the
+family is served as it always is: its step-level loops, LoRAs, ControlNets. Otherwise (FLUX.3, modular
+only) the loaded pipeline is served through the same profile the generic way (``families.traits``,
+which reads its ``__call__``): ``ModularText2Image`` shows it as a text-to-image pipeline, its
+components as its attributes and a ``__call__`` whose parameters are the inputs its blocks take (the
+prompt, the size, the steps, the guidance, the generators, ...), calling the blocks with
+``output="images"``: whole calls, job-level batching (its blocks are not the classic pipeline's
 methods the step-level loops call); progress, stop and previews come from its scheduler's steps, as
 for every pipeline (``stepping.StepWatch``).
 """
@@ -20,6 +23,8 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 MODULAR_INDEX = "modular_model_index.json"
 # The blocks' inputs a text-to-image call may pass (an image input would make an auto pipeline edit)
@@ -55,7 +60,31 @@ def load_modular(source: str, dtype: Any) -> Any:
 
     modular = ModularPipeline.from_pretrained(source)
     modular.load_components(dtype=dtype)
+    classic = classic_of(modular)
+    if classic is not None:
+        log.info("%s: %s served as %s over its components (the same weights and pixels; its family's loops)",
+                 source, type(modular).__name__, type(classic).__name__)  # fmt: skip
+        return classic
     return served(modular)
+
+
+def classic_of(modular: Any) -> Any:
+    """The family's classic pipeline over ``modular``'s loaded components (no new memory), where diffusers
+    has one the family registry knows and the components hold every argument it needs (``FluxModularPipeline``:
+    ``FluxPipeline``, which draws the same pixels); None otherwise (FLUX.3: modular only)."""
+    import diffusers
+
+    from .family_table import family_for
+
+    name = type(modular).__name__.replace("ModularPipeline", "Pipeline")
+    cls = getattr(diffusers, name, None)
+    if cls is None or family_for(name) is None:
+        return None
+    components = dict(modular.components)
+    wanted = [p for p in inspect.signature(cls.__init__).parameters.values() if p.name != "self"]
+    if any(p.default is inspect.Parameter.empty and components.get(p.name) is None for p in wanted):
+        return None
+    return cls(**{p.name: components[p.name] for p in wanted if components.get(p.name) is not None})
 
 
 class ModularText2Image:
