@@ -43,3 +43,12 @@ def page(request: pytest.FixtureRequest, browser: Any, app_url: str) -> Iterator
     open_ready(page, app_url)
     yield page
     page.close()
+
+
+@pytest.fixture
+def fresh(browser: Any, app_url: str) -> Iterator[Any]:
+    """A desktop page of its own for one test (loaded and ready like ``page``), closed after it."""
+    page = browser.new_page(viewport={"width": 1280, "height": 1080})
+    open_ready(page, app_url)
+    yield page
+    page.close()

@@ -7,7 +7,7 @@ says its map is not in the text; on a phone the panel fits the screen and works.
 from __future__ import annotations
 
 import re
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -79,14 +79,6 @@ def paste(page: Any, text: str) -> None:
     open_accordion(page, "paste")
     page.locator("#paste-text textarea").fill(text)
     page.locator("#paste-apply").click()
-
-
-@pytest.fixture
-def fresh(browser: Any, app_url: str) -> Iterator[Any]:
-    page = browser.new_page(viewport={"width": 1280, "height": 1080})
-    open_ready(page, app_url)
-    yield page
-    page.close()
 
 
 @pytest.mark.parametrize("side, x", [("left", 0.25), ("right", 0.75)])

@@ -94,14 +94,6 @@ def test_an_uploaded_mask_instead_of_a_painted_one(page: Any, tmp_path: Path) ->
     assert info["mode"] == "inpaint" and info["status"] == "done", info
 
 
-@pytest.fixture
-def fresh(browser: Any, app_url: str) -> Iterator[Any]:
-    page = browser.new_page(viewport={"width": 1280, "height": 1080})
-    open_ready(page, app_url)
-    yield page
-    page.close()
-
-
 def test_straight_from_a_text_result_to_inpaint(fresh: Any) -> None:
     """No picture was ever put in the image-to-image box: the inpaint request is the editor's picture and
     mask, at join time too (the page's validator once read the empty box and refused it)."""
