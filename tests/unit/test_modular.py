@@ -69,3 +69,25 @@ def test_a_modular_class_without_a_classic_pipeline_is_served_by_whole_calls(mon
     with pytest.raises(Cancelled) as stopped:
         model.generate(JOB, stop, lambda *_: stop.set())
     assert stopped.value.steps_done == 1
+
+
+def test_a_hub_id_whose_repository_has_only_a_modular_index_is_modular(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hub id (no local folder): its ``model_index.json`` missing and its ``modular_model_index.json``
+    there make it a modular pipeline; a classic repository, or a hub that cannot be reached, does not
+    (the hub's answers stood in by ``hf_hub_download``'s: this machine reaches no hub)."""
+    import huggingface_hub
+    from huggingface_hub.errors import EntryNotFoundError
+
+    folder = built_modular("flux-dev")
+    files = {"org/modular-only": {"modular_model_index.json"}, "org/classic": {"model_index.json"}}
+
+    def download(repo: str, name: str, **_: Any) -> str:
+        if repo not in files:
+            raise OSError("the hub cannot be reached")
+        if name not in files[repo]:
+            raise EntryNotFoundError(f"{name} is not in {repo}")
+        return str(folder / name) if name == "modular_model_index.json" else "/nonexistent/model_index.json"
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
+    assert modular.modular_class("org/modular-only") == "FluxModularPipeline"
+    assert modular.modular_class("org/classic") is None and modular.modular_class("org/offline") is None

@@ -33,12 +33,34 @@ _TEXT_INPUTS = ("prompt", "negative_prompt", "prompt_2", "height", "width", "num
 
 
 def modular_class(source: str) -> str | None:
-    """The modular pipeline class a folder's ``modular_model_index.json`` names (a folder with no
-    ``model_index.json``); None for anything else."""
+    """The modular pipeline class a ``modular_model_index.json`` names, where ``source`` holds one and no
+    ``model_index.json`` (a folder, or a hub id whose repository has only the modular index); None for
+    anything else (a hub that cannot be reached: the classic loader says why)."""
     folder = Path(source)
-    if not (folder / MODULAR_INDEX).exists() or (folder / "model_index.json").exists():
+    index: Path | None = folder / MODULAR_INDEX
+    if not folder.exists():
+        index = _hub_modular_index(source)
+    elif not (folder / MODULAR_INDEX).exists() or (folder / "model_index.json").exists():
+        index = None
+    return None if index is None else str(json.loads(index.read_text()).get("_class_name", "ModularPipeline"))
+
+
+def _hub_modular_index(source: str) -> Path | None:
+    """A hub repository's ``modular_model_index.json``, where it has no ``model_index.json``."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError
+
+    try:
+        hf_hub_download(source, "model_index.json")
+        return None  # a classic pipeline's repository
+    except EntryNotFoundError:
+        pass
+    except Exception:  # offline, no such repository, no access: not a modular one we can tell
         return None
-    return str(json.loads((folder / MODULAR_INDEX).read_text()).get("_class_name", "ModularPipeline"))
+    try:
+        return Path(hf_hub_download(source, MODULAR_INDEX))
+    except Exception:
+        return None
 
 
 class _QuietStops(logging.Filter):
