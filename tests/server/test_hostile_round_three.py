@@ -252,7 +252,9 @@ def test_an_interrupt_at_the_last_step_and_a_dropped_stream_both_spend_the_quota
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
                 state = poll.get(url + "sdapi/v1/progress").json()["state"]
-                if state["sampling_steps"] and state["sampling_step"] >= state["sampling_steps"] - 3:
+                # late in the job, with room for the interrupt's own round trip on a loaded machine (at 3
+                # steps before the end the 64 px job once finished first, beside the other test worker)
+                if state["sampling_steps"] and state["sampling_step"] >= state["sampling_steps"] - 12:
                     break
                 time.sleep(0.01)
             assert poll.post(url + "sdapi/v1/interrupt").json()["interrupted"] == 1
