@@ -165,8 +165,13 @@ def test_a_streamed_generation_sends_partial_images_then_the_picture(app: tuple[
     events = list(api.images.generate(prompt="a red circle", size="64x64", stream=True, partial_images=2,
                                       extra_body={"seed": 7, "num_inference_steps": 12, "guidance_scale": 5.0}))  # fmt: skip
     kinds = [e.type for e in events]
-    assert kinds == ["image_generation.partial_image"] * 2 + ["image_generation.completed"], kinds
-    assert [e.partial_image_index for e in events[:2]] == [0, 1]
+    # OpenAI's contract: up to partial_images partials ("the final image may be sent before the full number
+    # of partial images are generated"); a loaded machine once sent one of the two before the picture
+    partials = len(events) - 1
+    assert 1 <= partials <= 2 and kinds == ["image_generation.partial_image"] * partials + [
+        "image_generation.completed"
+    ]
+    assert [e.partial_image_index for e in events[:partials]] == list(range(partials))
     assert Image.open(io.BytesIO(base64.b64decode(events[0].b64_json))).format == "PNG"  # the answer's format
     final = pixels(Image.open(io.BytesIO(base64.b64decode(events[-1].b64_json))))
     assert np.array_equal(final, generate(client, num_inference_steps=12)[0])
