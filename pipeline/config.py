@@ -6,6 +6,7 @@ Every flag has an environment variable; a flag given on the command line wins ov
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import ipaddress
 import os
 import tempfile
@@ -16,6 +17,8 @@ from typing import Mapping, Sequence
 from .controls import ControlSpec
 from .fields import STEP_CACHE_METHODS
 from .loras import LoraSpec, parse_all, split_env
+from .model_specs import ModelSpec
+from .model_specs import parse_all as parse_models
 
 ProxyNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 # ``--trusted-proxies auto``: loopback (``--share``'s tunnel connects from 127.0.0.1), and on Spaces also
@@ -49,7 +52,9 @@ def proxy_networks(text: str | None, *, on_spaces: bool = False) -> tuple[ProxyN
 
 @dataclass(frozen=True)
 class Settings:
-    model: str | None = None  # hub id or local path; None: the embedded default model
+    model: str | None = None  # the first (default) model's hub id or local path; None: the embedded default model
+    # every --model (issue 52): NAME=ID_OR_PATH or ID_OR_PATH, the first the default; (): ``model`` alone
+    models: tuple[str, ...] = ()
     host: str = "127.0.0.1"
     port: int = 7860
     share: bool = False
@@ -104,9 +109,18 @@ class Settings:
     lora_batching: str = "auto"  # auto | mixed | separate: requests with different LoRAs in one loop or not
 
     controlnets: tuple[str, ...] = ()  # --controlnet NAME=PATH_OR_HUB_ID specs (pipeline.controls), in order
+    device_memory_budget: float | None = None  # MiB the models' weights may take on the device; None: from it
 
     def lora_specs(self) -> tuple[LoraSpec, ...]:
         return parse_all(self.loras)
+
+    def model_specs(self) -> tuple[ModelSpec, ...]:
+        """The models to serve, the default first (``model_specs``): every ``--model``, else ``model`` alone."""
+        return parse_models(self.models) if self.models else (ModelSpec.parse(self.model),)
+
+    def one_model(self, spec: ModelSpec) -> Settings:
+        """These settings for ``spec`` alone (each model loads with the server's other flags)."""
+        return dataclasses.replace(self, model=spec.source, models=())
 
     def control_specs(self) -> tuple[ControlSpec, ...]:
         """The ``--controlnet`` specs (the embedded model's own is added where it loads: ``engine.model.loading``)."""
@@ -150,13 +164,27 @@ class Settings:
 
 # (flag, env var, type, help). Booleans are store_true flags; their variables take 1/true/yes.
 OPTIONS: tuple[tuple[str, str, type, str], ...] = (
-    ("model", "T2I_MODEL", str, "hub id or local path of a diffusers text-to-image pipeline"),
+    (
+        "model",
+        "T2I_MODEL",
+        str,
+        "hub id or local path of a diffusers text-to-image pipeline or ModularPipeline; "
+        "repeatable as NAME=ID_OR_PATH to serve several, the first the default (T2I_MODEL: separated by commas)",
+    ),
     ("host", "GRADIO_SERVER_NAME", str, "address to listen on (default 127.0.0.1)"),
     ("port", "GRADIO_SERVER_PORT", int, "port to listen on (default 7860)"),
     ("share", "T2I_SHARE", bool, "create a public share link (use --auth with it)"),
     ("mcp", "T2I_MCP", bool, "serve /generate as a tool over Gradio's MCP server (at /gradio_api/mcp/)"),
     ("device", "T2I_DEVICE", str, "auto, cuda, mps or cpu (default auto: cuda, then mps, then cpu)"),
     ("dtype", "T2I_DTYPE", str, "auto, float32, float16 or bfloat16 (auto: fp16/bf16 on a GPU, fp32 on the CPU)"),
+    (
+        "device_memory_budget",
+        "T2I_DEVICE_MEMORY_BUDGET",
+        float,
+        "several models: MiB of device memory their "
+        "weights may take, the least recently used moved to CPU memory past it (default: the device's memory "
+        "less a margin for activations; none on the CPU)",
+    ),
     ("cpu_offload", "T2I_CPU_OFFLOAD", bool, "model CPU offload (saves GPU memory, slower)"),
     ("attention_slicing", "T2I_ATTENTION_SLICING", bool, "attention slicing (saves memory, slower)"),
     ("vae_tiling", "T2I_VAE_TILING", bool, "VAE tiling for large images"),
@@ -394,6 +422,8 @@ def build_parser() -> argparse.ArgumentParser:
         flag = "--" + dest.replace("_", "-")
         if kind is bool:
             parser.add_argument(flag, dest=dest, action="store_true", default=None, help=f"{text} [{env}]")
+        elif dest == "model":  # several models (issue 52)
+            parser.add_argument(flag, dest=dest, action="append", default=None, help=f"{text} [{env}]")
         else:
             parser.add_argument(flag, dest=dest, type=kind, default=None, help=f"{text} [{env}]")
     return parser
@@ -410,6 +440,14 @@ def load_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] 
             values[dest] = flag_value
         elif environ.get(env) not in (None, ""):
             values[dest] = _env_value(env, kind, environ[env])
+    models = args.model if args.model is not None else split_env(environ.get("T2I_MODEL", ""))
+    values.pop("model", None)
+    if models:
+        values["models"] = tuple(models) if len(models) > 1 or "=" in models[0] else ()
+        try:
+            values["model"] = ModelSpec.parse(models[0]).source
+        except ValueError as exc:
+            raise SystemExit(str(exc)) from None
     if args.loras is not None:
         values["loras"] = tuple(args.loras)
     elif environ.get("T2I_LORAS", "").strip():
@@ -484,7 +522,10 @@ def _check(s: Settings) -> None:
     try:
         s.lora_specs()
         s.control_specs()
+        s.model_specs()
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
+    if s.device_memory_budget is not None and not s.device_memory_budget > 0:
+        raise SystemExit(f"--device-memory-budget must be a positive number of MiB; got {s.device_memory_budget}")
     if s.concurrency < 2:
         raise SystemExit("--concurrency must be at least 2, or the whole handler is serialized")

@@ -33,6 +33,7 @@ import contextlib
 import html
 import inspect
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -46,6 +47,7 @@ SIDES = ("outpaint_left", "outpaint_top", "outpaint_right", "outpaint_bottom")
 # "default" (the server's ``--step-cache``), or one of the methods a model with step-level loops offers.
 STEP_CACHE_OFF, STEP_CACHE_AUTO, STEP_CACHE_DEFAULT = "off", "auto", "default"
 NONE = "none"  # ``protocol.NONE``: no LoRA, no ControlNet
+DEFAULT_MODEL = "default"  # a request's ``model`` for its default model (issue 52: several models)
 Options = tuple[tuple[str, Any], ...]  # the table fields of a request, by name (``checked``)
 CONTROL_MODES = ("text", "image", "inpaint")  # the modes a ControlNet acts in (not outpainting: its canvas)
 CONTROL_PREPROCESSORS = ("none", "canny", "invert")  # ``controls.PREPROCESSORS``
@@ -231,6 +233,13 @@ def server_step_cache(method: str, offered: tuple[str, ...], model: str) -> str:
     return method
 
 
+def _model(value: Any, limits: Any) -> str:
+    """The model's name (``Limits.pick``: "default" is the default's; any other served name as itself)."""
+    if not isinstance(value, str):
+        raise InvalidRequest("model", f"model must be a model's name (/health's \"models\"); got {show(value)}")
+    return str(limits.pick(value.strip()).model)
+
+
 def _control(value: Any, limits: Any) -> str:
     return choice("control", NONE if value in (None, "") else value, (NONE, *getattr(limits, "controls", ())))
 
@@ -340,6 +349,9 @@ TABLE: tuple[Field, ...] = (
     Field("control_preprocess", str, "none", 'How the upload becomes the map: "none" (it is the map), "canny" '
           '(edges drawn from a picture) or "invert" (a dark sketch on white).', modes=CONTROL_MODES,
           openai="extra_body", check=_preprocess),
+    Field("model", str, DEFAULT_MODEL, 'The model to draw with, by name (/health\'s "models"; the server\'s --model '
+          'names), or "default": the server\'s first (AUTOMATIC1111\'s options may set your own).',
+          a1111="override_settings.sd_model_checkpoint", openai="model", png="Model", check=_model, unwritten=("",)),
 )  # fmt: skip
 BY_NAME: dict[str, Field] = {f.name: f for f in TABLE}
 NAMES: tuple[str, ...] = tuple(f.name for f in TABLE)
@@ -457,3 +469,41 @@ def truncation_notes(field: str, tokens: Mapping[str, int], encoders: tuple[tupl
                 f"so it ignored the rest{rest}"
             )
     return notes
+
+
+# -- text as text -------------------------------------------------------------------------------------
+# Text as the app takes it, in every text field of every event: valid Unicode, no control characters.
+#
+# A string from JSON may hold what no encoder can write: a lone surrogate (``"\\ud800"``) passes
+# Python's JSON reader and then fails deep inside a tokenizer, as a server fault. So every text is
+# checked where it enters (the front door for every event, ``request.validate`` for ``/generate``):
+#
+# - it must encode as UTF-8 (no unpaired surrogate), else it is refused, naming the field;
+# - a carriage return is a line break: ``\\r\\n`` and ``\\r`` become ``\\n``;
+# - any other control character but newline and tab (C0, DEL, C1) is refused, naming the field and
+#   the character, since it is never part of a prompt a person wrote.
+#
+# Pure functions.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_RETURNS = re.compile(r"\r\n?")
+
+
+def text_problem(value: str) -> str | None:
+    """Why ``value`` is not text the app takes (to follow the field's name), or None."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"must be valid Unicode text (an unpaired surrogate at character {exc.start + 1})"
+    control = _CONTROL.search(_RETURNS.sub("\n", value))
+    if control is not None:
+        char = control.group()
+        return (
+            f"must not contain control characters (U+{ord(char):04X} at character {control.start() + 1}); "
+            "line breaks and tabs are fine"
+        )
+    return None
+
+
+def normalized(value: str) -> str:
+    """``value`` with every carriage return written as a newline (the one change made to a text)."""
+    return _RETURNS.sub("\n", value) if "\r" in value else value

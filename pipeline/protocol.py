@@ -25,6 +25,7 @@ every yield), in a Ray replica, and in a model process of our own.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -88,6 +89,24 @@ class ModelProfile:
     # The pipeline modes its family has a ControlNet pipeline for (``AutoPipelineFor*.from_pipe``), of text,
     # image and inpaint (issue 51); a control in another is refused by name.
     control_modes: tuple[str, ...] = ()
+    # Several models on one server (issue 52): the other models' profiles (on the default's; each of
+    # theirs has none), their states at load, and this model's short hash as AUTOMATIC1111 forms it.
+    models: tuple[ModelProfile, ...] = ()
+    residency: tuple[ModelState, ...] = ()
+    hash: str = ""
+
+    @property
+    def served(self) -> tuple[ModelProfile, ...]:
+        """Every model this server serves, the default first (``models`` left off each)."""
+        return (dataclasses.replace(self, models=(), residency=()), *self.models)
+
+    def of(self, name: str | None) -> ModelProfile:
+        """The served model ``name`` picks (its ``model_id``, its name or its title; None or "": the
+        default); the default where no model has that name (the request's check refuses those first)."""
+        for i, profile in enumerate(self.served if name else ()):
+            if name in (profile.model_id, profile.name):
+                return profile if i else self
+        return self
 
     @property
     def model_id(self) -> str:
@@ -97,6 +116,21 @@ class ModelProfile:
 
 
 NONE = "none"  # a request's LoRA value for no LoRA
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """A served model's place (issue 52): ``state`` "device" (on the device), "memory" (moved off to CPU
+    memory) or "disk" (not loaded); its weights' bytes, how many times it was moved, and the last move's
+    time in ms (onto the device: ``last_in_ms``; off it: ``last_out_ms``)."""
+
+    name: str
+    state: str
+    family: str = ""
+    bytes: int = 0
+    moves: int = 0
+    last_in_ms: float = 0.0
+    last_out_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -111,12 +145,15 @@ class LoraUse:
         return cls(name, float(scale)) if name and name != NONE else cls()
 
 
-def loop_key(width: int, height: int, sampler: str, lora: LoraUse, *, per_lora: bool) -> tuple[Hashable, ...]:
+def loop_key(
+    width: int, height: int, sampler: str, lora: LoraUse, *, per_lora: bool, model: str = ""
+) -> tuple[Hashable, ...]:
     """Whether two requests can share a step-level loop, computed once for both sides: the serving
     side's scheduler from a request, the model side from a job (its family's loop kind prepended). The
-    same latent size and sampler (prompts, seeds, image counts, steps and guidance may differ), and the
-    same LoRA at one scale where the model's loops run one LoRA a loop (``per_lora``)."""
-    return (width, height, sampler, lora) if per_lora else (width, height, sampler)
+    same model (several models: a loop holds one), latent size and sampler (prompts, seeds, image counts,
+    steps and guidance may differ), and the same LoRA at one scale where the model's loops run one LoRA a
+    loop (``per_lora``)."""
+    return (width, height, sampler, lora, model) if per_lora else (width, height, sampler, model)
 
 
 @dataclass(frozen=True)
@@ -319,6 +356,11 @@ class InferenceResult:
     # Its step cache where it ran one (``engine.loop.step_cache``): (("method", m), ("computed", n),
     # ("skipped", k)), the denoiser evaluations of its own steps; () where every step was computed.
     step_cache: tuple[tuple[str, Any], ...] = ()
+    # Several models (issue 52): the model it ran on, the time its model's moves onto the device took
+    # before it (0: it was there), and every model's state after it.
+    model: str = ""
+    model_switch_ms: float = 0.0
+    residency: tuple[ModelState, ...] = ()
 
     @classmethod
     def ended_by(
@@ -431,7 +473,9 @@ class ModelSide(Protocol):
     @property
     def alive(self) -> bool: ...
 
-    def count_tokens(self, text: str) -> Mapping[str, int]: ...
+    def count_tokens(self, text: str, model: str = "") -> Mapping[str, int]:
+        """Tokens ``text`` takes in each text encoder of the model ``model`` names ("": the default)."""
+        ...
 
     def stream(self, job: InferenceJob, stop: StopFlag) -> Generator[ModelEvent, None, None]:
         """Run ``job`` and yield its events, ending with exactly one terminal event.

@@ -31,7 +31,6 @@ from __future__ import annotations
 import dataclasses
 import html
 import math
-import re
 import secrets
 import uuid
 from dataclasses import dataclass, field
@@ -44,14 +43,17 @@ from . import fields
 from .errors import InvalidRequest
 from .fields import (
     DEFAULT_EMPHASIS,
+    DEFAULT_MODEL,
     MODES,
     SIDES,
     T5_WEIGHING,
     WEIGHING,
     fits_every_window,
     flag,
+    normalized,
     real_number,
     show,
+    text_problem,
     truncation_notes,
     whole_number,
 )
@@ -111,6 +113,24 @@ class Limits:
     step_cache: str = "off"  # ``--step-cache``: what a request's "default" runs
     controls: tuple[str, ...] = ()  # the ControlNets' names (``--controlnet``); a request may pick one or "none"
     control_modes: tuple[str, ...] = ()  # the pipeline modes its family has ControlNet pipelines for
+    model: str = ""  # the model these limits are (its ``model_id``; issue 52)
+    models: tuple[Limits, ...] = ()  # on the default model's: every other served model's limits
+
+    def pick(self, name: Any) -> Limits:
+        """The limits of the model ``name`` picks (None, "" or "default": these, the default's); an
+        ``InvalidRequest`` naming ``model`` and the served names for any other."""
+        if name in (None, "", DEFAULT_MODEL, self.model):
+            return self
+        for other in self.models:
+            if name == other.model:
+                return other
+        names = ", ".join(repr(n) for n in (DEFAULT_MODEL, self.model, *(m.model for m in self.models)))
+        raise InvalidRequest("model", f'model must be one of {names} (/health\'s "models"); got {show(name)}')
+
+    @property
+    def served(self) -> tuple[str, ...]:
+        """Every served model's name, the default first."""
+        return (self.model, *(m.model for m in self.models))
 
     @classmethod
     def for_model(
@@ -141,6 +161,7 @@ class Limits:
             loras=tuple(info.name for info in profile.loras),
             prompt_syntax=prompt_syntax,
             step_cache=step_cache,
+            model=profile.model_id,
             **{name: getattr(profile, name) for name in _AS_PROFILE},
         )
 
@@ -392,6 +413,11 @@ class GenerateRequest:
         return tuple((self.seed + i) % (MAX_SEED + 1) for i in range(self.num_images))
 
     @property
+    def model(self) -> str:
+        """The served model it runs on, by name ("": the default; issue 52)."""
+        return str(dict(self.options).get("model", ""))
+
+    @property
     def emphasis(self) -> str:
         """Its ``emphasis`` field: "default" or one of A1111's (``fields.EMPHASES``)."""
         return str(dict(self.options).get("emphasis", DEFAULT_EMPHASIS))
@@ -589,6 +615,7 @@ def validate(
     if unknown:
         name = sorted(unknown)[0]
         raise InvalidRequest(name, f"unknown field {show(name)}; the fields are {', '.join(FIELDS)}")
+    limits = limits.pick(raw.get("model"))  # every other field is checked against its model's limits (issue 52)
     # An empty prompt draws unconditionally (diffusers and AUTOMATIC1111 take one: A1111's default is "");
     # the Gradio events, where a person pressed Generate on an empty box, refuse it (``gradio_checks``).
     prompt = _text("prompt", raw.get("prompt"), limits.max_prompt_chars)
@@ -724,53 +751,20 @@ CHUNK_TOKENS = 75
 
 def limits_for(settings: Settings, profile: ModelProfile) -> Limits:
     """The limits the app applies: the model's, narrowed by the settings (front end and replicas alike)."""
-    fields.server_step_cache(settings.step_cache, profile.step_caches, profile.name)
-    return Limits.for_model(
-        profile,
-        max_images=settings.max_images,
-        max_prompt_chars=settings.max_prompt_chars,
-        max_size=settings.max_size,
-        max_steps=settings.max_steps,
-        max_pixels=settings.max_pixels,
-        max_pixel_steps=settings.max_pixel_steps,
-        prompt_syntax=settings.prompt_syntax,
-        step_cache=settings.step_cache,
-    )
 
-
-# -- text as text -------------------------------------------------------------------------------------
-# Text as the app takes it, in every text field of every event: valid Unicode, no control characters.
-#
-# A string from JSON may hold what no encoder can write: a lone surrogate (``"\\ud800"``) passes
-# Python's JSON reader and then fails deep inside a tokenizer, as a server fault. So every text is
-# checked where it enters (the front door for every event, ``request.validate`` for ``/generate``):
-#
-# - it must encode as UTF-8 (no unpaired surrogate), else it is refused, naming the field;
-# - a carriage return is a line break: ``\\r\\n`` and ``\\r`` become ``\\n``;
-# - any other control character but newline and tab (C0, DEL, C1) is refused, naming the field and
-#   the character, since it is never part of a prompt a person wrote.
-#
-# Pure functions.
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-_RETURNS = re.compile(r"\r\n?")
-
-
-def text_problem(value: str) -> str | None:
-    """Why ``value`` is not text the app takes (to follow the field's name), or None."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        return f"must be valid Unicode text (an unpaired surrogate at character {exc.start + 1})"
-    control = _CONTROL.search(_RETURNS.sub("\n", value))
-    if control is not None:
-        char = control.group()
-        return (
-            f"must not contain control characters (U+{ord(char):04X} at character {control.start() + 1}); "
-            "line breaks and tabs are fine"
+    def one(p: ModelProfile) -> Limits:
+        fields.server_step_cache(settings.step_cache, p.step_caches, p.name)
+        return Limits.for_model(
+            p,
+            max_images=settings.max_images,
+            max_prompt_chars=settings.max_prompt_chars,
+            max_size=settings.max_size,
+            max_steps=settings.max_steps,
+            max_pixels=settings.max_pixels,
+            max_pixel_steps=settings.max_pixel_steps,
+            prompt_syntax=settings.prompt_syntax,
+            step_cache=settings.step_cache,
         )
-    return None
 
-
-def normalized(value: str) -> str:
-    """``value`` with every carriage return written as a newline (the one change made to a text)."""
-    return _RETURNS.sub("\n", value) if "\r" in value else value
+    # several models (issue 52): each its own, on the default's
+    return dataclasses.replace(one(profile), models=tuple(one(p) for p in profile.models))

@@ -297,6 +297,7 @@ class AdapterBase:
         return {
             "status": status,
             "model": None if dead else self.profile.name,
+            "models": [] if dead else self._models_health(),  # several models (issue 52), the default first
             "loras": [] if dead else [i.name for i in getattr(self.profile, "loras", ())],  # the --lora names
             "modes": [] if dead else list(getattr(self.profile, "modes", ("text",))),  # engine.model.modes
             "step_cache": self._step_cache_health(),
@@ -309,6 +310,20 @@ class AdapterBase:
             "consecutive_failures": self.consecutive_failures,
             "shutting_down": self.closing,
         }
+
+    def _models_health(self) -> list[dict[str, Any]]:
+        """Each served model: its name (a request's ``model``), family and place ("device", "memory":
+        moved off to CPU memory, "disk"), with its moves and their last times (``engine.model.shelf``)."""
+        states = {s.name: s for s in self.metrics.models}
+        served = getattr(self.profile, "served", (self.profile,))
+        listed = []
+        for i, p in enumerate(served):
+            s = states.get(p.model_id)
+            listed.append({"name": p.model_id, "title": p.name, "family": p.family, "pipeline": p.pipeline_class,
+                           "default": i == 0, "state": s.state if s else "device", "bytes": s.bytes if s else None,
+                           "moves": s.moves if s else 0, "last_move_in_ms": s.last_in_ms if s else 0.0,
+                           "last_move_out_ms": s.last_out_ms if s else 0.0})  # fmt: skip
+        return listed
 
     def _step_cache_health(self) -> dict[str, Any]:
         """The step-cache methods requests may name here ("auto": the first), and the server's default."""

@@ -169,6 +169,12 @@ class GpuJobs:
         images = outcome.batch_images or job.num_images
         self.metrics.batch_images.observe(images)
         self.memory.learn(job.width, job.height, images, outcome, control=bool(job.controls))
+        if outcome.model_switch_ms:  # several models (issue 52): the moves it waited for, where each model is
+            self.metrics.last_switch_seconds = outcome.model_switch_ms / 1000
+            self.metrics.model_switch.observe(self.metrics.last_switch_seconds)
+        if outcome.residency:
+            self.metrics.set_models(outcome.residency)
+        self.metrics.last_model = outcome.model or self.metrics.last_model
         for i, entry in enumerate(entries):
             share = slice(offsets[i], offsets[i + 1])
             entry.deliver(

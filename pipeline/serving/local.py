@@ -34,6 +34,7 @@ import contextvars
 import logging
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any, AsyncGenerator, Callable, Iterator, Mapping
 
@@ -65,7 +66,7 @@ from .eta import Shape
 from .jobs import AUTO_LIMIT_FLOOR_SECONDS, GpuJobs
 from .metrics import Metrics
 from .postprocess import encode_pngs, info_record, lora_fields, sampler_used
-from .scheduler import REPORT_INTERVAL, Batch, Entry, Scheduler, WaitLine
+from .scheduler import REPORT_INTERVAL, Batch, Entry, Scheduler, WaitLine, looping
 from .streamer import ModelStreamer
 
 log = logging.getLogger(__name__)
@@ -117,7 +118,10 @@ class LocalAdapter(AdapterBase):
             mixed_loras=getattr(side.profile, "lora_batching", "") == "mixed",
             line=self._line,
             loop_modes=getattr(side.profile, "loop_modes", ("text",)),
-        )
+            models={p.model_id: looping(p, step_joining and self.streamer.many_in_flight)
+                    for p in getattr(side.profile, "models", ())},  # several models (issue 52)
+        )  # fmt: skip
+        self.metrics.set_models(getattr(side.profile, "residency", ()))
         self.jobs = GpuJobs(
             self.streamer,
             self.metrics,
@@ -236,8 +240,8 @@ class LocalAdapter(AdapterBase):
                 held = cleanup.enter_context(self.quota_held(account or user, request.num_images))
                 with self._preparing(user):  # the waiting cap answers here, before any picture is decoded
                     if has_pictures(raw):
-                        request = await self.decoder.run(user, with_pictures, request, raw, self.limits)
-                    if needs_token_count(request, self.limits):
+                        request = await self.decoder.run(user, with_pictures, request, raw, self.limits_of(request))
+                    if needs_token_count(request, self.limits_of(request)):
                         request = await event_loop.run_in_executor(self._pool, self._count_tokens, request)
                 if stop.is_set():  # stopped while it was prepared: it never enters the line
                     raise ShuttingDown(SHUTDOWN_MESSAGE) if self.closing else Cancelled("stopped while prepared")
@@ -272,8 +276,7 @@ class LocalAdapter(AdapterBase):
             t.finalize_start = self._clock()
             paths, first_pass = await event_loop.run_in_executor(self._pool, self._encode, request, result, user)
             t.finalize_end = self._clock()
-            p = self.profile
-            info = info_record(request, result, t, p)
+            info = info_record(request, result, t, self.profile.of(request.model))
             self._observe(info, len(paths))
             held.keep()
             outcome.delivered = True
@@ -343,16 +346,28 @@ class LocalAdapter(AdapterBase):
             if left is None:
                 return None
             total += left
+        running = self.scheduler.running
+        model = running.entries[0].request.model if running is not None and running.entries else self.metrics.last_model
         for batch in self.scheduler.plan_until(entry):
             seconds = book.job_seconds(_shape(batch))
             if seconds is None:
                 return None
+            if batch[0].request.model != model and model:  # several models: the measured switch (issue 52)
+                total += self.metrics.last_switch_seconds
+            model = batch[0].request.model
             total += seconds
         return round(total, 2)
 
     # -- stages ------------------------------------------------------------------------------
     def _count_tokens(self, request: GenerateRequest) -> GenerateRequest:
-        return with_token_notes(request, self.limits, self.side.count_tokens)
+        limits = self.limits_of(request)
+        if not limits.models and limits is self.limits:  # one model: the side's own count
+            return with_token_notes(request, limits, self.side.count_tokens)
+        return with_token_notes(request, limits, partial(self.side.count_tokens, model=request.model))
+
+    def limits_of(self, request: GenerateRequest) -> Limits:
+        """The limits of the request's model (several models, issue 52; else the server's)."""
+        return self.limits.pick(request.model or None)
 
     def _outcome(self, request: GenerateRequest, end: InferenceResult) -> InferenceResult:
         """This request's images, or why it ended in this request's words: the one translation of an
@@ -386,7 +401,7 @@ class LocalAdapter(AdapterBase):
     ) -> tuple[list[Path], list[Path]]:
         """The PNGs of its images, and of a hires fix's first pass (named ``<id>-first-<i>.png``, with
         the parameters that draw it again: the same request without the hires fix)."""
-        p, rid = self.profile, request.request_id
+        p, rid = self.profile.of(request.model), request.request_id
         params, sampler = {**request.parameters(), **lora_fields(request, p)}, sampler_used(request, p)
         paths = self._encode_pngs(result.images, self.output_dir, rid, params, p.name, sampler, user)
         if not result.first_pass:

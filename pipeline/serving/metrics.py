@@ -6,6 +6,8 @@ from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from ..protocol import ModelState
+
 OUTCOMES = ("completed", "cancelled", "failed", "rejected")
 _TIME_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -45,6 +47,26 @@ class Metrics:
             "oom_batch_retries", "Batched jobs retried one request at a time after OOM", registry=r
         )
         self.finalize = Histogram("finalize_seconds", "PNG encoding and info record", buckets=_TIME_BUCKETS, registry=r)
+        # Several models (issue 52): the moves a job waited for, and each model's place after the last job.
+        self.model_switch = Histogram(
+            "model_switch_seconds", "Moves of models onto the device a job waited for", buckets=_TIME_BUCKETS,
+            registry=r)  # fmt: skip
+        self.model_on_device = Gauge("model_on_device", "1 while a model is on the device", ["model"], registry=r)
+        self.model_moves = Gauge("model_moves", "Times a model was moved on or off the device", ["model"], registry=r)
+        self.model_last_move = Gauge("model_last_move_seconds", "A model's last move's time", ["model", "direction"],
+                                     registry=r)  # fmt: skip
+        self.models: tuple[ModelState, ...] = ()  # the last reported states (``/health``'s "models")
+        self.last_switch_seconds = 0.0  # the last switch measured (the ETA adds it where the model changes)
+        self.last_model = ""  # the model the last job ran on
+
+    def set_models(self, states: tuple[ModelState, ...]) -> None:
+        """Where every model is (several models, issue 52): after each job, as its result reports it."""
+        self.models = states
+        for s in states:
+            self.model_on_device.labels(s.name).set(1.0 if s.state == "device" else 0.0)
+            self.model_moves.labels(s.name).set(s.moves)
+            self.model_last_move.labels(s.name, "in").set(s.last_in_ms / 1000)
+            self.model_last_move.labels(s.name, "out").set(s.last_out_ms / 1000)
 
     def watch_disk(self, stats: Callable[[], object]) -> None:
         """Export the sweeper's last count of kept output files and bytes."""

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import AsyncGenerator, Callable, Collection, Generic, Hashable, Iterable, TypeVar
 
 from ..fields import CHUNK_KEYED
-from ..protocol import InferenceJob, InferenceResult, Output, StopSignal
+from ..protocol import InferenceJob, InferenceResult, ModelProfile, Output, StopSignal
 from ..protocol import loop_key as protocol_loop_key
 from ..request import GenerateRequest
 
@@ -85,7 +85,7 @@ def batch_key(request: GenerateRequest) -> tuple[Hashable, ...]:
     r, p = request, request.pictures
     control = tuple(v for k, v in r.options if k.startswith("control"))  # one ControlNet, scale and window a call
     return (*r.job_size, r.num_inference_steps, r.guidance_scale, bool(r.negative_prompt), r.sampler,
-            r.lora_use, p.pipeline_mode, p.strength, p.hires, r.prompt_chunks, control)  # fmt: skip
+            r.lora_use, p.pipeline_mode, p.strength, p.hires, r.prompt_chunks, control, r.model)  # fmt: skip
 
 
 def joins_loops(request: GenerateRequest, loop_modes: Collection[str] = ("text",)) -> bool:
@@ -108,7 +108,7 @@ def loop_key(request: GenerateRequest, mixed_loras: bool) -> tuple[Hashable, ...
     the model mixes LoRAs per row, ``Batch.admits`` keeps one scale each. Where a family's loop cannot
     mask a shorter prompt (``fields.CHUNK_KEYED``: SD3), its CLIP chunk count too."""
     r = request
-    key = protocol_loop_key(r.width, r.height, r.sampler, r.lora_use, per_lora=not mixed_loras)
+    key = protocol_loop_key(r.width, r.height, r.sampler, r.lora_use, per_lora=not mixed_loras, model=r.model)
     return (*key, r.prompt_chunks) if r.family in CHUNK_KEYED else key
 
 
@@ -245,8 +245,28 @@ class Join:
     enters_after: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class Looping:
+    """How one model's requests share loops: step-level loops on the model side (``joining``), the modes
+    whose requests enter them (``ModelProfile.loop_modes``), entries with different LoRAs in one loop."""
+
+    joining: bool
+    loop_modes: frozenset[str] = frozenset({"text"})
+    mixed_loras: bool = False
+
+
+def looping(profile: ModelProfile, joining: bool) -> Looping:
+    """A model's ``Looping`` from its profile (``joining``: the server joins requests step-level at all)."""
+    return Looping(joining and profile.step_joining, frozenset(profile.loop_modes), profile.lora_batching == "mixed")
+
+
 class Scheduler:
-    """The fair line, the running batch and every decision about them (see the module docstring)."""
+    """The fair line, the running batch and every decision about them (see the module docstring).
+
+    Several models (issue 52): a batch holds one model (``batch_key`` and ``loop_key`` carry it), so the
+    head of the fair line picks the next batch's model, and a request for another model stops the run
+    of joiners at the head of the line: it waits for the running loop's members, then its model's batch
+    opens (``models``: each model's ``Looping`` by name; the default's are the arguments)."""
 
     def __init__(
         self,
@@ -256,14 +276,25 @@ class Scheduler:
         mixed_loras: bool,
         line: WaitLine[Entry],
         loop_modes: Collection[str] = ("text",),
+        models: dict[str, Looping] | None = None,
     ) -> None:
         self.max_images = max_images
-        self.joining = joining  # step-level loops on the model side
-        self.loop_modes = frozenset(loop_modes)  # the modes whose requests enter them (ModelProfile.loop_modes)
-        self.mixed_loras = mixed_loras  # the model's loops take entries with different LoRAs
+        self.looping = Looping(joining, frozenset(loop_modes), mixed_loras)  # the default model's
+        self.models = models or {}  # the others', by name
         self.line = line
         self.running: Batch | None = None
         self.memory = MemoryRoom()
+
+    def _looping(self, request: GenerateRequest) -> Looping:
+        return self.models.get(request.model, self.looping)
+
+    def _joins(self, request: GenerateRequest) -> bool:
+        """Whether ``request`` may run in one of its model's step-level loops."""
+        looping = self._looping(request)
+        return looping.joining and joins_loops(request, looping.loop_modes)
+
+    def _loop_key(self, request: GenerateRequest) -> tuple[Hashable, ...]:
+        return loop_key(request, self._looping(request).mixed_loras)
 
     # -- the line --------------------------------------------------------------------------------
     def add(self, entry: Entry) -> None:
@@ -330,8 +361,8 @@ class Scheduler:
 
     def _compose(self, head: Entry, fair: list[Entry], *, take: bool) -> Batch:
         """The batch ``head`` opens with the entries behind it in ``fair`` that share it now."""
-        if self.joining and joins_loops(head.request, self.loop_modes):
-            batch = Batch(loop_key(head.request, self.mixed_loras), True, self.max_images)
+        if self._joins(head.request):
+            batch = Batch(self._loop_key(head.request), True, self.max_images)
             self._enter(batch, head, take)
             if take:
                 self.line.served([head.user] if head.user is not None else [])
@@ -359,7 +390,7 @@ class Scheduler:
         staying, images = batch.staying, batch.images
         for entry in fair:
             r = entry.request
-            if not joins_loops(r, self.loop_modes) or loop_key(r, self.mixed_loras) != batch.key:
+            if not self._joins(r) or self._loop_key(r) != batch.key:
                 break
             if not batch.admits(entry):
                 break

@@ -84,7 +84,7 @@ def test_a_table_field_is_checked_carried_written_and_read_back() -> None:
     limits = Limits(64, 512, 8, 512 * 512, 1, 50, 0.0, 20.0, 4, 2000, (("clip", 77),))
     request = validate(raw_request(step_cache="off"), limits)
     options = {"step_cache": "off", "emphasis": "default", "control": "none", "control_scale": 1.0,
-               "control_start": 0.0, "control_end": 1.0, "control_preprocess": "none"}  # fmt: skip
+               "control_start": 0.0, "control_end": 1.0, "control_preprocess": "none", "model": ""}  # fmt: skip
     assert dict(request.options) == options and dict(request.to_job().options) == options
     assert request.parameters()["step_cache"] == "off"
     refusal = "step_cache must be one of 'off', 'auto', 'default'; got &#x27;fast&#x27;"  # this model: no loops
@@ -147,8 +147,8 @@ def test_emphasis_is_a_table_field_the_server_default_and_the_family_read() -> N
     assert dict(validate(raw_request(emphasis="Original"), sd).options)["emphasis"] == "default"  # SD's own
     no_norm = validate(raw_request(emphasis="No norm", prompt="a (red:1.2) circle"), sd)
     assert dict(no_norm.options)["emphasis"] == "No norm" and no_norm.to_job().prompts == ("a (red:1.2) circle",)
-    assert fields.png_settings(no_norm.parameters()) == {"Emphasis": "No norm"}
-    assert fields.png_settings(validate(raw_request(), sd).parameters()) == {}
+    assert fields.png_settings(no_norm.parameters()) == {"Emphasis": "No norm", "Model": "fake-model"}
+    assert fields.png_settings(validate(raw_request(), sd).parameters()) == {"Model": "fake-model"}  # always written
     with pytest.raises(InvalidRequest, match="emphasis must be one of") as refused:
         validate(raw_request(emphasis="original"), sd)
     assert refused.value.field == "emphasis"

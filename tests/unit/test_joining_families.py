@@ -308,7 +308,8 @@ def test_no_previews_without_a_preview_map() -> None:
 def test_loop_keys_name_size_and_sampler_and_only_the_supported_families_have_one() -> None:
     model = model_of("default")
     a = job_a()
-    assert model.loop_key(a) == ("sd", 64, 64, "default")
+    assert model.loop_key(a) == ("sd", 64, 64, "default", "")  # "": the one model (several: its name)
+    assert model.loop_key(replace(a, options=(("model", "other"),))) != model.loop_key(a)
     assert model.loop_key(job_b(negative_prompts=("ugly",), guidance_scale=9.0, num_inference_steps=7)) == (
         model.loop_key(a)
     )

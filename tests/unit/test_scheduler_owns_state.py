@@ -60,7 +60,7 @@ def test_whether_two_requests_share_a_loop_is_computed_once_for_both_sides() -> 
     for over in ({}, {"width": 128}, {"scheduler": "default", "num_inference_steps": 7, "seed": 3}):
         request = validate(raw_request(**over), limits)
         job = request.to_job()
-        expected = loop_key(request.width, request.height, request.sampler, LoraUse(), per_lora=False)
+        expected = loop_key(request.width, request.height, request.sampler, LoraUse(), per_lora=False, model="sim")
         assert scheduler.loop_key(request, mixed_loras=True) == expected == model.loop_key(job)
     lora = dataclasses.replace(validate(raw_request(), limits), lora="ink", lora_scale=0.5)
-    assert scheduler.loop_key(lora, mixed_loras=False)[-1] == LoraUse("ink", 0.5)
+    assert scheduler.loop_key(lora, mixed_loras=False)[-2:] == (LoraUse("ink", 0.5), "sim")

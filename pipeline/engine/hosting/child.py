@@ -115,7 +115,7 @@ def main(fd: int) -> None:
                     flag.set()
             elif isinstance(message, CountTokens):
                 try:
-                    counts: Mapping[str, int] | None = dict(runner.count_tokens(message.text))
+                    counts: Mapping[str, int] | None = dict(runner.count_tokens(message.text, message.model))
                 except Exception:
                     log.exception("count_tokens failed")
                     counts = None

@@ -257,7 +257,7 @@ class ProcessSide:
     def pid(self) -> int:
         return self._child.pid
 
-    def count_tokens(self, text: str) -> Mapping[str, int]:
+    def count_tokens(self, text: str, model: str = "") -> Mapping[str, int]:
         """The model process counts; while it restarts, no counts (the request only loses its truncation note)."""
         child = self._child
         if self._state != "ready":
@@ -268,7 +268,7 @@ class ProcessSide:
             if child.exited:
                 return {}
             child.counts[key] = answer
-        if not child.send(wire.CountTokens(key, text)):
+        if not child.send(wire.CountTokens(key, text, model)):
             return {}
         return answer.get() or {}
 

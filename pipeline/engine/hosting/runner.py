@@ -128,7 +128,10 @@ class ModelRunner:
     def profile(self) -> ModelProfile:
         return self.model.profile
 
-    def count_tokens(self, text: str) -> Mapping[str, int]:
+    def count_tokens(self, text: str, model: str = "") -> Mapping[str, int]:
+        """Tokens per encoder of the model ``model`` names (several models: ``engine.model.shelf``; "": the default)."""
+        if model and hasattr(self.model, "models"):
+            return self.model.count_tokens(text, model)  # type: ignore[call-arg]
         return self.model.count_tokens(text)
 
     # -- jobs --------------------------------------------------------------------------------
@@ -176,6 +179,8 @@ class ModelRunner:
                 self._poisoned = self._poisoned or event.message
             elif isinstance(event, InferenceResult):
                 event = self.memory.stamp(event)
+            if isinstance(event, InferenceResult) and (stamp := getattr(self._model, "stamp", None)) is not None:
+                event = stamp(event, job)  # several models: which one, and where each is (``engine.model.shelf``)
             emit(event)
 
         return watched
@@ -259,7 +264,11 @@ class ModelRunner:
             first.emit(fault_event(exc))
             return
         driver = LoopDriver(loop, pull)
-        driver.run(first)
+        try:
+            driver.run(first)
+        finally:
+            if (close := getattr(self.model, "close_loop", None)) is not None:
+                close()  # several models: the loop's model may move again (``engine.model.shelf``)
         self._later.extendleft(reversed(joiners))  # the loop emptied first: they open the next one
 
     def _run(self, task: Submission) -> None:

@@ -35,6 +35,7 @@ class StopJob:
 class CountTokens:
     key: int
     text: str
+    model: str = ""  # several models (issue 52): whose encoders; "": the default
 
 
 @dataclass(frozen=True)

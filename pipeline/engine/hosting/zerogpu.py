@@ -65,8 +65,8 @@ class ZeroGpuSide:
     def alive(self) -> bool:
         return self.runner.alive
 
-    def count_tokens(self, text: str) -> Mapping[str, int]:
-        return self.runner.count_tokens(text)
+    def count_tokens(self, text: str, model: str = "") -> Mapping[str, int]:
+        return self.runner.count_tokens(text, model)
 
     def shutdown(self, timeout: float | None = None) -> None:
         self.runner.shutdown(timeout)

@@ -44,6 +44,12 @@ def class_of(source: str) -> str:
     return str(config.get("_class_name", ""))
 
 
+def fits_family(spec: ControlSpec, family: str) -> bool:
+    """Whether the ControlNet's class is one the family's ControlNet pipelines take (several models:
+    each ``--controlnet`` loads beside the models it fits)."""
+    return class_of(spec.source) in CLASSES.get(family, ())
+
+
 def load_controlnets(specs: tuple[ControlSpec, ...], pipe: Any, family: str, device: str, dtype: Any) -> dict[str, Any]:
     """Each ``--controlnet`` through its class's ``from_pretrained``, on the model's device and dtype;
     ``ModelRefused`` naming the one that does not fit the model."""

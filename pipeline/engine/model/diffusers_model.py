@@ -346,7 +346,8 @@ class DiffusersModel:
         if job.controls and "control" not in self.profile.loop_modes:  # a whole call of its ControlNet pipeline
             return None
         per_lora = self.loras is not None and self.profile.lora_batching != "mixed"  # a loop per LoRA and scale
-        return (kind, *loop_key(job.width, job.height, job.sampler, use_of(job), per_lora=per_lora))
+        model = str(dict(job.options).get("model", ""))
+        return (kind, *loop_key(job.width, job.height, job.sampler, use_of(job), per_lora=per_lora, model=model))
 
     def open_loop(self, job: InferenceJob) -> MemberLoop:
         """A new, empty loop for jobs with ``job``'s key (the family's ``loop_sd``/``loop_flow`` loop)."""

@@ -26,12 +26,13 @@ from ..hosting.zerogpu import zero_gpu_active
 from ..loop.control import loopable
 from ..loop.joining import LoopDriver, in_a_loop
 from ..loop.loop_base import IMAGE_LOOPS, MIXED_LORA_LOOPS, loop_kind
-from .controls import CONTROL_LOOPS, control_modes, load_controlnets, offload_controlnets
+from .controls import CONTROL_LOOPS, control_modes, fits_family, load_controlnets, offload_controlnets
 from .diffusers_model import DiffusersModel
 from .families import pick_dtype_name, pipeline_class_of, traits
-from .lora import LoadedLoras, load_loras
+from .lora import LoadedLoras, fitting_loras, load_loras
 from .modes import mode_pipelines
 from .previews import Previewer, load_decoder, load_preview_map
+from .shelf import ModelShelf, model_hash
 from .simulated import PREFIX as SIM_PREFIX
 from .simulated import SimSpec, SimulatedModel
 from .speedups import compile_denoiser, uncompile_denoiser, use_channels_last
@@ -132,15 +133,35 @@ def build_profile(
     )
 
 
-def load_model(settings: Settings, *, warmup: bool = True) -> DiffusersModel | SimulatedModel:
-    """Load ``settings.model`` (or the embedded default) through ``from_pretrained``. Runs on the model thread."""
+def load_model(settings: Settings, *, warmup: bool = True) -> DiffusersModel | SimulatedModel | ModelShelf:
+    """Load ``settings.model`` (or the embedded default) through ``from_pretrained``; with several
+    ``--model``, each of them onto one ``ModelShelf`` (issue 52). Runs on the model thread."""
+    specs = settings.model_specs()
+    if len(specs) == 1 and not specs[0].named:
+        return load_one(settings, warmup=warmup)
+    budget = settings.device_memory_budget
+    shelf = ModelShelf(device=pick_device(settings.device),
+                       budget=None if budget is None or settings.cpu_offload else int(budget * 2**20))  # fmt: skip
+    for spec in specs:
+        title = DEFAULT_MODEL_NAME if spec.source is None else spec.source
+        if spec.name != title.split(" (", 1)[0]:
+            title = f"{spec.name} ({title})"
+        shelf.add(spec.name, load_one(settings.one_model(spec), warmup=warmup, title=title, several=True))
+    return shelf
+
+
+def load_one(
+    settings: Settings, *, warmup: bool = True, title: str | None = None, several: bool = False
+) -> DiffusersModel | SimulatedModel:
+    """One model (``title``: its name; ``several``: beside others, so each ``--lora`` and
+    ``--controlnet`` loads where it fits, and only there)."""
     if settings.model and settings.model.startswith(SIM_PREFIX):  # a benchmark's simulated device
         if settings.loras or settings.controlnets:
             flag = "--lora" if settings.loras else "--controlnet"
             raise ModelRefused(f"{flag} needs a diffusers pipeline; {settings.model} has no layers to adapt")
-        return SimulatedModel(SimSpec.parse(settings.model), settings.model)
+        return SimulatedModel(SimSpec.parse(settings.model), title or settings.model)
     source = settings.model or str(ensure_default_model())
-    name = settings.model or DEFAULT_MODEL_NAME
+    name = title or settings.model or DEFAULT_MODEL_NAME
     device = pick_device(settings.device)
     if device == "cpu":
         torch.set_num_threads(settings.resolved_torch_threads())
@@ -169,7 +190,8 @@ def load_model(settings: Settings, *, warmup: bool = True) -> DiffusersModel | S
         preview_map, preview_off = load_preview_map(pipe, folder, fit=not zero_gpu_active())
     # LoRAs, once, before any compile (hotswap under --compile, so a switch never recompiles).
     hotswap = settings.compile and not zero_gpu_active()
-    loras = load_loras(pipe, settings.lora_specs(), hotswap=hotswap)
+    lora_specs = fitting_loras(pipe, settings.lora_specs(), name) if several else settings.lora_specs()
+    loras = load_loras(pipe, lora_specs, hotswap=hotswap)
     batching = lora_batching(pipe, loras, settings.lora_batching, device)
     profile = build_profile(pipe, name, device, dtype, saved, loras, batching)
     modes, unserved = mode_pipelines(pipe)  # the same components: no second load
@@ -186,12 +208,15 @@ def load_model(settings: Settings, *, warmup: bool = True) -> DiffusersModel | S
     if not specs and settings.model is None and (DEFAULT_CONTROL_DIR / "config.json").exists():
         specs = (ControlSpec(CONTROL_NAME, str(DEFAULT_CONTROL_DIR)),)  # the embedded model's own, trained here
     offloaded = settings.cpu_offload and device == "cuda"
+    if several:  # beside other models: each ControlNet where it fits the family
+        specs = tuple(s for s in specs if fits_family(s, profile.family))
     controlnets = load_controlnets(specs, pipe, profile.family, "cpu" if offloaded else device, dtype)
     profile = dataclasses.replace(profile, controls=tuple(controlnets),
                                   control_modes=control_modes(pipe, profile.modes, controlnets))  # fmt: skip
     kind = loop_kind(pipe)
     if controlnets and profile.step_joining and kind in CONTROL_LOOPS and (kind != "flux" or loopable(controlnets)):
         profile = dataclasses.replace(profile, loop_modes=(*profile.loop_modes, "control"))  # one per member
+    profile = dataclasses.replace(profile, hash=model_hash(folder))
     model = DiffusersModel(pipe, profile, preview_map, loras, modes, controlnets)
     if offloaded:  # in CPU memory, on the device when they run
         model.control_hooks = offload_controlnets(controlnets, device)

@@ -189,6 +189,22 @@ class LoadedLoras:
             self._rows = None
 
 
+def fitting_loras(pipe: Any, specs: Sequence[LoraSpec], model: str) -> tuple[LoraSpec, ...]:
+    """The specs that load into ``pipe`` (several models: each ``--lora`` loads on the models whose
+    layers it fits, tried one at a time and unloaded again)."""
+    fit: list[LoraSpec] = []
+    for spec in specs:
+        try:
+            load_loras(pipe, [spec])
+            fit.append(spec)
+        except ModelRefused as exc:
+            log.info("--lora %s does not fit %s; not loaded there: %s", spec.name, model, exc)
+        finally:
+            with contextlib.suppress(Exception):
+                pipe.unload_lora_weights()
+    return tuple(fit)
+
+
 def load_loras(pipe: Any, specs: Sequence[LoraSpec], *, hotswap: bool = False) -> LoadedLoras | None:
     """Load every spec into ``pipe`` (refusing a file that is not a LoRA for it); ``None`` without specs."""
     if not specs:

@@ -125,7 +125,8 @@ class SimulatedModel:
         )
 
     def loop_key(self, job: InferenceJob) -> Hashable | None:
-        return protocol.loop_key(job.width, job.height, job.sampler, LoraUse(), per_lora=False)
+        model = str(dict(job.options).get("model", ""))
+        return protocol.loop_key(job.width, job.height, job.sampler, LoraUse(), per_lora=False, model=model)
 
     def open_loop(self, job: InferenceJob) -> SimLoop:
         return SimLoop(self)

@@ -159,6 +159,9 @@ def fill_from(
                 "“Steps: 20, Sampler: Euler, CFG scale: 7, Seed: 1, Size: 512x512”)."
             ],
         )
+    served = s.get("Model") if s.get("Model") in limits.served else None  # several models (issue 52): that one
+    if served is not None and len(limits.served) > 1:
+        limits, values["model"] = limits.pick(served), served
     prompt, tags = strip_tags(pasted.prompt)  # A1111 writes the LoRA into the prompt: <lora:NAME:SCALE>
     pasted = Pasted(prompt, pasted.negative_prompt, s)
     _prompt(pasted, limits, values, notes)
@@ -200,16 +203,17 @@ def fill_from(
     _mode(s, limits, values, notes)
     if "ControlNet 0" in s:
         _control_unit(s["ControlNet 0"], limits, values, notes)
-    table_values, table_notes = fields.pasted(s, limits)  # the table fields (``fields.TABLE_FIELDS``)
+    table_values, table_notes = fields.pasted({k: v for k, v in s.items() if k != "Model"}, limits)  # the table's
     values.update(table_values)
     notes += table_notes
-    if model and s.get("Model") and s["Model"] != model:
+    if model and s.get("Model") and s["Model"] != model and served is None:
         notes.append(f"Model: the text names {s['Model']!r}; this app runs {model!r}, so the image will differ.")
     if s.get("RNG", "CPU").upper() != "CPU":
         notes.append(
             f"RNG: the text's noise came from {s['RNG']!r}; this app draws it on the CPU, so the image will differ."
         )
-    unused = [key for key in s if key not in _READ or (key == "Lora hashes" and not limits.loras)]
+    unused = [key for key in s if (key not in _READ and not (key == "Model hash" and served))
+              or (key == "Lora hashes" and not limits.loras)]  # fmt: skip
     if unused:
         notes.append("Not used by this app: " + ", ".join(unused) + ".")
     return Fill(values, notes)

@@ -19,7 +19,8 @@ caller (``peer_api``), so the fair share, the caps, the quota and the gate are t
 - Edits (multipart): ``image`` (one file) and ``mask`` (optional: inpainting where the mask is
   fully transparent, OpenAI's convention, or white on an opaque mask; without one, image-to-image
   at ``strength``, 0.75 by default); a ControlNet's ``control_image`` as a file part or a base64 field.
-- ``GET /v1/models`` lists the one model, by its id (``ModelProfile.model_id``).
+- ``GET /v1/models`` lists every served model, by its id (``ModelProfile.model_id``), the default first;
+  ``model`` picks one by that id (issue 52), and OpenAI's own names draw with the default.
 - Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``, the field in
   ``param``; the front door's own refusals on these routes (401, 413, 429) take the same shape.
 """
@@ -135,10 +136,11 @@ def openai_raw(
     if not isinstance(prompt, str) or not prompt.strip():
         raise InvalidRequest("prompt", "prompt is required: the text of the picture to make")
     model = body.get("model")
-    if model not in (None, "", profile.name, profile.model_id) and not (
-        isinstance(model, str) and OPENAI_MODELS.fullmatch(model)
-    ):
-        raise ModelNotFound(model, profile.model_id)
+    picked = next((p for p in profile.served if model in (p.name, p.model_id)), None)  # several models (issue 52)
+    if picked is None and model not in (None, "") and not (isinstance(model, str) and OPENAI_MODELS.fullmatch(model)):
+        raise ModelNotFound(model, ", ".join(p.model_id for p in profile.served))
+    if picked is not None:  # the request is checked against that model's sizes, steps and guidance
+        profile, limits = picked, limits.pick(picked.model_id)
     n = _integer(body, "n", 1)
     if not 1 <= n <= limits.max_images:
         raise InvalidRequest("n", f"n must be from 1 to {limits.max_images}; got {n}")
@@ -172,6 +174,8 @@ def openai_raw(
         "live_preview": stream and partials > 0,
         "mode": "text",
     }
+    if picked is not None and limits.model:
+        raw["model"] = limits.model
     for name in sorted(_OWN - {"seed", "negative_prompt", "control_image"}, key=fields.NAMES.index):
         if body.get(name) not in (None, ""):
             raw[name] = _number(body, name) if fields.BY_NAME[name].type is float else body[name]
@@ -252,10 +256,10 @@ class OpenAIImages:
         ]
 
     async def models(self) -> JSONResponse:
-        """``GET /v1/models``: the one model, by the name ``model`` takes (clients list it to pick one)."""
-        name = self.adapter.profile.model_id
-        return JSONResponse({"object": "list", "data": [{"id": name, "object": "model", "created": 0,
-                                                         "owned_by": "this server"}]})  # fmt: skip
+        """``GET /v1/models``: every served model, the default first, by the name ``model`` takes."""
+        data = [{"id": p.model_id, "object": "model", "created": 0, "owned_by": "this server"}
+                for p in self.adapter.profile.served]  # fmt: skip
+        return JSONResponse({"object": "list", "data": data})
 
     async def generations(self, request: Request) -> Response:
         try:
@@ -333,8 +337,8 @@ class OpenAIImages:
             data = await self._images(request, ended.done, answer)
         except ServingError as exc:
             return error_response(exc)
-        answered = {"created": int(time.time()), "model": self.adapter.profile.model_id, "data": data,
-                    "output_format": answer["format"]}  # fmt: skip
+        model = raw.get("model") or self.adapter.profile.model_id
+        answered = {"created": int(time.time()), "model": model, "data": data, "output_format": answer["format"]}
         answered.update(size=answer["size"], background="opaque", quality="auto", usage=_usage(raw))
         return JSONResponse(answered)
 

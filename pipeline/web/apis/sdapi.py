@@ -14,13 +14,15 @@ caller's own jobs only, where A1111's act on its one global job.
 - ``GET progress`` (``current_image`` unless ``skip_current_image``), ``POST interrupt``.
 - ``GET sd-models``, ``samplers``, ``schedulers``, ``loras``, ``options``, ``scripts``, ``upscalers``,
   ``latent-upscale-modes``, ``sd-vae``, ``embeddings`` (what front ends list before a call); ``POST
-  options`` takes only the model already served (the model is fixed at start); ``POST png-info``.
+  options``'s ``sd_model_checkpoint`` sets the caller's own default model (several models), nothing else
+  changes; ``POST png-info``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import io
 import json
 import time
@@ -65,6 +67,7 @@ from .sdapi_fields import (
 )
 
 SDAPI = "/sdapi/v1"
+CHOSEN_MAX = 10_000  # identities whose own default model is kept (the most recently set)
 
 
 def _error(exc: BaseException) -> JSONResponse:
@@ -90,6 +93,9 @@ class SdApi:
         self.flags = flags or {}  # ``cmd-flags``: the app's own flags (``lifecycle.public_flags``)
         self.jobs = jobs
         self.uploads = uploads  # the upload route's book: its rate counts the pictures sent here too
+        # Each identity's own default model (``POST options``' ``sd_model_checkpoint``; several models,
+        # issue 52): never the server's, never another caller's. The most recently set ``CHOSEN_MAX`` kept.
+        self.chosen: collections.OrderedDict[str, str] = collections.OrderedDict()
 
     @property
     def profile(self) -> ModelProfile:
@@ -171,11 +177,12 @@ class SdApi:
         try:
             body = await json_body(request)
             args = (body, self.profile, self.adapter.limits)
+            chosen = self.chosen.get(caller.key, "")
             # base64 pictures (img2img's, a ControlNet unit's: up to 27 MiB of text each): decoded off the loop
             raw, notes = (
-                await asgi.off_loop(partial(a1111_raw, img2img=img2img), *args)
+                await asgi.off_loop(partial(a1111_raw, img2img=img2img, chosen=chosen), *args)
                 if img2img or body.get("alwayson_scripts")
-                else a1111_raw(*args, img2img=False)
+                else a1111_raw(*args, img2img=False, chosen=chosen)
             )
             charge_pictures(self.uploads, caller, raw, "init_images")
             ended = await run_request(self.adapter, raw, caller, self.jobs, request)
@@ -211,19 +218,10 @@ class SdApi:
         return JSONResponse({"interrupted": stopped})
 
     async def sd_models(self) -> JSONResponse:
-        p = self.profile
-        return JSONResponse(
-            [
-                {
-                    "title": model_title(p),
-                    "model_name": p.name,
-                    "hash": None,
-                    "sha256": None,
-                    "filename": p.name,
-                    "config": None,
-                }
-            ]
-        )
+        """Every served model (several models, issue 52), the default first, as A1111 lists checkpoints."""
+        return JSONResponse([{"title": model_title(p), "model_name": p.model_id, "hash": p.hash or None,
+                              "sha256": None, "filename": p.name, "config": None}
+                             for p in self.profile.served])  # fmt: skip
 
     async def samplers(self) -> JSONResponse:
         names = samplers_of(self.profile, self.adapter.limits)
@@ -240,13 +238,21 @@ class SdApi:
         infos = self.profile.loras
         return JSONResponse([{"name": i.name, "alias": i.name, "path": i.name, "metadata": {}} for i in infos])
 
-    async def options(self) -> JSONResponse:
-        return JSONResponse(current_options(self.profile, self.adapter.limits))
+    async def options(self, request: Request) -> JSONResponse:
+        chosen = self.chosen.get(http_caller(request).key, "")
+        return JSONResponse(current_options(self.profile, self.adapter.limits, chosen))
 
     async def set_options(self, request: Request) -> JSONResponse:
+        """Only the caller's own default model changes (``sd_model_checkpoint``); any other real change is refused."""
+        key = http_caller(request).key
         try:
             body = await json_body(request)
-            check_options(body, self.profile, self.adapter.limits)  # nothing changes: a real change is refused
+            picked = check_options(body, self.profile, self.adapter.limits, self.chosen.get(key, ""))
+            if picked is not None:
+                self.chosen[key] = picked
+                self.chosen.move_to_end(key)
+                while len(self.chosen) > CHOSEN_MAX:
+                    self.chosen.popitem(last=False)
         except ServingError as exc:
             status, message, _ = http_error(exc)
             return JSONResponse(

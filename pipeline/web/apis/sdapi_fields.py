@@ -42,7 +42,18 @@ _INPAINTING_FILL = {0: "fill", 1: "original"}  # both start from the picture (di
 
 
 def model_title(profile: ModelProfile) -> str:
-    return profile.name
+    """A1111's checkpoint title: its name and short hash in brackets (``name [0123456789]``), where known."""
+    return f"{profile.model_id} [{profile.hash}]" if profile.hash else profile.name
+
+
+def checkpoint(value: Any, profile: ModelProfile, field: str = "sd_model_checkpoint") -> ModelProfile:
+    """The served model an ``sd_model_checkpoint`` names (its title, name, full name or short hash; several
+    models, issue 52); an ``InvalidRequest`` naming ``field`` and the titles for any other."""
+    for p in profile.served:
+        if isinstance(value, str) and value.strip() in {model_title(p), p.model_id, p.name, p.hash} - {""}:
+            return p
+    titles = ", ".join(repr(model_title(p)) for p in profile.served)
+    raise InvalidRequest(field, f"{field} must be a served model ({titles}; /sdapi/v1/sd-models); got {show(value)}")
 
 
 def samplers_of(profile: ModelProfile, limits: Limits) -> list[str]:
@@ -76,16 +87,24 @@ def sampler_choice(
 
 
 def a1111_raw(
-    body: Mapping[str, Any], profile: ModelProfile, limits: Limits, *, img2img: bool
+    body: Mapping[str, Any], profile: ModelProfile, limits: Limits, *, img2img: bool, chosen: str = ""
 ) -> tuple[dict[str, Any], list[str]]:
     """An A1111 request as the app's raw request (``request.FIELDS``), and notes on what was not applied.
 
+    The model: ``override_settings.sd_model_checkpoint``, else ``chosen`` (the caller's own default, set
+    through ``POST options``), else the server's (issue 52); the rest is read against that model's defaults.
     Raises ``InvalidRequest`` naming the A1111 field. The app's own validation (ranges, the cost
     budget, the model's sizes) runs after, in ``Adapter.run``, as for every request."""
     for name, defaults in _REFUSED_UNLESS.items():
         if name in body and body[name] not in defaults:
             raise InvalidRequest(name, f"{name} is not supported by this app; leave it at {defaults[0]!r}")
     check_overrides(body.get("override_settings"), profile)
+    overrides = body.get("override_settings") or {}
+    named = overrides.get("sd_model_checkpoint") if isinstance(overrides, dict) else None
+    field = "override_settings.sd_model_checkpoint"
+    picked = checkpoint(named, profile, field) if named not in (None, "") else profile.of(chosen or None)
+    if len(profile.served) > 1 or named not in (None, ""):
+        profile, limits = picked, limits.pick(picked.model_id)
     notes: list[str] = []
     prompt = _text(body, "prompt", limits.max_prompt_chars)  # its length first: no pattern reads more
     text, tags = strip_tags(prompt)
@@ -98,6 +117,7 @@ def a1111_raw(
         "guidance_scale": _number(body, "cfg_scale", 7.0),
         "live_preview": True,  # A1111 shows live previews by default: ``progress`` returns them
         "mode": "text",
+        **({"model": limits.model} if len(profile.served) > 1 or limits.models or named else {}),
     }
     seed = _number(body, "seed", -1)
     raw["randomize_seed"] = seed == -1
@@ -242,7 +262,8 @@ def check_overrides(overrides: Any, profile: ModelProfile) -> None:
     if not isinstance(overrides, dict):
         raise InvalidRequest("override_settings", "override_settings must be an object")
     for key, value in overrides.items():
-        if key == "sd_model_checkpoint" and value in (profile.name, model_title(profile)):
+        if key == "sd_model_checkpoint":  # any served model (several models: picks it for this request)
+            checkpoint(value, profile, "override_settings.sd_model_checkpoint")
             continue
         if key in fields.passed_through("a1111"):  # the app's own per-request fields (``fields.TABLE``)
             continue
@@ -253,12 +274,14 @@ def check_overrides(overrides: Any, profile: ModelProfile) -> None:
         )
 
 
-def current_options(profile: ModelProfile, limits: Limits) -> dict[str, Any]:
-    """``GET /sdapi/v1/options``: A1111's options as this app runs them (the emphasis: the server's)."""
+def current_options(profile: ModelProfile, limits: Limits, chosen: str = "") -> dict[str, Any]:
+    """``GET /sdapi/v1/options``: A1111's options as this app runs them for the caller (the emphasis: the
+    server's; the checkpoint: the caller's own default, ``chosen``, else the server's)."""
+    profile = profile.of(chosen or None)
     emphasis = "None" if limits.prompt_syntax == "plain" else fields.family_emphasis(profile.family)
     return {
         "sd_model_checkpoint": model_title(profile),
-        "sd_checkpoint_hash": None,
+        "sd_checkpoint_hash": profile.hash or None,
         "samples_format": "png",
         "live_previews_enable": True,
         "show_progress_every_n_steps": 1,
@@ -273,29 +296,31 @@ def current_options(profile: ModelProfile, limits: Limits) -> dict[str, Any]:
 _NO_CHANGE = {"sd_vae": ("Automatic", "None", None)}
 
 
-def check_options(body: Any, profile: ModelProfile, limits: Limits) -> None:
+def check_options(body: Any, profile: ModelProfile, limits: Limits, chosen: str = "") -> str | None:
     """``POST /sdapi/v1/options``: the dict ``GET`` returned, any option at its current value or at
-    A1111's "no change" value, and the served model by any of its names are taken (nothing changes);
-    a real change is refused, naming the option and why (Open WebUI posts back the whole dict)."""
+    A1111's "no change" value are taken (nothing changes); ``sd_model_checkpoint`` may name any served
+    model: the caller's own default from now on (returned: its name; None: not named), never anyone
+    else's. Any other real change is refused, naming the option and why (Open WebUI posts back the whole dict)."""
     if body in (None, {}):
-        return
+        return None
     if not isinstance(body, dict):
         raise InvalidRequest("options", "the options must be an object")
-    now = current_options(profile, limits)
+    now = current_options(profile, limits, chosen)
+    picked: str | None = None
     for key, value in body.items():
-        if key == "sd_model_checkpoint" and value in (profile.name, model_title(profile), profile.model_id):
-            continue
-        if (key in now and value == now[key]) or value in _NO_CHANGE.get(key, ()):
-            continue
         if key == "sd_model_checkpoint":
-            why = f"the model is fixed at start: {profile.name}"
-        elif key in fields.passed_through("a1111"):
+            picked = checkpoint(value, profile).model_id
+            continue
+        if key == "sd_checkpoint_hash" or (key in now and value == now[key]) or value in _NO_CHANGE.get(key, ()):
+            continue  # the hash follows the checkpoint
+        if key in fields.passed_through("a1111"):
             why = f"it is a per-request setting here: send it in each request's override_settings ({key})"
         elif key in now:
             why = f"this app runs with {now[key]!r} and does not change it"
         else:
             why = "this app has no such option to change"
         raise InvalidRequest(key, f"{key}: {show(value)} not applied: {why}")
+    return picked
 
 
 def _text(body: Mapping[str, Any], name: str, max_chars: int) -> str:
@@ -349,8 +374,8 @@ def a1111_info(
         "batch_size": body.get("batch_size", 1),
         "restore_faces": False,
         "face_restoration_model": None,
-        "sd_model_name": profile.name,
-        "sd_model_hash": None,
+        "sd_model_name": profile.of(info.get("model")).model_id,
+        "sd_model_hash": profile.of(info.get("model")).hash or None,
         "sd_vae_name": None,
         "sd_vae_hash": None,
         "seed_resize_from_w": -1,

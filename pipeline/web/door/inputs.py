@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 import gradio as gr
 
-from ...request import text_problem
+from ...fields import text_problem
 
 SMALL_TEXT = 256  # characters of any text that is not a Textbox's (a radio's choice, a slider's number)
 SMALL_NODES = 64  # values inside one non-text input (a list of seeds, a small dict)
