@@ -73,9 +73,10 @@ def sampler_name(scheduler_class: str) -> str:
 
 
 def lora_fields(request: GenerateRequest, p: ModelProfile) -> dict[str, Any]:
-    """The LoRA's A1111 short hash, for the PNG's ``Lora hashes`` and the info record ({} for none)."""
+    """The LoRA's A1111 short hash, for the PNG's ``Lora hashes`` and the info record ({} for none), and
+    the model's (``Model hash``, where known)."""
     info = next((i for i in p.loras if i.name == request.lora), None) if request.lora else None
-    return {"lora_hash": info.hash} if info is not None else {}
+    return {**({"lora_hash": info.hash} if info is not None else {}), **({"model_hash": p.hash} if p.hash else {})}
 
 
 def step_cache_record(request: GenerateRequest, result: InferenceResult) -> dict[str, Any]:
@@ -112,6 +113,7 @@ def a1111_parameters(params: dict[str, Any], seed: int, model: str, scheduler_cl
         "CFG scale": f"{params['guidance_scale']:g}",
         "Seed": seed,
         "Size": f"{params['width']}x{params['height']}",
+        **({"Model hash": params["model_hash"]} if params.get("model_hash") else {}),
         "Model": model,
     }
     mode = params.get("mode", "text")
@@ -250,8 +252,9 @@ def info_record(
     params = request.parameters()
     return {
         "request_id": request.request_id,
-        "model": p.name,
+        "model": p.model_id,  # the request's ``model`` (its field, among the parameters): the name it takes
         "model_id": p.model_id,
+        "model_title": p.name,
         **params,
         "scheduler": sampler_used(request, p),
         **lora_fields(request, p),

@@ -98,10 +98,7 @@ class ModelShelf:
         self._states[name] = ModelState(name, "device", model.profile.family, self.residency.sizes[name])
         self.residency.budget = self.budget()
         self.residency.touch(name)
-        for other in list(self.residency.on_device):
-            if other == name or self.residency.budget is None or self.residency.used() <= self.residency.budget:
-                break
-            self._move(other, "cpu")
+        self._settle(name)
         self.profile = self._profile()
 
     @property
@@ -150,17 +147,29 @@ class ModelShelf:
         self.residency.budget = self.budget()
         if name in self.residency.on_device:
             self.residency.touch(name)
+            self._settle(name)  # over the budget since a loop held a model: the rule applies again
             return 0.0
         t0 = time.perf_counter()
         for other in self.residency.plan(name):
-            self._move(other, "cpu")
-        self._move(name, self.device)
+            self._move(other, onto=False)
+        self._move(name, onto=True)
         self.residency.touch(name)
         return (time.perf_counter() - t0) * 1000
 
-    def _move(self, name: str, where: str) -> None:
+    def _settle(self, keep: str) -> None:
+        """Move the least recently used off while the device holds more than the budget (not ``keep``, nor
+        a model in use)."""
+        for other in list(self.residency.on_device):
+            budget = self.residency.budget
+            if budget is None or self.residency.used() <= budget:
+                return
+            if other != keep and other not in self.residency.in_use:
+                self._move(other, onto=False)
+
+    def _move(self, name: str, *, onto: bool) -> None:
+        """``name`` onto the device or off it to CPU memory (on the CPU: the same memory, the same rule)."""
         model = self.models[name]
-        onto = where != "cpu"
+        where = self.device if onto else "cpu"
         if not onto:
             self.residency.moved_off(name)  # refuses a model under a running loop
         t0 = time.perf_counter()
@@ -171,7 +180,7 @@ class ModelShelf:
             state, state="device" if onto else "memory", moves=state.moves + 1,
             last_in_ms=round(ms, 3) if onto else state.last_in_ms,
             last_out_ms=state.last_out_ms if onto else round(ms, 3))  # fmt: skip
-        if not onto:
+        if not onto and self.device != "cpu":
             model.free_memory()
         log.info("moved %s %s in %.1f ms", name, "onto the device" if onto else "to CPU memory", ms)
 

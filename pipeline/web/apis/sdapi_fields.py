@@ -103,7 +103,8 @@ def a1111_raw(
     named = overrides.get("sd_model_checkpoint") if isinstance(overrides, dict) else None
     field = "override_settings.sd_model_checkpoint"
     picked = checkpoint(named, profile, field) if named not in (None, "") else profile.of(chosen or None)
-    if len(profile.served) > 1 or named not in (None, ""):
+    several = len(profile.served) > 1 or named not in (None, "")
+    if several:
         profile, limits = picked, limits.pick(picked.model_id)
     notes: list[str] = []
     prompt = _text(body, "prompt", limits.max_prompt_chars)  # its length first: no pattern reads more
@@ -117,7 +118,7 @@ def a1111_raw(
         "guidance_scale": _number(body, "cfg_scale", 7.0),
         "live_preview": True,  # A1111 shows live previews by default: ``progress`` returns them
         "mode": "text",
-        **({"model": limits.model} if len(profile.served) > 1 or limits.models or named else {}),
+        **({"model": limits.model} if several else {}),
     }
     seed = _number(body, "seed", -1)
     raw["randomize_seed"] = seed == -1
