@@ -20,6 +20,7 @@ from ..door.identity import TrustedProxies
 from .control_panel import control_controls, wire_preview
 from .handler import PageJobs, make_generate, make_preview, make_validator, selected_index
 from .mode_panel import hold_mask, mode_controls, wire_modes
+from .model_picker import every_preset, model_picker, wire_model_picker
 from .page_tools import UI_CONCURRENCY, Controls, reuse_seed, wire_history, wire_keys, wire_paste, wire_sizes
 from .presets import preset_value, size_presets
 from .results import HISTORY_SIZE, MODE_NAMES
@@ -37,7 +38,7 @@ PASTED_MODE_CONTROLS = ("mode", "strength", "mask_blur", "hires_fix", "hires_sca
 PASTED_CONTROL_FIELDS = ("control", "control_scale", "control_start", "control_end", "control_preprocess")
 # The controls a pasted parameters text, a history entry or a reused seed fills (``page_tools.Controls``).
 PASTED_CONTROLS = ("prompt", "negative_prompt", "seed", "randomize_seed", "width", "height", "num_inference_steps",
-                   "guidance_scale", "scheduler", "lora", "lora_scale", "step_cache",
+                   "guidance_scale", "scheduler", "lora", "lora_scale", "step_cache", "model",
                    *PASTED_MODE_CONTROLS, *PASTED_CONTROL_FIELDS)  # fmt: skip
 
 
@@ -93,6 +94,7 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
                     info = gr.JSON(label="Info: seed, parameters and timings", elem_id="info")
                 selected = gr.State(0)
             with gr.Column(scale=2, min_width=300):
+                picker = model_picker(p)  # several models (issue 52); hidden for one
                 with gr.Row():
                     size_preset = gr.Radio(
                         [(preset.label, preset.value) for preset in presets],
@@ -133,6 +135,7 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
             **adv,
             **{name: picture[name] for name in IMAGE_FIELDS},  # the mask: its editor
             **{name: block for name, block in panel.items() if name in FIELDS},
+            "model": picker,
         }  # control_image: the pad
         inputs = [shown[name] if name in shown else unshown(fields.BY_NAME[name]) for name in FIELDS]
         seed, randomize_seed, width, height, lora, lora_scale, live_preview = (
@@ -162,7 +165,8 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
         controls = Controls(**{name: shown[name] for name in PASTED_CONTROLS})  # the pad: not a pasted value
         suggested = {info.name: info.scale for info in p.loras}
         lora.input(fn=lambda name: suggested.get(name, gr.skip()), inputs=[lora], outputs=[lora_scale], **ui)
-        wire_sizes(presets, size_preset, swap_button, width, height)
+        wire_sizes(every_preset(p, lim), size_preset, swap_button, width, height)
+        wire_model_picker(picker, p, lim, adv, size_preset, ui)
         wire_history(generate_event, site, summary, (history_panel, history_gallery), download_button, history_zip,
                      controls)  # fmt: skip
         wire_send_to(gallery, "gallery", send_results, picture, panel, p.controls)

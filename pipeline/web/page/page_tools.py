@@ -86,6 +86,7 @@ class Controls:
     lora: gr.Dropdown | None = None
     lora_scale: gr.Slider | None = None
     step_cache: gr.Dropdown | None = None
+    model: gr.Dropdown | None = None
     mode: gr.Radio | None = None
     strength: gr.Slider | None = None
     mask_blur: gr.Slider | None = None
