@@ -179,7 +179,7 @@ class RayAdapter(AdapterBase):
             done: Output | None = None
             try:
                 for attempt in range(RETRIES_BEFORE_START + 1):
-                    call = self.handle.generate.remote(forward, request.request_id)
+                    call = self._handle_for(request.model).generate.remote(forward, request.request_id)
                     self._calls.add(call)
                     gone = asyncio.Event()
 
@@ -271,6 +271,13 @@ class RayAdapter(AdapterBase):
             if item.kind == "step":
                 self.metrics.denoise_steps.inc()
             yield item
+
+    def _handle_for(self, model: str) -> Any:
+        """The handle a request's call goes through: with several models, tagged with its model
+        (``multiplexed_model_id``), so Serve routes it to a replica holding that model (issue 52)."""
+        if not self.profile.models:
+            return self.handle
+        return self.handle.options(multiplexed_model_id=model or self.profile.model_id)
 
     def _write(self, files: Sequence[tuple[str, bytes]], user: str | None) -> list[Path]:
         folder = output_folder(self.output_dir, user)

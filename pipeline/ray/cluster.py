@@ -77,7 +77,7 @@ def start(settings: Settings, app_name: str = APP_NAME) -> RayCluster:
     if settings.torch_threads is None:
         per_replica = dataclasses.replace(settings, torch_threads=max(1, int(cpus)))
     serve.start(proxy_location="Disabled")
-    app = deployment().options(**deployment_options(settings, cpus, gpus)).bind(per_replica)
+    app = deployment(models_per_replica(settings)).options(**deployment_options(settings, cpus, gpus)).bind(per_replica)
     handle = serve.run(app, name=app_name, route_prefix=None)
     return RayCluster(handle, settings.replicas, started, cpus, gpus, app_name)
 
@@ -106,14 +106,31 @@ def deployment_options(settings: Settings, cpus: float, gpus: float) -> dict[str
     }
 
 
-_DEPLOYMENT: Any = None
+_DEPLOYMENTS: dict[int, Any] = {}
 
 
-def deployment() -> Any:
-    """``ModelReplica`` as a Ray Serve deployment (built once, when Ray is first needed)."""
-    global _DEPLOYMENT
-    if _DEPLOYMENT is None:
+def models_per_replica(settings: Settings) -> int:
+    """Several models (issue 52): how many each replica holds in Serve's multiplexing LRU, the models shared
+    out over the replicas (two models on two replicas: one each, so each request goes where its model is)."""
+    models = len(settings.model_specs())
+    return max(1, -(-models // settings.replicas))
+
+
+def deployment(models: int = 1) -> Any:
+    """``ModelReplica`` as a Ray Serve deployment (built once per LRU size, when Ray is first needed).
+
+    Several models: its ``held`` is Serve's ``@serve.multiplexed`` (``max_num_models_per_replica=models``):
+    Serve keeps each replica's models in an LRU and routes a request whose ``multiplexed_model_id`` one
+    holds to it; every replica has every model loaded (``engine.model.shelf``), so what the LRU decides is
+    which replica a model's requests go to, and so which models stay on its device."""
+    if models not in _DEPLOYMENTS:
         from ray import serve
 
-        _DEPLOYMENT = serve.deployment(name="ModelReplica")(ModelReplica)
-    return _DEPLOYMENT
+        class Multiplexed(ModelReplica):
+            @serve.multiplexed(max_num_models_per_replica=models)
+            async def held(self, model_id: str) -> str:
+                return model_id
+
+        Multiplexed.__name__ = Multiplexed.__qualname__ = "ModelReplica"
+        _DEPLOYMENTS[models] = serve.deployment(name="ModelReplica")(Multiplexed)
+    return _DEPLOYMENTS[models]

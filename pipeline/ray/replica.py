@@ -96,7 +96,11 @@ class ModelReplica:
         When the caller cancels, Ray cancels this task; closing ``adapter.run`` sets the job's stop
         event, and the model thread stops at the end of the step in progress.
         """
-        who = {"replica": self.name, "actor_name": self.actor_name, "pid": os.getpid()}
+        who: dict[str, Any] = {"replica": self.name, "actor_name": self.actor_name, "pid": os.getpid()}
+        model = _multiplexed_id()
+        held = getattr(self, "held", None)  # Serve's multiplexed LRU (``cluster.deployment``), several models
+        if model and held is not None:
+            who["multiplexed_model_id"] = await held(model)
         yield Output(request_id, ahead=0, info=who)
         event_loop = asyncio.get_running_loop()
         async with contextlib.aclosing(self.adapter.run(raw, request_id=request_id)) as events:
@@ -106,7 +110,7 @@ class ModelReplica:
                 elif event.kind == "done":
                     files = await event_loop.run_in_executor(self._pool, _take_files, event.paths)
                     first_pass = await event_loop.run_in_executor(self._pool, _take_files, event.first_pass)
-                    info = {**event.info, "replica": self.name}
+                    info = {**event.info, "replica": self.name, **({"multiplexed_model_id": model} if model else {})}
                     yield Output(request_id, finish="done", info=info, files=files, first_pass_files=first_pass)
                 # Waiting: the front end reports the line it can see (see RayAdapter).
 
@@ -123,6 +127,16 @@ def _take_files(paths: Sequence[Path]) -> tuple[tuple[str, bytes], ...]:
         taken.append((path.name, path.read_bytes()))
         path.unlink(missing_ok=True)
     return tuple(taken)
+
+
+def _multiplexed_id() -> str:
+    """The request's ``multiplexed_model_id`` (several models: the model it runs on); "" outside Serve."""
+    try:
+        from ray import serve
+
+        return str(serve.get_multiplexed_model_id() or "")
+    except Exception:
+        return ""
 
 
 def _replica_identity() -> tuple[str, str]:
