@@ -1,4 +1,5 @@
-"""Admission bound, load and soak against a real server process on the tiny model.
+"""Admission bound, load and soak against a real server process on the tiny model (the soak: two models,
+the embedded one and a tiny SD 1.5 build, under a device budget that fits one, the clients alternating).
 
 CI runs the short versions; ``python -m pytest -m slow`` runs the long ones.
 """
@@ -19,6 +20,7 @@ import psutil
 import pytest
 
 from tests.fakes import WAIT, FakeModel
+from tests.families import built_family
 from tests.helpers import ROOT, free_port, raw_request, running_app, wait_for
 
 OUTPUT_BUDGET_MB = 1
@@ -87,6 +89,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, psut
             # files younger than the interval are kept (at most 10 s): long enough for the clients to fetch them
             "--sweep-interval",
             "2",
+            # two models, a device budget that fits one: the clients alternate, so the soak moves them (issue 52)
+            "--model",
+            "embedded-default",
+            "--model",
+            f"tiny={built_family('sd1')}",
+            "--device-memory-budget",
+            "8",
             # many load clients share one address here, where each would be its own person
             "--rate-limit",
             "1000",
@@ -136,7 +145,10 @@ def _run_clients(
             if (end and time.monotonic() > end) or (total is not None and n >= total):
                 return
             try:
-                _, info = client.predict(**raw_request(seed=n, num_inference_steps=3), api_name="/generate")
+                model = ("embedded-default", "tiny")[n % 2]  # users alternating between the two models
+                _, info = client.predict(
+                    **raw_request(seed=n, num_inference_steps=3, model=model), api_name="/generate"
+                )
                 with lock:
                     infos.append(info)
             except Exception as exc:
@@ -184,12 +196,19 @@ def test_soak_memory_and_files_level_off(server: tuple[str, psutil.Process, list
     url, process, folders = server
     warmup, _ = _run_clients(url, clients=4, total=50)
     rss_after_warmup = process.memory_info().rss
+    # the model process (the largest child): every model, moved on and off the device
+    model_side = max(process.children(), key=lambda child: child.memory_info().rss)
+    model_after_warmup = model_side.memory_info().rss
+    moves_before = sum(m["moves"] for m in httpx.get(url + "health", timeout=10).json()["models"])
     infos, errors = _run_clients(url, clients=4, total=requests)
-    rss_end = process.memory_info().rss
+    rss_end, model_end = process.memory_info().rss, model_side.memory_info().rss
     assert errors == [] and len(infos) == requests
     _assert_one_inference_at_a_time(warmup + infos)
     # Memory: growth after warm-up stays under 15% (+16 MiB of allocator slack).
     assert rss_end <= rss_after_warmup * 1.15 + 16 * 2**20, (rss_after_warmup, rss_end)
+    assert model_end <= model_after_warmup * 1.15 + 16 * 2**20, (model_after_warmup, model_end)
+    assert {i["model"] for i in infos} == {"embedded-default", "tiny"}
+    assert sum(m["moves"] for m in httpx.get(url + "health", timeout=10).json()["models"]) > moves_before
     # Disk: after one more sweep, the kept output stays within the budget.
     produced = sum(i["num_images"] for i in warmup + infos)
     # (a sweep every 2 s keeps files up to 10 s old; 30 s leaves room for a busy machine: 15 s ran out once)

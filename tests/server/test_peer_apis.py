@@ -67,7 +67,10 @@ def test_webuiapi_txt2img_equals_generate_with_the_pages_parameters(app: tuple[s
     assert np.array_equal(pixels(result.image), ours)
     assert result.image.info["parameters"] == text == result.info["infotexts"][0]  # the page's PNG, as it is
     assert "<lora:ink:0.8>" in text and "Sampler: Euler," in text
-    assert result.info["sd_model_name"] == api.get_options()["sd_model_checkpoint"]
+    title = api.get_options()["sd_model_checkpoint"]  # A1111's "NAME [hash]", its info's sd_model_name the NAME
+    assert (
+        title == f"{result.info['sd_model_name']} [{result.info['sd_model_hash']}]" == api.get_sd_models()[0]["title"]
+    )
     assert result.parameters["prompt"] == "a red circle <lora:ink:0.8>"  # the request, echoed
     # issue 49: a weighted, long prompt (two CLIP chunks) and an A1111 negative, pixel for pixel, kept as typed
     long = "a (red:1.3) circle, " + ", ".join(f"[flat] shape {i}" for i in range(14)) + ", on a (blue:0.8) ground"

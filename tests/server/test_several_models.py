@@ -161,3 +161,32 @@ def _switches(url: str) -> float:
     metrics = httpx.get(url + "metrics", timeout=10).text
     found = re.search(r"^model_switch_seconds_count (\S+)", metrics, re.M)
     return float(found.group(1)) if found else 0.0
+
+
+def test_a_rare_models_request_waits_one_round_not_the_whole_backlog(servers: dict[str, str]) -> None:
+    """Three users flood the default model; a fourth asks for the other one. Its request is overtaken by at most
+    one request of each other user (the fair line's round: the head picks the model), never by the backlog."""
+    from gradio_client import Client
+
+    both = servers["both"]
+    request = {"prompt": SD["prompt"], "negative_prompt": "", "seed": 1, "randomize_seed": False, "width": 64,
+               "height": 64, "num_inference_steps": 16, "guidance_scale": 4.0, "num_images": 1,
+               "live_preview": False, "scheduler": "Euler"}  # fmt: skip
+    flooders = [Client(both, verbose=False, headers={"X-Forwarded-For": f"203.0.113.{60 + u}"}) for u in range(3)]
+    rare = Client(both, verbose=False, headers={"X-Forwarded-For": "203.0.113.70"})
+    flood: list[dict[str, Any]] = []
+    jobs = [flooders[u].submit(**request, model=EMBEDDED, api_name="/generate") for u in range(3) for _ in range(3)]
+    wait_for_running(both)
+    _, mine = rare.predict(**request, model=TINY, api_name="/generate")
+    flood = [job.result(timeout=300)[1] for job in jobs]
+    assert mine["model"] == TINY and {i["model"] for i in flood} == {EMBEDDED}
+    arrived, started = mine["timings"]["received"], mine["timings"]["infer_start"]
+    overtook = [i for i in flood if arrived < i["timings"]["infer_start"] < started]
+    assert len(overtook) <= 3, [i["timings"]["infer_start"] - arrived for i in overtook]  # one a user, at most
+    assert any(i["timings"]["infer_start"] > started for i in flood)  # the backlog waited its turn behind it
+
+
+def wait_for_running(url: str) -> None:
+    from tests.helpers import wait_for
+
+    wait_for(lambda: httpx.get(url + "health", timeout=5).json()["inference_in_progress"], "the flood running", 60)
