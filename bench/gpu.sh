@@ -35,6 +35,10 @@
 #            512 px, 20 steps, its ControlNet built from its UNet (random weights): one request with a
 #            map against one without and the raw ControlNet pipeline; 8 callers (4 maps, 4 none) in one
 #            loop against one at a time, a loop per kind and a whole call for the mapped; control.json
+#   models   (on request, as cache) several models, issue 52: the SDXL-size build (python -m bench.sd15
+#            --family sdxl, random weights) beside the SD 1.5 build on one device, python -m bench.models
+#            at 512 px, 20 steps, under a budget that fits one: the switch from CPU memory and from the
+#            device, a load from disk, mixed traffic against one model's and one at a time; models.json
 #   openloop (on request, as cache) python -m bench.openloop --quick on the SD 1.5 build at 512 px,
 #            20 steps: Poisson arrivals at four loads up to saturation, throughput against p50/p99
 #            latency for one request at a time (none), the whole-handler lock (lock), step joining
@@ -304,6 +308,13 @@ fi
 if wanted control; then
   gpu_step control 300 60 python -m bench.control --model "$model" --device cuda --size 512 --steps 20 \
     --rounds 2 --json "$out/control.json"
+fi
+
+if wanted models; then
+  sdxl="${TMPDIR:-/tmp}/sdxl-random"
+  gpu_step models-build 300 60 python -m bench.sd15 --family sdxl --out "$sdxl" --dtype float16
+  gpu_step models 420 60 python -m bench.models --model "$model" --second "$sdxl" --device cuda --size 512 \
+    --steps 20 --rounds 2 --json "$out/models.json"
 fi
 
 if wanted openloop; then

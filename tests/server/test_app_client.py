@@ -141,6 +141,7 @@ def test_only_generate_is_in_the_api_and_the_rest_shortcut_is_closed(client: Any
         "control_start",
         "control_end",
         "control_preprocess",
+        "model",  # issue 52: the served model to draw with, by name ("default": the server's first)
     ]
     params = api["named_endpoints"]["/generate"]["parameters"]
     assert all(p["parameter_has_default"] for p in params[13:]), params[13:]

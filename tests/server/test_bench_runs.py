@@ -156,3 +156,22 @@ def test_the_gpu_control_step_runs_here_at_toy_sizes(tmp_path: Path) -> None:
     assert set(result["one_request"]) == {"no control", "control", "raw ControlNet pipeline"}
     assert set(result["eight_callers"]) == {"one loop, mixed", "one at a time", "a loop per kind",
                                             "a whole call for the controlled"}  # fmt: skip
+
+
+def test_the_gpu_models_step_runs_here_at_toy_sizes(tmp_path: Path) -> None:
+    """``bench/gpu.sh``'s ``models`` step (``python -m bench.models --model --second``) on this CPU at toy sizes,
+    with the tiny SD 1.5 and SDXL builds as its two models: every switch and design measured (issue 52)."""
+    from tests.families import built_family
+
+    out = tmp_path / "models.json"
+    done = subprocess.run([sys.executable, "-m", "bench.models", "--model", str(built_family("sd1")), "--second",
+                           str(built_family("sdxl")), "--device", "cpu", "--size", "64", "--steps", "2",
+                           "--rounds", "1", "--json", str(out)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["device"] == "cpu" and result["size"] == 64 and set(result["weights_mib"]) == {"first", "second"}
+    assert set(result["traffic"]) == {"one model", "two models, this design", "two models, one at a time"}
+    assert result["traffic"]["one model"]["switches"] == 0 and result["traffic"]["two models, one at a time"][
+        "switches"] >= 7  # alternating one at a time: a switch a request  # fmt: skip
+    assert result["switch_ms"]["from CPU memory"] > 0 and result["switch_ms"]["already on the device"] == 0

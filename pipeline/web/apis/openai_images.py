@@ -64,6 +64,7 @@ from .peer_api import (
     retry_headers,
     run_request,
 )
+from .sdapi_fields import model_title
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +137,8 @@ def openai_raw(
     if not isinstance(prompt, str) or not prompt.strip():
         raise InvalidRequest("prompt", "prompt is required: the text of the picture to make")
     model = body.get("model")
-    picked = next((p for p in profile.served if model in (p.name, p.model_id)), None)  # several models (issue 52)
+    # several models (issue 52): by its id, its full name or its A1111 title (what /sdapi/v1/options names)
+    picked = next((p for p in profile.served if model in (p.name, p.model_id, model_title(p))), None)
     if picked is None and model not in (None, "") and not (isinstance(model, str) and OPENAI_MODELS.fullmatch(model)):
         raise ModelNotFound(model, ", ".join(p.model_id for p in profile.served))
     if picked is not None:  # the request is checked against that model's sizes, steps and guidance
