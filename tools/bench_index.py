@@ -109,11 +109,20 @@ def _control(d: dict[str, Any]) -> str:
             f"{_f(eight['one at a time']['images_per_s'])} one at a time")  # fmt: skip
 
 
+def _models(d: dict[str, Any]) -> str:
+    t = d["traffic"]
+    return (f"two models: a switch {_f(d['switch_ms']['from CPU memory'])} ms from CPU memory, a load from disk "
+            f"{_f(d['load_from_disk_ms'])} ms; alternating callers {_f(t['two models, this design']['images_per_s'])} "
+            f"img/s ({_f(t['two models, this design']['switches'])} switches) against one model's "
+            f"{_f(t['one model']['images_per_s'])}, one at a time {_f(t['two models, one at a time']['images_per_s'])}")  # fmt: skip
+
+
 HEADLINES: dict[str, Callable[[dict[str, Any]], str]] = {
     "bench-full": _full, "bench-quick": _full, "bench-openloop": _openloop, "bench-cpu": _cpu,
     "bench-fast": _fast, "bench-page": _page, "bench-lora": _lora, "bench-fairness": _fairness,
     "bench-ray": _ray, "bench-loadgen": _what, "ab-fast": _what, "gpu-h200": _gpu,
     "bench-imagejoin": _imagejoin, "bench-hostile": _hostile, "bench-step": _step_cache, "bench-control": _control,
+    "bench-models": _models,
 }  # fmt: skip
 
 

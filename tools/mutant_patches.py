@@ -180,6 +180,33 @@ def _one_call_control_map() -> None:
     scheduler.call_job = call_job
 
 
+def _loop_key_without_the_model() -> None:
+    """Several models (issue 52): the serving side's loop key forgets the model, so requests of two models
+    share a loop (run on the first one's model)."""
+    from pipeline.protocol import loop_key as protocol_loop_key
+    from pipeline.serving import scheduler
+
+    def loop_key(request: Any, mixed_loras: bool) -> Any:
+        r = request
+        return protocol_loop_key(r.width, r.height, r.sampler, r.lora_use, per_lora=not mixed_loras)
+
+    scheduler.loop_key = loop_key
+
+
+def _joiners_pass_another_models_request() -> None:
+    """Several models: "serve what is loaded" without the fairness bound: a request for another model at the
+    head of the line no longer stops the joining, so the loaded model's backlog passes it."""
+    from pipeline.serving.scheduler import Scheduler
+
+    original = Scheduler._joiners
+
+    def joiners(self: Any, batch: Any, fair: Any, *, take: bool) -> Any:
+        model = batch.entries[0].request.model if batch.entries else None
+        return original(self, batch, [e for e in fair if model is None or e.request.model == model], take=take)
+
+    Scheduler._joiners = joiners  # type: ignore[method-assign]
+
+
 def _one_first_block_decision_for_the_batch() -> None:
     """Issue 50: First-Block Cache decided once for the whole batch (diffusers' hook: one scalar over
     every row), not per row: every row skips only when all would."""
@@ -424,6 +451,9 @@ MUTANTS: dict[str, list[Patch]] = (
         # SD 1.x/2.x and FLUX.1 loops and in a whole call's batch.
         # FLUX.1's own forward under First-Block Cache without the ControlNet's samples
         "flux-control-lost-under-fbcache": attr("pipeline.engine.loop.loop_flow", "_sampled", lambda *args: None),
+        # Issue 52: two models' requests in one loop; the loaded model's backlog passing a request for another
+        "several-models-share-a-loop": on("pipeline.serving.scheduler", _loop_key_without_the_model),
+        "joiners-pass-another-models-request": on("pipeline.serving.scheduler", _joiners_pass_another_models_request),
         "controlnet-one-map-for-the-batch": on("pipeline.engine.loop.loop_sd", _one_sd_control_map)
         + on("pipeline.engine.loop.loop_flow", _one_flux_control_map)
         + on("pipeline.serving.scheduler", _one_call_control_map),

@@ -45,6 +45,12 @@ TESTS: dict[str, str] = {
     ),
     "flux-control-lost-under-fbcache": "tests/unit/test_control_loops.py::test_on_flux_a_control_beside_first_block_cache_is_added_after_each_block_as_the_transformer_adds_it",
     "controlnet-one-map-for-the-batch": ("tests/unit/test_control_loops.py"),
+    "several-models-share-a-loop": (
+        "tests/server/test_several_models.py::test_users_alternating_between_models_each_get_their_models_picture"
+    ),
+    "joiners-pass-another-models-request": (
+        "tests/server/test_several_models.py::test_a_rare_models_request_waits_one_round_not_the_whole_backlog"
+    ),
     "img2img-never-joins-loops": "tests/server/test_image_modes_app.py::test_image_to_image_joins_a_running_text_loop_and_still_equals_the_plain_pipeline",
     "img2img-never-shares-calls": "tests/unit/test_image_requests.py::test_image_modes_run_their_steps_through_the_same_line_and_join_text_loops_only_where_the_model_can",
     "image-modes-join-text-loops": "tests/unit/test_image_requests.py::test_image_modes_run_their_steps_through_the_same_line_and_join_text_loops_only_where_the_model_can",

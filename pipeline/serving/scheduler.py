@@ -264,9 +264,10 @@ class Scheduler:
     """The fair line, the running batch and every decision about them (see the module docstring).
 
     Several models (issue 52): a batch holds one model (``batch_key`` and ``loop_key`` carry it), so the
-    head of the fair line picks the next batch's model, and a request for another model stops the run
-    of joiners at the head of the line: it waits for the running loop's members, then its model's batch
-    opens (``models``: each model's ``Looping`` by name; the default's are the arguments)."""
+    head of the fair line picks the next batch's model; a new batch takes its model's waiting requests
+    past those of other models (they wait for a switch anyway), and a request for another model at the head
+    of the line stops the joining: it waits for the running loop's members, then its model's batch opens
+    (``models``: each model's ``Looping`` by name; the default's are the arguments)."""
 
     def __init__(
         self,
@@ -367,7 +368,11 @@ class Scheduler:
             if take:
                 self.line.served([head.user] if head.user is not None else [])
                 self.line.notify()
-            self._joiners(batch, fair[1:] if fair and fair[0] is head else fair, take=take)
+            rest = fair[1:] if fair and fair[0] is head else fair
+            # Several models: a request for another model waits for a switch whatever this loop holds, so
+            # the loop opens with its model's run past it (one loop, then its turn: the bound holds); a
+            # request of this model that cannot share the loop still stops the run, as with one model.
+            self._joiners(batch, [e for e in rest if e.request.model == head.request.model], take=take)
             return batch
         # A closed batch: the compatible entries that fit, in the fair order; one passed over keeps its
         # place in its user's own order, and its user moves up the round when these go to its back.

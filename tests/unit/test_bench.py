@@ -31,6 +31,7 @@ PUBLISHED = sorted(
             "bench-hostile-",
             "bench-step-cache-",
             "bench-control-",
+            "bench-models-",
         )
     )
 )
@@ -87,6 +88,15 @@ def test_the_published_control_runs_are_complete(path: Path) -> None:
         == result["eight_callers"]["one loop, mixed"]["vs_one_loop"]
         == 1.0
     )
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "bench" / "results").glob("bench-models-*.json")), ids=lambda p: p.name)
+def test_the_published_models_runs_are_complete(path: Path) -> None:
+    result = json.loads(path.read_text())
+    assert finite_figures(result) and result["rounds"] >= 1 and result["cores"] >= 1
+    assert set(result["traffic"]) == {"one model", "two models, this design", "two models, one at a time"}
+    assert result["traffic"]["one model"]["vs_one_model"] == 1.0 and result["traffic"]["one model"]["switches"] == 0
+    assert set(result["switch_ms"]) == {"from CPU memory", "already on the device"}
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ from typing import Any
 
 from pipeline.protocol import InferenceResult, StopSignal
 from pipeline.request import Limits, validate
-from pipeline.serving.scheduler import Entry, MemoryRoom, Scheduler, WaitLine
+from pipeline.serving.scheduler import Entry, MemoryRoom, Scheduler, WaitLine, looping
 from tests.fakes import FAKE_PROFILE
 from tests.helpers import raw_request
 
@@ -161,3 +161,27 @@ def test_a_controlnets_activations_are_measured_apart_before_a_controlled_joiner
     room.learn(64, 64, 1, _result(peak=400, total=1000, idle=100), control=True)  # controlled: 300 an image
     assert room.fits(64, 64, 1, 1, control=True) and not room.fits(64, 64, 2, 1, control=True)  # 700 / 1000
     assert room.fits(64, 64, 3, 1) and not room.fits(64, 64, 3, 1, control=True)  # 900 plain; 1300 with a ControlNet
+
+
+def test_with_two_models_a_batch_takes_its_models_requests_past_the_others_and_the_other_stops_the_joining() -> None:
+    """Several models (issue 52): users alternating A, B, A, B. The head (A) opens a loop with every waiting A
+    request that fits, past the B ones (they wait for a switch anyway); while it runs, B at the head of the line
+    stops the joining, so a later A request waits behind B: one loop of other work, then B's batch."""
+    other = dataclasses.replace(FAKE_PROFILE, name="other", loras=())
+    limits = dataclasses.replace(LIMITS, models=(Limits.for_model(other, max_pixel_steps=10**9),))
+    s = Scheduler(4, joining=True, mixed_loras=False, line=WaitLine(), models={"other": looping(other, True)})
+
+    def entry(rid: str, model: str) -> Entry:
+        return Entry(validate(raw_request(model=model), limits, request_id=rid), StopSignal(), user=rid)
+
+    for rid, model in [("a1", "default"), ("b1", "other"), ("a2", "default"), ("b2", "other"), ("a3", "default")]:
+        s.add(entry(rid, model))
+    opened, _ = s.schedule(closing=False, gate_free=True)
+    assert opened is not None and _ids(opened.entries) == ["a1", "a2", "a3"]  # one switch for the three
+    s.add(entry("a4", "default"))
+    assert s.schedule(closing=False, gate_free=False) == (None, [])  # b1 heads the line: a4 does not join
+    for e in list(opened.entries):
+        opened.leave(e)
+    s.ended(opened)
+    opened, _ = s.schedule(closing=False, gate_free=True)
+    assert opened is not None and _ids(opened.entries) == ["b1", "b2"]  # then the other model's, together
