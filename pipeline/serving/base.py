@@ -321,6 +321,7 @@ class AdapterBase:
             s = states.get(p.model_id)
             listed.append({"name": p.model_id, "title": p.name, "family": p.family, "pipeline": p.pipeline_class,
                            "default": i == 0, "state": s.state if s else "device", "bytes": s.bytes if s else None,
+                           "loras": [info.name for info in p.loras], "controls": list(p.controls),
                            "moves": s.moves if s else 0, "last_move_in_ms": s.last_in_ms if s else 0.0,
                            "last_move_out_ms": s.last_out_ms if s else 0.0})  # fmt: skip
         return listed

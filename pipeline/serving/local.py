@@ -289,7 +289,8 @@ class LocalAdapter(AdapterBase):
             busy=lambda: int(self._gate.locked()),
             done=lambda ahead: entry.taken or not ahead or self.closing or entry.stop.is_set(),
         ):
-            yield Output(entry.request.request_id, ahead=waiting.ahead, eta_seconds=self._eta(entry))
+            yield Output(entry.request.request_id, ahead=waiting.ahead, eta_seconds=self._eta(entry),
+                         info=self._switch_note(entry))  # fmt: skip
         while not (entry.taken or self.closing or entry.stop.is_set()):
             await self._line.moved.wait()  # the head with nothing running: the scheduler takes it next
         if not entry.taken:
@@ -297,6 +298,19 @@ class LocalAdapter(AdapterBase):
                 raise ShuttingDown(SHUTDOWN_MESSAGE)
             raise Cancelled("the caller went away while waiting")
         yield Output(entry.request.request_id, ahead=0, eta_seconds=self._eta(entry))
+
+    def _switch_note(self, entry: Entry) -> dict[str, Any]:
+        """Several models: ``{"model_switch": NAME}`` where the request's model is not the one the GPU runs
+        now or ran last (its wait, and its ETA, include the switch); {} otherwise."""
+        if not self.limits.models:
+            return {}
+        loaded, model = self._loaded_model(), entry.request.model
+        return {"model_switch": model} if loaded and model and model != loaded else {}
+
+    def _loaded_model(self) -> str:
+        """The model the GPU runs now (the running batch's), else the one it ran last ("": none yet)."""
+        running = self.scheduler.running
+        return running.entries[0].request.model if running is not None and running.entries else self.metrics.last_model
 
     # -- the scheduler's owner: one task on the loop acts on its decisions -------------------------
     def _start_scheduling(self) -> None:
@@ -346,8 +360,7 @@ class LocalAdapter(AdapterBase):
             if left is None:
                 return None
             total += left
-        running = self.scheduler.running
-        model = running.entries[0].request.model if running is not None and running.entries else self.metrics.last_model
+        model = self._loaded_model()
         for batch in self.scheduler.plan_until(entry):
             seconds = book.job_seconds(_shape(batch))
             if seconds is None:

@@ -90,6 +90,7 @@ def test_health_lists_the_models_and_the_switch_is_measured(servers: dict[str, s
     health = httpx.get(both + "health", timeout=10).json()
     models = {m["name"]: m for m in health["models"]}
     assert list(models) == [EMBEDDED, TINY] and models[EMBEDDED]["default"]
+    assert models[EMBEDDED]["controls"] == ["shapes"] and models[TINY]["controls"] == []  # its own ControlNet only
     assert models[EMBEDDED]["state"] == "device" and models[TINY]["state"] == "memory"  # the budget fits one
     txt2img(both, {**SD, "override_settings": {"sd_model_checkpoint": TINY}})
     models = {m["name"]: m for m in httpx.get(both + "health", timeout=10).json()["models"]}
@@ -177,7 +178,10 @@ def test_a_rare_models_request_waits_one_round_not_the_whole_backlog(servers: di
     flood: list[dict[str, Any]] = []
     jobs = [flooders[u].submit(**request, model=EMBEDDED, api_name="/generate") for u in range(3) for _ in range(3)]
     wait_for_running(both)
-    _, mine = rare.predict(**request, model=TINY, api_name="/generate")
+    job = rare.submit(**request, model=TINY, api_name="/generate")
+    _, mine = job.result(timeout=300)
+    waits = [out[1] for out in job.outputs() if isinstance(out[1], dict) and out[1].get("status") == "waiting"]
+    assert waits and all(w.get("model_switch") == TINY for w in waits if w["ahead"]), waits  # the wait says so
     flood = [job.result(timeout=300)[1] for job in jobs]
     assert mine["model"] == TINY and {i["model"] for i in flood} == {EMBEDDED}
     arrived, started = mine["timings"]["received"], mine["timings"]["infer_start"]

@@ -271,7 +271,7 @@ def _advanced_settings(p: ModelProfile, lim: Limits) -> dict[str, Any]:
     )
     # The LoRA (the API's `lora`, `lora_scale`): "none" or a name loaded with
     # --lora; picking one moves the scale to the one its spec suggests. Hidden without any.
-    with gr.Row(visible=bool(p.loras)):
+    with gr.Row(visible=any(m.loras for m in p.served)):  # several models: any of them has one
         lora = gr.Dropdown([NONE, *(info.name for info in p.loras)], value=NONE, label="LoRA", elem_id="lora")
         lora_scale = gr.Slider(SCALE_MIN, SCALE_MAX, value=1.0, step=0.05, label="LoRA scale", elem_id="lora-scale")
     # Step caching (the API's `step_cache`, issue 50): per request, in the model's step-level loops.

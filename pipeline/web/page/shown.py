@@ -49,9 +49,12 @@ class ProgressView:
         self.previewed = False  # a preview is on screen
         self.last_sent = 0.0
 
-    def waiting(self, ahead: int, eta_seconds: float | None = None) -> str | None:
-        """The text to send for ``ahead`` requests in line, or None if the screen would not change."""
+    def waiting(self, ahead: int, eta_seconds: float | None = None, switch: str = "") -> str | None:
+        """The text to send for ``ahead`` requests in line (``switch``: the model the GPU switches to for it,
+        several models), or None if the screen would not change."""
         text = f"waiting for the GPU: {ahead} ahead" if ahead else "starting"
+        if switch:
+            text += f", then a switch to {switch}"
         if ahead and eta_seconds is not None:
             text += f", about {duration_text(eta_seconds)}"
         if text == self.text or (self.one_step and not ahead and self.text is None):
@@ -113,11 +116,13 @@ def waiting_output(
 ) -> tuple[Any, ...] | None:
     """A place in line as the outputs show it (None: nothing a person would see changed)."""
     assert event.ahead is not None
-    if (text := view.waiting(event.ahead, event.eta_seconds)) is None:
+    switch = str(event.info.get("model_switch", ""))  # several models: its model is not the one loaded
+    if (text := view.waiting(event.ahead, event.eta_seconds, switch)) is None:
         return None
     if progress is not None:  # API callers: a progress message
         progress(0.0, desc=text)
-    record = {"status": "waiting", "ahead": event.ahead, "eta_seconds": event.eta_seconds, "request_id": request_id}
+    record = {"status": "waiting", "ahead": event.ahead, "eta_seconds": event.eta_seconds, "request_id": request_id,
+              **({"model_switch": switch} if switch else {})}  # fmt: skip
     return (progress_gallery(), record, status_html(text, running=True))
 
 
