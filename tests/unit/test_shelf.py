@@ -105,6 +105,16 @@ def test_without_a_budget_on_the_cpu_nothing_moves_and_unknown_models_are_refuse
     assert [p.name for p in s.profile.served] == ["a", "b"] and s.profile.of("b").name == "b"
 
 
+def test_under_cpu_offload_no_model_is_ever_moved() -> None:
+    s = ModelShelf(device="cpu", budget=1 * MIB, offloaded=True)  # --cpu-offload: accelerate's hooks place them
+    models = {name: Sized(name, 2) for name in ("a", "b")}
+    for name, model in models.items():
+        s.add(name, model)
+    s.generate(job("1", "a"), threading.Event(), lambda *_: None)
+    s.generate(job("2", "b"), threading.Event(), lambda *_: None)
+    assert not models["a"].moved and not models["b"].moved and states(s) == {"a": "memory", "b": "memory"}
+
+
 def test_residency_plans_by_recency_and_skips_what_is_in_use() -> None:
     r = Residency({"a": 2, "b": 2, "c": 2}, budget=4)
     r.touch("a")

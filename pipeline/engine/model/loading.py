@@ -140,8 +140,9 @@ def load_model(settings: Settings, *, warmup: bool = True) -> DiffusersModel | S
     if len(specs) == 1 and not specs[0].named:
         return load_one(settings, warmup=warmup)
     budget = settings.device_memory_budget
-    shelf = ModelShelf(device=pick_device(settings.device),
-                       budget=None if budget is None or settings.cpu_offload else int(budget * 2**20))  # fmt: skip
+    device = pick_device(settings.device)
+    shelf = ModelShelf(device=device, budget=None if budget is None else int(budget * 2**20),
+                       offloaded=settings.cpu_offload and device == "cuda")  # fmt: skip
     for spec in specs:
         title = DEFAULT_MODEL_NAME if spec.source is None else spec.source
         if spec.name != title.split(" (", 1)[0]:

@@ -81,10 +81,13 @@ class ModelShelf:
     """Several loaded models as one ``Model`` (the module doc); used only on the model thread,
     ``count_tokens`` excepted."""
 
-    def __init__(self, *, device: str, budget: int | None = None) -> None:
+    def __init__(self, *, device: str, budget: int | None = None, offloaded: bool = False) -> None:
         self.models: dict[str, Any] = {}  # name -> DiffusersModel (or any Model), the default first
         self.device = device
         self.explicit_budget = budget  # ``--device-memory-budget`` in bytes; None: from the device
+        self.offloaded = (
+            offloaded  # ``--cpu-offload``: each model's accelerate hooks place it; the shelf never moves one
+        )
         self.residency = Residency({}, budget)
         self._states: dict[str, ModelState] = {}
         self._switched: dict[str, float] = {}  # request id -> the moves its job waited for, in ms
@@ -95,7 +98,8 @@ class ModelShelf:
         """A model just loaded onto the device; the least recently used go off if it does not fit beside them."""
         self.models[name] = model
         self.residency.sizes[name] = weight_bytes(model)
-        self._states[name] = ModelState(name, "device", model.profile.family, self.residency.sizes[name])
+        place = "memory" if self.offloaded else "device"  # offloaded: in CPU memory, a component at a time on it
+        self._states[name] = ModelState(name, place, model.profile.family, self.residency.sizes[name])
         self.residency.budget = self.budget()
         self.residency.touch(name)
         self._settle(name)
@@ -134,6 +138,8 @@ class ModelShelf:
     def budget(self) -> int | None:
         """Bytes the weights may take on the device: ``--device-memory-budget``, else the device's total
         less the margin (module doc); None on a device that reports no memory (the CPU): no limit."""
+        if self.offloaded:
+            return None
         if self.explicit_budget is not None:
             return self.explicit_budget
         reading = self.device_memory()
