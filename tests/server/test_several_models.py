@@ -34,8 +34,11 @@ SD = {"prompt": "a red circle on a blue background", "seed": 7, "width": 64, "he
 
 @pytest.fixture(scope="module")
 def servers(launch: Any) -> dict[str, str]:
+    from tests.loras import loras_of
+
     tiny = str(built_family("sd1"))
-    both, _demo, _adapter = launch("--model", EMBEDDED, "--model", f"{TINY}={tiny}",
+    ink = loras_of("default")["a"]  # a LoRA of the embedded model: it fits that one only
+    both, _demo, _adapter = launch("--model", EMBEDDED, "--model", f"{TINY}={tiny}", "--lora", f"ink={ink}",
                                    "--device-memory-budget", BUDGET_MIB, name="both")  # fmt: skip
     embedded, _, _ = launch(name="embedded")
     alone, _, _ = launch("--model", tiny, name="tiny")
@@ -91,6 +94,13 @@ def test_health_lists_the_models_and_the_switch_is_measured(servers: dict[str, s
     models = {m["name"]: m for m in health["models"]}
     assert list(models) == [EMBEDDED, TINY] and models[EMBEDDED]["default"]
     assert models[EMBEDDED]["controls"] == ["shapes"] and models[TINY]["controls"] == []  # its own ControlNet only
+    assert models[EMBEDDED]["loras"] == ["ink"] and models[TINY]["loras"] == []  # --lora where its layers fit
+    refused = httpx.post(
+        both + "sdapi/v1/txt2img",
+        timeout=30,
+        json={**SD, "prompt": "a circle <lora:ink:1>", "override_settings": {"sd_model_checkpoint": TINY}},
+    )
+    assert refused.status_code == 422 and "ink" in refused.text  # not on that model: refused before any GPU work
     assert models[EMBEDDED]["state"] == "device" and models[TINY]["state"] == "memory"  # the budget fits one
     txt2img(both, {**SD, "override_settings": {"sd_model_checkpoint": TINY}})
     models = {m["name"]: m for m in httpx.get(both + "health", timeout=10).json()["models"]}

@@ -143,6 +143,9 @@ def load_model(settings: Settings, *, warmup: bool = True) -> DiffusersModel | S
     device = pick_device(settings.device)
     shelf = ModelShelf(device=device, budget=None if budget is None else int(budget * 2**20),
                        offloaded=settings.cpu_offload and device == "cuda")  # fmt: skip
+    if settings.compile and device == "cuda":
+        log.warning("--compile with several models: a model moved off the device and back records its CUDA graphs "
+                    "again; a --device-memory-budget that holds every model avoids the moves")  # fmt: skip
     for spec in specs:
         title = DEFAULT_MODEL_NAME if spec.source is None else spec.source
         if spec.name != title.split(" (", 1)[0]:
