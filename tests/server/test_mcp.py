@@ -47,6 +47,8 @@ async def test_generate_is_listed_as_a_described_typed_tool(url: str) -> None:
     assert props["prompt"]["type"] == "string" and "What to draw" in props["prompt"].get("description", "")
     assert props["num_inference_steps"]["type"] in ("number", "integer")
     assert props["randomize_seed"]["type"] == "boolean"
+    # issue 52: the model to draw with, by name (several models; "default": the server's first)
+    assert props["model"]["type"] == "string" and "/health" in props["model"].get("description", "")
 
 
 @pytest.mark.parametrize("with_progress", [False, True], ids=["plain-call", "with-progress-token"])
