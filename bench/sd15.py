@@ -84,32 +84,40 @@ SDXL_TEXT_2: dict[str, Any] = dict(
 )
 
 
-def build(out: Path, dtype: str = "float16", seed: int = 0) -> Path:
-    """Write the pipeline to ``out`` (skipped if a build with the same settings is already there)."""
-    stamp = {"seed": seed, "dtype": dtype, "unet": UNET["block_out_channels"]}
+def _built(out: Path, stamp: dict[str, Any]) -> bool:
+    """Whether ``out`` holds a build with these settings already."""
     try:
-        if json.loads((out / _STAMP).read_text()) == json.loads(json.dumps(stamp)):
-            return out
+        return bool(json.loads((out / _STAMP).read_text()) == json.loads(json.dumps(stamp)))
     except (OSError, ValueError):
-        pass
+        return False
+
+
+def _clip_tokenizer(seed: int) -> tuple[Any, dict[str, Any]]:
+    """The embedded model's CLIP tokenizer and its special ids (the torch seed set for the weights that follow)."""
     import torch
-    from diffusers import AutoencoderKL, PNDMScheduler, StableDiffusionPipeline, UNet2DConditionModel
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+    from transformers import CLIPTokenizer
 
     from pipeline.default_model import ensure_default_model
 
-    t0 = time.time()
     torch.manual_seed(seed)
     tokenizer = CLIPTokenizer.from_pretrained(ensure_default_model() / "tokenizer")
     vocab = tokenizer.get_vocab()
-    text_encoder = CLIPTextModel(
-        CLIPTextConfig(
-            **TEXT,
-            bos_token_id=vocab["<|startoftext|>"],
-            eos_token_id=vocab["<|endoftext|>"],
-            pad_token_id=vocab["<|endoftext|>"],
-        )
-    )
+    ends = vocab["<|endoftext|>"]
+    return tokenizer, {"bos_token_id": vocab["<|startoftext|>"], "eos_token_id": ends, "pad_token_id": ends}
+
+
+def build(out: Path, dtype: str = "float16", seed: int = 0) -> Path:
+    """Write the pipeline to ``out`` (skipped if a build with the same settings is already there)."""
+    stamp = {"seed": seed, "dtype": dtype, "unet": UNET["block_out_channels"]}
+    if _built(out, stamp):
+        return out
+    import torch
+    from diffusers import AutoencoderKL, PNDMScheduler, StableDiffusionPipeline, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    t0 = time.time()
+    tokenizer, ids = _clip_tokenizer(seed)
+    text_encoder = CLIPTextModel(CLIPTextConfig(**TEXT, **ids))
     unet: Any = UNet2DConditionModel(**UNET)
     vae = AutoencoderKL(**VAE)
     scheduler = PNDMScheduler(
@@ -147,23 +155,14 @@ def build_sdxl(out: Path, dtype: str = "float16", seed: int = 0) -> Path:
     """The SDXL base architecture (its UNet, both text encoders, its VAE) with seeded random weights, written
     to ``out`` as ``build`` writes SD 1.5's (skipped if the same build is there)."""
     stamp = {"seed": seed, "dtype": dtype, "family": "sdxl", "unet": SDXL_UNET["block_out_channels"]}
-    try:
-        if json.loads((out / _STAMP).read_text()) == json.loads(json.dumps(stamp)):
-            return out
-    except (OSError, ValueError):
-        pass
+    if _built(out, stamp):
+        return out
     import torch
     from diffusers import AutoencoderKL, EulerDiscreteScheduler, StableDiffusionXLPipeline, UNet2DConditionModel
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
-
-    from pipeline.default_model import ensure_default_model
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
     t0 = time.time()
-    torch.manual_seed(seed)
-    tokenizer = CLIPTokenizer.from_pretrained(ensure_default_model() / "tokenizer")
-    vocab = tokenizer.get_vocab()
-    ids = dict(bos_token_id=vocab["<|startoftext|>"], eos_token_id=vocab["<|endoftext|>"],
-               pad_token_id=vocab["<|endoftext|>"])  # fmt: skip
+    tokenizer, ids = _clip_tokenizer(seed)
     text_encoder = CLIPTextModel(CLIPTextConfig(**TEXT, **ids))
     text_encoder_2 = CLIPTextModelWithProjection(CLIPTextConfig(**SDXL_TEXT_2, **ids))
     unet: Any = UNet2DConditionModel(**SDXL_UNET)

@@ -273,3 +273,22 @@ async def mcp_session(url: str, work: Callable[[Any], Any], http: Any = None) ->
         session = await stack.enter_async_context(ClientSession(read, write))
         await session.initialize()
         return await work(session)
+
+
+@contextlib.contextmanager
+def ray_backend(tmp: Path, **settings: Any) -> Iterator[Any]:
+    """The Ray backend on this machine: two CPU replicas of one core and one torch thread each, batches of two
+    (``settings`` add to or override these), behind a ``RayAdapter``; closed after."""
+    from pipeline.config import Settings
+    from pipeline.ray import cluster
+    from pipeline.ray.adapter import RayAdapter
+
+    base: dict[str, Any] = dict(backend="ray", replicas=2, torch_threads=1, replica_cpus=1, max_batch_size=2,
+                                output_dir=tmp / "out", sweep_interval=3600)  # fmt: skip
+    chosen = Settings(**{**base, **settings})
+    adapter = RayAdapter(cluster.start(chosen), chosen)
+    try:
+        yield adapter
+    finally:
+        adapter.close()
+        adapter.shutdown_model()

@@ -19,10 +19,10 @@ import pytest
 from pipeline.config import Settings
 from pipeline.errors import Cancelled, GenerationFailed, InvalidRequest, QueueFull, ReplicaDead
 from pipeline.protocol import Output
+from tests.helpers import ray_backend
 
 ray = pytest.importorskip("ray")
 
-from pipeline.ray import cluster as ray_cluster  # noqa: E402
 from pipeline.ray.adapter import RayAdapter  # noqa: E402
 
 QUEUE = 6  # a burst is admitted up to this many calls (see the queue-full test)
@@ -34,25 +34,9 @@ def side(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayAdapter]:
     tmp = tmp_path_factory.mktemp("ray")
     from tests.loras import loras_of
 
-    settings = Settings(
-        backend="ray",
-        replicas=2,
-        torch_threads=1,
-        replica_cpus=1,
-        max_batch_size=2,
-        queue_size=QUEUE,
-        output_dir=tmp / "out",
-        sweep_interval=3600,
-        max_pixel_steps=128 * 128 * 100,
-        loras=(f"ink={loras_of('default')['a']}",),
-    )
-    cluster = ray_cluster.start(settings)
-    adapter = RayAdapter(cluster, settings)
-    try:
+    with ray_backend(tmp, queue_size=QUEUE, max_pixel_steps=128 * 128 * 100,
+                     loras=(f"ink={loras_of('default')['a']}",)) as adapter:  # fmt: skip
         yield adapter
-    finally:
-        adapter.close()
-        adapter.shutdown_model()
 
 
 def req(k: int, *, size: int = 64, steps: int = 20, **over: Any) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from PIL import Image
 from pipeline.config import Settings
 from pipeline.protocol import Output
 from tests.families import built_family
+from tests.helpers import ray_backend
 
 ray = pytest.importorskip("ray")
 
@@ -31,25 +32,10 @@ MODELS = ("embedded-default", "tiny")
 @pytest.fixture(scope="module")
 def side(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayAdapter]:
     tmp = tmp_path_factory.mktemp("ray-models")
-    settings = Settings(
-        backend="ray",
-        replicas=2,
-        torch_threads=1,
-        replica_cpus=1,
-        max_batch_size=2,
-        output_dir=tmp / "out",
-        sweep_interval=3600,
-        model=None,
-        models=("embedded-default", f"tiny={built_family('sd1')}"),
-    )
-    assert ray_cluster.models_per_replica(settings) == 1
-    cluster = ray_cluster.start(settings)
-    adapter = RayAdapter(cluster, settings)
-    try:
+    models = ("embedded-default", f"tiny={built_family('sd1')}")
+    assert ray_cluster.models_per_replica(Settings(backend="ray", replicas=2, models=models)) == 1
+    with ray_backend(tmp, models=models) as adapter:
         yield adapter
-    finally:
-        adapter.close()
-        adapter.shutdown_model()
 
 
 def req(model: str, seed: int = 3) -> dict[str, Any]:
