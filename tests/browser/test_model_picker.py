@@ -34,6 +34,10 @@ def test_a_picked_model_brings_its_own_settings_and_draws(page: Any) -> None:
     wait_value(page.locator("#width input[type=number]"), "512")  # its own default size
     wait_value(page.locator("#steps input[type=number]"), "50")
     wait_value(page.locator("#guidance input[type=number]"), "7.5")
+    open_accordion(page, "control-panel")  # the embedded model's own ControlNet is not the tiny build's
+    page.locator("#control input").click()
+    assert page.get_by_role("option", name="shapes", exact=True).count() == 0
+    page.keyboard.press("Escape")
     set_size(page, 64)
     set_steps(page, 4)
     record = generate_here(page, "a red circle on a blue background")

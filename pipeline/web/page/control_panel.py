@@ -63,7 +63,7 @@ def control_controls(p: ModelProfile) -> dict[str, Any]:
     button and picture (``_show``, ``_preview``). Hidden where the server loaded no ControlNet."""
     c: dict[str, Any] = {}
     default = {name: fields.BY_NAME[name].default for name in ("control_scale", "control_start", "control_end")}
-    with gr.Accordion("ControlNet: say where things go", open=False, visible=bool(p.controls),
+    with gr.Accordion("ControlNet: say where things go", open=False, visible=any(m.controls for m in p.served),
                       elem_id="control-panel"):  # fmt: skip
         c["control"] = gr.Dropdown(
             [fields.NONE, *p.controls],

@@ -166,7 +166,7 @@ def build_demo(adapter: Adapter, settings: Settings) -> gr.Blocks:
         suggested = {info.name: info.scale for info in p.loras}
         lora.input(fn=lambda name: suggested.get(name, gr.skip()), inputs=[lora], outputs=[lora_scale], **ui)
         wire_sizes(every_preset(p, lim), size_preset, swap_button, width, height)
-        wire_model_picker(picker, p, lim, adv, size_preset, ui)
+        wire_model_picker(picker, p, lim, adv, size_preset, (picture["mode"], panel["control"]), ui)
         wire_history(generate_event, site, summary, (history_panel, history_gallery), download_button, history_zip,
                      controls)  # fmt: skip
         wire_send_to(gallery, "gallery", send_results, picture, panel, p.controls)

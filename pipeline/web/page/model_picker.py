@@ -17,6 +17,7 @@ from ...fields import NONE
 from ...protocol import ModelProfile
 from ...request import Limits
 from ...serving.postprocess import sampler_name
+from .mode_panel import MODE_LABELS, offered_modes
 from .presets import SizePreset, preset_value, size_presets
 
 
@@ -34,8 +35,9 @@ def model_picker(p: ModelProfile) -> gr.Dropdown:
 
 
 def wire_model_picker(picker: gr.Dropdown, p: ModelProfile, limits: Limits, adv: dict[str, Any], preset: gr.Radio,
-                      ui: dict[str, Any]) -> None:  # fmt: skip
-    """A pick updates the settings to the model's (``settings_of``); nothing is wired for one model."""
+                      panels: tuple[gr.Radio, gr.Dropdown], ui: dict[str, Any]) -> None:  # fmt: skip
+    """A pick updates the settings to the model's (``settings_of``), and the mode and ControlNet choices
+    (``panels``: the mode radio, the control dropdown) to what it serves; nothing is wired for one model."""
     if len(p.served) < 2:
         return
     names = ("width", "height", "num_inference_steps", "guidance_scale", "scheduler", "lora", "step_cache",
@@ -43,9 +45,12 @@ def wire_model_picker(picker: gr.Dropdown, p: ModelProfile, limits: Limits, adv:
 
     def picked(name: Any) -> list[Any]:
         model = p.of(name if isinstance(name, str) else None)
-        return settings_of(model, limits.pick(model.model_id))
+        modes = offered_modes(model)
+        return [*settings_of(model, limits.pick(model.model_id)),
+                gr.update(choices=[(MODE_LABELS[m], m) for m in modes], value="text", visible=len(modes) > 1),
+                gr.update(choices=[NONE, *model.controls], value=NONE)]  # fmt: skip
 
-    picker.input(fn=picked, inputs=[picker], outputs=[preset, *(adv[n] for n in names)], **ui)
+    picker.input(fn=picked, inputs=[picker], outputs=[preset, *(adv[n] for n in names), *panels], **ui)
 
 
 def every_preset(p: ModelProfile, limits: Limits) -> list[SizePreset]:
