@@ -26,6 +26,7 @@ every yield), in a Ray replica, and in a model process of our own.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -95,9 +96,9 @@ class ModelProfile:
     residency: tuple[ModelState, ...] = ()
     hash: str = ""
 
-    @property
+    @functools.cached_property
     def served(self) -> tuple[ModelProfile, ...]:
-        """Every model this server serves, the default first (``models`` left off each)."""
+        """Every model this server serves, the default first (``models`` left off each); made once."""
         return (dataclasses.replace(self, models=(), residency=()), *self.models)
 
     def of(self, name: str | None) -> ModelProfile:
