@@ -115,6 +115,21 @@ def test_under_cpu_offload_no_model_is_ever_moved() -> None:
     assert not models["a"].moved and not models["b"].moved and states(s) == {"a": "memory", "b": "memory"}
 
 
+def test_on_a_gpu_each_model_loads_beside_none_and_the_default_ends_on_the_device(monkeypatch: Any) -> None:
+    """``loading.load_model``'s order on CUDA: before each load the models so far go to CPU memory (one that
+    would not fit beside them still loads), then the default comes back first (the CPU plays the device)."""
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    s = ModelShelf(device="cuda", budget=3 * MIB)  # one fits
+    models = {name: Sized(name, 2) for name in ("a", "b", "c")}
+    for name, model in models.items():
+        s.before_load()
+        assert not s.residency.on_device  # nothing on the device while the next one loads
+        s.add(name, model)
+    s.ready(s.default)
+    assert states(s) == {"a": "device", "b": "memory", "c": "memory"} and models["a"].moved == ["cpu", "cuda"]
+    assert {m.name: m.state for m in s.profile.residency} == states(s)
+
+
 def test_residency_plans_by_recency_and_skips_what_is_in_use() -> None:
     r = Residency({"a": 2, "b": 2, "c": 2}, budget=4)
     r.touch("a")

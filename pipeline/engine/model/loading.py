@@ -150,7 +150,9 @@ def load_model(settings: Settings, *, warmup: bool = True) -> DiffusersModel | S
         title = DEFAULT_MODEL_NAME if spec.source is None else spec.source
         if spec.name != title.split(" (", 1)[0]:
             title = f"{spec.name} ({title})"
+        shelf.before_load()  # on a GPU: the models so far to CPU memory, so this one loads beside none of them
         shelf.add(spec.name, load_one(settings.one_model(spec), warmup=warmup, title=title, several=True))
+    shelf.ready(shelf.default)  # the default on the device first, the rest as the budget allows
     return shelf
 
 

@@ -105,6 +105,19 @@ class ModelShelf:
         self._settle(name)
         self.profile = self._profile()
 
+    def before_load(self) -> None:
+        """Before the next model loads onto a device that reports its memory (CUDA): every model loaded so far
+        goes to CPU memory, so that one that would not fit beside them still loads (they come back when
+        asked). On the CPU, and under ``--cpu-offload``, nothing moves."""
+        if self.device.startswith("cuda") and not self.offloaded:
+            for name in list(self.residency.on_device):
+                self._move(name, onto=False)
+
+    def ready(self, name: str) -> None:
+        """``name`` on the device (the others as the budget allows), as a job of it would place it."""
+        self._place(name)
+        self.profile = self._profile()
+
     @property
     def default(self) -> str:
         return next(iter(self.models))
