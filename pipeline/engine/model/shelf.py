@@ -85,9 +85,8 @@ class ModelShelf:
         self.models: dict[str, Any] = {}  # name -> DiffusersModel (or any Model), the default first
         self.device = device
         self.explicit_budget = budget  # ``--device-memory-budget`` in bytes; None: from the device
-        self.offloaded = (
-            offloaded  # ``--cpu-offload``: each model's accelerate hooks place it; the shelf never moves one
-        )
+        # ``--cpu-offload``: each model's accelerate hooks place it; the shelf never moves one
+        self.offloaded = offloaded
         self.residency = Residency({}, budget)
         self._states: dict[str, ModelState] = {}
         self._switched: dict[str, float] = {}  # request id -> the moves its job waited for, in ms
