@@ -36,7 +36,9 @@ def test_a_picked_model_brings_its_own_settings_and_draws(page: Any) -> None:
     wait_value(page.locator("#guidance input[type=number]"), "7.5")
     open_accordion(page, "control-panel")  # the embedded model's own ControlNet is not the tiny build's
     page.locator("#control input").click()
-    assert page.get_by_role("option", name="shapes", exact=True).count() == 0
+    page.get_by_role("option", name="none", exact=True).wait_for()  # the list is open: what a person sees
+    shown = [text.replace("✓", "").strip() for text in page.get_by_role("option").all_inner_texts()]
+    assert shown == ["none"], shown  # (the chosen one carries a tick)
     page.keyboard.press("Escape")
     set_size(page, 64)
     set_steps(page, 4)
