@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import json
 import os
 import statistics
 import threading
@@ -40,6 +39,7 @@ from typing import Any
 
 from PIL import Image, ImageDraw
 
+from bench.report import publish
 from bench.step_cache import run_loop
 
 STEPS = 20
@@ -174,10 +174,7 @@ def main(argv: list[str] | None = None) -> None:
         "eight_callers": {k: {"images_per_s": round(8 / statistics.median(v), 2),
                               "vs_one_loop": round(statistics.median(v) / shared, 2)} for k, v in eight.items()},
     }  # fmt: skip
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json is not None:
-        args.json.write_text(text + "\n")
+    publish(result, args.json)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import statistics
 import tempfile
@@ -32,6 +31,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from bench.report import publish
 
 STEPS = 12
 SIZE = 64
@@ -159,10 +160,7 @@ def main(argv: list[str] | None = None) -> None:
     adapter.close()
     runner.shutdown(timeout=10)
     loop.call_soon_threadsafe(loop.stop)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json is not None:
-        args.json.write_text(text + "\n")
+    publish(result, args.json)
 
 
 if __name__ == "__main__":

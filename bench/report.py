@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from typing import Any
 
 
@@ -88,3 +90,11 @@ def finite_figures(r: Any) -> bool:
     if isinstance(r, float):
         return math.isfinite(r)
     return True
+
+
+def publish(result: dict[str, Any], path: Path | None) -> None:
+    """A run's result as JSON: printed, and written to ``path`` (``--json``) where given."""
+    text = json.dumps(result, indent=2)
+    print(text)
+    if path is not None:
+        path.write_text(text + "\n")

@@ -24,7 +24,6 @@ No thresholds: figures for ``docs/performance.md#step-caching``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -32,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from bench.report import publish
 
 METHODS = ("off", "taylorseer", "reuse")
 STEPS = 20
@@ -236,10 +237,7 @@ def main(argv: list[str] | None = None) -> None:
         result["quality"] = quality(model, guidance)
     if args.flux_rounds:
         result["flux"] = flux_speed(args.flux_rounds, callers_steps=args.flux_callers_steps)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json is not None:
-        args.json.write_text(text + "\n")
+    publish(result, args.json)
 
 
 if __name__ == "__main__":
